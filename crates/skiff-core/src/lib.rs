@@ -1,0 +1,10 @@
+//! The I/O-free core of skiff: the resource table, errors as `Status`,
+//! selectors, defaulting, validation, patches and table columns.
+//!
+//! Everything here works on data alone (mostly `serde_json::Value`) so it can
+//! be tested without a server, a store or a socket.
+
+pub mod error;
+pub mod resources;
+
+pub use error::{ApiError, ApiResult, Cause};

@@ -1,0 +1,179 @@
+//! The built-in resource kinds skiff serves: names, scope, short names,
+//! categories and subresources, as discovery and the registry need them.
+
+/// What the API knows about one resource (a Kubernetes `APIResource` plus storage).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceInfo {
+    /// API group; `""` is the core (legacy) group served under `/api`.
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    /// Plural resource name used in URLs (`pods`).
+    pub plural: &'static str,
+    pub singular: &'static str,
+    pub namespaced: bool,
+    pub short_names: &'static [&'static str],
+    pub categories: &'static [&'static str],
+    /// Subresources served, e.g. `status`, `scale`, `binding`, `eviction`, `log`.
+    pub subresources: &'static [&'static str],
+    /// Resources served at several versions share one storage; this names it
+    /// (group/plural of the stored form).
+    pub storage: &'static str,
+}
+
+impl ResourceInfo {
+    /// `apps/v1`, or `v1` for the core group.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// `PodList`.
+    pub fn list_kind(&self) -> String {
+        format!("{}List", self.kind)
+    }
+
+    /// Verbs of the main resource, as discovery lists them.
+    pub fn verbs(&self) -> &'static [&'static str] {
+        &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+    }
+
+    pub fn has_subresource(&self, sub: &str) -> bool {
+        self.subresources.contains(&sub)
+    }
+}
+
+macro_rules! res {
+    ($group:expr, $version:expr, $kind:expr, $plural:expr, $singular:expr, $ns:expr, [$($short:expr),*], [$($cat:expr),*], [$($sub:expr),*]) => {
+        ResourceInfo {
+            group: $group,
+            version: $version,
+            kind: $kind,
+            plural: $plural,
+            singular: $singular,
+            namespaced: $ns,
+            short_names: &[$($short),*],
+            categories: &[$($cat),*],
+            subresources: &[$($sub),*],
+            storage: concat!($group, "/", $plural),
+        }
+    };
+}
+
+/// Every resource served, in discovery order.
+pub static RESOURCES: &[ResourceInfo] = &[
+    // core/v1
+    res!("", "v1", "Namespace", "namespaces", "namespace", false, ["ns"], [], ["status", "finalize"]),
+    res!("", "v1", "Pod", "pods", "pod", true, ["po"], ["all"], ["status", "binding", "eviction", "log", "exec", "attach", "portforward", "proxy", "ephemeralcontainers", "resize"]),
+    res!("", "v1", "Node", "nodes", "node", false, ["no"], [], ["status", "proxy"]),
+    res!("", "v1", "Service", "services", "service", true, ["svc"], ["all"], ["status", "proxy"]),
+    res!("", "v1", "Endpoints", "endpoints", "endpoints", true, ["ep"], [], []),
+    res!("", "v1", "ConfigMap", "configmaps", "configmap", true, ["cm"], [], []),
+    res!("", "v1", "Secret", "secrets", "secret", true, [], [], []),
+    res!("", "v1", "ServiceAccount", "serviceaccounts", "serviceaccount", true, ["sa"], [], ["token"]),
+    res!("", "v1", "Event", "events", "event", true, ["ev"], [], []),
+    res!("", "v1", "PodTemplate", "podtemplates", "podtemplate", true, [], [], []),
+    res!("", "v1", "ReplicationController", "replicationcontrollers", "replicationcontroller", true, ["rc"], ["all"], ["status", "scale"]),
+    res!("", "v1", "ResourceQuota", "resourcequotas", "resourcequota", true, ["quota"], [], ["status"]),
+    res!("", "v1", "LimitRange", "limitranges", "limitrange", true, ["limits"], [], []),
+    res!("", "v1", "PersistentVolume", "persistentvolumes", "persistentvolume", false, ["pv"], [], ["status"]),
+    res!("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", "persistentvolumeclaim", true, ["pvc"], [], ["status"]),
+    // apps/v1
+    res!("apps", "v1", "Deployment", "deployments", "deployment", true, ["deploy"], ["all"], ["status", "scale"]),
+    res!("apps", "v1", "ReplicaSet", "replicasets", "replicaset", true, ["rs"], ["all"], ["status", "scale"]),
+    res!("apps", "v1", "StatefulSet", "statefulsets", "statefulset", true, ["sts"], ["all"], ["status", "scale"]),
+    res!("apps", "v1", "DaemonSet", "daemonsets", "daemonset", true, ["ds"], ["all"], ["status"]),
+    res!("apps", "v1", "ControllerRevision", "controllerrevisions", "controllerrevision", true, [], [], []),
+    // batch/v1
+    res!("batch", "v1", "Job", "jobs", "job", true, [], ["all"], ["status"]),
+    res!("batch", "v1", "CronJob", "cronjobs", "cronjob", true, ["cj"], ["all"], ["status"]),
+    // autoscaling (v2 is the stored form; v1 is served from the same storage)
+    res!("autoscaling", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", "horizontalpodautoscaler", true, ["hpa"], ["all"], ["status"]),
+    res!("autoscaling", "v1", "HorizontalPodAutoscaler", "horizontalpodautoscalers", "horizontalpodautoscaler", true, ["hpa"], ["all"], ["status"]),
+    // coordination.k8s.io/v1
+    res!("coordination.k8s.io", "v1", "Lease", "leases", "lease", true, [], [], []),
+    // discovery.k8s.io/v1
+    res!("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", "endpointslice", true, [], [], []),
+    // events.k8s.io/v1
+    res!("events.k8s.io", "v1", "Event", "events", "event", true, ["ev"], [], []),
+    // policy/v1
+    res!("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", "poddisruptionbudget", true, ["pdb"], [], ["status"]),
+    // scheduling.k8s.io/v1
+    res!("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", "priorityclass", false, ["pc"], [], []),
+    // rbac.authorization.k8s.io/v1
+    res!("rbac.authorization.k8s.io", "v1", "Role", "roles", "role", true, [], [], []),
+    res!("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", "rolebinding", true, [], [], []),
+    res!("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", "clusterrole", false, [], [], []),
+    res!("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", "clusterrolebinding", false, [], [], []),
+    // storage.k8s.io/v1
+    res!("storage.k8s.io", "v1", "StorageClass", "storageclasses", "storageclass", false, ["sc"], [], []),
+];
+
+/// The resource served at `group/version/plural`.
+pub fn lookup(group: &str, version: &str, plural: &str) -> Option<&'static ResourceInfo> {
+    RESOURCES.iter().find(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// The resource of a kind at `apiVersion` (`apps/v1`, `v1`).
+pub fn lookup_kind(api_version: &str, kind: &str) -> Option<&'static ResourceInfo> {
+    let (group, version) = split_api_version(api_version);
+    RESOURCES.iter().find(|r| r.group == group && r.version == version && r.kind == kind)
+}
+
+/// `apps/v1` → (`apps`, `v1`); `v1` → (``, `v1`).
+pub fn split_api_version(api_version: &str) -> (&str, &str) {
+    match api_version.split_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", api_version),
+    }
+}
+
+/// Groups with their versions, preferred version first, in discovery order.
+pub fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut out: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
+    for r in RESOURCES {
+        if r.group.is_empty() {
+            continue;
+        }
+        match out.iter_mut().find(|(g, _)| *g == r.group) {
+            Some((_, versions)) => {
+                if !versions.contains(&r.version) {
+                    versions.push(r.version);
+                }
+            }
+            None => out.push((r.group, vec![r.version])),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_resource_is_unique_per_group_version() {
+        for (i, a) in RESOURCES.iter().enumerate() {
+            for b in &RESOURCES[i + 1..] {
+                assert!(
+                    !(a.group == b.group && a.version == b.version && a.plural == b.plural),
+                    "{} {}/{} twice",
+                    a.plural,
+                    a.group,
+                    a.version
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn autoscaling_prefers_v2_and_shares_storage() {
+        let g = groups();
+        let (_, versions) = g.iter().find(|(g, _)| *g == "autoscaling").unwrap();
+        assert_eq!(versions, &vec!["v2", "v1"]);
+        assert_eq!(lookup("autoscaling", "v1", "horizontalpodautoscalers").unwrap().storage, "autoscaling/horizontalpodautoscalers");
+    }
+}
