@@ -4,7 +4,17 @@
 //! Everything here works on data alone (mostly `serde_json::Value`) so it can
 //! be tested without a server, a store or a socket.
 
+pub mod defaults;
+pub mod discovery;
 pub mod error;
+pub mod fields;
+pub mod meta;
+pub mod openapi;
+pub mod patch;
 pub mod resources;
+pub mod schema;
+pub mod selector;
+pub mod table;
+pub mod validation;
 
 pub use error::{ApiError, ApiResult, Cause};
