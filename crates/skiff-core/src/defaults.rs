@@ -1,1 +1,347 @@
-//! (being written)
+//! Defaulting of the built-in types, as Kubernetes' API server applies it on
+//! every write (so it is idempotent and never overwrites a value that is set).
+
+use serde_json::{json, Map, Value};
+
+use crate::resources::ResourceInfo;
+
+fn obj<'a>(v: &'a mut Value, key: &str) -> Option<&'a mut Map<String, Value>> {
+    let m = v.as_object_mut()?;
+    let e = m.entry(key).or_insert_with(|| json!({}));
+    if e.is_null() {
+        *e = json!({});
+    }
+    e.as_object_mut()
+}
+
+fn set_default(m: &mut Map<String, Value>, key: &str, v: Value) {
+    match m.get(key) {
+        None | Some(Value::Null) => {
+            m.insert(key.to_string(), v);
+        }
+        _ => {}
+    }
+}
+
+/// Applies Kubernetes' defaults for the kind of `res` to `obj`.
+pub fn apply_defaults(res: &ResourceInfo, obj_v: &mut Value) {
+    match (res.group, res.kind) {
+        ("", "Pod") => {
+            if let Some(spec) = obj_v.get_mut("spec") {
+                pod_spec(spec);
+            }
+            pod_status(obj_v);
+        }
+        ("", "PodTemplate") => template(obj_v.get_mut("template")),
+        ("", "ReplicationController") => {
+            if let Some(spec) = obj(obj_v, "spec") {
+                set_default(spec, "replicas", json!(1));
+            }
+            template(obj_v.pointer_mut("/spec/template"));
+        }
+        ("apps", "Deployment") => {
+            if let Some(spec) = obj(obj_v, "spec") {
+                set_default(spec, "replicas", json!(1));
+                set_default(spec, "revisionHistoryLimit", json!(10));
+                set_default(spec, "progressDeadlineSeconds", json!(600));
+                let strategy = spec.entry("strategy").or_insert_with(|| json!({}));
+                if let Some(s) = strategy.as_object_mut() {
+                    set_default(s, "type", json!("RollingUpdate"));
+                    if s.get("type") == Some(&json!("RollingUpdate")) {
+                        let ru = s.entry("rollingUpdate").or_insert_with(|| json!({}));
+                        if let Some(ru) = ru.as_object_mut() {
+                            set_default(ru, "maxUnavailable", json!("25%"));
+                            set_default(ru, "maxSurge", json!("25%"));
+                        }
+                    }
+                }
+            }
+            template(obj_v.pointer_mut("/spec/template"));
+        }
+        ("apps", "ReplicaSet") => {
+            if let Some(spec) = obj(obj_v, "spec") {
+                set_default(spec, "replicas", json!(1));
+            }
+            template(obj_v.pointer_mut("/spec/template"));
+        }
+        ("apps", "StatefulSet") => {
+            if let Some(spec) = obj(obj_v, "spec") {
+                set_default(spec, "replicas", json!(1));
+                set_default(spec, "podManagementPolicy", json!("OrderedReady"));
+                set_default(spec, "revisionHistoryLimit", json!(10));
+                set_default(spec, "updateStrategy", json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}));
+                set_default(
+                    spec,
+                    "persistentVolumeClaimRetentionPolicy",
+                    json!({"whenDeleted": "Retain", "whenScaled": "Retain"}),
+                );
+            }
+            template(obj_v.pointer_mut("/spec/template"));
+        }
+        ("apps", "DaemonSet") => {
+            if let Some(spec) = obj(obj_v, "spec") {
+                set_default(spec, "revisionHistoryLimit", json!(10));
+                set_default(
+                    spec,
+                    "updateStrategy",
+                    json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}),
+                );
+            }
+            template(obj_v.pointer_mut("/spec/template"));
+        }
+        ("batch", "Job") => {
+            job_spec(obj_v.get_mut("spec"));
+        }
+        ("batch", "CronJob") => {
+            if let Some(spec) = obj(obj_v, "spec") {
+                set_default(spec, "concurrencyPolicy", json!("Allow"));
+                set_default(spec, "suspend", json!(false));
+                set_default(spec, "successfulJobsHistoryLimit", json!(3));
+                set_default(spec, "failedJobsHistoryLimit", json!(1));
+            }
+            job_spec(obj_v.pointer_mut("/spec/jobTemplate/spec"));
+        }
+        ("", "Service") => {
+            if let Some(spec) = obj(obj_v, "spec") {
+                set_default(spec, "type", json!("ClusterIP"));
+                set_default(spec, "sessionAffinity", json!("None"));
+                let ty = spec.get("type").and_then(Value::as_str).unwrap_or("").to_string();
+                if ty != "ExternalName" {
+                    set_default(spec, "ipFamilies", json!(["IPv4"]));
+                    set_default(spec, "ipFamilyPolicy", json!("SingleStack"));
+                    set_default(spec, "internalTrafficPolicy", json!("Cluster"));
+                }
+                if ty == "NodePort" || ty == "LoadBalancer" {
+                    set_default(spec, "externalTrafficPolicy", json!("Cluster"));
+                }
+                if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+                    for p in ports.iter_mut().filter_map(Value::as_object_mut) {
+                        set_default(p, "protocol", json!("TCP"));
+                        if let Some(port) = p.get("port").cloned() {
+                            set_default(p, "targetPort", port);
+                        }
+                    }
+                }
+            }
+        }
+        ("", "Secret") => {
+            if let Some(m) = obj_v.as_object_mut() {
+                set_default(m, "type", json!("Opaque"));
+            }
+        }
+        ("", "Namespace") => {
+            if let Some(spec) = obj(obj_v, "spec") {
+                set_default(spec, "finalizers", json!(["kubernetes"]));
+            }
+            if let Some(status) = obj(obj_v, "status") {
+                set_default(status, "phase", json!("Active"));
+            }
+        }
+        ("", "PersistentVolumeClaim") => {
+            if let Some(spec) = obj(obj_v, "spec") {
+                set_default(spec, "volumeMode", json!("Filesystem"));
+            }
+            if let Some(status) = obj(obj_v, "status") {
+                set_default(status, "phase", json!("Pending"));
+            }
+        }
+        ("", "PersistentVolume") => {
+            if let Some(spec) = obj(obj_v, "spec") {
+                set_default(spec, "volumeMode", json!("Filesystem"));
+                set_default(spec, "persistentVolumeReclaimPolicy", json!("Retain"));
+            }
+            if let Some(status) = obj(obj_v, "status") {
+                set_default(status, "phase", json!("Pending"));
+            }
+        }
+        ("scheduling.k8s.io", "PriorityClass") => {
+            if let Some(m) = obj_v.as_object_mut() {
+                set_default(m, "preemptionPolicy", json!("PreemptLowerPriority"));
+            }
+        }
+        _ => {}
+    }
+}
+
+fn template(t: Option<&mut Value>) {
+    if let Some(spec) = t.and_then(|t| t.get_mut("spec")) {
+        pod_spec(spec);
+    }
+}
+
+fn job_spec(spec: Option<&mut Value>) {
+    let Some(spec_v) = spec else { return };
+    if let Some(spec) = spec_v.as_object_mut() {
+        // Neither set: one pod, run once. Only parallelism unset: one at a time.
+        // Only completions unset: a work queue (completions stay unset).
+        let unset = |m: &Map<String, Value>, k: &str| m.get(k).map(Value::is_null).unwrap_or(true);
+        if unset(spec, "completions") && unset(spec, "parallelism") {
+            spec.insert("completions".into(), json!(1));
+        }
+        set_default(spec, "parallelism", json!(1));
+        set_default(spec, "backoffLimit", json!(6));
+        set_default(spec, "completionMode", json!("NonIndexed"));
+        set_default(spec, "suspend", json!(false));
+        set_default(spec, "podReplacementPolicy", json!("TerminatingOrFailed"));
+    }
+    template(spec_v.get_mut("template"));
+}
+
+fn image_pull_policy(image: &str) -> &'static str {
+    let after_slash = image.rsplit('/').next().unwrap_or(image);
+    if image.contains('@') {
+        return "IfNotPresent";
+    }
+    match after_slash.split_once(':') {
+        None => "Always",
+        Some((_, "latest")) => "Always",
+        Some(_) => "IfNotPresent",
+    }
+}
+
+fn probe(p: Option<&mut Value>) {
+    if let Some(p) = p.and_then(Value::as_object_mut) {
+        set_default(p, "timeoutSeconds", json!(1));
+        set_default(p, "periodSeconds", json!(10));
+        set_default(p, "successThreshold", json!(1));
+        set_default(p, "failureThreshold", json!(3));
+        if let Some(h) = p.get_mut("httpGet").and_then(Value::as_object_mut) {
+            set_default(h, "path", json!("/"));
+            set_default(h, "scheme", json!("HTTP"));
+        }
+    }
+}
+
+fn container(c: &mut Value) {
+    let Some(m) = c.as_object_mut() else { return };
+    set_default(m, "terminationMessagePath", json!("/dev/termination-log"));
+    set_default(m, "terminationMessagePolicy", json!("File"));
+    let image = m.get("image").and_then(Value::as_str).unwrap_or("").to_string();
+    set_default(m, "imagePullPolicy", json!(image_pull_policy(&image)));
+    set_default(m, "resources", json!({}));
+    if let Some(ports) = m.get_mut("ports").and_then(Value::as_array_mut) {
+        for p in ports.iter_mut().filter_map(Value::as_object_mut) {
+            set_default(p, "protocol", json!("TCP"));
+        }
+    }
+    for pr in ["livenessProbe", "readinessProbe", "startupProbe"] {
+        probe(m.get_mut(pr));
+    }
+}
+
+/// PodSpec defaults (also used inside workload templates).
+pub fn pod_spec(spec: &mut Value) {
+    let Some(m) = spec.as_object_mut() else { return };
+    set_default(m, "restartPolicy", json!("Always"));
+    set_default(m, "dnsPolicy", json!("ClusterFirst"));
+    set_default(m, "schedulerName", json!("default-scheduler"));
+    set_default(m, "terminationGracePeriodSeconds", json!(30));
+    set_default(m, "securityContext", json!({}));
+    set_default(m, "enableServiceLinks", json!(true));
+    for list in ["containers", "initContainers"] {
+        if let Some(cs) = m.get_mut(list).and_then(Value::as_array_mut) {
+            cs.iter_mut().for_each(container);
+        }
+    }
+    if let Some(vols) = m.get_mut("volumes").and_then(Value::as_array_mut) {
+        for v in vols.iter_mut().filter_map(Value::as_object_mut) {
+            let has_source = v.keys().any(|k| k != "name");
+            if !has_source {
+                v.insert("emptyDir".into(), json!({}));
+            }
+            for src in ["configMap", "secret", "downwardAPI", "projected"] {
+                if let Some(s) = v.get_mut(src).and_then(Value::as_object_mut) {
+                    set_default(s, "defaultMode", json!(420));
+                }
+            }
+        }
+    }
+}
+
+/// The QoS class of a pod spec (Guaranteed, Burstable or BestEffort).
+pub fn qos_class(spec: &Value) -> &'static str {
+    let containers: Vec<&Value> = ["containers", "initContainers"]
+        .iter()
+        .filter_map(|k| spec.get(*k).and_then(Value::as_array))
+        .flatten()
+        .collect();
+    let mut any = false;
+    let mut guaranteed = true;
+    for c in &containers {
+        let req = c.pointer("/resources/requests").and_then(Value::as_object);
+        let lim = c.pointer("/resources/limits").and_then(Value::as_object);
+        for r in ["cpu", "memory"] {
+            let rq = req.and_then(|m| m.get(r));
+            let lm = lim.and_then(|m| m.get(r));
+            if rq.is_some() || lm.is_some() {
+                any = true;
+            }
+            match (rq, lm) {
+                (_, None) => guaranteed = false,
+                (Some(a), Some(b)) if a != b => guaranteed = false,
+                _ => {}
+            }
+        }
+    }
+    if !any {
+        "BestEffort"
+    } else if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}
+
+fn pod_status(pod: &mut Value) {
+    let qos = pod.get("spec").map(qos_class).unwrap_or("BestEffort");
+    if let Some(status) = obj(pod, "status") {
+        set_default(status, "phase", json!("Pending"));
+        set_default(status, "qosClass", json!(qos));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::lookup;
+
+    #[test]
+    fn a_minimal_pod_gets_kubernetes_defaults() {
+        let pods = lookup("", "v1", "pods").unwrap();
+        let mut p = json!({"spec": {"containers": [{"name": "c", "image": "busybox", "ports": [{"containerPort": 80}]}]}});
+        apply_defaults(pods, &mut p);
+        assert_eq!(p["spec"]["restartPolicy"], "Always");
+        assert_eq!(p["spec"]["containers"][0]["imagePullPolicy"], "Always");
+        assert_eq!(p["spec"]["containers"][0]["ports"][0]["protocol"], "TCP");
+        assert_eq!(p["status"]["phase"], "Pending");
+        assert_eq!(p["status"]["qosClass"], "BestEffort");
+        let again = p.clone();
+        apply_defaults(pods, &mut p);
+        assert_eq!(p, again, "defaulting is idempotent");
+    }
+
+    #[test]
+    fn a_tagged_image_is_pulled_if_not_present() {
+        assert_eq!(image_pull_policy("nginx:1.25"), "IfNotPresent");
+        assert_eq!(image_pull_policy("localhost:5000/nginx"), "Always");
+        assert_eq!(image_pull_policy("nginx:latest"), "Always");
+    }
+
+    #[test]
+    fn a_deployment_defaults_to_rolling_updates_of_a_quarter() {
+        let d = lookup("apps", "v1", "deployments").unwrap();
+        let mut v = json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "x:1"}]}}}});
+        apply_defaults(d, &mut v);
+        assert_eq!(v["spec"]["replicas"], 1);
+        assert_eq!(v["spec"]["strategy"]["rollingUpdate"]["maxSurge"], "25%");
+        assert_eq!(v["spec"]["template"]["spec"]["dnsPolicy"], "ClusterFirst");
+    }
+
+    #[test]
+    fn equal_requests_and_limits_are_guaranteed() {
+        let spec = json!({"containers": [{"resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}}]});
+        assert_eq!(qos_class(&spec), "Guaranteed");
+        let spec = json!({"containers": [{"resources": {"requests": {"cpu": "1"}}}]});
+        assert_eq!(qos_class(&spec), "Burstable");
+    }
+}

@@ -1,1 +1,465 @@
-//! (being written)
+//! Validation of the built-in types: the checks users meet most, with
+//! Kubernetes' field paths and messages. Conservative by design: a valid
+//! manifest must never be refused.
+
+use serde_json::{json, Value};
+
+use crate::meta::{is_dns1123_label, validate_object_meta, validate_object_meta_update};
+use crate::resources::ResourceInfo;
+use crate::selector::LabelSelector;
+use crate::Cause;
+
+/// A parsed Kubernetes quantity (`100m`, `1.5`, `512Mi`, `1G`, `1e3`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Quantity {
+    /// The value in units (cpu cores, bytes, ...).
+    pub value: f64,
+}
+
+impl Quantity {
+    /// Thousandths of a unit, rounded up (cpu millicores).
+    pub fn milli(&self) -> i64 {
+        (self.value * 1000.0).ceil() as i64
+    }
+    /// Whole units, rounded up (bytes).
+    pub fn units(&self) -> i64 {
+        self.value.ceil() as i64
+    }
+}
+
+/// Parses a quantity as Kubernetes' `resource.ParseQuantity` accepts it.
+pub fn parse_quantity(s: &str) -> Result<Quantity, String> {
+    let err = || "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'".to_string();
+    let s = s.trim();
+    if s.is_empty() {
+        return Err(err());
+    }
+    let split = s
+        .char_indices()
+        .find(|(_, c)| !(c.is_ascii_digit() || *c == '.' || *c == '+' || *c == '-'))
+        .map(|(i, _)| i)
+        .unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| err())?;
+    let mult = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        e if e.starts_with(['e', 'E']) => {
+            let exp: i32 = e[1..].parse().map_err(|_| err())?;
+            10f64.powi(exp)
+        }
+        _ => return Err(err()),
+    };
+    Ok(Quantity { value: n * mult })
+}
+
+/// Validates an object about to be created.
+pub fn validate_create(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
+    let mut c = validate_object_meta(res, obj, true);
+    c.extend(validate_kind(res, obj));
+    c
+}
+
+/// Validates an update of `old` to `new`.
+pub fn validate_update(res: &ResourceInfo, new: &Value, old: &Value) -> Vec<Cause> {
+    let mut c = validate_object_meta(res, new, false);
+    c.extend(validate_object_meta_update(new, old));
+    c.extend(validate_kind(res, new));
+    match (res.group, res.kind) {
+        ("", "Pod") => c.extend(pod_update(new, old)),
+        ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet") => {
+            if new.pointer("/spec/selector") != old.pointer("/spec/selector") {
+                c.push(Cause::invalid("spec.selector", new.pointer("/spec/selector").unwrap_or(&Value::Null), "field is immutable"));
+            }
+        }
+        ("", "Service") => {
+            let old_ip = old.pointer("/spec/clusterIP").and_then(Value::as_str).unwrap_or("");
+            let new_ip = new.pointer("/spec/clusterIP").and_then(Value::as_str).unwrap_or("");
+            let old_ty = old.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP");
+            let new_ty = new.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP");
+            if !old_ip.is_empty() && old_ip != new_ip && old_ty != "ExternalName" && new_ty != "ExternalName" {
+                c.push(Cause::invalid("spec.clusterIPs[0]", &json!(new_ip), "may not change once set"));
+            }
+        }
+        _ => {}
+    }
+    c
+}
+
+fn validate_kind(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
+    let mut c = Vec::new();
+    match (res.group, res.kind) {
+        ("", "Pod") => {
+            if let Some(spec) = obj.get("spec") {
+                pod_spec(spec, "spec", &mut c);
+            } else {
+                c.push(Cause::required("spec.containers"));
+            }
+        }
+        ("", "PodTemplate") => template(obj.get("template"), "template", None, &mut c),
+        ("", "ReplicationController") => {
+            replicas(obj, &mut c);
+            let sel = obj.pointer("/spec/selector").cloned();
+            let ls = sel.as_ref().and_then(|s| LabelSelector::from_label_selector_json(&json!({"matchLabels": s})).ok());
+            template(obj.pointer("/spec/template"), "spec.template", ls.as_ref(), &mut c);
+        }
+        ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet") => {
+            if res.kind != "DaemonSet" {
+                replicas(obj, &mut c);
+            }
+            let sel = obj.pointer("/spec/selector");
+            let ls = match sel {
+                None | Some(Value::Null) => {
+                    c.push(Cause::required("spec.selector"));
+                    None
+                }
+                Some(s) => match LabelSelector::from_label_selector_json(s) {
+                    Ok(ls) if ls.is_empty() => {
+                        c.push(Cause::invalid("spec.selector", s, "empty selector is invalid for deployment"));
+                        None
+                    }
+                    Ok(ls) => Some(ls),
+                    Err(e) => {
+                        c.push(Cause::invalid("spec.selector", s, &e));
+                        None
+                    }
+                },
+            };
+            template(obj.pointer("/spec/template"), "spec.template", ls.as_ref(), &mut c);
+        }
+        ("batch", "Job") => job_spec(obj.get("spec"), "spec", &mut c),
+        ("batch", "CronJob") => {
+            match obj.pointer("/spec/schedule").and_then(Value::as_str) {
+                None | Some("") => c.push(Cause::required("spec.schedule")),
+                Some(s) => {
+                    if !cron_ok(s) {
+                        c.push(Cause::invalid("spec.schedule", &json!(s), "invalid schedule format"));
+                    }
+                }
+            }
+            job_spec(obj.pointer("/spec/jobTemplate/spec"), "spec.jobTemplate.spec", &mut c);
+        }
+        ("", "Service") => service(obj, &mut c),
+        ("", "ConfigMap") | ("", "Secret") => data_keys(obj, &mut c),
+        _ => {}
+    }
+    c
+}
+
+fn replicas(obj: &Value, c: &mut Vec<Cause>) {
+    if let Some(r) = obj.pointer("/spec/replicas") {
+        if r.as_i64().map(|n| n < 0).unwrap_or(false) {
+            c.push(Cause::invalid("spec.replicas", r, "must be greater than or equal to 0"));
+        }
+    }
+}
+
+fn template(t: Option<&Value>, path: &str, selector: Option<&LabelSelector>, c: &mut Vec<Cause>) {
+    let Some(t) = t else {
+        c.push(Cause::required(format!("{path}")));
+        return;
+    };
+    if let Some(sel) = selector {
+        let labels = t.pointer("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
+        if !sel.matches(&labels) {
+            c.push(Cause::invalid(
+                format!("{path}.metadata.labels"),
+                &Value::Object(labels),
+                "`selector` does not match template `labels`",
+            ));
+        }
+    }
+    match t.get("spec") {
+        Some(spec) => pod_spec(spec, &format!("{path}.spec"), c),
+        None => c.push(Cause::required(format!("{path}.spec.containers"))),
+    }
+}
+
+fn job_spec(spec: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
+    let Some(spec) = spec else { return };
+    if let Some(t) = spec.get("template") {
+        let rp = t.pointer("/spec/restartPolicy").and_then(Value::as_str).unwrap_or("");
+        if rp != "OnFailure" && rp != "Never" {
+            c.push(Cause::not_supported(format!("{path}.template.spec.restartPolicy"), &json!(rp), &["OnFailure", "Never"]));
+        }
+        match t.get("spec") {
+            Some(s) => pod_spec(s, &format!("{path}.template.spec"), c),
+            None => c.push(Cause::required(format!("{path}.template.spec.containers"))),
+        }
+    }
+    for f in ["parallelism", "completions", "backoffLimit", "activeDeadlineSeconds"] {
+        if let Some(v) = spec.get(f) {
+            if v.as_i64().map(|n| n < 0).unwrap_or(false) {
+                c.push(Cause::invalid(format!("{path}.{f}"), v, "must be greater than or equal to 0"));
+            }
+        }
+    }
+}
+
+fn pod_spec(spec: &Value, path: &str, c: &mut Vec<Cause>) {
+    let volumes: Vec<String> = spec
+        .get("volumes")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|v| v.get("name").and_then(Value::as_str).map(str::to_string)).collect())
+        .unwrap_or_default();
+    for (i, v) in volumes.iter().enumerate() {
+        if volumes[..i].contains(v) {
+            c.push(Cause::duplicate(format!("{path}.volumes[{i}].name"), &json!(v)));
+        }
+    }
+    let containers = spec.get("containers").and_then(Value::as_array);
+    match containers {
+        None => c.push(Cause::required(format!("{path}.containers"))),
+        Some(a) if a.is_empty() => c.push(Cause::required(format!("{path}.containers"))),
+        _ => {}
+    }
+    let mut names: Vec<String> = Vec::new();
+    for list in ["initContainers", "containers"] {
+        let Some(cs) = spec.get(list).and_then(Value::as_array) else { continue };
+        for (i, ctr) in cs.iter().enumerate() {
+            let p = format!("{path}.{list}[{i}]");
+            let name = ctr.get("name").and_then(Value::as_str).unwrap_or("");
+            if name.is_empty() {
+                c.push(Cause::required(format!("{p}.name")));
+            } else if !is_dns1123_label(name) {
+                c.push(Cause::invalid(format!("{p}.name"), &json!(name), "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"));
+            } else if names.iter().any(|n| n == name) {
+                c.push(Cause::duplicate(format!("{p}.name"), &json!(name)));
+            } else {
+                names.push(name.to_string());
+            }
+            if ctr.get("image").and_then(Value::as_str).map(str::trim).unwrap_or("").is_empty() {
+                c.push(Cause::required(format!("{p}.image")));
+            }
+            if let Some(ports) = ctr.get("ports").and_then(Value::as_array) {
+                for (j, port) in ports.iter().enumerate() {
+                    if let Some(n) = port.get("containerPort") {
+                        if !n.as_i64().map(|n| (1..=65535).contains(&n)).unwrap_or(false) {
+                            c.push(Cause::invalid(format!("{p}.ports[{j}].containerPort"), n, "must be between 1 and 65535, inclusive"));
+                        }
+                    } else {
+                        c.push(Cause::required(format!("{p}.ports[{j}].containerPort")));
+                    }
+                    if let Some(proto) = port.get("protocol").and_then(Value::as_str) {
+                        if !matches!(proto, "TCP" | "UDP" | "SCTP") {
+                            c.push(Cause::not_supported(format!("{p}.ports[{j}].protocol"), &json!(proto), &["SCTP", "TCP", "UDP"]));
+                        }
+                    }
+                }
+            }
+            if let Some(mounts) = ctr.get("volumeMounts").and_then(Value::as_array) {
+                for (j, m) in mounts.iter().enumerate() {
+                    let vn = m.get("name").and_then(Value::as_str).unwrap_or("");
+                    if !volumes.iter().any(|v| v == vn) {
+                        c.push(Cause::new("FieldValueNotFound", format!("{p}.volumeMounts[{j}].name"), format!("Not found: {vn:?}")));
+                    }
+                    if m.get("mountPath").and_then(Value::as_str).unwrap_or("").is_empty() {
+                        c.push(Cause::required(format!("{p}.volumeMounts[{j}].mountPath")));
+                    }
+                }
+            }
+            resources(ctr.get("resources"), &format!("{p}.resources"), c);
+        }
+    }
+    if let Some(rp) = spec.get("restartPolicy").and_then(Value::as_str) {
+        if !matches!(rp, "Always" | "OnFailure" | "Never") {
+            c.push(Cause::not_supported(format!("{path}.restartPolicy"), &json!(rp), &["Always", "OnFailure", "Never"]));
+        }
+    }
+    if let Some(dp) = spec.get("dnsPolicy").and_then(Value::as_str) {
+        if !matches!(dp, "ClusterFirstWithHostNet" | "ClusterFirst" | "Default" | "None") {
+            c.push(Cause::not_supported(format!("{path}.dnsPolicy"), &json!(dp), &["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"]));
+        }
+    }
+}
+
+fn resources(r: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
+    let Some(r) = r else { return };
+    let mut parsed = std::collections::HashMap::new();
+    for part in ["limits", "requests"] {
+        if let Some(m) = r.get(part).and_then(Value::as_object) {
+            for (k, v) in m {
+                let s = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    other => other.to_string(),
+                };
+                match parse_quantity(&s) {
+                    Ok(q) => {
+                        if q.value < 0.0 {
+                            c.push(Cause::invalid(format!("{path}.{part}[{k}]"), v, "must be greater than or equal to 0"));
+                        }
+                        parsed.insert((part, k.clone()), q);
+                    }
+                    Err(e) => c.push(Cause::invalid(format!("{path}.{part}[{k}]"), v, &e)),
+                }
+            }
+        }
+    }
+    for ((part, k), q) in &parsed {
+        if *part == "requests" {
+            if let Some(l) = parsed.get(&("limits", k.clone())) {
+                if q.value > l.value {
+                    c.push(Cause::invalid(
+                        format!("{path}.requests"),
+                        &json!(r.pointer(&format!("/requests/{k}")).and_then(Value::as_str).unwrap_or("")),
+                        &format!("must be less than or equal to {k} limit of {}", r.pointer(&format!("/limits/{k}")).map(|v| v.as_str().map(str::to_string).unwrap_or(v.to_string())).unwrap_or_default()),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+fn pod_update(new: &Value, old: &Value) -> Vec<Cause> {
+    // Only images, activeDeadlineSeconds, tolerations (additions) and
+    // terminationGracePeriodSeconds may change in a pod's spec.
+    let mut a = new.get("spec").cloned().unwrap_or(json!({}));
+    let mut b = old.get("spec").cloned().unwrap_or(json!({}));
+    for spec in [&mut a, &mut b] {
+        if let Some(m) = spec.as_object_mut() {
+            for k in ["activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds", "nodeName", "schedulingGates"] {
+                m.remove(k);
+            }
+            for list in ["containers", "initContainers"] {
+                if let Some(cs) = m.get_mut(list).and_then(Value::as_array_mut) {
+                    for ctr in cs.iter_mut().filter_map(Value::as_object_mut) {
+                        ctr.remove("image");
+                    }
+                }
+            }
+        }
+    }
+    let old_node = old.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
+    let new_node = new.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
+    let mut c = Vec::new();
+    if a != b || (!old_node.is_empty() && old_node != new_node) {
+        c.push(Cause::forbidden("spec", "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)"));
+    }
+    c
+}
+
+fn service(obj: &Value, c: &mut Vec<Cause>) {
+    let spec = obj.get("spec").cloned().unwrap_or(json!({}));
+    let ty = spec.get("type").and_then(Value::as_str).unwrap_or("ClusterIP");
+    if !matches!(ty, "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName") {
+        c.push(Cause::not_supported("spec.type", &json!(ty), &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"]));
+    }
+    let headless = spec.get("clusterIP").and_then(Value::as_str) == Some("None");
+    let ports = spec.get("ports").and_then(Value::as_array).cloned().unwrap_or_default();
+    if ports.is_empty() && ty != "ExternalName" && !headless {
+        c.push(Cause::required("spec.ports"));
+    }
+    if ty == "ExternalName" && spec.get("externalName").and_then(Value::as_str).unwrap_or("").is_empty() {
+        c.push(Cause::required("spec.externalName"));
+    }
+    let mut names = Vec::new();
+    for (i, p) in ports.iter().enumerate() {
+        match p.get("port").and_then(Value::as_i64) {
+            Some(n) if (1..=65535).contains(&n) => {}
+            Some(n) => c.push(Cause::invalid(format!("spec.ports[{i}].port"), &json!(n), "must be between 1 and 65535, inclusive")),
+            None => c.push(Cause::required(format!("spec.ports[{i}].port"))),
+        }
+        let name = p.get("name").and_then(Value::as_str).unwrap_or("");
+        if ports.len() > 1 && name.is_empty() {
+            c.push(Cause::required(format!("spec.ports[{i}].name")));
+        }
+        if !name.is_empty() {
+            if names.contains(&name) {
+                c.push(Cause::duplicate(format!("spec.ports[{i}].name"), &json!(name)));
+            }
+            names.push(name);
+        }
+    }
+}
+
+fn data_keys(obj: &Value, c: &mut Vec<Cause>) {
+    let mut total = 0usize;
+    for field in ["data", "binaryData", "stringData"] {
+        if let Some(m) = obj.get(field).and_then(Value::as_object) {
+            for (k, v) in m {
+                let ok = !k.is_empty() && k.len() <= 253 && k.chars().all(|ch| ch.is_ascii_alphanumeric() || "-._".contains(ch)) && k != "." && k != "..";
+                if !ok {
+                    c.push(Cause::invalid(format!("{field}[{k}]"), &json!(k), "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"));
+                }
+                total += v.as_str().map(str::len).unwrap_or(0);
+            }
+        }
+    }
+    if total > 1024 * 1024 * 4 / 3 + 16 {
+        c.push(Cause::new("FieldValueTooLong", "data", "Too long: must have at most 1048576 bytes"));
+    }
+}
+
+fn cron_ok(s: &str) -> bool {
+    let s = s.trim();
+    if s.starts_with('@') {
+        return matches!(s, "@yearly" | "@annually" | "@monthly" | "@weekly" | "@daily" | "@midnight" | "@hourly") || s.starts_with("@every ");
+    }
+    let s = s.strip_prefix("CRON_TZ=").or_else(|| s.strip_prefix("TZ=")).map(|r| r.split_once(' ').map(|x| x.1).unwrap_or("")).unwrap_or(s);
+    let fields: Vec<&str> = s.split_whitespace().collect();
+    fields.len() == 5
+        && fields.iter().all(|f| f.chars().all(|c| c.is_ascii_alphanumeric() || ",-*/?".contains(c)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::lookup;
+
+    #[test]
+    fn a_pod_without_containers_is_invalid() {
+        let pods = lookup("", "v1", "pods").unwrap();
+        let c = validate_create(pods, &json!({"metadata": {"name": "p"}, "spec": {}}));
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].field.as_str(), c[0].message.as_str()), ("spec.containers", "Required value"));
+    }
+
+    #[test]
+    fn a_deployment_whose_selector_misses_its_template_is_invalid() {
+        let d = lookup("apps", "v1", "deployments").unwrap();
+        let obj = json!({"metadata": {"name": "d"}, "spec": {"selector": {"matchLabels": {"app": "a"}}, "template": {"metadata": {"labels": {"app": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}});
+        let c = validate_create(d, &obj);
+        assert_eq!(c[0].field, "spec.template.metadata.labels");
+        assert!(c[0].message.ends_with("`selector` does not match template `labels`"));
+    }
+
+    #[test]
+    fn changing_a_pods_command_is_forbidden_but_its_image_is_not() {
+        let pods = lookup("", "v1", "pods").unwrap();
+        let old = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "a"}]}});
+        let img = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "b"}]}});
+        assert!(validate_update(pods, &img, &old).is_empty());
+        let cmd = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "a", "command": ["x"]}]}});
+        assert_eq!(validate_update(pods, &cmd, &old)[0].field, "spec");
+    }
+
+    #[test]
+    fn quantities_parse_with_binary_and_decimal_suffixes() {
+        assert_eq!(parse_quantity("100m").unwrap().milli(), 100);
+        assert_eq!(parse_quantity("1Gi").unwrap().units(), 1 << 30);
+        assert_eq!(parse_quantity("2").unwrap().milli(), 2000);
+        assert!(parse_quantity("12x").is_err());
+    }
+
+    #[test]
+    fn requests_above_limits_are_invalid() {
+        let pods = lookup("", "v1", "pods").unwrap();
+        let p = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}]}});
+        assert_eq!(validate_create(pods, &p)[0].field, "spec.containers[0].resources.requests");
+    }
+}
