@@ -6,6 +6,12 @@
 //! write; it is the `resourceVersion` clients see. Only the API server uses
 //! this crate.
 
+mod redb_store;
+#[cfg(feature = "testsuite")]
+pub mod testsuite;
+
+pub use redb_store::{RedbOptions, RedbStore};
+
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;

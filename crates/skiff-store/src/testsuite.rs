@@ -1,0 +1,223 @@
+//! The store conformance suite: what every backend of [`Store`] must do,
+//! written once and run against each backend (as Kubernetes'
+//! `storage/testing/store_tests.go` is run against etcd3).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+
+use crate::{Error, Event, ListOptions, Store};
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+async fn next_event(w: &mut crate::WatchStream) -> Event {
+    tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .expect("a watch event within 5s")
+        .expect("the watch is open")
+        .expect("no watch error")
+}
+
+/// Create, then get; a second create of the same key is AlreadyExists.
+pub async fn create_then_get(s: Arc<dyn Store>) {
+    let kv = s.create("/t/a", b("1")).await.unwrap();
+    assert_eq!(kv.create_revision, kv.mod_revision);
+    let got = s.get("/t/a").await.unwrap().unwrap();
+    assert_eq!(got, kv);
+    assert!(matches!(s.create("/t/a", b("2")).await, Err(Error::AlreadyExists(_))));
+    assert_eq!(s.get("/t/a").await.unwrap().unwrap().value, b("1"), "a failed create changes nothing");
+    assert!(s.get("/t/missing").await.unwrap().is_none());
+}
+
+/// Updates are guarded by the revision read; a stale one conflicts and reports the current item.
+pub async fn update_requires_the_current_revision(s: Arc<dyn Store>) {
+    let a = s.create("/t/a", b("1")).await.unwrap();
+    let a2 = s.update("/t/a", b("2"), a.mod_revision).await.unwrap();
+    assert!(a2.mod_revision > a.mod_revision);
+    assert_eq!(a2.create_revision, a.create_revision);
+    match s.update("/t/a", b("3"), a.mod_revision).await {
+        Err(Error::Conflict { current: Some(cur), .. }) => assert_eq!(cur.value, b("2")),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert!(matches!(s.update("/t/none", b("x"), 1).await, Err(Error::NotFound(_))));
+}
+
+/// Deletes, guarded or not; deleting what is gone is NotFound.
+pub async fn delete_with_and_without_a_guard(s: Arc<dyn Store>) {
+    let a = s.create("/t/a", b("1")).await.unwrap();
+    s.update("/t/a", b("2"), a.mod_revision).await.unwrap();
+    assert!(matches!(s.delete("/t/a", Some(a.mod_revision)).await, Err(Error::Conflict { .. })));
+    let (prev, rev) = s.delete("/t/a", None).await.unwrap();
+    assert_eq!(prev.value, b("2"));
+    assert!(rev > prev.mod_revision);
+    assert!(matches!(s.delete("/t/a", None).await, Err(Error::NotFound(_))));
+    assert!(s.get("/t/a").await.unwrap().is_none());
+}
+
+/// Lists return keys in order under exactly their prefix.
+pub async fn list_is_ordered_and_prefix_isolated(s: Arc<dyn Store>) {
+    for k in ["/a/b/2", "/a/b/1", "/a/bc/1", "/a/b/3"] {
+        s.create(k, b(k)).await.unwrap();
+    }
+    let l = s.list("/a/b/", ListOptions::default()).await.unwrap();
+    let keys: Vec<_> = l.items.iter().map(|kv| kv.key.as_str()).collect();
+    assert_eq!(keys, ["/a/b/1", "/a/b/2", "/a/b/3"]);
+    assert!(!l.more);
+    assert_eq!(s.count("/a/b/").await.unwrap(), 3);
+    assert_eq!(l.revision, s.current_revision().await.unwrap());
+}
+
+/// Paging at the first page's revision sees that snapshot, whatever is written meanwhile.
+pub async fn pages_come_from_one_snapshot(s: Arc<dyn Store>) {
+    for i in 0..5 {
+        s.create(&format!("/p/{i}"), b("v1")).await.unwrap();
+    }
+    let first = s.list("/p/", ListOptions { limit: 2, ..Default::default() }).await.unwrap();
+    assert_eq!(first.items.len(), 2);
+    assert!(first.more);
+    assert_eq!(first.remaining, 3);
+    // Writes after the first page: an update, a delete and a create.
+    let k3 = s.get("/p/3").await.unwrap().unwrap();
+    s.update("/p/3", b("v2"), k3.mod_revision).await.unwrap();
+    s.delete("/p/4", None).await.unwrap();
+    s.create("/p/5", b("new")).await.unwrap();
+    let rest = s
+        .list(
+            "/p/",
+            ListOptions { revision: Some(first.revision), limit: 0, start_after: Some(first.items[1].key.clone()) },
+        )
+        .await
+        .unwrap();
+    let got: Vec<_> = rest.items.iter().map(|kv| (kv.key.as_str(), kv.value.clone())).collect();
+    assert_eq!(got, [("/p/2", b("v1")), ("/p/3", b("v1")), ("/p/4", b("v1"))]);
+    assert_eq!(rest.revision, first.revision);
+}
+
+/// A read at a revision newer than the store's is refused.
+pub async fn future_revisions_are_refused(s: Arc<dyn Store>) {
+    s.create("/f/a", b("1")).await.unwrap();
+    let cur = s.current_revision().await.unwrap();
+    let r = s.list("/f/", ListOptions { revision: Some(cur + 10), ..Default::default() }).await;
+    assert!(matches!(r, Err(Error::FutureRevision { .. })), "{r:?}");
+}
+
+/// A watch from now sees only later changes, in order, under its prefix.
+pub async fn watch_from_now_sees_only_later_changes(s: Arc<dyn Store>) {
+    s.create("/w/old", b("x")).await.unwrap();
+    let mut w = s.watch("/w/", 0, None).await.unwrap();
+    s.create("/other/x", b("x")).await.unwrap();
+    let a = s.create("/w/a", b("1")).await.unwrap();
+    s.update("/w/a", b("2"), a.mod_revision).await.unwrap();
+    s.delete("/w/a", None).await.unwrap();
+    match next_event(&mut w).await {
+        Event::Put { kv, prev: None } => assert_eq!(kv.key, "/w/a"),
+        e => panic!("expected a create, got {e:?}"),
+    }
+    match next_event(&mut w).await {
+        Event::Put { kv, prev: Some(p) } => assert_eq!((kv.value, p.value), (b("2"), b("1"))),
+        e => panic!("expected an update, got {e:?}"),
+    }
+    match next_event(&mut w).await {
+        Event::Delete { prev, .. } => assert_eq!(prev.value, b("2")),
+        e => panic!("expected a delete, got {e:?}"),
+    }
+}
+
+/// A watch from a past revision replays history, then continues live, without gaps or repeats.
+pub async fn watch_from_the_past_replays_then_follows(s: Arc<dyn Store>) {
+    // (Revision 0 means "from now", so make the history start later.)
+    s.create("/elsewhere", b("x")).await.unwrap();
+    let a = s.create("/h/a", b("1")).await.unwrap();
+    s.update("/h/a", b("2"), a.mod_revision).await.unwrap();
+    s.delete("/h/a", None).await.unwrap();
+    let mut w = s.watch("/h/", a.mod_revision - 1, None).await.unwrap();
+    let mut revs = Vec::new();
+    for _ in 0..3 {
+        revs.push(next_event(&mut w).await.revision());
+    }
+    s.create("/h/b", b("1")).await.unwrap();
+    revs.push(next_event(&mut w).await.revision());
+    assert!(revs.windows(2).all(|p| p[0] < p[1]), "in order: {revs:?}");
+    assert_eq!(revs[0], a.mod_revision);
+}
+
+/// An idle watch with a progress interval reports progress.
+pub async fn idle_watches_get_progress(s: Arc<dyn Store>) {
+    s.create("/g/a", b("1")).await.unwrap();
+    let mut w = s.watch("/g/", 0, Some(Duration::from_millis(50))).await.unwrap();
+    s.create("/elsewhere", b("1")).await.unwrap();
+    let rev = s.current_revision().await.unwrap();
+    loop {
+        if let Event::Progress { revision } = next_event(&mut w).await {
+            if revision >= rev {
+                break;
+            }
+        }
+    }
+}
+
+/// After compaction, older reads and watches answer Compacted; latest values stay.
+pub async fn compaction_forgets_history_but_keeps_values(s: Arc<dyn Store>) {
+    let a = s.create("/c/a", b("1")).await.unwrap();
+    let a2 = s.update("/c/a", b("2"), a.mod_revision).await.unwrap();
+    s.create("/c/b", b("1")).await.unwrap();
+    s.delete("/c/b", None).await.unwrap();
+    let cur = s.current_revision().await.unwrap();
+    s.compact(cur).await.unwrap();
+    assert_eq!(s.compacted_revision().await.unwrap(), cur);
+    let r = s.list("/c/", ListOptions { revision: Some(a.mod_revision), ..Default::default() }).await;
+    assert!(matches!(r, Err(Error::Compacted { .. })), "{r:?}");
+    assert!(matches!(s.watch("/c/", a.mod_revision, None).await, Err(Error::Compacted { .. })));
+    let l = s.list("/c/", ListOptions::default()).await.unwrap();
+    assert_eq!(l.items.len(), 1);
+    assert_eq!(l.items[0].mod_revision, a2.mod_revision);
+    let at = s.list("/c/", ListOptions { revision: Some(cur), ..Default::default() }).await.unwrap();
+    assert_eq!(at.items.len(), 1);
+}
+
+/// Concurrent writers: every acknowledged write is there, revisions unique.
+pub async fn concurrent_writes_are_all_kept(s: Arc<dyn Store>) {
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut revs = Vec::new();
+            for i in 0..25 {
+                revs.push(s.create(&format!("/cc/{t:02}/{i:02}"), b("v")).await.unwrap().mod_revision);
+            }
+            revs
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n, "revisions are unique");
+    assert_eq!(s.count("/cc/").await.unwrap(), 400);
+}
+
+/// Runs every conformance test, each against a fresh store from `make`.
+pub async fn run_all<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Arc<dyn Store>>,
+{
+    create_then_get(make().await).await;
+    update_requires_the_current_revision(make().await).await;
+    delete_with_and_without_a_guard(make().await).await;
+    list_is_ordered_and_prefix_isolated(make().await).await;
+    pages_come_from_one_snapshot(make().await).await;
+    future_revisions_are_refused(make().await).await;
+    watch_from_now_sees_only_later_changes(make().await).await;
+    watch_from_the_past_replays_then_follows(make().await).await;
+    idle_watches_get_progress(make().await).await;
+    compaction_forgets_history_but_keeps_values(make().await).await;
+    concurrent_writes_are_all_kept(make().await).await;
+}
