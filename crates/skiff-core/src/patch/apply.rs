@@ -1,0 +1,549 @@
+//! Server-side apply and managed fields: who owns which field
+//! (`metadata.managedFields` in the FieldsV1 format), apply merges that follow
+//! the schema's list types, ownership conflicts, and the bookkeeping of
+//! ordinary (non-apply) writes.
+
+use std::collections::BTreeSet;
+
+use serde_json::{json, Map, Value};
+
+use crate::schema::{ListType, TypeRef};
+use crate::{ApiError, Cause};
+
+/// A field path as FieldsV1 trie keys (`f:spec`, `k:{"name":"a"}`, `v:"x"`, `.`).
+type Path = Vec<String>;
+
+/// Metadata fields nobody owns.
+fn untracked_meta(k: &str) -> bool {
+    matches!(
+        k,
+        "managedFields" | "resourceVersion" | "generation" | "uid" | "creationTimestamp" | "selfLink" | "deletionTimestamp" | "deletionGracePeriodSeconds"
+    )
+}
+
+fn list_type(field_meta: Option<&crate::schema::FieldMeta>) -> ListType {
+    match field_meta.and_then(|m| m.list_type.clone()) {
+        Some(l) => l,
+        None => ListType::Atomic,
+    }
+}
+
+fn item_key(item: &Value, keys: &[&str]) -> Option<String> {
+    let mut m = Map::new();
+    let mut sorted: Vec<&&str> = keys.iter().collect();
+    sorted.sort();
+    for k in sorted {
+        match item.get(*k) {
+            Some(v) => {
+                m.insert((*k).to_string(), v.clone());
+            }
+            None if *k == "protocol" => {
+                m.insert("protocol".into(), json!("TCP"));
+            }
+            None => {}
+        }
+    }
+    if m.is_empty() {
+        return None;
+    }
+    Some(format!("k:{}", Value::Object(m)))
+}
+
+/// The leaf paths a value sets.
+fn leaves(v: &Value, t: Option<TypeRef>, prefix: &mut Path, out: &mut BTreeSet<Path>, top: bool) {
+    match v {
+        Value::Object(m) if t.map(|t| t.is_object() || t.is_map()).unwrap_or(true) => {
+            if m.is_empty() && !top {
+                out.insert(prefix.clone());
+                return;
+            }
+            for (k, child) in m {
+                let field = t.and_then(|t| if t.is_object() { t.field(k) } else { t.additional().map(|a| (a, Default::default())) });
+                if prefix.len() == 1 && prefix[0] == "f:metadata" && untracked_meta(k) {
+                    continue;
+                }
+                prefix.push(format!("f:{k}"));
+                match (child, &field) {
+                    (Value::Array(items), Some((ft, meta))) => match list_type(Some(meta)) {
+                        ListType::Map(keys) => {
+                            let it = ft.items();
+                            if items.is_empty() {
+                                out.insert(prefix.clone());
+                            }
+                            for item in items {
+                                match item_key(item, &keys) {
+                                    Some(ik) => {
+                                        prefix.push(ik);
+                                        prefix.push(".".into());
+                                        out.insert(prefix.clone());
+                                        prefix.pop();
+                                        leaves(item, it, prefix, out, false);
+                                        prefix.pop();
+                                    }
+                                    None => {
+                                        out.insert(prefix.clone());
+                                    }
+                                }
+                            }
+                        }
+                        ListType::Set => {
+                            if items.is_empty() {
+                                out.insert(prefix.clone());
+                            }
+                            for item in items {
+                                prefix.push(format!("v:{item}"));
+                                out.insert(prefix.clone());
+                                prefix.pop();
+                            }
+                        }
+                        ListType::Atomic => {
+                            out.insert(prefix.clone());
+                        }
+                    },
+                    (Value::Object(_), Some((ft, meta))) if !meta.map_type_atomic && !ft.is_opaque() => {
+                        leaves(child, Some(*ft), prefix, out, false)
+                    }
+                    (Value::Object(_), None) if t.is_none() => leaves(child, None, prefix, out, false),
+                    _ => {
+                        out.insert(prefix.clone());
+                    }
+                }
+                prefix.pop();
+            }
+        }
+        _ => {
+            out.insert(prefix.clone());
+        }
+    }
+}
+
+fn paths_of(v: &Value, t: Option<TypeRef>) -> BTreeSet<Path> {
+    let mut out = BTreeSet::new();
+    leaves(v, t, &mut Vec::new(), &mut out, true);
+    out
+}
+
+/// The value at a path (`None` if absent).
+fn get_at<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
+    let Some((head, rest)) = path.split_first() else { return Some(v) };
+    if head == "." {
+        return Some(v);
+    }
+    if let Some(f) = head.strip_prefix("f:") {
+        return get_at(v.get(f)?, rest);
+    }
+    if let Some(k) = head.strip_prefix("k:") {
+        let keys: Map<String, Value> = serde_json::from_str(k).ok()?;
+        let item = v.as_array()?.iter().find(|item| {
+            keys.iter().all(|(kk, kv)| item.get(kk) == Some(kv) || (kk == "protocol" && item.get(kk).is_none() && kv == "TCP"))
+        })?;
+        return get_at(item, rest);
+    }
+    if let Some(j) = head.strip_prefix("v:") {
+        let want: Value = serde_json::from_str(j).ok()?;
+        return v.as_array()?.iter().find(|x| **x == want);
+    }
+    None
+}
+
+/// Removes the value at a path, if present.
+fn remove_at(v: &mut Value, path: &[String]) {
+    let Some((head, rest)) = path.split_first() else { return };
+    if let Some(f) = head.strip_prefix("f:") {
+        if rest.is_empty() || (rest.len() == 1 && rest[0] == ".") {
+            if let Some(m) = v.as_object_mut() {
+                m.remove(f);
+            }
+        } else if let Some(child) = v.get_mut(f) {
+            remove_at(child, rest);
+        }
+        return;
+    }
+    if let Some(k) = head.strip_prefix("k:") {
+        let Ok(keys) = serde_json::from_str::<Map<String, Value>>(k) else { return };
+        let Some(arr) = v.as_array_mut() else { return };
+        let matches = |item: &Value| keys.iter().all(|(kk, kv)| item.get(kk) == Some(kv) || (kk == "protocol" && item.get(kk).is_none() && kv == "TCP"));
+        if rest.is_empty() || (rest.len() == 1 && rest[0] == ".") {
+            arr.retain(|item| !matches(item));
+        } else if let Some(item) = arr.iter_mut().find(|i| matches(i)) {
+            remove_at(item, rest);
+        }
+        return;
+    }
+    if let Some(j) = head.strip_prefix("v:") {
+        if let (Ok(want), Some(arr)) = (serde_json::from_str::<Value>(j), v.as_array_mut()) {
+            arr.retain(|x| *x != want);
+        }
+    }
+}
+
+fn to_trie(paths: &BTreeSet<Path>) -> Value {
+    let mut root = Map::new();
+    for p in paths {
+        let mut node = &mut root;
+        for seg in p {
+            node = node.entry(seg.clone()).or_insert_with(|| json!({})).as_object_mut().expect("trie node");
+        }
+    }
+    Value::Object(root)
+}
+
+fn from_trie(v: &Value, prefix: &mut Path, out: &mut BTreeSet<Path>) {
+    match v.as_object() {
+        Some(m) if !m.is_empty() => {
+            for (k, child) in m {
+                prefix.push(k.clone());
+                from_trie(child, prefix, out);
+                prefix.pop();
+            }
+        }
+        _ => {
+            if !prefix.is_empty() {
+                out.insert(prefix.clone());
+            }
+        }
+    }
+}
+
+struct Entry {
+    raw: Map<String, Value>,
+    paths: BTreeSet<Path>,
+}
+
+fn entries(obj: &Value) -> Vec<Entry> {
+    obj.pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_object)
+                .map(|m| {
+                    let mut paths = BTreeSet::new();
+                    if let Some(f) = m.get("fieldsV1") {
+                        from_trie(f, &mut Vec::new(), &mut paths);
+                    }
+                    Entry { raw: m.clone(), paths }
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn is_entry(e: &Entry, manager: &str, operation: &str, sub: Option<&str>) -> bool {
+    e.raw.get("manager").and_then(Value::as_str) == Some(manager)
+        && e.raw.get("operation").and_then(Value::as_str) == Some(operation)
+        && e.raw.get("subresource").and_then(Value::as_str) == sub
+}
+
+fn write_entries(obj: &mut Value, list: Vec<Entry>) {
+    let arr: Vec<Value> = list
+        .into_iter()
+        .filter(|e| !e.paths.is_empty())
+        .map(|mut e| {
+            e.raw.insert("fieldsType".into(), json!("FieldsV1"));
+            e.raw.insert("fieldsV1".into(), to_trie(&e.paths));
+            Value::Object(e.raw)
+        })
+        .collect();
+    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        if arr.is_empty() {
+            m.remove("managedFields");
+        } else {
+            m.insert("managedFields".into(), Value::Array(arr));
+        }
+    }
+}
+
+fn new_entry(manager: &str, operation: &str, sub: Option<&str>, now: &str, api_version: &str) -> Entry {
+    let mut raw = Map::new();
+    raw.insert("manager".into(), json!(manager));
+    raw.insert("operation".into(), json!(operation));
+    raw.insert("apiVersion".into(), json!(api_version));
+    raw.insert("time".into(), json!(now));
+    if let Some(s) = sub {
+        raw.insert("subresource".into(), json!(s));
+    }
+    Entry { raw, paths: BTreeSet::new() }
+}
+
+fn subtree_for(sub: Option<&str>, p: &Path) -> bool {
+    // Status writes own status fields; other writes own the rest.
+    let is_status = p.first().map(|s| s == "f:status").unwrap_or(false);
+    match sub {
+        Some("status") => is_status,
+        _ => true,
+    }
+}
+
+/// Records an ordinary write (create, update, patch) by `manager`: the fields
+/// it changed become its own and leave other managers' sets.
+#[allow(clippy::too_many_arguments)]
+pub fn record_update(
+    old: Option<&Value>,
+    new: &mut Value,
+    manager: &str,
+    operation: &str,
+    subresource: Option<&str>,
+    t: Option<TypeRef>,
+    now: &str,
+    api_version: &str,
+) {
+    let mut list = match old {
+        Some(o) => entries(o),
+        None => entries(new),
+    };
+    let new_paths = paths_of(new, t);
+    let changed: BTreeSet<Path> = new_paths
+        .iter()
+        .filter(|p| subtree_for(subresource, p))
+        .filter(|p| old.map(|o| get_at(o, p) != get_at(new, p)).unwrap_or(true))
+        .cloned()
+        .collect();
+    // Fields that no longer exist belong to nobody.
+    for e in list.iter_mut() {
+        e.paths.retain(|p| new_paths.contains(p));
+    }
+    if changed.is_empty() {
+        write_entries(new, list);
+        return;
+    }
+    for e in list.iter_mut() {
+        if !is_entry(e, manager, operation, subresource) {
+            e.paths.retain(|p| !changed.contains(p));
+        }
+    }
+    match list.iter_mut().find(|e| is_entry(e, manager, operation, subresource)) {
+        Some(e) => {
+            e.paths.extend(changed);
+            e.raw.insert("time".into(), json!(now));
+            e.raw.insert("apiVersion".into(), json!(api_version));
+        }
+        None => {
+            let mut e = new_entry(manager, operation, subresource, now, api_version);
+            e.paths = changed;
+            list.push(e);
+        }
+    }
+    write_entries(new, list);
+}
+
+fn merge_applied(live: &Value, applied: &Value, t: Option<TypeRef>) -> Value {
+    match (live, applied) {
+        (Value::Object(l), Value::Object(a)) => {
+            let mut out = l.clone();
+            for (k, av) in a {
+                let field = t.and_then(|t| if t.is_object() { t.field(k) } else { t.additional().map(|x| (x, Default::default())) });
+                let merged = match (l.get(k), av, &field) {
+                    (Some(Value::Object(_)), Value::Object(_), Some((ft, meta))) if !meta.map_type_atomic && !ft.is_opaque() => {
+                        merge_applied(&l[k], av, Some(*ft))
+                    }
+                    (Some(Value::Object(_)), Value::Object(_), None) if t.is_none() => merge_applied(&l[k], av, None),
+                    (Some(Value::Array(la)), Value::Array(aa), Some((ft, meta))) => match list_type(Some(meta)) {
+                        ListType::Map(keys) => {
+                            let mut outl = la.clone();
+                            for item in aa {
+                                let ik = item_key(item, &keys);
+                                match outl.iter().position(|x| ik.is_some() && item_key(x, &keys) == ik) {
+                                    Some(i) => outl[i] = merge_applied(&outl[i], item, ft.items()),
+                                    None => outl.push(item.clone()),
+                                }
+                            }
+                            Value::Array(outl)
+                        }
+                        ListType::Set => {
+                            let mut outl = la.clone();
+                            for item in aa {
+                                if !outl.contains(item) {
+                                    outl.push(item.clone());
+                                }
+                            }
+                            Value::Array(outl)
+                        }
+                        ListType::Atomic => av.clone(),
+                    },
+                    _ => av.clone(),
+                };
+                out.insert(k.clone(), merged);
+            }
+            Value::Object(out)
+        }
+        _ => applied.clone(),
+    }
+}
+
+fn path_string(p: &Path) -> String {
+    let mut s = String::new();
+    for seg in p {
+        if let Some(f) = seg.strip_prefix("f:") {
+            s.push('.');
+            s.push_str(f);
+        } else if let Some(k) = seg.strip_prefix("k:") {
+            s.push('[');
+            s.push_str(&k.replace(':', "=").replace(['{', '}', '"'], ""));
+            s.push(']');
+        } else if let Some(v) = seg.strip_prefix("v:") {
+            s.push_str(&format!("[{v}]"));
+        }
+    }
+    s
+}
+
+/// Applies `applied` (the manager's whole intent) to `live`, or creates from
+/// it. Conflicts with other managers' differing values are a 409 unless `force`.
+#[allow(clippy::too_many_arguments)]
+pub fn server_side_apply(
+    live: Option<&Value>,
+    applied: &Value,
+    manager: &str,
+    force: bool,
+    t: Option<TypeRef>,
+    now: &str,
+    api_version: &str,
+) -> Result<Value, ApiError> {
+    if !applied.is_object() {
+        return Err(ApiError::bad_request("the applied configuration must be an object"));
+    }
+    let mut applied = applied.clone();
+    if let Some(m) = applied.get_mut("metadata").and_then(Value::as_object_mut) {
+        for k in ["managedFields", "uid", "creationTimestamp", "generation", "selfLink"] {
+            m.remove(k);
+        }
+    }
+    let applied_paths: BTreeSet<Path> = paths_of(&applied, t).into_iter().filter(|p| !p.first().map(|s| s == "f:status").unwrap_or(false)).collect();
+    let Some(live) = live else {
+        let mut obj = applied.clone();
+        let mut e = new_entry(manager, "Apply", None, now, api_version);
+        e.paths = applied_paths;
+        write_entries(&mut obj, vec![e]);
+        return Ok(obj);
+    };
+    let mut list = entries(live);
+    // Conflicts: another manager owns a field this apply sets to a different value.
+    let mut conflicts: Vec<(String, Path)> = Vec::new();
+    for e in &list {
+        if is_entry(e, manager, "Apply", None) {
+            continue;
+        }
+        let other = e.raw.get("manager").and_then(Value::as_str).unwrap_or("").to_string();
+        for p in e.paths.intersection(&applied_paths) {
+            if p.last().map(|s| s == ".").unwrap_or(false) {
+                continue;
+            }
+            if get_at(live, p) != get_at(&applied, p) {
+                conflicts.push((other.clone(), p.clone()));
+            }
+        }
+    }
+    if !conflicts.is_empty() && !force {
+        let causes: Vec<Cause> = conflicts
+            .iter()
+            .map(|(m, p)| Cause::new("FieldManagerConflict", path_string(p), format!("conflict with {m:?}: {}", path_string(p))))
+            .collect();
+        let detail: Vec<String> = conflicts.iter().map(|(m, p)| format!("- conflict with {m:?}: {}", path_string(p))).collect();
+        let msg = if conflicts.len() == 1 {
+            format!("Apply failed with 1 conflict: conflict with {:?}: {}", conflicts[0].0, path_string(&conflicts[0].1))
+        } else {
+            format!("Apply failed with {} conflicts: {}", conflicts.len(), detail.join("\n"))
+        };
+        let mut e = ApiError::new(409, "Conflict", msg);
+        e.causes = causes;
+        return Err(e);
+    }
+    let forced: BTreeSet<Path> = conflicts.into_iter().map(|(_, p)| p).collect();
+    let mut obj = merge_applied(live, &applied, t);
+    // Fields this manager applied before and no longer applies go, unless someone else owns them.
+    let previous: BTreeSet<Path> = list.iter().filter(|e| is_entry(e, manager, "Apply", None)).flat_map(|e| e.paths.iter().cloned()).collect();
+    let others: BTreeSet<Path> = list.iter().filter(|e| !is_entry(e, manager, "Apply", None)).flat_map(|e| e.paths.iter().cloned()).collect();
+    let mut dropped: Vec<&Path> = previous.difference(&applied_paths).filter(|p| !others.contains(*p)).collect();
+    dropped.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in dropped {
+        remove_at(&mut obj, p);
+    }
+    for e in list.iter_mut() {
+        if !is_entry(e, manager, "Apply", None) {
+            e.paths.retain(|p| !forced.contains(p));
+        }
+    }
+    match list.iter_mut().find(|e| is_entry(e, manager, "Apply", None)) {
+        Some(e) => {
+            e.paths = applied_paths;
+            e.raw.insert("time".into(), json!(now));
+            e.raw.insert("apiVersion".into(), json!(api_version));
+        }
+        None => {
+            let mut e = new_entry(manager, "Apply", None, now, api_version);
+            e.paths = applied_paths;
+            list.push(e);
+        }
+    }
+    write_entries(&mut obj, list);
+    Ok(obj)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::root;
+
+    const NOW: &str = "2026-01-01T00:00:00Z";
+
+    fn deploy(replicas: i64, image: &str) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "a"}},
+                "template": {"metadata": {"labels": {"app": "a"}}, "spec": {"containers": [{"name": "c", "image": image}]}}}})
+    }
+
+    fn t() -> Option<TypeRef> {
+        root("apps", "v1", "Deployment")
+    }
+
+    #[test]
+    fn applying_twice_with_a_changed_replicas_updates_it() {
+        let live = server_side_apply(None, &deploy(1, "x:1"), "me", false, t(), NOW, "apps/v1").unwrap();
+        let out = server_side_apply(Some(&live), &deploy(3, "x:1"), "me", false, t(), NOW, "apps/v1").unwrap();
+        assert_eq!(out["spec"]["replicas"], 3);
+        let mf = &out["metadata"]["managedFields"][0];
+        assert_eq!(mf["manager"], "me");
+        assert_eq!(mf["operation"], "Apply");
+        assert!(mf["fieldsV1"]["f:spec"]["f:template"]["f:spec"]["f:containers"]["k:{\"name\":\"c\"}"]["f:image"].is_object());
+    }
+
+    #[test]
+    fn a_field_removed_from_the_applied_config_is_removed_from_the_object() {
+        let mut first = deploy(1, "x:1");
+        first["metadata"]["labels"] = json!({"team": "a"});
+        let live = server_side_apply(None, &first, "me", false, t(), NOW, "apps/v1").unwrap();
+        let out = server_side_apply(Some(&live), &deploy(1, "x:1"), "me", false, t(), NOW, "apps/v1").unwrap();
+        assert!(out["metadata"].get("labels").map(|l| l.get("team").is_none()).unwrap_or(true));
+    }
+
+    #[test]
+    fn a_field_owned_by_another_manager_with_a_different_value_conflicts() {
+        let mut live = deploy(1, "x:1");
+        record_update(None, &mut live, "kubectl-edit", "Update", None, t(), NOW, "apps/v1");
+        let e = server_side_apply(Some(&live), &deploy(5, "x:1"), "me", false, t(), NOW, "apps/v1").unwrap_err();
+        assert_eq!(e.code, 409);
+        assert_eq!(e.message, "Apply failed with 1 conflict: conflict with \"kubectl-edit\": .spec.replicas");
+        let forced = server_side_apply(Some(&live), &deploy(5, "x:1"), "me", true, t(), NOW, "apps/v1").unwrap();
+        assert_eq!(forced["spec"]["replicas"], 5);
+    }
+
+    #[test]
+    fn the_same_value_from_two_managers_does_not_conflict() {
+        let mut live = deploy(1, "x:1");
+        record_update(None, &mut live, "kubectl-client-side-apply", "Update", None, t(), NOW, "apps/v1");
+        assert!(server_side_apply(Some(&live), &deploy(1, "x:1"), "kubectl", false, t(), NOW, "apps/v1").is_ok());
+    }
+
+    #[test]
+    fn an_update_gives_changed_fields_to_its_manager() {
+        let mut live = deploy(1, "x:1");
+        record_update(None, &mut live, "a", "Update", None, t(), NOW, "apps/v1");
+        let mut next = live.clone();
+        next["spec"]["replicas"] = json!(2);
+        record_update(Some(&live), &mut next, "b", "Update", None, t(), NOW, "apps/v1");
+        let mf = next["metadata"]["managedFields"].as_array().unwrap();
+        assert_eq!(mf.len(), 2);
+        assert!(mf[0]["fieldsV1"]["f:spec"].get("f:replicas").is_none());
+        assert!(mf[1]["fieldsV1"]["f:spec"]["f:replicas"].is_object());
+    }
+}
