@@ -1,1 +1,210 @@
-//! (being written)
+//! Discovery documents as Kubernetes serves them: `/api`, `/apis`, each
+//! group and group-version, and aggregated discovery (apidiscovery.k8s.io/v2,
+//! served with Content-Type
+//! `application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList`).
+
+use serde_json::{json, Value};
+
+use crate::resources::{groups, ResourceInfo, RESOURCES};
+
+/// `(verbs, group, version, kind)` of a subresource as discovery lists it.
+fn subresource(res: &ResourceInfo, sub: &str) -> (Vec<&'static str>, &'static str, &'static str, &'static str) {
+    match sub {
+        "status" => (vec!["get", "patch", "update"], res.group, res.version, res.kind),
+        "scale" => (vec!["get", "patch", "update"], "autoscaling", "v1", "Scale"),
+        "binding" => (vec!["create"], "", "v1", "Binding"),
+        "eviction" => (vec!["create"], "policy", "v1", "Eviction"),
+        "log" => (vec!["get"], "", "v1", "Pod"),
+        "exec" | "attach" | "portforward" => (vec!["create", "get"], "", "v1", "PodExecOptions"),
+        "proxy" => (vec!["create", "delete", "get", "patch", "update"], "", "v1", proxy_kind(res)),
+        "finalize" => (vec!["update"], "", "v1", "Namespace"),
+        "token" => (vec!["create"], "authentication.k8s.io", "v1", "TokenRequest"),
+        "ephemeralcontainers" | "resize" => (vec!["get", "patch", "update"], "", "v1", "Pod"),
+        _ => (vec!["get"], res.group, res.version, res.kind),
+    }
+}
+
+fn proxy_kind(res: &ResourceInfo) -> &'static str {
+    match res.kind {
+        "Pod" => "PodProxyOptions",
+        "Node" => "NodeProxyOptions",
+        _ => "ServiceProxyOptions",
+    }
+}
+
+fn sub_kind(res: &ResourceInfo, sub: &str) -> &'static str {
+    match sub {
+        "exec" => "PodExecOptions",
+        "attach" => "PodAttachOptions",
+        "portforward" => "PodPortForwardOptions",
+        _ => subresource(res, sub).3,
+    }
+}
+
+/// A stable hash of a resource's storage identity (`storageVersionHash`).
+fn storage_hash(res: &ResourceInfo) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in format!("{}/{}/{}", res.group, res.version, res.kind).bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    let bytes = h.to_le_bytes();
+    const ALPH: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    bytes.iter().take(8).map(|b| ALPH[(*b as usize) % 64] as char).collect::<String>() + "="
+}
+
+/// `/api`.
+pub fn api_versions(server_address: &str) -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+    })
+}
+
+fn group_doc(group: &str, versions: &[&str]) -> Value {
+    let vs: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v})).collect();
+    json!({
+        "name": group,
+        "versions": vs,
+        "preferredVersion": {"groupVersion": format!("{group}/{}", versions[0]), "version": versions[0]},
+    })
+}
+
+/// `/apis`.
+pub fn api_group_list() -> Value {
+    let gs: Vec<Value> = groups().iter().map(|(g, vs)| group_doc(g, vs)).collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": gs})
+}
+
+/// `/apis/<group>`.
+pub fn api_group(group: &str) -> Option<Value> {
+    let (g, vs) = groups().into_iter().find(|(g, _)| *g == group)?;
+    let mut doc = group_doc(g, &vs);
+    doc["kind"] = json!("APIGroup");
+    doc["apiVersion"] = json!("v1");
+    Some(doc)
+}
+
+/// `/api/v1` or `/apis/<group>/<version>`.
+pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
+    let rs: Vec<&ResourceInfo> = RESOURCES.iter().filter(|r| r.group == group && r.version == version).collect();
+    if rs.is_empty() {
+        return None;
+    }
+    let mut out = Vec::new();
+    for r in rs {
+        let mut e = json!({
+            "name": r.plural,
+            "singularName": r.singular,
+            "namespaced": r.namespaced,
+            "kind": r.kind,
+            "verbs": r.verbs(),
+            "storageVersionHash": storage_hash(r),
+        });
+        if !r.short_names.is_empty() {
+            e["shortNames"] = json!(r.short_names);
+        }
+        if !r.categories.is_empty() {
+            e["categories"] = json!(r.categories);
+        }
+        out.push(e);
+        for sub in r.subresources {
+            let (verbs, g, v, _) = subresource(r, sub);
+            let mut s = json!({"name": format!("{}/{sub}", r.plural), "singularName": "", "namespaced": r.namespaced, "kind": sub_kind(r, sub), "verbs": verbs});
+            if g != r.group || v != r.version {
+                s["group"] = json!(g);
+                s["version"] = json!(v);
+            }
+            out.push(s);
+        }
+    }
+    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out}))
+}
+
+fn discovery_version(group: &str, version: &str) -> Value {
+    let resources: Vec<Value> = RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+        .map(|r| {
+            let subs: Vec<Value> = r
+                .subresources
+                .iter()
+                .map(|sub| {
+                    let (verbs, g, v, _) = subresource(r, sub);
+                    json!({"subresource": sub, "responseKind": {"group": g, "version": v, "kind": sub_kind(r, sub)}, "verbs": verbs})
+                })
+                .collect();
+            let mut e = json!({
+                "resource": r.plural,
+                "responseKind": {"group": r.group, "version": r.version, "kind": r.kind},
+                "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
+                "singularResource": r.singular,
+                "verbs": r.verbs(),
+            });
+            if !r.short_names.is_empty() {
+                e["shortNames"] = json!(r.short_names);
+            }
+            if !r.categories.is_empty() {
+                e["categories"] = json!(r.categories);
+            }
+            if !subs.is_empty() {
+                e["subresources"] = Value::Array(subs);
+            }
+            e
+        })
+        .collect();
+    json!({"version": version, "resources": resources, "freshness": "Current"})
+}
+
+/// The aggregated discovery document for `/api` (`legacy`) or `/apis`.
+pub fn aggregated_discovery(legacy: bool) -> Value {
+    let items: Vec<Value> = if legacy {
+        vec![json!({"metadata": {"creationTimestamp": null}, "versions": [discovery_version("", "v1")]})]
+    } else {
+        groups()
+            .iter()
+            .map(|(g, vs)| {
+                let versions: Vec<Value> = vs.iter().map(|v| discovery_version(g, v)).collect();
+                json!({"metadata": {"name": g, "creationTimestamp": null}, "versions": versions})
+            })
+            .collect()
+    };
+    json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_core_resource_list_has_pods_with_their_short_name_and_category() {
+        let l = api_resource_list("", "v1").unwrap();
+        let pods = l["resources"].as_array().unwrap().iter().find(|r| r["name"] == "pods").unwrap();
+        assert_eq!(pods["shortNames"], json!(["po"]));
+        assert_eq!(pods["categories"], json!(["all"]));
+        let scale = api_resource_list("apps", "v1").unwrap()["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "deployments/scale")
+            .cloned()
+            .unwrap();
+        assert_eq!((scale["group"].as_str(), scale["kind"].as_str()), (Some("autoscaling"), Some("Scale")));
+    }
+
+    #[test]
+    fn aggregated_discovery_lists_deployments_with_scale() {
+        let d = aggregated_discovery(false);
+        let apps = d["items"].as_array().unwrap().iter().find(|g| g["metadata"]["name"] == "apps").unwrap();
+        let dep = apps["versions"][0]["resources"].as_array().unwrap().iter().find(|r| r["resource"] == "deployments").unwrap();
+        assert!(dep["subresources"].as_array().unwrap().iter().any(|s| s["subresource"] == "scale"));
+        assert_eq!(dep["scope"], "Namespaced");
+    }
+
+    #[test]
+    fn autoscaling_prefers_v2() {
+        assert_eq!(api_group("autoscaling").unwrap()["preferredVersion"]["version"], "v2");
+    }
+}

@@ -1,1 +1,227 @@
-//! (being written)
+//! The OpenAPI documents kubectl reads: `/openapi/v2` (Swagger 2.0) and
+//! `/openapi/v3` (an index plus one OpenAPI 3.0 document per group-version),
+//! built once from [`crate::schema`], with Kubernetes' extensions
+//! (`x-kubernetes-group-version-kind` on root types and operations) and the
+//! `fieldValidation` parameter kubectl looks for to use server-side
+//! field validation.
+
+use std::sync::LazyLock;
+
+use serde_json::{json, Map, Value};
+
+use crate::resources::{ResourceInfo, RESOURCES};
+use crate::schema;
+
+fn gvk(group: &str, version: &str, kind: &str) -> Value {
+    json!({"group": group, "version": version, "kind": kind})
+}
+
+/// Definitions with `x-kubernetes-group-version-kind` added to root types.
+fn definitions_with_gvk() -> Map<String, Value> {
+    let mut defs = schema::definitions().clone();
+    let mut tag = |name: Option<&str>, g: &str, v: &str, k: &str| {
+        if let Some(d) = name.and_then(|n| defs.get_mut(n)).and_then(Value::as_object_mut) {
+            let list = d.entry("x-kubernetes-group-version-kind").or_insert_with(|| json!([]));
+            if let Some(a) = list.as_array_mut() {
+                let e = gvk(g, v, k);
+                if !a.contains(&e) {
+                    a.push(e);
+                }
+            }
+        }
+    };
+    for r in RESOURCES {
+        tag(schema::definition_name(r.group, r.version, r.kind), r.group, r.version, r.kind);
+    }
+    for (g, v, k) in [("", "v1", "Binding"), ("autoscaling", "v1", "Scale"), ("policy", "v1", "Eviction")] {
+        tag(schema::definition_name(g, v, k), g, v, k);
+    }
+    for (g, v, k) in [("meta.k8s.io", "v1", "Status"), ("meta.k8s.io", "v1", "DeleteOptions"), ("meta.k8s.io", "v1", "WatchEvent")] {
+        tag(schema::definition_name(g, v, k), "", "v1", k);
+    }
+    defs
+}
+
+fn query(name: &str, description: &str) -> Value {
+    json!({"name": name, "in": "query", "description": description, "type": "string", "uniqueItems": true})
+}
+
+fn query_v3(name: &str, description: &str) -> Value {
+    json!({"name": name, "in": "query", "description": description, "schema": {"type": "string", "uniqueItems": true}})
+}
+
+fn write_params(v3: bool) -> Vec<Value> {
+    let q = if v3 { query_v3 } else { query };
+    vec![
+        q("dryRun", "When present, indicates that modifications should not be persisted."),
+        q("fieldManager", "fieldManager is a name associated with the actor or entity that is making these changes."),
+        q("fieldValidation", "fieldValidation instructs the server on how to handle objects in the request containing unknown or duplicate fields. Valid values are: Ignore, Warn, Strict."),
+    ]
+}
+
+fn base_path(r: &ResourceInfo) -> String {
+    if r.group.is_empty() {
+        format!("/api/{}", r.version)
+    } else {
+        format!("/apis/{}/{}", r.group, r.version)
+    }
+}
+
+fn op(r: &ResourceInfo, action: &str, id: &str, params: Vec<Value>, v3: bool) -> Value {
+    let reff = |name: Option<&str>| {
+        let n = name.unwrap_or("io.k8s.apimachinery.pkg.apis.meta.v1.Status");
+        if v3 {
+            json!({"content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{n}")}}}, "description": "OK"})
+        } else {
+            json!({"schema": {"$ref": format!("#/definitions/{n}")}, "description": "OK"})
+        }
+    };
+    let mut o = json!({
+        "operationId": id,
+        "x-kubernetes-action": action,
+        "x-kubernetes-group-version-kind": gvk(r.group, r.version, r.kind),
+        "parameters": params,
+        "responses": {"200": reff(schema::definition_name(r.group, r.version, r.kind))},
+    });
+    if !v3 {
+        o["consumes"] = json!(["*/*"]);
+        o["produces"] = json!(["application/json", "application/yaml"]);
+    }
+    o
+}
+
+fn paths(v3: bool, filter: impl Fn(&ResourceInfo) -> bool) -> Map<String, Value> {
+    let mut out = Map::new();
+    for r in RESOURCES.iter().filter(|r| filter(r)) {
+        let ns = if r.namespaced { "/namespaces/{namespace}" } else { "" };
+        let coll = format!("{}{ns}/{}", base_path(r), r.plural);
+        let item = format!("{coll}/{{name}}");
+        let id = format!("{}{}", r.kind, r.version);
+        let mut pp = write_params(v3);
+        let force = if v3 { query_v3("force", "Force is going to \"force\" Apply requests.") } else { query("force", "Force is going to \"force\" Apply requests.") };
+        pp.push(force);
+        out.insert(
+            coll,
+            json!({
+                "get": op(r, "list", &format!("list{id}"), vec![], v3),
+                "post": op(r, "post", &format!("create{id}"), write_params(v3), v3),
+                "delete": op(r, "deletecollection", &format!("deletecollection{id}"), vec![], v3),
+            }),
+        );
+        out.insert(
+            item,
+            json!({
+                "get": op(r, "get", &format!("read{id}"), vec![], v3),
+                "put": op(r, "put", &format!("replace{id}"), write_params(v3), v3),
+                "patch": op(r, "patch", &format!("patch{id}"), pp, v3),
+                "delete": op(r, "delete", &format!("delete{id}"), vec![], v3),
+            }),
+        );
+    }
+    out
+}
+
+fn rewrite_refs(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            if let Some(Value::String(r)) = m.get_mut("$ref") {
+                if let Some(rest) = r.strip_prefix("#/definitions/") {
+                    *r = format!("#/components/schemas/{rest}");
+                }
+            }
+            for child in m.values_mut() {
+                rewrite_refs(child);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(rewrite_refs),
+        _ => {}
+    }
+}
+
+static V2: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    let doc = json!({
+        "swagger": "2.0",
+        "info": {"title": "Kubernetes", "version": "v1.33.0"},
+        "paths": paths(false, |_| true),
+        "definitions": definitions_with_gvk(),
+    });
+    serde_json::to_vec(&doc).unwrap_or_default()
+});
+
+static V3_SCHEMAS: LazyLock<Value> = LazyLock::new(|| {
+    let mut defs = Value::Object(definitions_with_gvk());
+    rewrite_refs(&mut defs);
+    defs
+});
+
+fn gv_hash(group: &str, version: &str) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in format!("{group}/{version}/{}", env!("CARGO_PKG_VERSION")).bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    format!("{h:016X}")
+}
+
+/// `/openapi/v2`, serialized once.
+pub fn openapi_v2_bytes() -> &'static [u8] {
+    &V2
+}
+
+/// `/openapi/v3`: where each group-version's document is.
+pub fn openapi_v3_index() -> Value {
+    let mut paths = Map::new();
+    let mut seen = Vec::new();
+    for r in RESOURCES {
+        let (key, url) = if r.group.is_empty() {
+            (format!("api/{}", r.version), format!("/openapi/v3/api/{}", r.version))
+        } else {
+            (format!("apis/{}/{}", r.group, r.version), format!("/openapi/v3/apis/{}/{}", r.group, r.version))
+        };
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key.clone());
+        paths.insert(key, json!({"serverRelativeURL": format!("{url}?hash={}", gv_hash(r.group, r.version))}));
+    }
+    json!({"paths": paths})
+}
+
+/// The OpenAPI 3.0 document of one group-version.
+pub fn openapi_v3_group_version(group: &str, version: &str) -> Option<Value> {
+    if !RESOURCES.iter().any(|r| r.group == group && r.version == version) {
+        return None;
+    }
+    let mut p = Value::Object(paths(true, |r| r.group == group && r.version == version));
+    rewrite_refs(&mut p);
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.33.0"},
+        "paths": p,
+        "components": {"schemas": V3_SCHEMAS.clone()},
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_apps_v1_document_describes_deployments_with_their_gvk() {
+        let doc = openapi_v3_group_version("apps", "v1").unwrap();
+        let d = &doc["components"]["schemas"]["io.k8s.api.apps.v1.Deployment"];
+        assert_eq!(d["x-kubernetes-group-version-kind"][0]["kind"], "Deployment");
+        let patch = &doc["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"];
+        assert!(patch["parameters"].as_array().unwrap().iter().any(|p| p["name"] == "fieldValidation"));
+        assert!(!serde_json::to_string(&doc).unwrap().contains("#/definitions/"));
+    }
+
+    #[test]
+    fn the_index_points_at_every_group_version() {
+        let idx = openapi_v3_index();
+        assert!(idx["paths"]["api/v1"]["serverRelativeURL"].as_str().unwrap().starts_with("/openapi/v3/api/v1?hash="));
+        assert!(idx["paths"].get("apis/apps/v1").is_some());
+        let v2: Value = serde_json::from_slice(openapi_v2_bytes()).unwrap();
+        assert_eq!(v2["swagger"], "2.0");
+    }
+}
