@@ -1,1 +1,91 @@
-//! placeholder
+//! skiff's Kubernetes-compatible API server: authentication, discovery and
+//! OpenAPI, the generic registry with per-kind strategies, the watch cache and
+//! watch streams, over HTTPS.
+//!
+//! Entry points: [`ApiServer::start`] builds everything on a store;
+//! [`ApiServer::router`] is the axum router (usable in-process as a
+//! `tower::Service`); [`serve::serve_tls`] puts it on a socket.
+
+pub mod auth;
+pub mod fieldmanager;
+pub mod handlers;
+pub mod lifecycle;
+pub mod negotiate;
+pub mod object;
+pub mod registry;
+pub mod request;
+pub mod serve;
+pub mod tls;
+pub mod watch;
+pub mod watchcache;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use skiff_store::Store;
+
+use crate::handlers::AppState;
+use crate::registry::{Registry, RegistryConfig};
+use crate::watchcache::WatchCache;
+
+/// Settings of an API server.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `host:port` clients use to reach this server.
+    pub advertise: String,
+    /// History kept for watches and consistent paging (Kubernetes: 5 minutes).
+    pub compact_keep: Duration,
+    pub compact_every: Duration,
+    pub registry: RegistryConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            advertise: "127.0.0.1:6443".into(),
+            compact_keep: Duration::from_secs(300),
+            compact_every: Duration::from_secs(60),
+            registry: RegistryConfig::default(),
+        }
+    }
+}
+
+/// A running API server (without its socket).
+pub struct ApiServer {
+    pub state: Arc<AppState>,
+}
+
+impl ApiServer {
+    /// Loads the watch cache from `store`, creates the built-in namespaces,
+    /// and starts the server's own loops.
+    pub async fn start(store: Arc<dyn Store>, config: Config) -> anyhow::Result<ApiServer> {
+        let cache = WatchCache::start(store.clone()).await?;
+        let registry = Arc::new(Registry::new(store, cache, config.registry.clone()));
+        lifecycle::bootstrap(&registry).await.map_err(|e| anyhow::anyhow!("bootstrapping: {e}"))?;
+        tokio::spawn(lifecycle::namespace_finalizer(registry.clone()));
+        tokio::spawn(lifecycle::compactor(registry.clone(), config.compact_keep, config.compact_every));
+        let state = Arc::new(AppState { registry, advertise: config.advertise.clone(), ready: AtomicBool::new(true) });
+        Ok(ApiServer { state })
+    }
+
+    /// The router serving every path. Requests must carry an
+    /// [`auth::Identity`] extension to be authenticated.
+    pub fn router(&self) -> Router {
+        Router::new().fallback(handlers::handle).with_state(self.state.clone())
+    }
+
+    /// A router for in-process clients: every request is authenticated as
+    /// `system:<component>`.
+    pub fn in_process_router(&self, component: &str) -> Router {
+        let id = auth::Identity::system(component);
+        self.router().layer(axum::middleware::from_fn(move |mut req: axum::extract::Request, next: axum::middleware::Next| {
+            let id = id.clone();
+            async move {
+                req.extensions_mut().insert(id);
+                next.run(req).await
+            }
+        }))
+    }
+}

@@ -1,0 +1,621 @@
+//! The HTTP surface: one entry point that authenticates, routes a Kubernetes
+//! URL to discovery, OpenAPI, health or a resource verb, and renders the
+//! answer in the form the client accepts.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use skiff_core::resources::ResourceInfo;
+use skiff_core::selector::{FieldSelector, LabelSelector};
+use skiff_core::ApiError;
+
+use crate::auth::{self, Identity};
+use crate::negotiate::{self, Output};
+use crate::registry::{DeleteOptions, Deleted, FieldValidation, PatchType, Registry, WriteOptions};
+use crate::request::{self, Query, ResourceRequest};
+use crate::watch;
+use crate::watchcache::Filter;
+
+/// What every handler shares.
+pub struct AppState {
+    pub registry: Arc<Registry>,
+    /// `host:port` clients reach the server at (for `/api`'s serverAddressByClientCIDRs).
+    pub advertise: String,
+    pub ready: std::sync::atomic::AtomicBool,
+}
+
+type Resp = Response<Body>;
+
+/// A JSON response.
+pub fn json_response(code: u16, v: &Value) -> Resp {
+    bytes_response(code, "application/json", Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
+}
+
+fn bytes_response(code: u16, content_type: &str, body: Bytes) -> Resp {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Body::from(body))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+/// An error as a `Status` response.
+pub fn error_response(e: &ApiError) -> Resp {
+    let mut r = json_response(e.code, &e.to_status());
+    if let Some(s) = e.retry_after_seconds {
+        if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+    }
+    r
+}
+
+fn text(code: u16, s: &str) -> Resp {
+    bytes_response(code, "text/plain; charset=utf-8", Bytes::from(s.to_string()))
+}
+
+/// The one handler behind the router.
+pub async fn handle(State(state): State<Arc<AppState>>, req: Request<Body>) -> Resp {
+    let path = req.uri().path().to_string();
+    if req.extensions().get::<Identity>().is_none() && !auth::is_public(&path) {
+        return error_response(&ApiError::unauthorized());
+    }
+    match route(&state, req).await {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiError> {
+    let path = req.uri().path().trim_end_matches('/').to_string();
+    let path = if path.is_empty() { "/".to_string() } else { path };
+    let query = Query::parse(req.uri().query());
+    let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let get = req.method() == Method::GET;
+    match path.as_str() {
+        "/healthz" | "/livez" | "/readyz" => {
+            let ok = path != "/readyz" || state.ready.load(std::sync::atomic::Ordering::Relaxed);
+            return Ok(if ok { text(200, "ok") } else { text(500, "[-]informer-sync failed: not ready\nreadyz check failed") });
+        }
+        "/version" if get => return Ok(json_response(200, &version())),
+        "/api" if get => {
+            return match negotiate::choose_output(accept.as_deref())? {
+                Output::Discovery { v2beta1 } => Ok(discovery_response(skiff_core::discovery::aggregated_discovery(true), v2beta1)),
+                _ => Ok(json_response(200, &skiff_core::discovery::api_versions(&state.advertise))),
+            };
+        }
+        "/apis" if get => {
+            return match negotiate::choose_output(accept.as_deref())? {
+                Output::Discovery { v2beta1 } => Ok(discovery_response(skiff_core::discovery::aggregated_discovery(false), v2beta1)),
+                _ => Ok(json_response(200, &skiff_core::discovery::api_group_list())),
+            };
+        }
+        "/openapi/v2" if get => {
+            return Ok(bytes_response(200, "application/json", Bytes::from_static(skiff_core::openapi::openapi_v2_bytes())));
+        }
+        "/openapi/v3" if get => return Ok(json_response(200, &skiff_core::openapi::openapi_v3_index())),
+        _ => {}
+    }
+    if get {
+        if let Some(rest) = path.strip_prefix("/openapi/v3/") {
+            let gv = match rest.split('/').collect::<Vec<_>>().as_slice() {
+                ["api", v] => Some(("", *v)),
+                ["apis", g, v] => Some((*g, *v)),
+                _ => None,
+            };
+            if let Some((g, v)) = gv {
+                if let Some(doc) = skiff_core::openapi::openapi_v3_group_version(g, v) {
+                    return Ok(json_response(200, &doc));
+                }
+            }
+            return Err(request::not_found_path(&path));
+        }
+        let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        match segs.as_slice() {
+            ["api", v] => {
+                return skiff_core::discovery::api_resource_list("", v)
+                    .map(|d| json_response(200, &d))
+                    .ok_or_else(|| request::not_found_path(&path))
+            }
+            ["apis", g] => {
+                return skiff_core::discovery::api_group(g)
+                    .map(|d| json_response(200, &d))
+                    .ok_or_else(|| request::not_found_path(&path))
+            }
+            ["apis", g, v] => {
+                return skiff_core::discovery::api_resource_list(g, v)
+                    .map(|d| json_response(200, &d))
+                    .ok_or_else(|| request::not_found_path(&path))
+            }
+            _ => {}
+        }
+    }
+    let Some(rr) = request::parse_path(&path)? else {
+        return Err(request::not_found_path(&path));
+    };
+    resource(state, rr, query, accept, req).await
+}
+
+fn discovery_response(doc: Value, v2beta1: bool) -> Resp {
+    let mut doc = doc;
+    let v = if v2beta1 { "v2beta1" } else { "v2" };
+    doc["apiVersion"] = json!(format!("apidiscovery.k8s.io/{v}"));
+    let ct = format!("application/json;g=apidiscovery.k8s.io;v={v};as=APIGroupDiscoveryList");
+    bytes_response(200, &ct, Bytes::from(serde_json::to_vec(&doc).unwrap_or_default()))
+}
+
+/// `/version`.
+pub fn version() -> Value {
+    json!({
+        "major": "1",
+        "minor": "33",
+        "gitVersion": format!("v1.33.0-skiff.{}", env!("CARGO_PKG_VERSION")),
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "n/a (rust)",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, if std::env::consts::ARCH == "x86_64" { "amd64" } else { std::env::consts::ARCH }),
+    })
+}
+
+async fn read_body(req: Request<Body>) -> Result<(HeaderMap, Bytes), ApiError> {
+    let (parts, body) = req.into_parts();
+    if let Some(len) = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok()) {
+        if len > negotiate::MAX_BODY {
+            return Err(ApiError::too_large("Request entity too large: limit is 3145728"));
+        }
+    }
+    let limited = http_body_util::Limited::new(body, negotiate::MAX_BODY);
+    match limited.collect().await {
+        Ok(c) => Ok((parts.headers, c.to_bytes())),
+        Err(e) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                Err(ApiError::too_large("Request entity too large: limit is 3145728"))
+            } else {
+                Err(ApiError::bad_request(format!("error reading request body: {e}")))
+            }
+        }
+    }
+}
+
+fn field_validation(q: &Query) -> Result<FieldValidation, ApiError> {
+    match q.get("fieldValidation") {
+        None | Some("") | Some("Warn") => Ok(FieldValidation::Warn),
+        Some("Strict") => Ok(FieldValidation::Strict),
+        Some("Ignore") => Ok(FieldValidation::Ignore),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "fieldValidation parameter unsupported: {other:?}; supported values: \"Ignore\", \"Strict\", \"Warn\""
+        ))),
+    }
+}
+
+/// The manager name Kubernetes derives from a User-Agent (`kubectl/v1.33 (...)` → `kubectl`).
+fn manager_from_user_agent(headers: &HeaderMap) -> String {
+    let ua = headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("unknown");
+    let first = ua.split('/').next().unwrap_or("unknown");
+    let m: String = first.chars().filter(|c| !c.is_control()).take(128).collect();
+    if m.is_empty() { "unknown".into() } else { m }
+}
+
+fn write_options(q: &Query, headers: &HeaderMap, apply: bool) -> Result<WriteOptions, ApiError> {
+    let field_manager = match q.get("fieldManager") {
+        Some(m) if !m.is_empty() => {
+            if m.chars().count() > 128 || m.chars().any(|c| c.is_control()) {
+                return Err(ApiError::invalid("", "PatchOptions", "", vec![skiff_core::Cause::invalid("fieldManager", &json!(m), "must be no more than 128 characters")]));
+            }
+            m.to_string()
+        }
+        _ if apply => {
+            return Err(ApiError::invalid("", "PatchOptions", "", vec![skiff_core::Cause::required("fieldManager")]).with_message("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"))
+        }
+        _ => manager_from_user_agent(headers),
+    };
+    Ok(WriteOptions { dry_run: q.dry_run()?, field_manager, field_validation: field_validation(q)?, force: q.flag("force") })
+}
+
+trait WithMessage {
+    fn with_message(self, m: &str) -> Self;
+}
+impl WithMessage for ApiError {
+    fn with_message(mut self, m: &str) -> Self {
+        self.message = m.to_string();
+        self
+    }
+}
+
+/// Unknown and duplicate fields, per `fieldValidation`: Strict fails, Warn warns.
+fn check_fields(res: &ResourceInfo, body: &Bytes, obj: &Value, fv: FieldValidation, json_body: bool) -> Result<Vec<String>, ApiError> {
+    if fv == FieldValidation::Ignore {
+        return Ok(Vec::new());
+    }
+    let mut problems = Vec::new();
+    if json_body {
+        for d in skiff_core::patch::duplicate_fields(body) {
+            problems.push(format!("json: duplicate field \"{d}\""));
+        }
+    }
+    if let Some(t) = skiff_core::schema::root(res.group, res.version, res.kind) {
+        for u in skiff_core::patch::unknown_fields(t, obj) {
+            problems.push(format!("unknown field \"{}\"", u.trim_start_matches('.')));
+        }
+    }
+    if problems.is_empty() {
+        return Ok(problems);
+    }
+    if fv == FieldValidation::Strict {
+        return Err(ApiError::bad_request(format!("strict decoding error: {}", problems.join(", "))));
+    }
+    Ok(problems)
+}
+
+fn add_warnings(mut r: Resp, warnings: &[String]) -> Resp {
+    for w in warnings {
+        let v = format!("299 - \"{}\"", w.replace('\\', "\\\\").replace('"', "\\\""));
+        if let Ok(hv) = HeaderValue::from_str(&v) {
+            r.headers_mut().append(header::WARNING, hv);
+        }
+    }
+    r
+}
+
+fn filter_from_query(rr: &ResourceRequest, q: &Query) -> Result<Filter, ApiError> {
+    let labels = match q.get("labelSelector") {
+        Some(s) if !s.trim().is_empty() => Some(LabelSelector::parse(s).map_err(|e| {
+            ApiError::bad_request(format!("unable to parse requirement: {e}"))
+        })?),
+        _ => None,
+    };
+    let fields = match q.get("fieldSelector") {
+        Some(s) if !s.trim().is_empty() => {
+            let f = FieldSelector::parse(s).map_err(ApiError::bad_request)?;
+            for (field, _, _) in f.requirements() {
+                skiff_core::fields::check_supported(rr.res, field)?;
+            }
+            Some(f)
+        }
+        _ => None,
+    };
+    Ok(Filter { namespace: rr.namespace.clone(), labels, fields })
+}
+
+async fn resource(
+    state: &Arc<AppState>,
+    rr: ResourceRequest,
+    q: Query,
+    accept: Option<String>,
+    req: Request<Body>,
+) -> Result<Resp, ApiError> {
+    let reg = &state.registry;
+    let res = rr.res;
+    let ns = rr.namespace.as_deref();
+    let method = req.method().clone();
+    let output = negotiate::choose_output(accept.as_deref())?;
+    match (&method, rr.name.as_deref(), rr.subresource.as_deref()) {
+        // ---- collections
+        (&Method::GET, None, None) => {
+            let filter = filter_from_query(&rr, &q)?;
+            if q.flag("watch") || rr.watch_path {
+                return watch::serve(state.clone(), res, filter, &q, output).await;
+            }
+            let limit = q.int("limit")?.unwrap_or(0).max(0);
+            let exact = q.get("resourceVersionMatch") == Some("Exact");
+            let out = reg
+                .list(res, &filter, limit, q.get("continue").filter(|c| !c.is_empty()), q.get("resourceVersion"), exact)
+                .await?;
+            render_list(res, out, output, &q)
+        }
+        (&Method::POST, None, None) => {
+            let (headers, body) = read_body(req).await?;
+            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let obj = negotiate::decode_body(ct.as_deref(), &body)?;
+            let opts = write_options(&q, &headers, false)?;
+            let json_body = !ct.as_deref().unwrap_or("").contains("yaml");
+            let warnings = check_fields(res, &body, &obj, opts.field_validation, json_body)?;
+            let created = reg.create(res, ns, obj, &opts).await?;
+            Ok(add_warnings(render_object(res, 201, &created, output)?, &warnings))
+        }
+        (&Method::DELETE, None, None) => {
+            let filter = filter_from_query(&rr, &q)?;
+            let (_, body) = read_body(req).await?;
+            let dopts = delete_options(&q, &body)?;
+            let out = reg.list(res, &filter, 0, None, None, false).await?;
+            let mut gone = Vec::new();
+            for item in out.items {
+                let v: Value = serde_json::from_slice(&item).map_err(|e| ApiError::internal(e.to_string()))?;
+                let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
+                let ins = v.pointer("/metadata/namespace").and_then(Value::as_str).map(str::to_string);
+                match reg.delete(res, ins.as_deref(), &name, &dopts).await {
+                    Ok(Deleted::Gone(o)) | Ok(Deleted::Pending(o)) => gone.push(o),
+                    Err(e) if e.code == 404 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let list = json!({"kind": res.list_kind(), "apiVersion": res.api_version(), "metadata": {"resourceVersion": reg.cache.revision().to_string()}, "items": gone});
+            Ok(json_response(200, &list))
+        }
+        // ---- one object
+        (&Method::GET, Some(name), None) => {
+            if q.flag("watch") || rr.watch_path {
+                let mut filter = filter_from_query(&rr, &q)?;
+                let existing = q.get("fieldSelector").filter(|s| !s.trim().is_empty());
+                let combined = match existing {
+                    Some(s) => format!("{s},metadata.name={name}"),
+                    None => format!("metadata.name={name}"),
+                };
+                filter.fields = Some(FieldSelector::parse(&combined).map_err(ApiError::bad_request)?);
+                return watch::serve(state.clone(), res, filter, &q, output).await;
+            }
+            let obj = reg.get(res, ns, name).await?;
+            render_object(res, 200, &obj, output)
+        }
+        (&Method::PUT, Some(name), sub) if sub.is_none() || matches!(sub, Some("status") | Some("scale") | Some("finalize")) => {
+            let sub = if sub == Some("finalize") { None } else { sub };
+            let (headers, body) = read_body(req).await?;
+            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let obj = negotiate::decode_body(ct.as_deref(), &body)?;
+            let opts = write_options(&q, &headers, false)?;
+            let json_body = !ct.as_deref().unwrap_or("").contains("yaml");
+            let warnings = if sub == Some("scale") { Vec::new() } else { check_fields(res, &body, &obj, opts.field_validation, json_body)? };
+            let obj = if rr.subresource.as_deref() == Some("finalize") { finalize_body(obj) } else { obj };
+            let (out, created) = reg.update(res, ns, name, obj, sub, &opts).await?;
+            let r = if sub == Some("scale") { json_response(200, &out) } else { render_object(res, if created { 201 } else { 200 }, &out, output)? };
+            Ok(add_warnings(r, &warnings))
+        }
+        (&Method::PATCH, Some(name), sub) if sub.is_none() || matches!(sub, Some("status") | Some("scale")) => {
+            let (headers, body) = read_body(req).await?;
+            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let pt = negotiate::patch_type(ct.as_deref())?;
+            let patch = negotiate::decode_patch(pt, &body)?;
+            let opts = write_options(&q, &headers, pt == PatchType::Apply)?;
+            if q.get("force").is_some() && pt != PatchType::Apply {
+                return Err(ApiError::bad_request("force flag can only be set for apply patches"));
+            }
+            let mut warnings = Vec::new();
+            if matches!(pt, PatchType::Merge | PatchType::Strategic | PatchType::Apply) && sub != Some("scale") {
+                let obj_like = strip_directives(&patch);
+                warnings = check_fields(res, &body, &obj_like, opts.field_validation, pt != PatchType::Apply)?;
+            }
+            let (out, created) = reg.patch(res, ns, name, pt, &patch, sub, &opts).await?;
+            let r = if sub == Some("scale") { json_response(200, &out) } else { render_object(res, if created { 201 } else { 200 }, &out, output)? };
+            Ok(add_warnings(r, &warnings))
+        }
+        (&Method::GET, Some(name), Some("status")) => {
+            let obj = reg.get(res, ns, name).await?;
+            render_object(res, 200, &obj, output)
+        }
+        (&Method::GET, Some(name), Some("scale")) => {
+            let obj = reg.get(res, ns, name).await?;
+            Ok(json_response(200, &crate::registry::to_scale(res, &obj)?))
+        }
+        (&Method::POST, Some(name), Some("binding")) => {
+            let (headers, body) = read_body(req).await?;
+            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let binding = negotiate::decode_body(ct.as_deref(), &body)?;
+            let opts = write_options(&q, &headers, false)?;
+            reg.bind(ns.unwrap_or(""), name, &binding, &opts).await?;
+            Ok(json_response(201, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})))
+        }
+        (&Method::DELETE, Some(name), None) => {
+            let (_, body) = read_body(req).await?;
+            let dopts = delete_options(&q, &body)?;
+            match reg.delete(res, ns, name, &dopts).await? {
+                Deleted::Pending(obj) => render_object(res, 200, &obj, output),
+                Deleted::Gone(obj) => {
+                    if res.kind == "Pod" {
+                        return render_object(res, 200, &obj, output);
+                    }
+                    let uid = obj.pointer("/metadata/uid").cloned().unwrap_or(json!(""));
+                    let mut details = json!({"name": name, "kind": res.plural, "uid": uid});
+                    if !res.group.is_empty() {
+                        details["group"] = json!(res.group);
+                    }
+                    Ok(json_response(200, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details})))
+                }
+            }
+        }
+        (_, _, Some(sub)) if matches!(sub, "log" | "exec" | "attach" | "portforward" | "proxy" | "eviction" | "token" | "ephemeralcontainers" | "resize") => {
+            Err(ApiError::new(501, "NotImplemented", format!("the {sub} subresource is not served yet")))
+        }
+        _ => Err(ApiError::method_not_allowed(format!(
+            "the server does not allow this method on the requested resource"
+        ))),
+    }
+}
+
+/// `namespaces/<n>/finalize` replaces `spec.finalizers`; the rest of the body is ignored.
+fn finalize_body(obj: Value) -> Value {
+    obj
+}
+
+/// A merge/strategic/apply patch without its `$` directives, for unknown-field checks.
+fn strip_directives(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| !k.starts_with('$'))
+                .map(|(k, v)| (k.clone(), strip_directives(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(strip_directives).collect()),
+        other => other.clone(),
+    }
+}
+
+fn delete_options(q: &Query, body: &Bytes) -> Result<DeleteOptions, ApiError> {
+    let mut o = DeleteOptions { dry_run: q.dry_run()?, ..Default::default() };
+    o.grace_period_seconds = q.int("gracePeriodSeconds")?;
+    o.propagation_policy = q.get("propagationPolicy").map(str::to_string);
+    if !body.is_empty() {
+        let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?;
+        if let Some(g) = v.get("gracePeriodSeconds").and_then(Value::as_i64) {
+            o.grace_period_seconds = Some(g);
+        }
+        if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
+            o.propagation_policy = Some(p.to_string());
+        }
+        if let Some(u) = v.pointer("/preconditions/uid").and_then(Value::as_str) {
+            o.precondition_uid = Some(u.to_string());
+        }
+        if let Some(r) = v.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
+            o.precondition_resource_version = Some(r.to_string());
+        }
+        if let Some(d) = v.get("dryRun").and_then(Value::as_array) {
+            if d.iter().any(|x| x == "All") {
+                o.dry_run = true;
+            }
+        }
+    }
+    if let Some(p) = &o.propagation_policy {
+        if !matches!(p.as_str(), "Orphan" | "Background" | "Foreground") {
+            return Err(ApiError::invalid("", "DeleteOptions", "", vec![skiff_core::Cause::not_supported("propagationPolicy", &json!(p), &["Foreground", "Background", "Orphan"])]));
+        }
+    }
+    Ok(o)
+}
+
+fn render_object(res: &ResourceInfo, code: u16, obj: &Value, output: Output) -> Result<Resp, ApiError> {
+    match output {
+        Output::Json | Output::Discovery { .. } => Ok(json_response(code, obj)),
+        Output::Yaml => Ok(bytes_response(code, "application/yaml", Bytes::from(serde_yaml::to_string(obj).unwrap_or_default()))),
+        Output::Table { v1beta1 } => {
+            let t = table(res, &[obj.clone()], v1beta1, None, None, None, true);
+            Ok(json_response(code, &t))
+        }
+        Output::PartialMetadata { v1beta1 } => Ok(json_response(code, &partial_metadata(obj, v1beta1))),
+    }
+}
+
+/// The `PartialObjectMetadata` of an object.
+pub fn partial_metadata(obj: &Value, v1beta1: bool) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": if v1beta1 { "meta.k8s.io/v1beta1" } else { "meta.k8s.io/v1" },
+        "metadata": obj.get("metadata").cloned().unwrap_or(json!({})),
+    })
+}
+
+/// A meta.k8s.io Table of objects.
+pub fn table(
+    res: &ResourceInfo,
+    objs: &[Value],
+    v1beta1: bool,
+    rv: Option<i64>,
+    cont: Option<&str>,
+    remaining: Option<i64>,
+    with_columns: bool,
+) -> Value {
+    table_with(res, objs, v1beta1, rv, cont, remaining, with_columns, "Metadata")
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn table_with(
+    res: &ResourceInfo,
+    objs: &[Value],
+    v1beta1: bool,
+    rv: Option<i64>,
+    cont: Option<&str>,
+    remaining: Option<i64>,
+    with_columns: bool,
+    include: &str,
+) -> Value {
+    let now = chrono::Utc::now();
+    let cols = skiff_core::table::columns(res.group, res.kind);
+    let rows: Vec<Value> = objs
+        .iter()
+        .map(|o| {
+            let object = match include {
+                "None" => Value::Null,
+                "Object" => o.clone(),
+                _ => partial_metadata(o, v1beta1),
+            };
+            let mut row = json!({"cells": skiff_core::table::cells(res.group, res.kind, o, now), "object": object});
+            if object_is_null(&row) {
+                row.as_object_mut().map(|m| m.remove("object"));
+            }
+            row
+        })
+        .collect();
+    let mut meta = json!({});
+    if let Some(rv) = rv {
+        meta["resourceVersion"] = json!(rv.to_string());
+    }
+    if let Some(c) = cont {
+        meta["continue"] = json!(c);
+    }
+    if let Some(r) = remaining {
+        meta["remainingItemCount"] = json!(r);
+    }
+    json!({
+        "kind": "Table",
+        "apiVersion": if v1beta1 { "meta.k8s.io/v1beta1" } else { "meta.k8s.io/v1" },
+        "metadata": meta,
+        "columnDefinitions": if with_columns { skiff_core::table::column_definitions_json(&cols) } else { json!([]) },
+        "rows": rows,
+    })
+}
+
+fn object_is_null(row: &Value) -> bool {
+    row.get("object").map(Value::is_null).unwrap_or(true)
+}
+
+fn render_list(res: &ResourceInfo, out: crate::registry::ListOutput, output: Output, q: &Query) -> Result<Resp, ApiError> {
+    match output {
+        Output::Table { v1beta1 } => {
+            let objs: Vec<Value> = out.items.iter().filter_map(|b| serde_json::from_slice(b).ok()).collect();
+            let include = q.get("includeObject").unwrap_or("Metadata");
+            let t = table_with(res, &objs, v1beta1, Some(out.resource_version), out.continue_token.as_deref(), out.remaining, true, include);
+            Ok(json_response(200, &t))
+        }
+        Output::PartialMetadata { v1beta1 } => {
+            let items: Vec<Value> = out
+                .items
+                .iter()
+                .filter_map(|b| serde_json::from_slice::<Value>(b).ok())
+                .map(|o| partial_metadata(&o, v1beta1))
+                .collect();
+            let mut meta = json!({"resourceVersion": out.resource_version.to_string()});
+            if let Some(c) = &out.continue_token {
+                meta["continue"] = json!(c);
+            }
+            Ok(json_response(200, &json!({"kind": "PartialObjectMetadataList", "apiVersion": if v1beta1 { "meta.k8s.io/v1beta1" } else { "meta.k8s.io/v1" }, "metadata": meta, "items": items})))
+        }
+        Output::Yaml => {
+            let items: Vec<Value> = out.items.iter().filter_map(|b| serde_json::from_slice(b).ok()).collect();
+            let v = json!({"kind": res.list_kind(), "apiVersion": res.api_version(), "metadata": {"resourceVersion": out.resource_version.to_string()}, "items": items});
+            Ok(bytes_response(200, "application/yaml", Bytes::from(serde_yaml::to_string(&v).unwrap_or_default())))
+        }
+        Output::Json | Output::Discovery { .. } => {
+            // Assemble the list from the stored bytes without decoding them.
+            let mut meta = serde_json::Map::new();
+            meta.insert("resourceVersion".into(), json!(out.resource_version.to_string()));
+            if let Some(c) = &out.continue_token {
+                meta.insert("continue".into(), json!(c));
+            }
+            if let Some(r) = out.remaining {
+                meta.insert("remainingItemCount".into(), json!(r));
+            }
+            let head = format!(
+                "{{\"kind\":{},\"apiVersion\":{},\"metadata\":{},\"items\":[",
+                Value::from(res.list_kind()),
+                Value::from(res.api_version()),
+                Value::Object(meta)
+            );
+            let mut buf = Vec::with_capacity(head.len() + out.items.iter().map(|b| b.len() + 1).sum::<usize>() + 2);
+            buf.extend_from_slice(head.as_bytes());
+            for (i, item) in out.items.iter().enumerate() {
+                if i > 0 {
+                    buf.push(b',');
+                }
+                buf.extend_from_slice(item);
+            }
+            buf.extend_from_slice(b"]}");
+            Ok(bytes_response(200, "application/json", Bytes::from(buf)))
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Loops the API server runs for itself: the built-in namespaces and the
+//! `kubernetes` service at first start, namespace finalization (emptying a
+//! terminating namespace, then removing it), and store compaction.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use skiff_core::resources::{self, RESOURCES};
+use skiff_core::ApiError;
+
+use crate::object::{decode, encode, meta_str};
+use crate::registry::{DeleteOptions, Registry, WriteOptions};
+use crate::watchcache::Filter;
+
+/// Namespaces that exist from the first start.
+pub const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// Creates what a fresh cluster has: the system namespaces and the `kubernetes` service.
+pub async fn bootstrap(reg: &Registry) -> Result<(), ApiError> {
+    let ns = resources::lookup("", "v1", "namespaces").expect("namespaces");
+    let opts = WriteOptions { field_manager: "skiff-apiserver".into(), ..Default::default() };
+    for name in SYSTEM_NAMESPACES {
+        let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+        match reg.create(ns, None, obj, &opts).await {
+            Ok(_) => {}
+            Err(e) if e.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let svc = resources::lookup("", "v1", "services").expect("services");
+    let (base, _) = reg.config.service_cidr;
+    let first = std::net::Ipv4Addr::from(u32::from(base) + 1);
+    let obj = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+        "spec": {"type": "ClusterIP", "clusterIP": first.to_string(), "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}
+    });
+    match reg.create(svc, Some("default"), obj, &opts).await {
+        Ok(_) => {}
+        Err(e) if e.code == 409 => {}
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// Empties namespaces that are being deleted, then removes them.
+pub async fn namespace_finalizer(reg: Arc<Registry>) {
+    let ns_res = resources::lookup("", "v1", "namespaces").expect("namespaces");
+    let cache = reg.cache.resource(ns_res);
+    let mut changed = cache.subscribe();
+    loop {
+        let terminating: Vec<String> = cache
+            .snapshot(&Filter::default())
+            .into_iter()
+            .filter_map(|o| serde_json::from_slice::<Value>(&o.bytes).ok())
+            .filter(|v| !meta_str(v, "deletionTimestamp").is_empty())
+            .map(|v| meta_str(&v, "name").to_string())
+            .collect();
+        let mut pending = false;
+        for ns in &terminating {
+            match finalize_namespace(&reg, ns).await {
+                Ok(true) => {}
+                Ok(false) => pending = true,
+                Err(e) => {
+                    tracing::warn!(namespace = %ns, error = %e, "finalizing namespace");
+                    pending = true;
+                }
+            }
+        }
+        let wait = if pending { Duration::from_millis(500) } else { Duration::from_secs(30) };
+        tokio::select! {
+            r = changed.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// One pass over a terminating namespace; true when it is gone.
+async fn finalize_namespace(reg: &Registry, ns: &str) -> Result<bool, ApiError> {
+    let mut remaining = 0usize;
+    let filter = Filter { namespace: Some(ns.to_string()), ..Default::default() };
+    let mut seen = std::collections::HashSet::new();
+    for res in RESOURCES.iter().filter(|r| r.namespaced) {
+        if !seen.insert(res.storage) {
+            continue;
+        }
+        for o in reg.cache.resource(res).snapshot(&filter) {
+            remaining += 1;
+            let v: Value = serde_json::from_slice(&o.bytes).map_err(|e| ApiError::internal(e.to_string()))?;
+            if !meta_str(&v, "deletionTimestamp").is_empty() {
+                continue;
+            }
+            match reg.delete(res, Some(ns), &o.name, &DeleteOptions::default()).await {
+                Ok(_) => {}
+                Err(e) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    if remaining > 0 {
+        return Ok(false);
+    }
+    // Empty: drop the `kubernetes` finalizer and the namespace with it.
+    let ns_res = resources::lookup("", "v1", "namespaces").expect("namespaces");
+    let key = crate::object::object_key(ns_res, None, ns);
+    let Some(kv) = reg.store.get(&key).await.map_err(|e| ApiError::internal(e.to_string()))? else {
+        return Ok(true);
+    };
+    let mut obj = decode(&kv)?;
+    let spec_finalizers: Vec<Value> = obj
+        .pointer("/spec/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter(|f| f.as_str() != Some("kubernetes")).cloned().collect())
+        .unwrap_or_default();
+    let meta_finalizers = crate::object::finalizers(&obj);
+    if spec_finalizers.is_empty() && meta_finalizers.is_empty() {
+        match reg.store.delete(&key, Some(kv.mod_revision)).await {
+            Ok(_) | Err(skiff_store::Error::NotFound(_)) => return Ok(true),
+            Err(skiff_store::Error::Conflict { .. }) => return Ok(false),
+            Err(e) => return Err(ApiError::internal(e.to_string())),
+        }
+    }
+    if obj.pointer("/spec/finalizers").and_then(Value::as_array).map(|a| a.len()) != Some(spec_finalizers.len()) {
+        obj["spec"]["finalizers"] = Value::Array(spec_finalizers);
+        let _ = reg.store.update(&key, encode(&obj)?, kv.mod_revision).await;
+    }
+    Ok(false)
+}
+
+/// Compacts the store's history older than `keep`, every `every`, and trims
+/// the watch cache's history with it (watches from before then get 410).
+pub async fn compactor(reg: Arc<Registry>, keep: Duration, every: Duration) {
+    let mut samples: VecDeque<(Instant, i64)> = VecDeque::new();
+    let mut ticker = tokio::time::interval(every);
+    loop {
+        ticker.tick().await;
+        let Ok(rev) = reg.store.current_revision().await else { continue };
+        let now = Instant::now();
+        samples.push_back((now, rev));
+        let mut target = None;
+        while let Some((t, r)) = samples.front().copied() {
+            if now.duration_since(t) >= keep {
+                target = Some(r);
+                samples.pop_front();
+            } else {
+                break;
+            }
+        }
+        if let Some(r) = target {
+            let done = reg.store.compacted_revision().await.unwrap_or(0);
+            if r > done {
+                match reg.store.compact(r).await {
+                    Ok(()) => reg.cache.trim(r),
+                    Err(e) => tracing::warn!(error = %e, "compaction failed"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! How objects are keyed and encoded in the store, and the few metadata
+//! accessors the registry needs on hot paths.
+//!
+//! Objects are stored as JSON without `metadata.resourceVersion`: the store's
+//! mod revision is the resourceVersion and is written into the object on read.
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+use skiff_core::resources::ResourceInfo;
+use skiff_core::ApiError;
+use skiff_store::KeyValue;
+
+/// Every object lives under this prefix.
+pub const ROOT: &str = "/registry/";
+
+/// `/registry/<group|core>/<plural>/` — the prefix of one resource's objects.
+pub fn resource_prefix(res: &ResourceInfo) -> String {
+    let (group, plural) = res.storage.split_once('/').unwrap_or(("", res.storage));
+    let group = if group.is_empty() { "core" } else { group };
+    format!("{ROOT}{group}/{plural}/")
+}
+
+/// The prefix of one namespace's objects of a resource (or all, for `None`).
+pub fn list_prefix(res: &ResourceInfo, namespace: Option<&str>) -> String {
+    match (res.namespaced, namespace) {
+        (true, Some(ns)) => format!("{}{ns}/", resource_prefix(res)),
+        _ => resource_prefix(res),
+    }
+}
+
+/// The key of one object.
+pub fn object_key(res: &ResourceInfo, namespace: Option<&str>, name: &str) -> String {
+    match (res.namespaced, namespace) {
+        (true, Some(ns)) => format!("{}{ns}/{name}", resource_prefix(res)),
+        _ => format!("{}{name}", resource_prefix(res)),
+    }
+}
+
+/// The storage id (`<group>/<plural>`, as in `ResourceInfo::storage`) of a key.
+pub fn storage_of_key(key: &str) -> Option<String> {
+    let rest = key.strip_prefix(ROOT)?;
+    let mut parts = rest.splitn(3, '/');
+    let group = parts.next()?;
+    let plural = parts.next()?;
+    let group = if group == "core" { "" } else { group };
+    Some(format!("{group}/{plural}"))
+}
+
+/// Serializes an object for the store (without its resourceVersion).
+pub fn encode(obj: &Value) -> Result<Bytes, ApiError> {
+    let mut obj = obj.clone();
+    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+        m.remove("selfLink");
+    }
+    serde_json::to_vec(&obj).map(Bytes::from).map_err(|e| ApiError::internal(format!("encoding object: {e}")))
+}
+
+/// Decodes a stored object and sets its resourceVersion.
+pub fn decode(kv: &KeyValue) -> Result<Value, ApiError> {
+    let mut obj: Value = serde_json::from_slice(&kv.value)
+        .map_err(|e| ApiError::internal(format!("decoding stored object {}: {e}", kv.key)))?;
+    set_resource_version(&mut obj, kv.mod_revision);
+    Ok(obj)
+}
+
+pub fn set_resource_version(obj: &mut Value, rev: i64) {
+    metadata_mut(obj).insert("resourceVersion".into(), Value::String(rev.to_string()));
+}
+
+/// `metadata` as a map, created if missing or not an object.
+pub fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj.is_object() {
+        *obj = Value::Object(Map::new());
+    }
+    let m = obj.as_object_mut().expect("object");
+    if !m.get("metadata").map(Value::is_object).unwrap_or(false) {
+        m.insert("metadata".into(), Value::Object(Map::new()));
+    }
+    m.get_mut("metadata").and_then(Value::as_object_mut).expect("metadata object")
+}
+
+/// A string field of `metadata` ("" when absent).
+pub fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
+    obj.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str).unwrap_or("")
+}
+
+/// `metadata.labels` (empty when absent).
+pub fn labels(obj: &Value) -> Map<String, Value> {
+    obj.get("metadata").and_then(|m| m.get("labels")).and_then(Value::as_object).cloned().unwrap_or_default()
+}
+
+/// `metadata.finalizers` (empty when absent).
+pub fn finalizers(obj: &Value) -> Vec<String> {
+    obj.get("metadata")
+        .and_then(|m| m.get("finalizers"))
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
+/// Now, as Kubernetes writes timestamps (RFC 3339, seconds, UTC).
+pub fn now_rfc3339() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// A time `secs` seconds from now, in the same format.
+pub fn rfc3339_in(secs: i64) -> String {
+    (chrono::Utc::now() + chrono::Duration::seconds(secs)).format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_core::resources::lookup;
+
+    #[test]
+    fn keys_separate_namespaces_and_groups() {
+        let pods = lookup("", "v1", "pods").unwrap();
+        assert_eq!(object_key(pods, Some("ns1"), "p"), "/registry/core/pods/ns1/p");
+        assert_eq!(list_prefix(pods, None), "/registry/core/pods/");
+        let deploy = lookup("apps", "v1", "deployments").unwrap();
+        assert_eq!(object_key(deploy, Some("a"), "d"), "/registry/apps/deployments/a/d");
+        assert_eq!(storage_of_key("/registry/apps/deployments/a/d").unwrap(), "apps/deployments");
+        assert_eq!(storage_of_key("/registry/core/nodes/n1").unwrap(), "/nodes");
+        let nodes = lookup("", "v1", "nodes").unwrap();
+        assert_eq!(nodes.storage, "/nodes");
+    }
+}

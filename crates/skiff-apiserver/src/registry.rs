@@ -1,0 +1,1155 @@
+//! The generic registry: create, get, list, update, patch and delete for every
+//! resource, with the per-kind strategy (defaulting, validation, status
+//! handling, generation) and Kubernetes' metadata rules.
+//!
+//! Every write goes through [`Registry::write`]: read the current object,
+//! compute the new one, and store it guarded by the revision that was read,
+//! retrying when another writer got there first and the caller did not ask
+//! for a specific resourceVersion.
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use skiff_core::resources::{self, ResourceInfo};
+use skiff_core::{ApiError, ApiResult, Cause};
+use skiff_store::{KeyValue, ListOptions, Store};
+
+use crate::object::{self, decode, encode, meta_str, metadata_mut, now_rfc3339};
+use crate::watchcache::{Filter, WatchCache};
+
+/// How strictly unknown and duplicate fields are treated (`fieldValidation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldValidation {
+    Ignore,
+    Warn,
+    Strict,
+}
+
+/// Options every write carries.
+#[derive(Debug, Clone)]
+pub struct WriteOptions {
+    pub dry_run: bool,
+    pub field_manager: String,
+    pub field_validation: FieldValidation,
+    /// `force` for server-side apply.
+    pub force: bool,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions {
+            dry_run: false,
+            field_manager: "unknown".into(),
+            field_validation: FieldValidation::Warn,
+            force: false,
+        }
+    }
+}
+
+/// A patch's format, from its Content-Type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchType {
+    Json,
+    Merge,
+    Strategic,
+    Apply,
+}
+
+/// DeleteOptions the registry honours.
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOptions {
+    pub grace_period_seconds: Option<i64>,
+    pub precondition_uid: Option<String>,
+    pub precondition_resource_version: Option<String>,
+    pub propagation_policy: Option<String>,
+    pub dry_run: bool,
+}
+
+/// What a delete did.
+pub enum Deleted {
+    /// The object is gone; this was its last state.
+    Gone(Value),
+    /// Deletion started (finalizers or graceful termination); the object remains.
+    Pending(Value),
+}
+
+/// The result of a list.
+pub struct ListOutput {
+    /// Items as JSON (resourceVersion included).
+    pub items: Vec<bytes::Bytes>,
+    pub resource_version: i64,
+    pub continue_token: Option<String>,
+    pub remaining: Option<i64>,
+}
+
+/// Settings that shape admission.
+#[derive(Debug, Clone)]
+pub struct RegistryConfig {
+    /// ClusterIPs are allocated from this IPv4 range.
+    pub service_cidr: (Ipv4Addr, u8),
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig { service_cidr: (Ipv4Addr::new(10, 43, 0, 0), 16) }
+    }
+}
+
+/// The registry all handlers and in-server loops go through.
+pub struct Registry {
+    pub store: Arc<dyn Store>,
+    pub cache: Arc<WatchCache>,
+    pub config: RegistryConfig,
+    allocated_ips: Mutex<Option<HashSet<Ipv4Addr>>>,
+}
+
+/// Kinds whose `metadata.generation` tracks spec changes.
+fn tracks_generation(res: &ResourceInfo) -> bool {
+    matches!(res.group, "apps" | "batch" | "autoscaling" | "policy") || res.kind == "ReplicationController"
+}
+
+/// Kinds a PUT may create (`AllowCreateOnUpdate` in Kubernetes).
+fn allows_create_on_update(res: &ResourceInfo) -> bool {
+    matches!(res.kind, "Endpoints" | "Event" | "Lease" | "EndpointSlice")
+}
+
+fn store_err(res: &ResourceInfo, name: &str, e: skiff_store::Error) -> ApiError {
+    use skiff_store::Error as E;
+    match e {
+        E::NotFound(_) => ApiError::not_found(res.group, res.plural, name),
+        E::AlreadyExists(_) => ApiError::already_exists(res.group, res.plural, name),
+        E::Conflict { .. } => ApiError::conflict(res.group, res.plural, name, ApiError::STALE),
+        E::Compacted { requested, compacted } => ApiError::gone(format!(
+            "The resourceVersion for the provided list is too old (requested {requested}, oldest available {compacted})."
+        )),
+        E::FutureRevision { requested, current } => ApiError::timeout(format!(
+            "Too large resource version: {requested}, current: {current}"
+        )),
+        other => ApiError::internal(other.to_string()),
+    }
+}
+
+/// Fields outside `metadata` and `status`: a change in them is a spec change.
+fn spec_part(obj: &Value) -> Map<String, Value> {
+    obj.as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "metadata" | "status" | "apiVersion" | "kind"))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn random_u64() -> u64 {
+    rand::random()
+}
+
+impl Registry {
+    pub fn new(store: Arc<dyn Store>, cache: Arc<WatchCache>, config: RegistryConfig) -> Self {
+        Registry { store, cache, config, allocated_ips: Mutex::new(None) }
+    }
+
+    // ---- reads ---------------------------------------------------------------
+
+    /// The current object.
+    pub async fn get(&self, res: &ResourceInfo, ns: Option<&str>, name: &str) -> ApiResult<Value> {
+        let key = object::object_key(res, ns, name);
+        match self.store.get(&key).await.map_err(|e| store_err(res, name, e))? {
+            Some(kv) => decode(&kv),
+            None => Err(ApiError::not_found(res.group, res.plural, name)),
+        }
+    }
+
+    async fn get_kv(&self, res: &ResourceInfo, ns: Option<&str>, name: &str) -> ApiResult<Option<KeyValue>> {
+        let key = object::object_key(res, ns, name);
+        self.store.get(&key).await.map_err(|e| store_err(res, name, e))
+    }
+
+    /// Lists objects: from the watch cache unless paging or an exact old
+    /// revision is asked for, which the store serves from one snapshot.
+    pub async fn list(
+        &self,
+        res: &'static ResourceInfo,
+        filter: &Filter,
+        limit: i64,
+        continue_token: Option<&str>,
+        resource_version: Option<&str>,
+        exact: bool,
+    ) -> ApiResult<ListOutput> {
+        let rv = match resource_version {
+            None | Some("") => None,
+            Some(s) => Some(s.parse::<i64>().map_err(|_| {
+                ApiError::bad_request(format!("invalid resource version: {s:?}"))
+            })?),
+        };
+        if limit > 0 || continue_token.is_some() || (exact && rv.unwrap_or(0) > 0) {
+            return self.list_from_store(res, filter, limit, continue_token, if exact { rv } else { None }).await;
+        }
+        match rv {
+            // Consistent read: whatever the store has now.
+            None => {
+                let current = self.store.current_revision().await.map_err(|e| store_err(res, "", e))?;
+                if !self.cache.wait_for(current, Duration::from_secs(3)).await {
+                    return self.list_from_store(res, filter, 0, None, None).await;
+                }
+            }
+            Some(0) => {}
+            Some(n) => {
+                if !self.cache.wait_for(n, Duration::from_secs(3)).await {
+                    return Err(ApiError::timeout(format!(
+                        "Too large resource version: {n}, current: {}",
+                        self.cache.revision()
+                    )));
+                }
+            }
+        }
+        let revision = self.cache.revision();
+        let items = self.cache.resource(res).snapshot(filter).into_iter().map(|o| o.bytes.clone()).collect();
+        Ok(ListOutput { items, resource_version: revision, continue_token: None, remaining: None })
+    }
+
+    async fn list_from_store(
+        &self,
+        res: &'static ResourceInfo,
+        filter: &Filter,
+        limit: i64,
+        continue_token: Option<&str>,
+        at: Option<i64>,
+    ) -> ApiResult<ListOutput> {
+        let prefix = object::list_prefix(res, filter.namespace.as_deref());
+        let (mut revision, mut start_after) = match continue_token {
+            Some(t) => {
+                let (rev, start) = decode_continue(t)?;
+                (Some(rev), Some(format!("{prefix}{start}")))
+            }
+            None => (at, None),
+        };
+        let selecting = filter.labels.as_ref().map(|l| !l.is_empty()).unwrap_or(false) || filter.fields.is_some();
+        let mut items = Vec::new();
+        loop {
+            let want = if limit > 0 { (limit - items.len() as i64).max(1) } else { 0 };
+            let page = self
+                .store
+                .list(&prefix, ListOptions { revision, limit: want, start_after: start_after.clone() })
+                .await
+                .map_err(|e| match e {
+                    skiff_store::Error::Compacted { .. } if continue_token.is_some() => ApiError::gone(
+                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
+                    ),
+                    e => store_err(res, "", e),
+                })?;
+            revision = Some(page.revision);
+            let mut last_key = None;
+            for kv in &page.items {
+                last_key = Some(kv.key.clone());
+                let obj = decode(kv)?;
+                if !filter.namespace.as_ref().map(|ns| meta_str(&obj, "namespace") == ns).unwrap_or(true) {
+                    continue;
+                }
+                if let Some(l) = &filter.labels {
+                    if !l.matches(&object::labels(&obj)) {
+                        continue;
+                    }
+                }
+                if let Some(f) = &filter.fields {
+                    if !f.matches(|field| skiff_core::fields::field_value(res, &obj, field)) {
+                        continue;
+                    }
+                }
+                items.push(bytes::Bytes::from(serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?));
+            }
+            let full = limit > 0 && items.len() as i64 >= limit;
+            if !page.more || full {
+                let continue_token = if page.more {
+                    last_key.map(|k| encode_continue(page.revision, k.strip_prefix(&prefix).unwrap_or(&k)))
+                } else {
+                    None
+                };
+                let remaining = if page.more && !selecting { Some(page.remaining) } else { None };
+                return Ok(ListOutput { items, resource_version: page.revision, continue_token, remaining });
+            }
+            start_after = last_key;
+        }
+    }
+
+    // ---- writes --------------------------------------------------------------
+
+    /// Creates an object. Returns it as stored and any warnings.
+    pub async fn create(
+        &self,
+        res: &'static ResourceInfo,
+        ns: Option<&str>,
+        mut obj: Value,
+        opts: &WriteOptions,
+    ) -> ApiResult<Value> {
+        check_type_meta(res, &mut obj)?;
+        prepare_namespace(res, ns, &mut obj)?;
+        if res.namespaced {
+            self.check_namespace_open(ns.unwrap_or("")).await?;
+        }
+        let generate = meta_str(&obj, "name").is_empty() && !meta_str(&obj, "generateName").is_empty();
+        {
+            let m = metadata_mut(&mut obj);
+            m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+            m.insert("creationTimestamp".into(), json!(now_rfc3339()));
+            for f in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+                m.remove(f);
+            }
+            if tracks_generation(res) {
+                m.insert("generation".into(), json!(1));
+            } else {
+                m.remove("generation");
+            }
+        }
+        self.prepare_for_create(res, &mut obj);
+        skiff_core::defaults::apply_defaults(res, &mut obj);
+        for attempt in 0..8 {
+            if generate {
+                let prefix = meta_str(&obj, "generateName").to_string();
+                let name = skiff_core::meta::with_generated_name(&prefix, random_u64());
+                metadata_mut(&mut obj).insert("name".into(), json!(name));
+            }
+            let name = meta_str(&obj, "name").to_string();
+            let causes = skiff_core::validation::validate_create(res, &obj);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(res.group, res.kind, &name, causes));
+            }
+            let mut obj = obj.clone();
+            self.admit_create(res, &mut obj, opts.dry_run)?;
+            crate::fieldmanager::record(res, None, &mut obj, &opts.field_manager, None);
+            if opts.dry_run {
+                return Ok(obj);
+            }
+            let key = object::object_key(res, ns, &name);
+            match self.store.create(&key, encode(&obj)?).await {
+                Ok(kv) => return decode(&kv),
+                Err(skiff_store::Error::AlreadyExists(_)) if generate && attempt < 7 => {
+                    self.release_admission(res, &obj);
+                    continue;
+                }
+                Err(e) => {
+                    self.release_admission(res, &obj);
+                    return Err(store_err(res, &name, e));
+                }
+            }
+        }
+        Err(ApiError::already_exists(res.group, res.plural, meta_str(&obj, "name")))
+    }
+
+    /// Replaces an object (PUT), on the main resource or a subresource.
+    /// Returns the stored object and whether it was created.
+    pub async fn update(
+        &self,
+        res: &'static ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        mut body: Value,
+        sub: Option<&str>,
+        opts: &WriteOptions,
+    ) -> ApiResult<(Value, bool)> {
+        check_type_meta(res, &mut body)?;
+        prepare_namespace(res, ns, &mut body)?;
+        let body_name = meta_str(&body, "name");
+        if body_name.is_empty() {
+            metadata_mut(&mut body).insert("name".into(), json!(name));
+        } else if body_name != name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        let wanted_rv = meta_str(&body, "resourceVersion").to_string();
+        loop {
+            let Some(cur) = self.get_kv(res, ns, name).await? else {
+                if sub.is_none() && allows_create_on_update(res) {
+                    return self.create(res, ns, body, opts).await.map(|o| (o, true));
+                }
+                return Err(ApiError::not_found(res.group, res.plural, name));
+            };
+            if !wanted_rv.is_empty() && wanted_rv != cur.mod_revision.to_string() {
+                return Err(ApiError::conflict(res.group, res.plural, name, ApiError::STALE));
+            }
+            let old = decode(&cur)?;
+            match self.write(res, ns, name, &cur, old, body.clone(), sub, opts).await {
+                Err(WriteError::Retry) if wanted_rv.is_empty() => continue,
+                Err(WriteError::Retry) => {
+                    return Err(ApiError::conflict(res.group, res.plural, name, ApiError::STALE))
+                }
+                Err(WriteError::Api(e)) => return Err(e),
+                Ok(v) => return Ok((v, false)),
+            }
+        }
+    }
+
+    /// Patches an object; an apply patch may create it.
+    pub async fn patch(
+        &self,
+        res: &'static ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        patch_type: PatchType,
+        patch: &Value,
+        sub: Option<&str>,
+        opts: &WriteOptions,
+    ) -> ApiResult<(Value, bool)> {
+        let schema = skiff_core::schema::root(res.group, res.version, res.kind);
+        loop {
+            let cur = self.get_kv(res, ns, name).await?;
+            let Some(cur) = cur else {
+                if patch_type == PatchType::Apply && sub.is_none() {
+                    let mut applied = patch.clone();
+                    check_type_meta(res, &mut applied)?;
+                    let obj = skiff_core::patch::apply::server_side_apply(
+                        None,
+                        &applied,
+                        &opts.field_manager,
+                        opts.force,
+                        schema.clone(),
+                        &now_rfc3339(),
+                        &res.api_version(),
+                    )?;
+                    let mut obj = obj;
+                    metadata_mut(&mut obj).insert("name".into(), json!(name));
+                    let mut create_opts = opts.clone();
+                    create_opts.field_manager = opts.field_manager.clone();
+                    return match self.create_applied(res, ns, obj, &create_opts).await {
+                        Err(e) if e.reason == "AlreadyExists" => continue,
+                        other => other.map(|o| (o, true)),
+                    };
+                }
+                return Err(ApiError::not_found(res.group, res.plural, name));
+            };
+            let old = decode(&cur)?;
+            let current_view = if sub == Some("scale") { to_scale(res, &old)? } else { old.clone() };
+            let mut patched = match patch_type {
+                PatchType::Json => skiff_core::patch::apply_json_patch(&current_view, patch)?,
+                PatchType::Merge => skiff_core::patch::apply_merge_patch(&current_view, patch)?,
+                PatchType::Strategic => {
+                    let t = if sub == Some("scale") { None } else { schema.clone() };
+                    skiff_core::patch::apply_strategic_merge_patch(&current_view, patch, t)?
+                }
+                PatchType::Apply => {
+                    if sub == Some("scale") {
+                        skiff_core::patch::apply_merge_patch(&current_view, patch)?
+                    } else {
+                        let mut applied = patch.clone();
+                        check_type_meta(res, &mut applied)?;
+                        skiff_core::patch::apply::server_side_apply(
+                            Some(&old),
+                            &applied,
+                            &opts.field_manager,
+                            opts.force,
+                            schema.clone(),
+                            &now_rfc3339(),
+                            &res.api_version(),
+                        )?
+                    }
+                }
+            };
+            // A patch that names a resourceVersion is a precondition on it.
+            let patched_rv = meta_str(&patched, "resourceVersion").to_string();
+            let explicit_rv = !patched_rv.is_empty() && patched_rv != cur.mod_revision.to_string();
+            if explicit_rv {
+                return Err(ApiError::conflict(res.group, res.plural, name, ApiError::STALE));
+            }
+            if sub == Some("scale") {
+                patched = from_scale(res, &old, &patched)?;
+            }
+            let sub_for_write = if sub == Some("scale") { None } else { sub };
+            let track = patch_type != PatchType::Apply;
+            match self
+                .write_inner(res, ns, name, &cur, old, patched, sub_for_write, opts, track)
+                .await
+            {
+                Err(WriteError::Retry) => continue,
+                Err(WriteError::Api(e)) => return Err(e),
+                Ok(v) => {
+                    if sub == Some("scale") {
+                        return Ok((to_scale(res, &v)?, false));
+                    }
+                    return Ok((v, false));
+                }
+            }
+        }
+    }
+
+    async fn create_applied(
+        &self,
+        res: &'static ResourceInfo,
+        ns: Option<&str>,
+        obj: Value,
+        opts: &WriteOptions,
+    ) -> ApiResult<Value> {
+        // The apply already recorded the manager's fields; create records
+        // nothing more for it.
+        let managed = obj.get("metadata").and_then(|m| m.get("managedFields")).cloned();
+        let mut created_opts = opts.clone();
+        created_opts.dry_run = true;
+        let mut prepared = self.create(res, ns, obj, &created_opts).await?;
+        if let Some(m) = managed {
+            metadata_mut(&mut prepared).insert("managedFields".into(), m);
+        }
+        if opts.dry_run {
+            return Ok(prepared);
+        }
+        let name = meta_str(&prepared, "name").to_string();
+        let key = object::object_key(res, ns, &name);
+        match self.store.create(&key, encode(&prepared)?).await {
+            Ok(kv) => decode(&kv),
+            Err(e) => {
+                self.release_admission(res, &prepared);
+                Err(store_err(res, &name, e))
+            }
+        }
+    }
+
+    /// Writes `new` over `old` (read at `cur`), applying the update strategy.
+    #[allow(clippy::too_many_arguments)]
+    async fn write(
+        &self,
+        res: &'static ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        cur: &KeyValue,
+        old: Value,
+        new: Value,
+        sub: Option<&str>,
+        opts: &WriteOptions,
+    ) -> Result<Value, WriteError> {
+        if sub == Some("scale") {
+            let new = from_scale(res, &old, &new)?;
+            let v = self.write_inner(res, ns, name, cur, old, new, None, opts, true).await?;
+            return Ok(to_scale(res, &v)?);
+        }
+        self.write_inner(res, ns, name, cur, old, new, sub, opts, true).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn write_inner(
+        &self,
+        res: &'static ResourceInfo,
+        _ns: Option<&str>,
+        name: &str,
+        cur: &KeyValue,
+        old: Value,
+        mut new: Value,
+        sub: Option<&str>,
+        opts: &WriteOptions,
+        track_fields: bool,
+    ) -> Result<Value, WriteError> {
+        check_type_meta(res, &mut new)?;
+        new = prepare_for_update(res, &old, new, sub);
+        skiff_core::defaults::apply_defaults(res, &mut new);
+        let mut causes = skiff_core::validation::validate_update(res, &new, &old);
+        if sub == Some("status") {
+            // Status writes cannot fail on spec problems they did not cause.
+            causes.retain(|c| c.field.starts_with("status") || c.field.starts_with("metadata"));
+        }
+        if !causes.is_empty() {
+            return Err(ApiError::invalid(res.group, res.kind, name, causes).into());
+        }
+        self.admit_update(res, &old, &mut new)?;
+        if track_fields {
+            crate::fieldmanager::record(res, Some(&old), &mut new, &opts.field_manager, sub);
+        }
+        if tracks_generation(res) && spec_part(&old) != spec_part(&new) {
+            let g = old.get("metadata").and_then(|m| m.get("generation")).and_then(Value::as_i64).unwrap_or(0);
+            metadata_mut(&mut new).insert("generation".into(), json!(g + 1));
+        }
+        // Removing the last finalizer of an object being deleted deletes it.
+        let deleting = !meta_str(&new, "deletionTimestamp").is_empty();
+        if deleting && object::finalizers(&new).is_empty() && !(res.kind == "Pod" && pod_awaits_node(&new)) {
+            if opts.dry_run {
+                return Ok(new);
+            }
+            return match self.store.delete(&cur.key, Some(cur.mod_revision)).await {
+                Ok((_, rev)) => {
+                    self.release_admission(res, &new);
+                    let mut v = new;
+                    object::set_resource_version(&mut v, rev);
+                    Ok(v)
+                }
+                Err(skiff_store::Error::Conflict { .. }) | Err(skiff_store::Error::NotFound(_)) => {
+                    Err(WriteError::Retry)
+                }
+                Err(e) => Err(store_err(res, name, e).into()),
+            };
+        }
+        // Nothing changed: Kubernetes does not write, and the resourceVersion stays.
+        let mut unchanged_check = new.clone();
+        object::set_resource_version(&mut unchanged_check, cur.mod_revision);
+        if unchanged_check == old {
+            return Ok(old);
+        }
+        if opts.dry_run {
+            return Ok(new);
+        }
+        match self.store.update(&cur.key, encode(&new)?, cur.mod_revision).await {
+            Ok(kv) => Ok(decode(&kv)?),
+            Err(skiff_store::Error::Conflict { .. }) | Err(skiff_store::Error::NotFound(_)) => Err(WriteError::Retry),
+            Err(e) => Err(store_err(res, name, e).into()),
+        }
+    }
+
+    /// Deletes an object, gracefully where Kubernetes does.
+    pub async fn delete(
+        &self,
+        res: &'static ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> ApiResult<Deleted> {
+        loop {
+            let Some(cur) = self.get_kv(res, ns, name).await? else {
+                return Err(ApiError::not_found(res.group, res.plural, name));
+            };
+            let mut obj = decode(&cur)?;
+            if let Some(uid) = &opts.precondition_uid {
+                if uid != meta_str(&obj, "uid") {
+                    return Err(ApiError::conflict(
+                        res.group,
+                        res.plural,
+                        name,
+                        &format!(
+                            "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                            meta_str(&obj, "uid")
+                        ),
+                    ));
+                }
+            }
+            if let Some(rv) = &opts.precondition_resource_version {
+                if *rv != cur.mod_revision.to_string() {
+                    return Err(ApiError::conflict(
+                        res.group,
+                        res.plural,
+                        name,
+                        &format!(
+                            "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                            cur.mod_revision
+                        ),
+                    ));
+                }
+            }
+            let grace = if res.kind == "Pod" {
+                let default = obj
+                    .pointer("/spec/terminationGracePeriodSeconds")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(30);
+                let g = opts.grace_period_seconds.unwrap_or(default).max(0);
+                if pod_awaits_node(&obj) { g } else { 0 }
+            } else {
+                0
+            };
+            let has_finalizers = !object::finalizers(&obj).is_empty();
+            let is_namespace = res.kind == "Namespace";
+            let already_deleting = !meta_str(&obj, "deletionTimestamp").is_empty();
+            if has_finalizers || grace > 0 || is_namespace {
+                let prior_grace = obj
+                    .pointer("/metadata/deletionGracePeriodSeconds")
+                    .and_then(Value::as_i64);
+                if already_deleting && prior_grace.map(|p| grace >= p).unwrap_or(true) {
+                    return Ok(Deleted::Pending(obj));
+                }
+                {
+                    let m = metadata_mut(&mut obj);
+                    m.insert("deletionTimestamp".into(), json!(object::rfc3339_in(grace)));
+                    m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+                    if tracks_generation(res) {
+                        let g = m.get("generation").and_then(Value::as_i64).unwrap_or(0);
+                        m.insert("generation".into(), json!(g + 1));
+                    }
+                }
+                if is_namespace {
+                    obj["status"]["phase"] = json!("Terminating");
+                }
+                if opts.dry_run {
+                    return Ok(Deleted::Pending(obj));
+                }
+                match self.store.update(&cur.key, encode(&obj)?, cur.mod_revision).await {
+                    Ok(kv) => return Ok(Deleted::Pending(decode(&kv)?)),
+                    Err(skiff_store::Error::Conflict { .. }) => continue,
+                    Err(e) => return Err(store_err(res, name, e)),
+                }
+            }
+            if opts.dry_run {
+                return Ok(Deleted::Gone(obj));
+            }
+            match self.store.delete(&cur.key, Some(cur.mod_revision)).await {
+                Ok((_, rev)) => {
+                    self.release_admission(res, &obj);
+                    object::set_resource_version(&mut obj, rev);
+                    return Ok(Deleted::Gone(obj));
+                }
+                Err(skiff_store::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(store_err(res, name, e)),
+            }
+        }
+    }
+
+    /// Binds a pod to a node (`pods/binding`), as the scheduler does.
+    pub async fn bind(&self, ns: &str, name: &str, binding: &Value, opts: &WriteOptions) -> ApiResult<()> {
+        let res = resources::lookup("", "v1", "pods").expect("pods");
+        let node = binding.pointer("/target/name").and_then(Value::as_str).unwrap_or("");
+        if node.is_empty() {
+            return Err(ApiError::invalid("", "Binding", name, vec![Cause::required("target.name")]));
+        }
+        loop {
+            let Some(cur) = self.get_kv(res, Some(ns), name).await? else {
+                return Err(ApiError::not_found("", "pods", name));
+            };
+            let mut pod = decode(&cur)?;
+            if !meta_str(&pod, "deletionTimestamp").is_empty() {
+                return Err(ApiError::conflict("", "pods", name, "pod is being deleted, cannot be assigned to a host"));
+            }
+            let current = pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
+            if !current.is_empty() {
+                return Err(ApiError::conflict(
+                    "",
+                    "pods",
+                    name,
+                    &format!("pod {name} is already assigned to node {current:?}"),
+                ));
+            }
+            pod["spec"]["nodeName"] = json!(node);
+            if let Some(ann) = binding.pointer("/metadata/annotations").and_then(Value::as_object) {
+                let m = metadata_mut(&mut pod);
+                let entry = m.entry("annotations").or_insert_with(|| json!({}));
+                if let Some(a) = entry.as_object_mut() {
+                    for (k, v) in ann {
+                        a.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            set_condition(&mut pod, "PodScheduled", "True", None, None);
+            crate::fieldmanager::record(res, None, &mut pod, &opts.field_manager, None);
+            if opts.dry_run {
+                return Ok(());
+            }
+            match self.store.update(&cur.key, encode(&pod)?, cur.mod_revision).await {
+                Ok(_) => return Ok(()),
+                Err(skiff_store::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(store_err(res, name, e)),
+            }
+        }
+    }
+
+    // ---- strategy and admission ---------------------------------------------
+
+    fn prepare_for_create(&self, res: &ResourceInfo, obj: &mut Value) {
+        // Status is written through the status subresource; nodes are the
+        // exception (the node agent registers its node with status).
+        if res.has_subresource("status") && res.kind != "Node" {
+            if let Some(m) = obj.as_object_mut() {
+                m.remove("status");
+            }
+        }
+    }
+
+    async fn check_namespace_open(&self, ns: &str) -> ApiResult<()> {
+        let nsres = resources::lookup("", "v1", "namespaces").expect("namespaces");
+        match self.get_kv(nsres, None, ns).await? {
+            None => Err(ApiError::not_found("", "namespaces", ns)),
+            Some(kv) => {
+                let obj = decode(&kv)?;
+                if !meta_str(&obj, "deletionTimestamp").is_empty() {
+                    let mut e = ApiError::forbidden(format!(
+                        "unable to create new content in namespace {ns} because it is being terminated"
+                    ));
+                    e.reason = "Forbidden".into();
+                    e.name = Some(ns.to_string());
+                    e.kind = Some("namespaces".into());
+                    e.causes = vec![Cause::new(
+                        "NamespaceTerminating",
+                        "metadata.namespace",
+                        format!("namespace {ns} is being terminated"),
+                    )];
+                    return Err(e);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn admit_create(&self, res: &ResourceInfo, obj: &mut Value, dry_run: bool) -> ApiResult<()> {
+        if res.kind == "Service" {
+            self.allocate_cluster_ip(obj, dry_run)?;
+        }
+        Ok(())
+    }
+
+    fn admit_update(&self, res: &ResourceInfo, old: &Value, new: &mut Value) -> ApiResult<()> {
+        if res.kind == "Service" {
+            // An update that leaves the clusterIP out keeps the allocated one.
+            let old_ip = old.pointer("/spec/clusterIP").cloned();
+            let new_ip = new.pointer("/spec/clusterIP").and_then(Value::as_str).unwrap_or("");
+            if new_ip.is_empty() {
+                if let (Some(ip), Some(spec)) = (old_ip, new.get_mut("spec").and_then(Value::as_object_mut)) {
+                    spec.insert("clusterIP".into(), ip.clone());
+                    if let Some(ips) = old.pointer("/spec/clusterIPs") {
+                        spec.insert("clusterIPs".into(), ips.clone());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn release_admission(&self, res: &ResourceInfo, obj: &Value) {
+        if res.kind == "Service" {
+            if let Some(ip) = obj.pointer("/spec/clusterIP").and_then(Value::as_str).and_then(|s| s.parse().ok()) {
+                if let Some(set) = self.allocated_ips.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                    set.remove(&ip);
+                }
+            }
+        }
+    }
+
+    fn allocate_cluster_ip(&self, svc: &mut Value, dry_run: bool) -> ApiResult<()> {
+        let ty = svc.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP").to_string();
+        if ty == "ExternalName" {
+            return Ok(());
+        }
+        let requested = svc.pointer("/spec/clusterIP").and_then(Value::as_str).unwrap_or("").to_string();
+        if requested == "None" {
+            if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.insert("clusterIPs".into(), json!(["None"]));
+            }
+            return Ok(());
+        }
+        let (base, bits) = self.config.service_cidr;
+        let size: u32 = if bits >= 32 { 1 } else { 1u32 << (32 - bits) };
+        let base_u = u32::from(base);
+        let mut guard = self.allocated_ips.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            let svcs = resources::lookup("", "v1", "services").expect("services");
+            let mut set = HashSet::new();
+            for o in self.cache.resource(svcs).snapshot(&Filter::default()) {
+                if let Ok(v) = serde_json::from_slice::<Value>(&o.bytes) {
+                    if let Some(ip) = v.pointer("/spec/clusterIP").and_then(Value::as_str).and_then(|s| s.parse().ok()) {
+                        set.insert(ip);
+                    }
+                }
+            }
+            *guard = Some(set);
+        }
+        let set = guard.as_mut().expect("initialized");
+        let ip: Ipv4Addr = if requested.is_empty() {
+            let span = size.saturating_sub(2).max(1);
+            let start = (random_u64() % span as u64) as u32;
+            let mut found = None;
+            for i in 0..span {
+                // Skip the network address and the first address (reserved for
+                // the `kubernetes` service, allocated by name below).
+                let offset = 2 + (start + i) % span;
+                let cand = Ipv4Addr::from(base_u + offset);
+                if !set.contains(&cand) {
+                    found = Some(cand);
+                    break;
+                }
+            }
+            found.ok_or_else(|| ApiError::internal("failed to allocate a serviceIP: range is full"))?
+        } else {
+            let ip: Ipv4Addr = requested.parse().map_err(|_| {
+                ApiError::invalid(
+                    "",
+                    "Service",
+                    meta_str(svc, "name"),
+                    vec![Cause::invalid("spec.clusterIPs[0]", &json!(requested), "must be a valid IP address")],
+                )
+            })?;
+            let u = u32::from(ip);
+            if u < base_u || u >= base_u + size {
+                return Err(ApiError::invalid(
+                    "",
+                    "Service",
+                    meta_str(svc, "name"),
+                    vec![Cause::invalid(
+                        "spec.clusterIPs",
+                        &json!([requested]),
+                        &format!("failed to allocate IP {requested}: the provided IP ({requested}) is not in the valid range. The range of valid IPs is {base}/{bits}"),
+                    )],
+                ));
+            }
+            if set.contains(&ip) {
+                return Err(ApiError::invalid(
+                    "",
+                    "Service",
+                    meta_str(svc, "name"),
+                    vec![Cause::invalid(
+                        "spec.clusterIPs",
+                        &json!([requested]),
+                        &format!("failed to allocate IP {requested}: provided IP is already allocated"),
+                    )],
+                ));
+            }
+            ip
+        };
+        if !dry_run {
+            set.insert(ip);
+        }
+        if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.insert("clusterIP".into(), json!(ip.to_string()));
+            spec.insert("clusterIPs".into(), json!([ip.to_string()]));
+        }
+        Ok(())
+    }
+}
+
+/// Why a guarded write did not happen.
+pub enum WriteError {
+    /// The object changed since it was read: read again and retry.
+    Retry,
+    Api(ApiError),
+}
+
+impl From<ApiError> for WriteError {
+    fn from(e: ApiError) -> Self {
+        WriteError::Api(e)
+    }
+}
+
+/// A pod that a node agent must confirm stopped before it goes away.
+fn pod_awaits_node(pod: &Value) -> bool {
+    let bound = !pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("").is_empty();
+    let phase = pod.pointer("/status/phase").and_then(Value::as_str).unwrap_or("");
+    bound && phase != "Succeeded" && phase != "Failed"
+}
+
+/// Sets or updates a condition of `status.conditions`.
+pub fn set_condition(obj: &mut Value, ty: &str, status: &str, reason: Option<&str>, message: Option<&str>) {
+    if !obj.get("status").map(Value::is_object).unwrap_or(false) {
+        obj["status"] = json!({});
+    }
+    let now = now_rfc3339();
+    let conds = obj["status"].as_object_mut().expect("status object").entry("conditions").or_insert_with(|| json!([]));
+    if !conds.is_array() {
+        *conds = json!([]);
+    }
+    let arr = conds.as_array_mut().expect("array");
+    let mut cond = json!({"type": ty, "status": status, "lastProbeTime": null, "lastTransitionTime": now});
+    if let Some(r) = reason {
+        cond["reason"] = json!(r);
+    }
+    if let Some(m) = message {
+        cond["message"] = json!(m);
+    }
+    match arr.iter_mut().find(|c| c.get("type").and_then(Value::as_str) == Some(ty)) {
+        Some(existing) => {
+            if existing.get("status").and_then(Value::as_str) == Some(status) {
+                cond["lastTransitionTime"] = existing.get("lastTransitionTime").cloned().unwrap_or(json!(now));
+            }
+            *existing = cond;
+        }
+        None => arr.push(cond),
+    }
+}
+
+/// Checks and fills `apiVersion` and `kind` against the resource.
+pub fn check_type_meta(res: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
+    let Some(m) = obj.as_object_mut() else {
+        return Err(ApiError::bad_request("the body of the request must be a JSON object"));
+    };
+    let expected = res.api_version();
+    match m.get("apiVersion").and_then(Value::as_str) {
+        None | Some("") => {
+            m.insert("apiVersion".into(), json!(expected));
+        }
+        Some(v) if v == expected => {}
+        Some(v) => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({v}) does not match the expected API version ({expected})"
+            )))
+        }
+    }
+    match m.get("kind").and_then(Value::as_str) {
+        None | Some("") => {
+            m.insert("kind".into(), json!(res.kind));
+        }
+        Some(k) if k == res.kind => {}
+        Some(k) => {
+            return Err(ApiError::bad_request(format!(
+                "the kind in the data ({k}) does not match the expected kind ({})",
+                res.kind
+            )))
+        }
+    }
+    Ok(())
+}
+
+fn prepare_namespace(res: &ResourceInfo, ns: Option<&str>, obj: &mut Value) -> ApiResult<()> {
+    let body_ns = meta_str(obj, "namespace").to_string();
+    let m = metadata_mut(obj);
+    if res.namespaced {
+        let ns = ns.unwrap_or("");
+        if ns.is_empty() {
+            return Err(ApiError::bad_request("namespace is required for a namespaced resource"));
+        }
+        if !body_ns.is_empty() && body_ns != ns {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        m.insert("namespace".into(), json!(ns));
+    } else {
+        m.remove("namespace");
+    }
+    Ok(())
+}
+
+/// The update strategy: what of the new object is kept, what comes from the old.
+fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Option<&str>) -> Value {
+    let mut out = match sub {
+        Some("status") => {
+            // Only status changes through the status subresource.
+            let mut o = old.clone();
+            match new.get("status") {
+                Some(s) => o["status"] = s.clone(),
+                None => {
+                    if let Some(m) = o.as_object_mut() {
+                        m.remove("status");
+                    }
+                }
+            }
+            // Metadata the status writer may carry along (managedFields are recomputed).
+            o
+        }
+        _ => {
+            let mut n = new;
+            if res.has_subresource("status") {
+                match old.get("status") {
+                    Some(s) => n["status"] = s.clone(),
+                    None => {
+                        if let Some(m) = n.as_object_mut() {
+                            m.remove("status");
+                        }
+                    }
+                }
+            }
+            n
+        }
+    };
+    // Metadata the system owns.
+    let keep = ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "namespace", "name"];
+    let old_meta = old.get("metadata").and_then(Value::as_object).cloned().unwrap_or_default();
+    let m = metadata_mut(&mut out);
+    for k in keep {
+        match old_meta.get(k) {
+            Some(v) => {
+                m.insert(k.to_string(), v.clone());
+            }
+            None => {
+                m.remove(k);
+            }
+        }
+    }
+    // Finalizers may not be added to an object being deleted... but may be removed.
+    out
+}
+
+/// The `Scale` view (autoscaling/v1) of a scalable object.
+pub fn to_scale(res: &ResourceInfo, obj: &Value) -> ApiResult<Value> {
+    let md = obj.get("metadata").cloned().unwrap_or(json!({}));
+    let replicas = obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
+    let status_replicas = obj.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0);
+    let selector = match res.kind {
+        "ReplicationController" => obj
+            .pointer("/spec/selector")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default(),
+        _ => obj.pointer("/spec/selector").map(selector_string).unwrap_or_default(),
+    };
+    let mut meta = json!({});
+    for k in ["name", "namespace", "uid", "resourceVersion", "creationTimestamp"] {
+        if let Some(v) = md.get(k) {
+            meta[k] = v.clone();
+        }
+    }
+    Ok(json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": meta,
+        "spec": {"replicas": replicas},
+        "status": {"replicas": status_replicas, "selector": selector},
+    }))
+}
+
+/// Applies a written `Scale` to the object it scales.
+fn from_scale(res: &ResourceInfo, old: &Value, scale: &Value) -> ApiResult<Value> {
+    let name = meta_str(old, "name");
+    let replicas = match scale.pointer("/spec/replicas") {
+        None | Some(Value::Null) => 0,
+        Some(v) => v.as_i64().ok_or_else(|| {
+            ApiError::invalid("autoscaling", "Scale", name, vec![Cause::invalid("spec.replicas", v, "must be an integer")])
+        })?,
+    };
+    if replicas < 0 {
+        return Err(ApiError::invalid(
+            "autoscaling",
+            "Scale",
+            name,
+            vec![Cause::invalid("spec.replicas", &json!(replicas), "must be greater than or equal to 0")],
+        ));
+    }
+    let _ = res;
+    let mut new = old.clone();
+    new["spec"]["replicas"] = json!(replicas);
+    Ok(new)
+}
+
+/// A `LabelSelector` object as the string form (`a=b,c in (x,y)`).
+pub fn selector_string(sel: &Value) -> String {
+    let mut parts = Vec::new();
+    if let Some(ml) = sel.get("matchLabels").and_then(Value::as_object) {
+        let mut keys: Vec<_> = ml.iter().collect();
+        keys.sort_by(|a, b| a.0.cmp(b.0));
+        for (k, v) in keys {
+            parts.push(format!("{k}={}", v.as_str().unwrap_or("")));
+        }
+    }
+    if let Some(exprs) = sel.get("matchExpressions").and_then(Value::as_array) {
+        for e in exprs {
+            let key = e.get("key").and_then(Value::as_str).unwrap_or("");
+            let values: Vec<&str> = e
+                .get("values")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            match e.get("operator").and_then(Value::as_str).unwrap_or("") {
+                "In" => parts.push(format!("{key} in ({})", values.join(","))),
+                "NotIn" => parts.push(format!("{key} notin ({})", values.join(","))),
+                "Exists" => parts.push(key.to_string()),
+                "DoesNotExist" => parts.push(format!("!{key}")),
+                _ => {}
+            }
+        }
+    }
+    parts.join(",")
+}
+
+fn encode_continue(rev: i64, start: &str) -> String {
+    use base64::Engine;
+    let token = json!({"v": "meta.k8s.io/v1", "rv": rev, "start": start});
+    base64::engine::general_purpose::URL_SAFE.encode(token.to_string())
+}
+
+fn decode_continue(t: &str) -> ApiResult<(i64, String)> {
+    use base64::Engine;
+    let bad = || ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)");
+    let raw = base64::engine::general_purpose::URL_SAFE.decode(t).map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    let rev = v.get("rv").and_then(Value::as_i64).filter(|r| *r > 0).ok_or_else(bad)?;
+    let start = v.get("start").and_then(Value::as_str).ok_or_else(bad)?;
+    if start.contains("..") || start.starts_with('/') {
+        return Err(bad());
+    }
+    Ok((rev, start.to_string()))
+}

@@ -1,0 +1,187 @@
+//! What a resource request asks for: the resource, namespace, name and
+//! subresource from the URL, and the query parameters Kubernetes defines.
+
+use std::collections::HashMap;
+
+use skiff_core::resources::{self, ResourceInfo};
+use skiff_core::ApiError;
+
+/// A request for a resource (or a collection of it).
+#[derive(Debug, Clone)]
+pub struct ResourceRequest {
+    pub res: &'static ResourceInfo,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub subresource: Option<String>,
+    /// A `/watch/` path prefix (deprecated form of `?watch=true`).
+    pub watch_path: bool,
+}
+
+/// Parses `/api/v1/...` and `/apis/<group>/<version>/...` into a resource
+/// request; `Ok(None)` when the path is not a resource path at all.
+pub fn parse_path(path: &str) -> Result<Option<ResourceRequest>, ApiError> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", version, rest @ ..] if !rest.is_empty() => ("", *version, rest),
+        ["apis", group, version, rest @ ..] if !rest.is_empty() => (*group, *version, rest),
+        _ => return Ok(None),
+    };
+    let mut rest: Vec<&str> = rest.to_vec();
+    let mut watch_path = false;
+    if rest.first() == Some(&"watch") {
+        watch_path = true;
+        rest.remove(0);
+    }
+    let mut namespace = None;
+    // `namespaces/<ns>/<resource>...` names a namespaced resource; `namespaces`,
+    // `namespaces/<name>` and `namespaces/<name>/<sub>` the namespaces themselves.
+    if rest.len() >= 3 && rest[0] == "namespaces" {
+        let candidate = resources::lookup(group, version, rest[2]);
+        if candidate.map(|r| r.namespaced).unwrap_or(false) || !(rest.len() == 3 && is_namespace_sub(rest[2])) {
+            namespace = Some(rest[1].to_string());
+            rest.drain(..2);
+        }
+    }
+    let plural = rest[0];
+    let res = resources::lookup(group, version, plural).ok_or_else(|| not_found_path(path))?;
+    if namespace.is_some() && !res.namespaced {
+        return Err(not_found_path(path));
+    }
+    let name = rest.get(1).map(|s| s.to_string());
+    let subresource = rest.get(2).map(|s| s.to_string());
+    if rest.len() > 3 && subresource.as_deref() != Some("proxy") {
+        return Err(not_found_path(path));
+    }
+    if let Some(sub) = &subresource {
+        if !res.has_subresource(sub) {
+            return Err(not_found_path(path));
+        }
+    }
+    if let Some(n) = &name {
+        if n.is_empty() {
+            return Err(not_found_path(path));
+        }
+    }
+    Ok(Some(ResourceRequest { res, namespace, name, subresource, watch_path }))
+}
+
+fn is_namespace_sub(s: &str) -> bool {
+    s == "status" || s == "finalize"
+}
+
+/// Kubernetes' answer for a path it does not serve.
+pub fn not_found_path(_path: &str) -> ApiError {
+    ApiError::new(404, "NotFound", "the server could not find the requested resource")
+}
+
+/// Query parameters, decoded.
+#[derive(Debug, Clone, Default)]
+pub struct Query(pub HashMap<String, String>);
+
+impl Query {
+    pub fn parse(q: Option<&str>) -> Query {
+        let mut m = HashMap::new();
+        if let Some(q) = q {
+            for pair in q.split('&').filter(|p| !p.is_empty()) {
+                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                m.insert(pct_decode(k), pct_decode(v));
+            }
+        }
+        Query(m)
+    }
+
+    pub fn get(&self, k: &str) -> Option<&str> {
+        self.0.get(k).map(String::as_str)
+    }
+
+    /// A boolean parameter (`true`/`1`).
+    pub fn flag(&self, k: &str) -> bool {
+        matches!(self.get(k), Some("true") | Some("1") | Some("True"))
+    }
+
+    pub fn int(&self, k: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(k) {
+            None | Some("") => Ok(None),
+            Some(v) => v
+                .parse::<i64>()
+                .map(Some)
+                .map_err(|_| ApiError::bad_request(format!("invalid value for {k}: {v:?}"))),
+        }
+    }
+
+    /// `dryRun=All` (the only value Kubernetes accepts).
+    pub fn dry_run(&self) -> Result<bool, ApiError> {
+        match self.0.get("dryRun").map(String::as_str) {
+            None | Some("") => Ok(false),
+            Some("All") => Ok(true),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "Invalid dry run value: {other:?}: supported values: \"All\""
+            ))),
+        }
+    }
+}
+
+fn pct_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let h = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                match h {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaced_paths_name_their_namespace() {
+        let r = parse_path("/api/v1/namespaces/ns1/pods/p1/status").unwrap().unwrap();
+        assert_eq!(r.res.plural, "pods");
+        assert_eq!(r.namespace.as_deref(), Some("ns1"));
+        assert_eq!(r.name.as_deref(), Some("p1"));
+        assert_eq!(r.subresource.as_deref(), Some("status"));
+    }
+
+    #[test]
+    fn namespace_paths_name_the_namespace_itself() {
+        let r = parse_path("/api/v1/namespaces/ns1").unwrap().unwrap();
+        assert_eq!(r.res.plural, "namespaces");
+        assert_eq!(r.name.as_deref(), Some("ns1"));
+        let r = parse_path("/api/v1/namespaces/ns1/finalize").unwrap().unwrap();
+        assert_eq!(r.subresource.as_deref(), Some("finalize"));
+        assert!(r.namespace.is_none());
+    }
+
+    #[test]
+    fn group_paths_and_cluster_lists() {
+        let r = parse_path("/apis/apps/v1/deployments").unwrap().unwrap();
+        assert_eq!(r.res.kind, "Deployment");
+        assert!(r.namespace.is_none() && r.name.is_none());
+        assert!(parse_path("/apis/apps/v1/nothings").is_err());
+        assert!(parse_path("/api/v1/namespaces/x/nodes").is_err());
+        assert!(parse_path("/version").unwrap().is_none());
+    }
+
+    #[test]
+    fn query_values_are_percent_decoded() {
+        let q = Query::parse(Some("labelSelector=app%3Dweb%2Ctier+in+(a)&watch=1"));
+        assert_eq!(q.get("labelSelector"), Some("app=web,tier in (a)"));
+        assert!(q.flag("watch"));
+    }
+}

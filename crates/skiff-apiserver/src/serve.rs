@@ -1,0 +1,62 @@
+//! Serving over TLS: accept connections, learn the client's identity from its
+//! verified certificate, and hand requests (HTTP/1.1 or HTTP/2) to the router.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+use crate::auth::Identity;
+use crate::tls::identity_from_cert;
+
+/// Serves `app` on `listener` until `shutdown` completes.
+pub async fn serve_tls(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: Router,
+    shutdown: impl Future<Output = ()>,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, _peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let Ok(stream) = acceptor.accept(tcp).await else { return };
+            let identity = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|certs| certs.first())
+                .and_then(|c| identity_from_cert(c.as_ref()))
+                .map(|(user, groups)| Identity { user, groups });
+            let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+                if let Some(id) = &identity {
+                    req.extensions_mut().insert(id.clone());
+                }
+                let app = app.clone();
+                async move { app.oneshot(req.map(Body::new)).await }
+            });
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let _ = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).await;
+        });
+    }
+}

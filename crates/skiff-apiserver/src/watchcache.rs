@@ -1,0 +1,407 @@
+//! The watch cache: every resource's current objects and recent history in
+//! memory, fed by one store watch over all of `/registry/`.
+//!
+//! Objects are kept as their serialized bytes (with resourceVersion) plus only
+//! what selectors look at (labels and the kind's indexed fields), so lists and
+//! watches are served without decoding. One global watch means every cache
+//! knows the store's latest revision, which makes "consistent" reads cheap:
+//! wait until the cache has seen the store's current revision.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::{Map, Value};
+use skiff_core::resources::{ResourceInfo, RESOURCES};
+use skiff_core::selector::{FieldSelector, LabelSelector};
+use skiff_store::{Event, KeyValue, ListOptions, Store};
+use tokio::sync::watch;
+
+use crate::object;
+
+/// One object as the cache holds it.
+#[derive(Debug)]
+pub struct CachedObject {
+    pub key: String,
+    pub namespace: String,
+    pub name: String,
+    /// The object's JSON, resourceVersion included.
+    pub bytes: Bytes,
+    pub labels: Map<String, Value>,
+    /// `(field, value)` for each field selector the kind supports.
+    pub fields: Vec<(&'static str, String)>,
+    pub revision: i64,
+}
+
+impl CachedObject {
+    fn build(res: &ResourceInfo, kv: &KeyValue) -> Option<CachedObject> {
+        let obj = object::decode(kv).ok()?;
+        let bytes = Bytes::from(serde_json::to_vec(&obj).ok()?);
+        let fields = skiff_core::fields::index_fields(res)
+            .iter()
+            .map(|f| (*f, skiff_core::fields::field_value(res, &obj, f).unwrap_or_default()))
+            .collect();
+        Some(CachedObject {
+            key: kv.key.clone(),
+            namespace: object::meta_str(&obj, "namespace").to_string(),
+            name: object::meta_str(&obj, "name").to_string(),
+            bytes,
+            labels: object::labels(&obj),
+            fields,
+            revision: kv.mod_revision,
+        })
+    }
+
+    /// The value of a field selector's field for this object.
+    pub fn field(&self, field: &str) -> Option<String> {
+        match field {
+            "metadata.name" => Some(self.name.clone()),
+            "metadata.namespace" => Some(self.namespace.clone()),
+            _ => self.fields.iter().find(|(f, _)| *f == field).map(|(_, v)| v.clone()),
+        }
+    }
+
+    /// Whether this object is in a watch's or list's selection.
+    pub fn matches(&self, filter: &Filter) -> bool {
+        if let Some(ns) = &filter.namespace {
+            if &self.namespace != ns {
+                return false;
+            }
+        }
+        if let Some(l) = &filter.labels {
+            if !l.matches(&self.labels) {
+                return false;
+            }
+        }
+        if let Some(f) = &filter.fields {
+            if !f.matches(|name| self.field(name)) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// What a list or watch selects.
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    pub namespace: Option<String>,
+    pub labels: Option<LabelSelector>,
+    pub fields: Option<FieldSelector>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change in a resource's history.
+#[derive(Debug)]
+pub struct CacheEvent {
+    pub kind: EventType,
+    /// The object after the change; for a deletion, the last state with the
+    /// deletion's revision as resourceVersion.
+    pub object: Arc<CachedObject>,
+    pub prev: Option<Arc<CachedObject>>,
+    pub revision: i64,
+    pub at: Instant,
+}
+
+struct Inner {
+    objects: BTreeMap<String, Arc<CachedObject>>,
+    history: VecDeque<Arc<CacheEvent>>,
+    /// Every event with a revision above this is in `history`.
+    history_start: i64,
+    /// The revision of the last event applied (or of the load).
+    last_rev: i64,
+}
+
+/// One resource's cache.
+pub struct ResourceCache {
+    pub res: &'static ResourceInfo,
+    inner: RwLock<Inner>,
+    changed: watch::Sender<i64>,
+}
+
+/// The outcome of asking for the events after a revision.
+pub enum Since {
+    Events(Vec<Arc<CacheEvent>>),
+    /// The revision is older than the history the cache keeps (HTTP 410).
+    TooOld { oldest: i64 },
+}
+
+impl ResourceCache {
+    fn new(res: &'static ResourceInfo) -> Self {
+        ResourceCache {
+            res,
+            inner: RwLock::new(Inner { objects: BTreeMap::new(), history: VecDeque::new(), history_start: 0, last_rev: 0 }),
+            changed: watch::channel(0).0,
+        }
+    }
+
+    /// Current objects that match `filter`, in key order.
+    pub fn snapshot(&self, filter: &Filter) -> Vec<Arc<CachedObject>> {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let prefix = filter.namespace.as_ref().filter(|_| self.res.namespaced).map(|ns| {
+            format!("{}{ns}/", object::resource_prefix(self.res))
+        });
+        match prefix {
+            Some(p) => inner
+                .objects
+                .range(p.clone()..)
+                .take_while(|(k, _)| k.starts_with(&p))
+                .filter(|(_, o)| o.matches(filter))
+                .map(|(_, o)| o.clone())
+                .collect(),
+            None => inner.objects.values().filter(|o| o.matches(filter)).cloned().collect(),
+        }
+    }
+
+    /// Current objects matching `filter` and the revision they are current at:
+    /// the events after that revision are exactly the later changes.
+    pub fn snapshot_at(&self, filter: &Filter) -> (Vec<Arc<CachedObject>>, i64) {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let rev = inner.last_rev;
+        let objs = inner.objects.values().filter(|o| o.matches(filter)).cloned().collect();
+        (objs, rev)
+    }
+
+    /// The revision of the last change this cache applied.
+    pub fn last_revision(&self) -> i64 {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).last_rev
+    }
+
+    /// The events after `revision`, at most `max`.
+    pub fn since(&self, revision: i64, max: usize) -> Since {
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        if revision < inner.history_start {
+            return Since::TooOld { oldest: inner.history_start };
+        }
+        let start = inner.history.partition_point(|e| e.revision <= revision);
+        Since::Events(inner.history.iter().skip(start).take(max).cloned().collect())
+    }
+
+    /// A receiver that changes whenever this resource gets an event.
+    pub fn subscribe(&self) -> watch::Receiver<i64> {
+        self.changed.subscribe()
+    }
+
+    fn apply(&self, ev: &Event) {
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let event = match ev {
+            Event::Put { kv, .. } => {
+                let Some(obj) = CachedObject::build(self.res, kv) else { return };
+                let obj = Arc::new(obj);
+                let prev = inner.objects.insert(kv.key.clone(), obj.clone());
+                CacheEvent {
+                    kind: if prev.is_some() { EventType::Modified } else { EventType::Added },
+                    object: obj,
+                    prev,
+                    revision: kv.mod_revision,
+                    at: now,
+                }
+            }
+            Event::Delete { prev, revision } => {
+                let old = inner.objects.remove(&prev.key);
+                let mut kv = prev.clone();
+                kv.mod_revision = *revision;
+                let Some(obj) = CachedObject::build(self.res, &kv) else { return };
+                CacheEvent { kind: EventType::Deleted, object: Arc::new(obj), prev: old, revision: *revision, at: now }
+            }
+            Event::Progress { .. } => return,
+        };
+        let rev = event.revision;
+        inner.last_rev = rev;
+        inner.history.push_back(Arc::new(event));
+        drop(inner);
+        self.changed.send_replace(rev);
+    }
+
+    fn reset(&self, items: Vec<KeyValue>, revision: i64) {
+        let mut objects = BTreeMap::new();
+        for kv in &items {
+            if let Some(o) = CachedObject::build(self.res, kv) {
+                objects.insert(kv.key.clone(), Arc::new(o));
+            }
+        }
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        inner.objects = objects;
+        inner.history.clear();
+        inner.history_start = revision;
+        inner.last_rev = revision;
+        drop(inner);
+        self.changed.send_replace(revision);
+    }
+
+    /// Forgets history at or below `revision`. Only a cursor older than an
+    /// event actually forgotten is too old: a watcher of a quiet resource keeps
+    /// its place across compactions.
+    fn trim(&self, revision: i64) {
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        while let Some(front) = inner.history.front() {
+            if front.revision <= revision {
+                let dropped = front.revision;
+                inner.history.pop_front();
+                if inner.history_start < dropped {
+                    inner.history_start = dropped;
+                }
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// How many objects the cache holds.
+    pub fn len(&self) -> usize {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// All resources' caches and the revision they have all seen.
+pub struct WatchCache {
+    caches: HashMap<&'static str, Arc<ResourceCache>>,
+    /// The last store revision the caches have applied.
+    revision: watch::Sender<i64>,
+}
+
+impl WatchCache {
+    /// Loads every resource from the store and follows its changes.
+    pub async fn start(store: Arc<dyn Store>) -> Result<Arc<WatchCache>, skiff_store::Error> {
+        let mut caches = HashMap::new();
+        for r in RESOURCES {
+            caches.entry(r.storage).or_insert_with(|| Arc::new(ResourceCache::new(r)));
+        }
+        let wc = Arc::new(WatchCache { caches, revision: watch::channel(0).0 });
+        let rev = wc.load(&*store).await?;
+        let stream = store.watch(object::ROOT, rev, Some(Duration::from_secs(5))).await?;
+        tokio::spawn(follow(wc.clone(), store, stream));
+        Ok(wc)
+    }
+
+    async fn load(&self, store: &dyn Store) -> Result<i64, skiff_store::Error> {
+        let first = store.list(object::ROOT, ListOptions { limit: 10_000, ..Default::default() }).await?;
+        let revision = first.revision;
+        let mut all = first.items;
+        let mut more = first.more;
+        while more {
+            let start_after = all.last().map(|kv| kv.key.clone());
+            let page = store
+                .list(object::ROOT, ListOptions { revision: Some(revision), limit: 10_000, start_after })
+                .await?;
+            more = page.more;
+            all.extend(page.items);
+        }
+        let mut by_storage: HashMap<String, Vec<KeyValue>> = HashMap::new();
+        for kv in all {
+            if let Some(s) = object::storage_of_key(&kv.key) {
+                by_storage.entry(s).or_default().push(kv);
+            }
+        }
+        for (storage, cache) in &self.caches {
+            cache.reset(by_storage.remove(*storage).unwrap_or_default(), revision);
+        }
+        self.revision.send_replace(revision);
+        Ok(revision)
+    }
+
+    /// The cache of a resource.
+    pub fn resource(&self, res: &ResourceInfo) -> Arc<ResourceCache> {
+        self.caches.get(res.storage).cloned().expect("every served resource has a cache")
+    }
+
+    /// The last revision every cache has applied.
+    pub fn revision(&self) -> i64 {
+        *self.revision.borrow()
+    }
+
+    /// Waits until the caches have applied `revision`; false on timeout.
+    pub async fn wait_for(&self, revision: i64, timeout: Duration) -> bool {
+        let mut rx = self.revision.subscribe();
+        let fut = async {
+            loop {
+                if *rx.borrow_and_update() >= revision {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, fut).await.is_ok() && self.revision() >= revision
+    }
+
+    /// A receiver of the global revision (for bookmarks).
+    pub fn subscribe_revision(&self) -> watch::Receiver<i64> {
+        self.revision.subscribe()
+    }
+
+    /// Drops history at or below `revision` (after the store compacted it).
+    pub fn trim(&self, revision: i64) {
+        for c in self.caches.values() {
+            c.trim(revision);
+        }
+    }
+}
+
+async fn follow(wc: Arc<WatchCache>, store: Arc<dyn Store>, mut stream: skiff_store::WatchStream) {
+    loop {
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(ev) => {
+                    let rev = ev.revision();
+                    let key = match &ev {
+                        Event::Put { kv, .. } => Some(kv.key.as_str()),
+                        Event::Delete { prev, .. } => Some(prev.key.as_str()),
+                        Event::Progress { .. } => None,
+                    };
+                    if let Some(storage) = key.and_then(object::storage_of_key) {
+                        if let Some(c) = wc.caches.get(storage.as_str()) {
+                            c.apply(&ev);
+                        }
+                    }
+                    if rev > wc.revision() {
+                        wc.revision.send_replace(rev);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "store watch ended; reloading the watch cache");
+                    break;
+                }
+            }
+        }
+        // The watch ended: reload everything and follow again.
+        loop {
+            match wc.load(&*store).await {
+                Ok(rev) => match store.watch(object::ROOT, rev, Some(Duration::from_secs(5))).await {
+                    Ok(s) => {
+                        stream = s;
+                        break;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "restarting store watch"),
+                },
+                Err(skiff_store::Error::Closed) => return,
+                Err(e) => tracing::warn!(error = %e, "reloading watch cache"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
