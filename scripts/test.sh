@@ -14,4 +14,11 @@ fi
 ./scripts/tools.sh >/dev/null
 export SKIFF_KUBECTL="$PWD/.tools/bin/kubectl"
 cargo build -p skiff
-exec cargo test --workspace
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace 2>&1 | tee "$log" || status=$?
+# One closing line for the whole suite (cargo prints one per test binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"
