@@ -326,7 +326,11 @@ impl Registry {
             }
             let key = object::object_key(res, ns, &name);
             match self.store.create(&key, encode(&obj)?).await {
-                Ok(kv) => return decode(&kv),
+                Ok(kv) => {
+                    // The stored object is exactly `obj`; no need to decode it again.
+                    object::set_resource_version(&mut obj, kv.mod_revision);
+                    return Ok(obj);
+                }
                 Err(skiff_store::Error::AlreadyExists(_)) if generate && attempt < 7 => {
                     self.release_admission(res, &obj);
                     continue;
@@ -750,10 +754,21 @@ impl Registry {
 
     async fn check_namespace_open(&self, ns: &str) -> ApiResult<()> {
         let nsres = resources::lookup("", "v1", "namespaces").expect("namespaces");
-        match self.get_kv(nsres, None, ns).await? {
+        // The watch cache answers almost always; a namespace it has not seen
+        // yet (created a moment ago) is read from the store, as Kubernetes'
+        // NamespaceLifecycle admission falls back to a live read.
+        let key = object::object_key(nsres, None, ns);
+        let cached = self.cache.resource(nsres).get(&key).and_then(|o| serde_json::from_slice::<Value>(&o.bytes).ok());
+        let found = match cached {
+            Some(obj) => Some(obj),
+            None => match self.get_kv(nsres, None, ns).await? {
+                Some(kv) => Some(decode(&kv)?),
+                None => None,
+            },
+        };
+        match found {
             None => Err(ApiError::not_found("", "namespaces", ns)),
-            Some(kv) => {
-                let obj = decode(&kv)?;
+            Some(obj) => {
                 if !meta_str(&obj, "deletionTimestamp").is_empty() {
                     let mut e = ApiError::forbidden(format!(
                         "unable to create new content in namespace {ns} because it is being terminated"

@@ -180,6 +180,11 @@ impl ResourceCache {
         (objs, rev)
     }
 
+    /// The cached object under `key`, if any.
+    pub fn get(&self, key: &str) -> Option<Arc<CachedObject>> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).objects.get(key).cloned()
+    }
+
     /// The revision of the last change this cache applied.
     pub fn last_revision(&self) -> i64 {
         self.inner.read().unwrap_or_else(|e| e.into_inner()).last_rev
