@@ -313,9 +313,9 @@ async fn resource(
         (&Method::POST, None, None) => {
             let (headers, body) = read_body(req).await?;
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let obj = negotiate::decode_body(ct.as_deref(), &body)?;
+            let obj = negotiate::decode_body(ct.as_deref(), &body, res)?;
             let opts = write_options(&q, &headers, false)?;
-            let json_body = !ct.as_deref().unwrap_or("").contains("yaml");
+            let json_body = ct.as_deref().map(|c| c.starts_with("application/json")).unwrap_or(true);
             let warnings = check_fields(res, &body, &obj, opts.field_validation, json_body)?;
             let created = reg.create(res, ns, obj, &opts).await?;
             Ok(add_warnings(render_object(res, 201, &created, output)?, &warnings))
@@ -358,9 +358,9 @@ async fn resource(
             let sub = if sub == Some("finalize") { None } else { sub };
             let (headers, body) = read_body(req).await?;
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let obj = negotiate::decode_body(ct.as_deref(), &body)?;
+            let obj = negotiate::decode_body(ct.as_deref(), &body, res)?;
             let opts = write_options(&q, &headers, false)?;
-            let json_body = !ct.as_deref().unwrap_or("").contains("yaml");
+            let json_body = ct.as_deref().map(|c| c.starts_with("application/json")).unwrap_or(true);
             let warnings = if sub == Some("scale") { Vec::new() } else { check_fields(res, &body, &obj, opts.field_validation, json_body)? };
             let obj = if rr.subresource.as_deref() == Some("finalize") { finalize_body(obj) } else { obj };
             let (out, created) = reg.update(res, ns, name, obj, sub, &opts).await?;
@@ -396,7 +396,12 @@ async fn resource(
         (&Method::POST, Some(name), Some("binding")) => {
             let (headers, body) = read_body(req).await?;
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let binding = negotiate::decode_body(ct.as_deref(), &body)?;
+            let binding = if ct.as_deref().unwrap_or("").starts_with("application/vnd.kubernetes.protobuf") {
+                let t = skiff_core::schema::root("", "v1", "Binding").ok_or_else(|| ApiError::internal("no Binding schema"))?;
+                skiff_core::protobuf::decode(&body, t, "v1", "Binding")?
+            } else {
+                negotiate::decode_body(ct.as_deref(), &body, res)?
+            };
             let opts = write_options(&q, &headers, false)?;
             reg.bind(ns.unwrap_or(""), name, &binding, &opts).await?;
             Ok(json_response(201, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})))

@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use serde_json::Value;
+use skiff_core::resources::ResourceInfo;
 use skiff_core::ApiError;
 
 use crate::registry::PatchType;
@@ -71,11 +72,16 @@ fn media_type(content_type: Option<&str>) -> String {
     content_type.unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase()
 }
 
-/// Decodes a create/update body by its Content-Type.
-pub fn decode_body(content_type: Option<&str>, body: &Bytes) -> Result<Value, ApiError> {
+/// Decodes a create/update body of `res` by its Content-Type.
+pub fn decode_body(content_type: Option<&str>, body: &Bytes, res: &ResourceInfo) -> Result<Value, ApiError> {
     match media_type(content_type).as_str() {
         "application/json" | "" | "*/*" => parse_json(body),
         "application/yaml" | "application/x-yaml" | "text/yaml" => parse_yaml(body),
+        "application/vnd.kubernetes.protobuf" => {
+            let t = skiff_core::schema::root(res.group, res.version, res.kind)
+                .ok_or_else(|| ApiError::unsupported_media_type("application/vnd.kubernetes.protobuf"))?;
+            skiff_core::protobuf::decode(body, t, &res.api_version(), res.kind)
+        }
         other => Err(ApiError::unsupported_media_type(other)),
     }
 }
@@ -135,7 +141,8 @@ mod tests {
 
     #[test]
     fn unknown_content_types_are_unsupported() {
-        assert_eq!(decode_body(Some("text/plain"), &Bytes::from_static(b"{}")).unwrap_err().code, 415);
+        let cm = skiff_core::resources::lookup("", "v1", "configmaps").unwrap();
+        assert_eq!(decode_body(Some("text/plain"), &Bytes::from_static(b"{}"), cm).unwrap_err().code, 415);
         assert_eq!(patch_type(Some("application/json")).unwrap_err().code, 415);
     }
 }

@@ -11,6 +11,7 @@ pub mod fields;
 pub mod meta;
 pub mod openapi;
 pub mod patch;
+pub mod protobuf;
 pub mod resources;
 pub mod schema;
 pub mod selector;

@@ -200,6 +200,10 @@ impl TypeRef {
     pub fn definition(&self) -> Option<&'static str> {
         self.definition
     }
+    /// The schema object itself (type, format, …).
+    pub fn schema_value(&self) -> &'static Value {
+        self.schema
+    }
 }
 
 /// Kubernetes' field tags for (definition, field).

@@ -316,3 +316,28 @@ fn requests_without_credentials_are_unauthorized() {
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("You must be logged in to the server (the server has asked for the client to provide credentials)"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn typed_create_commands_send_protobuf_and_work() {
+    let s = Server::start();
+    assert_eq!(s.ok(&["create", "namespace", "team-b"]).trim(), "namespace/team-b created");
+    let dir = s.dir.path().join("files");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("app.conf"), "level=debug\n").unwrap();
+    let file_arg = format!("--from-file={}", dir.join("app.conf").display());
+    assert_eq!(s.ok(&["-n", "team-b", "create", "configmap", "app", "--from-literal=mode=fast", &file_arg]).trim(), "configmap/app created");
+    assert_eq!(s.ok(&["-n", "team-b", "get", "cm", "app", "-o", "jsonpath={.data.mode}|{.data.app\\.conf}"]), "fast|level=debug\n");
+    assert_eq!(s.ok(&["-n", "team-b", "create", "secret", "generic", "creds", "--from-literal=password=hunter2", &file_arg]).trim(), "secret/creds created");
+    assert_eq!(s.ok(&["-n", "team-b", "get", "secret", "creds", "-o", "jsonpath={.type} {.data.password}"]), "Opaque aHVudGVyMg==");
+    assert_eq!(s.ok(&["-n", "team-b", "create", "deployment", "web", "--image=busybox:1.36", "--replicas=0", "--port=80"]).trim(), "deployment.apps/web created");
+    assert_eq!(s.ok(&["-n", "team-b", "get", "deploy", "web", "-o", "jsonpath={.spec.replicas} {.spec.template.spec.containers[0].ports[0].containerPort}"]), "0 80");
+    assert_eq!(s.ok(&["-n", "team-b", "create", "service", "clusterip", "web", "--tcp=80:8080"]).trim(), "service/web created");
+    assert_eq!(s.ok(&["-n", "team-b", "run", "box", "--image=busybox:1.36", "--", "sleep", "60"]).trim(), "pod/box created");
+    assert_eq!(s.ok(&["-n", "team-b", "create", "job", "once", "--image=busybox:1.36", "--", "true"]).trim(), "job.batch/once created");
+    assert_eq!(s.ok(&["-n", "team-b", "create", "cronjob", "tick", "--image=busybox:1.36", "--schedule=*/5 * * * *", "--", "true"]).trim(), "cronjob.batch/tick created");
+    assert_eq!(s.ok(&["-n", "team-b", "create", "serviceaccount", "robot"]).trim(), "serviceaccount/robot created");
+    let all = s.ok(&["-n", "team-b", "get", "all", "-o", "name"]);
+    for n in ["pod/box", "service/web", "deployment.apps/web", "job.batch/once", "cronjob.batch/tick"] {
+        assert!(all.lines().any(|l| l == n), "{n} missing from:\n{all}");
+    }
+}
