@@ -1,0 +1,289 @@
+//! The API's semantics through the router, without a socket: what any
+//! Kubernetes client relies on (status codes, Status reasons, conflicts,
+//! paging, watches, finalizers, graceful deletion).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use futures::StreamExt;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use skiff_store::{RedbStore, Store};
+use tower::ServiceExt;
+
+struct Api {
+    router: Router,
+    _dir: tempfile::TempDir,
+}
+
+async fn api() -> Api {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let server = skiff_apiserver::ApiServer::start(store, Default::default()).await.unwrap();
+    Api { router: server.in_process_router("test"), _dir: dir }
+}
+
+struct Resp {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: Value,
+}
+
+impl Api {
+    async fn req(&self, method: &str, path: &str, ct: &str, body: impl Into<Body>) -> Resp {
+        let r = Request::builder().method(method).uri(path).header("content-type", ct).body(body.into()).unwrap();
+        let resp = self.router.clone().oneshot(r).await.unwrap();
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Resp { status, headers, body }
+    }
+    async fn get(&self, path: &str) -> Resp {
+        self.req("GET", path, "application/json", Body::empty()).await
+    }
+    async fn post(&self, path: &str, v: Value) -> Resp {
+        self.req("POST", path, "application/json", v.to_string()).await
+    }
+    async fn put(&self, path: &str, v: Value) -> Resp {
+        self.req("PUT", path, "application/json", v.to_string()).await
+    }
+    async fn delete(&self, path: &str) -> Resp {
+        self.req("DELETE", path, "application/json", Body::empty()).await
+    }
+}
+
+fn cm(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": labels}, "data": {"k": "v"}})
+}
+
+const CMS: &str = "/api/v1/namespaces/default/configmaps";
+
+#[tokio::test]
+async fn a_stale_resource_version_is_a_conflict() {
+    let a = api().await;
+    let created = a.post(CMS, cm("c", json!({}))).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    let mut v = created.body.clone();
+    v["data"]["k"] = json!("v2");
+    assert_eq!(a.put(&format!("{CMS}/c"), v.clone()).await.status, StatusCode::OK);
+    let stale = a.put(&format!("{CMS}/c"), v).await;
+    assert_eq!(stale.status, StatusCode::CONFLICT);
+    assert_eq!(stale.body["reason"], "Conflict");
+    assert_eq!(stale.body["kind"], "Status");
+    assert!(stale.body["message"].as_str().unwrap().contains("the object has been modified"));
+}
+
+#[tokio::test]
+async fn errors_are_status_objects_with_the_right_codes() {
+    let a = api().await;
+    a.post(CMS, cm("c", json!({}))).await;
+    let dup = a.post(CMS, cm("c", json!({}))).await;
+    assert_eq!((dup.status, dup.body["reason"].as_str()), (StatusCode::CONFLICT, Some("AlreadyExists")));
+    let missing = a.get(&format!("{CMS}/nope")).await;
+    assert_eq!((missing.status, missing.body["reason"].as_str()), (StatusCode::NOT_FOUND, Some("NotFound")));
+    assert_eq!(missing.body["details"]["name"], "nope");
+    let invalid = a.post("/api/v1/namespaces/default/pods", json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}})).await;
+    assert_eq!(invalid.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(invalid.body["details"]["causes"][0]["field"], "spec.containers[0].image");
+    let malformed = a.req("POST", CMS, "application/json", "{not json").await;
+    assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
+    let text = a.req("POST", CMS, "text/plain", "x").await;
+    assert_eq!(text.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let big = format!("{{\"metadata\":{{\"name\":\"big\"}},\"data\":{{\"k\":\"{}\"}}}}", "x".repeat(3 * 1024 * 1024 + 10));
+    assert_eq!(a.req("POST", CMS, "application/json", big).await.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let r = Request::builder().uri(CMS).header("accept", "application/vnd.kubernetes.protobuf").body(Body::empty()).unwrap();
+    assert_eq!(a.router.clone().oneshot(r).await.unwrap().status(), StatusCode::NOT_ACCEPTABLE);
+    let no_ns = a.post("/api/v1/namespaces/ghost/configmaps", cm("c", json!({}))).await;
+    assert_eq!(no_ns.status, StatusCode::NOT_FOUND);
+    // A failed write changed nothing.
+    assert_eq!(a.get(&format!("{CMS}/c")).await.body["data"]["k"], "v");
+}
+
+#[tokio::test]
+async fn unauthenticated_requests_get_401() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let server = skiff_apiserver::ApiServer::start(store, Default::default()).await.unwrap();
+    let r = Request::builder().uri(CMS).body(Body::empty()).unwrap();
+    let resp = server.router().oneshot(r).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    let r = Request::builder().uri("/readyz").body(Body::empty()).unwrap();
+    assert_eq!(server.router().oneshot(r).await.unwrap().status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn dry_run_and_field_validation() {
+    let a = api().await;
+    let dry = a.post(&format!("{CMS}?dryRun=All"), cm("d", json!({}))).await;
+    assert_eq!(dry.status, StatusCode::CREATED);
+    assert_eq!(dry.body["metadata"]["name"], "d");
+    assert_eq!(a.get(&format!("{CMS}/d")).await.status, StatusCode::NOT_FOUND, "dry run stores nothing");
+    let mut bad = cm("s", json!({}));
+    bad["dataa"] = json!({});
+    let strict = a.post(&format!("{CMS}?fieldValidation=Strict"), bad.clone()).await;
+    assert_eq!(strict.status, StatusCode::BAD_REQUEST);
+    assert_eq!(strict.body["message"], "strict decoding error: unknown field \"dataa\"");
+    let warn = a.post(&format!("{CMS}?fieldValidation=Warn"), bad).await;
+    assert_eq!(warn.status, StatusCode::CREATED);
+    assert!(warn.headers.get("warning").unwrap().to_str().unwrap().contains("unknown field \\\"dataa\\\""));
+    let dup = a.req("POST", &format!("{CMS}?fieldValidation=Strict"), "application/json", r#"{"metadata":{"name":"x","name":"y"}}"#).await;
+    assert_eq!(dup.status, StatusCode::BAD_REQUEST);
+    assert!(dup.body["message"].as_str().unwrap().contains("duplicate field \"metadata.name\""));
+}
+
+#[tokio::test]
+async fn generation_follows_spec_changes_only() {
+    let a = api().await;
+    let d = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i:1"}]}}}});
+    let path = "/apis/apps/v1/namespaces/default/deployments";
+    let created = a.post(path, d).await.body;
+    assert_eq!(created["metadata"]["generation"], 1);
+    let mut v = created.clone();
+    v["metadata"]["labels"] = json!({"x": "y"});
+    let v = a.put(&format!("{path}/d"), v).await.body;
+    assert_eq!(v["metadata"]["generation"], 1, "a label change is not a spec change");
+    let mut v2 = v.clone();
+    v2["spec"]["replicas"] = json!(5);
+    let v2 = a.put(&format!("{path}/d"), v2).await.body;
+    assert_eq!(v2["metadata"]["generation"], 2);
+    // Status writes through the main resource are ignored; through /status they land.
+    let mut s = v2.clone();
+    s["status"] = json!({"replicas": 3});
+    assert!(a.put(&format!("{path}/d"), s.clone()).await.body.get("status").map(|st| st.get("replicas").is_none()).unwrap_or(true));
+    let st = a.put(&format!("{path}/d/status"), s).await;
+    assert_eq!(st.body["status"]["replicas"], 3);
+    assert_eq!(st.body["metadata"]["generation"], 2);
+}
+
+#[tokio::test]
+async fn lists_page_through_one_snapshot() {
+    let a = api().await;
+    for i in 0..5 {
+        a.post(CMS, cm(&format!("c{i}"), json!({}))).await;
+    }
+    let p1 = a.get(&format!("{CMS}?limit=2")).await.body;
+    assert_eq!(p1["items"].as_array().unwrap().len(), 2);
+    assert_eq!(p1["metadata"]["remainingItemCount"], 3);
+    let cont = p1["metadata"]["continue"].as_str().unwrap().to_string();
+    a.post(CMS, cm("c9", json!({}))).await;
+    a.delete(&format!("{CMS}/c4")).await;
+    let p2 = a.get(&format!("{CMS}?limit=10&continue={cont}")).await.body;
+    let names: Vec<&str> = p2["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["c2", "c3", "c4"], "the snapshot of the first page, not later writes");
+    assert_eq!(p2["metadata"]["resourceVersion"], p1["metadata"]["resourceVersion"]);
+    assert!(p2["metadata"].get("continue").is_none());
+    let bad = a.get(&format!("{CMS}?limit=1&continue=garbage")).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}
+
+async fn watch_events(a: &Api, path: &str, n: usize) -> Vec<Value> {
+    let r = Request::builder().uri(path).body(Body::empty()).unwrap();
+    let resp = a.router.clone().oneshot(r).await.unwrap();
+    let mut stream = resp.into_body().into_data_stream();
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), stream.next()).await.expect("event within 5s").expect("open").unwrap();
+        buf.extend_from_slice(&chunk);
+        while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=i).collect();
+            out.push(serde_json::from_slice(&line).unwrap());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_selector_watch_sees_an_object_leave_as_deleted() {
+    let a = api().await;
+    let list = a.get(&format!("{CMS}?labelSelector=app%3Dweb")).await.body;
+    let rv = list["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    let c = a.post(CMS, cm("c", json!({"app": "web"}))).await.body;
+    let mut moved = c.clone();
+    moved["metadata"]["labels"] = json!({"app": "db"});
+    a.put(&format!("{CMS}/c"), moved.clone()).await;
+    let mut back = a.get(&format!("{CMS}/c")).await.body;
+    back["metadata"]["labels"] = json!({"app": "web"});
+    a.put(&format!("{CMS}/c"), back).await;
+    a.post(CMS, cm("other", json!({"app": "db"}))).await;
+    a.delete(&format!("{CMS}/c")).await;
+    let evs = watch_events(&a, &format!("{CMS}?watch=1&labelSelector=app%3Dweb&resourceVersion={rv}"), 4).await;
+    let types: Vec<&str> = evs.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["ADDED", "DELETED", "ADDED", "DELETED"]);
+    let revs: Vec<u64> = evs.iter().map(|e| e["object"]["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()).collect();
+    assert!(revs.windows(2).all(|w| w[0] < w[1]), "{revs:?}");
+}
+
+#[tokio::test]
+async fn a_watch_without_a_version_starts_with_the_current_state() {
+    let a = api().await;
+    a.post(CMS, cm("a", json!({}))).await;
+    let evs = watch_events(&a, &format!("{CMS}?watch=true"), 1).await;
+    assert_eq!(evs[0]["type"], "ADDED");
+    assert_eq!(evs[0]["object"]["metadata"]["name"], "a");
+    let evs = watch_events(&a, &format!("{CMS}?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"), 2).await;
+    assert_eq!(evs[1]["type"], "BOOKMARK");
+    assert_eq!(evs[1]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+}
+
+#[tokio::test]
+async fn finalizers_hold_deletion_until_removed() {
+    let a = api().await;
+    let mut c = cm("f", json!({}));
+    c["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    a.post(CMS, c).await;
+    let d = a.delete(&format!("{CMS}/f")).await;
+    assert_eq!(d.status, StatusCode::OK);
+    let held = a.get(&format!("{CMS}/f")).await.body;
+    assert!(held["metadata"]["deletionTimestamp"].is_string());
+    let mut released = held.clone();
+    released["metadata"]["finalizers"] = json!([]);
+    a.put(&format!("{CMS}/f"), released).await;
+    assert_eq!(a.get(&format!("{CMS}/f")).await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn bound_pods_wait_for_their_node_and_binding_happens_once() {
+    let a = api().await;
+    let pods = "/api/v1/namespaces/default/pods";
+    let pod = |n: &str| json!({"metadata": {"name": n}, "spec": {"containers": [{"name": "c", "image": "i:1"}]}});
+    a.post(pods, pod("unbound")).await;
+    a.delete(&format!("{pods}/unbound")).await;
+    assert_eq!(a.get(&format!("{pods}/unbound")).await.status, StatusCode::NOT_FOUND, "an unbound pod goes at once");
+    a.post(pods, pod("bound")).await;
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "bound"}, "target": {"kind": "Node", "name": "n1"}});
+    assert_eq!(a.post(&format!("{pods}/bound/binding"), binding.clone()).await.status, StatusCode::CREATED);
+    let again = a.post(&format!("{pods}/bound/binding"), binding).await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    let p = a.get(&format!("{pods}/bound")).await.body;
+    assert_eq!(p["spec"]["nodeName"], "n1");
+    assert_eq!(p["status"]["conditions"][0]["type"], "PodScheduled");
+    let d = a.delete(&format!("{pods}/bound")).await;
+    assert_eq!(d.status, StatusCode::OK);
+    let pending = a.get(&format!("{pods}/bound")).await.body;
+    assert_eq!(pending["metadata"]["deletionGracePeriodSeconds"], 30);
+    // The node confirms with a zero grace period.
+    let r = a.req("DELETE", &format!("{pods}/bound"), "application/json", r#"{"gracePeriodSeconds":0}"#).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(a.get(&format!("{pods}/bound")).await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn terminating_namespaces_refuse_new_content() {
+    let a = api().await;
+    a.post("/api/v1/namespaces", json!({"metadata": {"name": "t"}})).await;
+    let mut c = cm("held", json!({}));
+    c["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    a.post("/api/v1/namespaces/t/configmaps", c).await;
+    a.delete("/api/v1/namespaces/t").await;
+    let ns = a.get("/api/v1/namespaces/t").await.body;
+    assert_eq!(ns["status"]["phase"], "Terminating");
+    let refused = a.post("/api/v1/namespaces/t/configmaps", cm("new", json!({}))).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert!(refused.body["message"].as_str().unwrap().contains("because it is being terminated"));
+}
