@@ -12,6 +12,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use skiff_core::resources::ResourceInfo;
 use skiff_core::selector::{FieldSelector, LabelSelector};
+use skiff_core::convert;
 use skiff_core::ApiError;
 
 use crate::auth::{self, Identity};
@@ -292,7 +293,10 @@ async fn resource(
     req: Request<Body>,
 ) -> Result<Resp, ApiError> {
     let reg = &state.registry;
-    let res = rr.res;
+    // Requests name the version they speak (`api_res`); the registry works in
+    // the stored version (`res`); bodies and answers are converted between.
+    let api_res = rr.res;
+    let res = convert::storage_resource(api_res);
     let ns = rr.namespace.as_deref();
     let method = req.method().clone();
     let output = negotiate::choose_output(accept.as_deref())?;
@@ -301,24 +305,24 @@ async fn resource(
         (&Method::GET, None, None) => {
             let filter = filter_from_query(&rr, &q)?;
             if q.flag("watch") || rr.watch_path {
-                return watch::serve(state.clone(), res, filter, &q, output).await;
+                return watch::serve(state.clone(), api_res, filter, &q, output).await;
             }
             let limit = q.int("limit")?.unwrap_or(0).max(0);
             let exact = q.get("resourceVersionMatch") == Some("Exact");
             let out = reg
                 .list(res, &filter, limit, q.get("continue").filter(|c| !c.is_empty()), q.get("resourceVersion"), exact)
                 .await?;
-            render_list(res, out, output, &q)
+            render_list(api_res, out, output, &q)
         }
         (&Method::POST, None, None) => {
             let (headers, body) = read_body(req).await?;
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let obj = negotiate::decode_body(ct.as_deref(), &body, res)?;
+            let obj = negotiate::decode_body(ct.as_deref(), &body, api_res)?;
             let opts = write_options(&q, &headers, false)?;
             let json_body = ct.as_deref().map(|c| c.starts_with("application/json")).unwrap_or(true);
-            let warnings = check_fields(res, &body, &obj, opts.field_validation, json_body)?;
-            let created = reg.create(res, ns, obj, &opts).await?;
-            Ok(add_warnings(render_object(res, 201, &created, output)?, &warnings))
+            let warnings = check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
+            let created = reg.create(res, ns, convert::to_storage(api_res, obj), &opts).await?;
+            Ok(add_warnings(render_object(api_res, 201, &convert::from_storage(api_res, created), output)?, &warnings))
         }
         (&Method::DELETE, None, None) => {
             let filter = filter_from_query(&rr, &q)?;
@@ -349,22 +353,23 @@ async fn resource(
                     None => format!("metadata.name={name}"),
                 };
                 filter.fields = Some(FieldSelector::parse(&combined).map_err(ApiError::bad_request)?);
-                return watch::serve(state.clone(), res, filter, &q, output).await;
+                return watch::serve(state.clone(), api_res, filter, &q, output).await;
             }
             let obj = reg.get(res, ns, name).await?;
-            render_object(res, 200, &obj, output)
+            render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
         }
         (&Method::PUT, Some(name), sub) if sub.is_none() || matches!(sub, Some("status") | Some("scale") | Some("finalize")) => {
             let sub = if sub == Some("finalize") { None } else { sub };
             let (headers, body) = read_body(req).await?;
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let obj = negotiate::decode_body(ct.as_deref(), &body, res)?;
+            let obj = negotiate::decode_body(ct.as_deref(), &body, api_res)?;
             let opts = write_options(&q, &headers, false)?;
             let json_body = ct.as_deref().map(|c| c.starts_with("application/json")).unwrap_or(true);
-            let warnings = if sub == Some("scale") { Vec::new() } else { check_fields(res, &body, &obj, opts.field_validation, json_body)? };
+            let warnings = if sub == Some("scale") { Vec::new() } else { check_fields(api_res, &body, &obj, opts.field_validation, json_body)? };
             let obj = if rr.subresource.as_deref() == Some("finalize") { finalize_body(obj) } else { obj };
+            let obj = if sub == Some("scale") { obj } else { convert::to_storage(api_res, obj) };
             let (out, created) = reg.update(res, ns, name, obj, sub, &opts).await?;
-            let r = if sub == Some("scale") { json_response(200, &out) } else { render_object(res, if created { 201 } else { 200 }, &out, output)? };
+            let r = if sub == Some("scale") { json_response(200, &out) } else { render_object(api_res, if created { 201 } else { 200 }, &convert::from_storage(api_res, out), output)? };
             Ok(add_warnings(r, &warnings))
         }
         (&Method::PATCH, Some(name), sub) if sub.is_none() || matches!(sub, Some("status") | Some("scale")) => {
@@ -381,13 +386,17 @@ async fn resource(
                 let obj_like = strip_directives(&patch);
                 warnings = check_fields(res, &body, &obj_like, opts.field_validation, pt != PatchType::Apply)?;
             }
-            let (out, created) = reg.patch(res, ns, name, pt, &patch, sub, &opts).await?;
-            let r = if sub == Some("scale") { json_response(200, &out) } else { render_object(res, if created { 201 } else { 200 }, &out, output)? };
+            let (out, created) = if convert::needed(api_res) && sub != Some("scale") {
+                (patch_converted(reg, api_res, ns, name, pt, &patch, sub, &opts).await?, false)
+            } else {
+                reg.patch(res, ns, name, pt, &patch, sub, &opts).await?
+            };
+            let r = if sub == Some("scale") { json_response(200, &out) } else { render_object(api_res, if created { 201 } else { 200 }, &convert::from_storage(api_res, out), output)? };
             Ok(add_warnings(r, &warnings))
         }
         (&Method::GET, Some(name), Some("status")) => {
             let obj = reg.get(res, ns, name).await?;
-            render_object(res, 200, &obj, output)
+            render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
         }
         (&Method::GET, Some(name), Some("scale")) => {
             let obj = reg.get(res, ns, name).await?;
@@ -410,10 +419,10 @@ async fn resource(
             let (_, body) = read_body(req).await?;
             let dopts = delete_options(&q, &body)?;
             match reg.delete(res, ns, name, &dopts).await? {
-                Deleted::Pending(obj) => render_object(res, 200, &obj, output),
+                Deleted::Pending(obj) => render_object(api_res, 200, &convert::from_storage(api_res, obj), output),
                 Deleted::Gone(obj) => {
                     if res.kind == "Pod" {
-                        return render_object(res, 200, &obj, output);
+                        return render_object(api_res, 200, &obj, output);
                     }
                     let uid = obj.pointer("/metadata/uid").cloned().unwrap_or(json!(""));
                     let mut details = json!({"name": name, "kind": res.plural, "uid": uid});
@@ -431,6 +440,47 @@ async fn resource(
             "the server does not allow this method on the requested resource"
         ))),
     }
+}
+
+/// A patch on a version other than the stored one: the patch applies to the
+/// object as that version shows it, and the result is written back guarded
+/// by the revision read.
+#[allow(clippy::too_many_arguments)]
+async fn patch_converted(
+    reg: &Registry,
+    api_res: &'static ResourceInfo,
+    ns: Option<&str>,
+    name: &str,
+    pt: PatchType,
+    patch: &Value,
+    sub: Option<&str>,
+    opts: &WriteOptions,
+) -> Result<Value, ApiError> {
+    let res = convert::storage_resource(api_res);
+    let schema = skiff_core::schema::root(api_res.group, api_res.version, api_res.kind);
+    for _ in 0..16 {
+        let cur = reg.get(res, ns, name).await?;
+        let view = convert::from_storage(api_res, cur.clone());
+        let patched = match pt {
+            PatchType::Json => skiff_core::patch::apply_json_patch(&view, patch)?,
+            PatchType::Merge => skiff_core::patch::apply_merge_patch(&view, patch)?,
+            PatchType::Strategic => skiff_core::patch::apply_strategic_merge_patch(&view, patch, schema)?,
+            PatchType::Apply => skiff_core::patch::apply::server_side_apply(
+                Some(&view), patch, &opts.field_manager, opts.force, schema, &crate::object::now_rfc3339(), &api_res.api_version(),
+            )?,
+        };
+        let mut stored = convert::to_storage(api_res, patched);
+        let rv = cur.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null);
+        if stored.pointer("/metadata/resourceVersion") != Some(&rv) {
+            return Err(ApiError::conflict(res.group, res.plural, name, ApiError::STALE));
+        }
+        stored["metadata"]["resourceVersion"] = rv;
+        match reg.update(res, ns, name, stored, sub, opts).await {
+            Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
+            other => return other.map(|(v, _)| v),
+        }
+    }
+    Err(ApiError::conflict(res.group, res.plural, name, ApiError::STALE))
 }
 
 /// `namespaces/<n>/finalize` replaces `spec.finalizers`; the rest of the body is ignored.
@@ -569,7 +619,10 @@ fn object_is_null(row: &Value) -> bool {
     row.get("object").map(Value::is_null).unwrap_or(true)
 }
 
-fn render_list(res: &ResourceInfo, out: crate::registry::ListOutput, output: Output, q: &Query) -> Result<Resp, ApiError> {
+fn render_list(res: &'static ResourceInfo, mut out: crate::registry::ListOutput, output: Output, q: &Query) -> Result<Resp, ApiError> {
+    if convert::needed(res) {
+        out.items = out.items.iter().map(|b| Bytes::from(convert::bytes_from_storage(res, b))).collect();
+    }
     match output {
         Output::Table { v1beta1 } => {
             let objs: Vec<Value> = out.items.iter().filter_map(|b| serde_json::from_slice(b).ok()).collect();

@@ -758,7 +758,15 @@ impl Registry {
         // yet (created a moment ago) is read from the store, as Kubernetes'
         // NamespaceLifecycle admission falls back to a live read.
         let key = object::object_key(nsres, None, ns);
-        let cached = self.cache.resource(nsres).get(&key).and_then(|o| serde_json::from_slice::<Value>(&o.bytes).ok());
+        // Read the cache only once it has caught up with the store, so a
+        // namespace deleted a moment ago is seen as terminating.
+        let current = self.store.current_revision().await.map_err(|e| store_err(nsres, ns, e))?;
+        let fresh = self.cache.wait_for(current, Duration::from_secs(1)).await;
+        let cached = if fresh {
+            self.cache.resource(nsres).get(&key).and_then(|o| serde_json::from_slice::<Value>(&o.bytes).ok())
+        } else {
+            None
+        };
         let found = match cached {
             Some(obj) => Some(obj),
             None => match self.get_kv(nsres, None, ns).await? {

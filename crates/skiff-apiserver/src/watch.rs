@@ -163,6 +163,13 @@ struct Encoder {
 
 impl Encoder {
     fn event(&self, ty: &str, obj: &Bytes) -> Bytes {
+        let converted;
+        let obj = if skiff_core::convert::needed(self.res) {
+            converted = Bytes::from(skiff_core::convert::bytes_from_storage(self.res, obj));
+            &converted
+        } else {
+            obj
+        };
         match self.output {
             Output::Table { v1beta1 } => {
                 let first = self.first.swap(false, std::sync::atomic::Ordering::Relaxed);

@@ -287,3 +287,25 @@ async fn terminating_namespaces_refuse_new_content() {
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
     assert!(refused.body["message"].as_str().unwrap().contains("because it is being terminated"));
 }
+
+#[tokio::test]
+async fn autoscaling_v1_and_v2_are_one_object() {
+    let a = api().await;
+    let v1 = "/apis/autoscaling/v1/namespaces/default/horizontalpodautoscalers";
+    let v2 = "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers";
+    let h = json!({"apiVersion": "autoscaling/v1", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "h"},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "d"}, "minReplicas": 1, "maxReplicas": 4, "targetCPUUtilizationPercentage": 70}});
+    let created = a.post(v1, h).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    assert_eq!(created.body["apiVersion"], "autoscaling/v1");
+    assert_eq!(created.body["spec"]["targetCPUUtilizationPercentage"], 70);
+    let as_v2 = a.get(&format!("{v2}/h")).await.body;
+    assert_eq!(as_v2["apiVersion"], "autoscaling/v2");
+    assert_eq!(as_v2["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"], 70);
+    let patched = a.req("PATCH", &format!("{v1}/h"), "application/merge-patch+json", r#"{"spec":{"targetCPUUtilizationPercentage":50}}"#).await;
+    assert_eq!(patched.status, StatusCode::OK, "{}", patched.body);
+    assert_eq!(a.get(&format!("{v2}/h")).await.body["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"], 50);
+    let list = a.get(v1).await.body;
+    assert_eq!(list["items"][0]["apiVersion"], "autoscaling/v1");
+    assert_eq!(list["items"][0]["spec"]["targetCPUUtilizationPercentage"], 50);
+}

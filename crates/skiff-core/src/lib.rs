@@ -4,6 +4,7 @@
 //! Everything here works on data alone (mostly `serde_json::Value`) so it can
 //! be tested without a server, a store or a socket.
 
+pub mod convert;
 pub mod defaults;
 pub mod discovery;
 pub mod error;

@@ -1,0 +1,124 @@
+//! Conversion between the versions of a resource served from one storage:
+//! autoscaling/v1 HorizontalPodAutoscalers are stored as autoscaling/v2.
+//!
+//! v1 knows only a CPU utilization target; converting a v2 object with other
+//! metrics to v1 shows the CPU target alone, and a v1 write replaces the
+//! metrics with the CPU target (Kubernetes keeps the others in annotations;
+//! skiff does not yet).
+
+use serde_json::{json, Value};
+
+use crate::resources::{ResourceInfo, RESOURCES};
+
+/// The resource whose version is stored for `res` (the first served version
+/// with the same storage, which is the preferred one).
+pub fn storage_resource(res: &'static ResourceInfo) -> &'static ResourceInfo {
+    RESOURCES.iter().find(|r| r.storage == res.storage).unwrap_or(res)
+}
+
+/// Whether requests for `res` need conversion.
+pub fn needed(res: &'static ResourceInfo) -> bool {
+    storage_resource(res).version != res.version
+}
+
+/// Converts an object sent for `res` to the stored version.
+pub fn to_storage(res: &'static ResourceInfo, mut obj: Value) -> Value {
+    if !needed(res) {
+        return obj;
+    }
+    let storage = storage_resource(res);
+    if res.kind == "HorizontalPodAutoscaler" && res.version == "v1" {
+        if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+            let cpu = spec.remove("targetCPUUtilizationPercentage");
+            if let Some(cpu) = cpu.filter(|c| !c.is_null()) {
+                spec.insert(
+                    "metrics".into(),
+                    json!([{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": cpu}}}]),
+                );
+            }
+        }
+        if let Some(status) = obj.get_mut("status").and_then(Value::as_object_mut) {
+            if let Some(cpu) = status.remove("currentCPUUtilizationPercentage").filter(|c| !c.is_null()) {
+                status.insert(
+                    "currentMetrics".into(),
+                    json!([{"type": "Resource", "resource": {"name": "cpu", "current": {"averageUtilization": cpu}}}]),
+                );
+            }
+        }
+    }
+    if let Some(m) = obj.as_object_mut() {
+        m.insert("apiVersion".into(), json!(storage.api_version()));
+    }
+    obj
+}
+
+fn cpu_of(list: Option<&Value>, field: &str) -> Option<Value> {
+    list?.as_array()?.iter().find_map(|m| {
+        let r = m.get("resource")?;
+        (m.get("type")?.as_str()? == "Resource" && r.get("name")?.as_str()? == "cpu")
+            .then(|| r.get(field)?.get("averageUtilization").cloned())
+            .flatten()
+    })
+}
+
+/// Converts a stored object to the version `res` serves.
+pub fn from_storage(res: &'static ResourceInfo, mut obj: Value) -> Value {
+    if !needed(res) {
+        return obj;
+    }
+    if res.kind == "HorizontalPodAutoscaler" && res.version == "v1" {
+        if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+            let cpu = cpu_of(spec.get("metrics"), "target");
+            spec.remove("metrics");
+            spec.remove("behavior");
+            if let Some(cpu) = cpu {
+                spec.insert("targetCPUUtilizationPercentage".into(), cpu);
+            }
+        }
+        if let Some(status) = obj.get_mut("status").and_then(Value::as_object_mut) {
+            let cpu = cpu_of(status.get("currentMetrics"), "current");
+            status.remove("currentMetrics");
+            status.remove("conditions");
+            if let Some(cpu) = cpu {
+                status.insert("currentCPUUtilizationPercentage".into(), cpu);
+            }
+        }
+    }
+    if let Some(m) = obj.as_object_mut() {
+        m.insert("apiVersion".into(), json!(res.api_version()));
+    }
+    obj
+}
+
+/// Converts serialized stored objects for `res` (lists and watches).
+pub fn bytes_from_storage(res: &'static ResourceInfo, b: &[u8]) -> Vec<u8> {
+    match serde_json::from_slice::<Value>(b) {
+        Ok(v) => serde_json::to_vec(&from_storage(res, v)).unwrap_or_else(|_| b.to_vec()),
+        Err(_) => b.to_vec(),
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::lookup;
+
+    #[test]
+    fn a_v1_cpu_target_is_stored_as_a_v2_resource_metric_and_back() {
+        let v1 = lookup("autoscaling", "v1", "horizontalpodautoscalers").unwrap();
+        let obj = json!({"apiVersion": "autoscaling/v1", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "h"},
+            "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "d", "apiVersion": "apps/v1"}, "maxReplicas": 5, "targetCPUUtilizationPercentage": 60}});
+        let stored = to_storage(v1, obj.clone());
+        assert_eq!(stored["apiVersion"], "autoscaling/v2");
+        assert_eq!(stored["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"], 60);
+        assert_eq!(from_storage(v1, stored), obj);
+    }
+
+    #[test]
+    fn the_preferred_version_needs_no_conversion() {
+        let v2 = lookup("autoscaling", "v2", "horizontalpodautoscalers").unwrap();
+        assert!(!needed(v2));
+        assert!(!needed(lookup("", "v1", "pods").unwrap()));
+    }
+}
