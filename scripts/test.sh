@@ -12,7 +12,7 @@ if ! command -v cc >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get install -y --no-install-recommends build-essential pkg-config >&2
 fi
 ./scripts/tools.sh >/dev/null
-export SKIFF_KUBECTL="$PWD/.tools/bin/kubectl"
+export SKIFF_KUBECTL="$PWD/.tools/bin/kubectl" SKIFF_HELM="$PWD/.tools/bin/helm"
 cargo build -p skiff
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT

@@ -326,8 +326,8 @@ async fn resource(
         }
         (&Method::DELETE, None, None) => {
             let filter = filter_from_query(&rr, &q)?;
-            let (_, body) = read_body(req).await?;
-            let dopts = delete_options(&q, &body)?;
+            let (headers, body) = read_body(req).await?;
+            let dopts = delete_options(&q, &headers, &body)?;
             let out = reg.list(res, &filter, 0, None, None, false).await?;
             let mut gone = Vec::new();
             for item in out.items {
@@ -416,8 +416,8 @@ async fn resource(
             Ok(json_response(201, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})))
         }
         (&Method::DELETE, Some(name), None) => {
-            let (_, body) = read_body(req).await?;
-            let dopts = delete_options(&q, &body)?;
+            let (headers, body) = read_body(req).await?;
+            let dopts = delete_options(&q, &headers, &body)?;
             match reg.delete(res, ns, name, &dopts).await? {
                 Deleted::Pending(obj) => render_object(api_res, 200, &convert::from_storage(api_res, obj), output),
                 Deleted::Gone(obj) => {
@@ -502,12 +502,18 @@ fn strip_directives(v: &Value) -> Value {
     }
 }
 
-fn delete_options(q: &Query, body: &Bytes) -> Result<DeleteOptions, ApiError> {
+fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<DeleteOptions, ApiError> {
     let mut o = DeleteOptions { dry_run: q.dry_run()?, ..Default::default() };
     o.grace_period_seconds = q.int("gracePeriodSeconds")?;
     o.propagation_policy = q.get("propagationPolicy").map(str::to_string);
     if !body.is_empty() {
-        let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?;
+        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let v: Value = if ct.starts_with("application/vnd.kubernetes.protobuf") {
+            let t = skiff_core::schema::root("meta.k8s.io", "v1", "DeleteOptions").ok_or_else(|| ApiError::internal("no DeleteOptions schema"))?;
+            skiff_core::protobuf::decode(body, t, "v1", "DeleteOptions")?
+        } else {
+            serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
+        };
         if let Some(g) = v.get("gracePeriodSeconds").and_then(Value::as_i64) {
             o.grace_period_seconds = Some(g);
         }

@@ -70,6 +70,8 @@ const FIELDS: &[(&str, &str)] = &[
     ("CronJobSpec", "1 schedule,2 *startingDeadlineSeconds,3 concurrencyPolicy,4 *suspend,5 jobTemplate,6 *successfulJobsHistoryLimit,7 *failedJobsHistoryLimit,8 timeZone"),
     ("JobTemplateSpec", "1 metadata,2 spec"),
     ("Binding", "1 metadata,2 target"),
+    ("DeleteOptions", "1 *gracePeriodSeconds,2 preconditions,3 *orphanDependents,4 propagationPolicy,5 dryRun"),
+    ("Preconditions", "1 uid,2 resourceVersion"),
     ("ObjectReference", "1 kind,2 namespace,3 name,4 uid,5 apiVersion,6 resourceVersion,7 fieldPath"),
 ];
 

@@ -33,6 +33,13 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
+/// The helm the tests use: `$SKIFF_HELM` or `.tools/bin/helm`.
+pub fn helm_binary() -> PathBuf {
+    let p = std::env::var_os("SKIFF_HELM").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".tools/bin/helm"));
+    assert!(p.exists(), "{} is missing: run scripts/tools.sh", p.display());
+    p
+}
+
 /// A running `skiff server`.
 pub struct Server {
     child: Child,
@@ -91,6 +98,19 @@ impl Server {
         let mut c = Command::new(kubectl_binary());
         c.env("KUBECONFIG", &self.kubeconfig).env_remove("KUBECTL_EXTERNAL_DIFF").args(args);
         c
+    }
+
+    /// Runs helm against this server (its caches and config in the temp dir).
+    pub fn helm(&self, args: &[&str]) -> Output {
+        let home = self.dir.path().join("helm");
+        Command::new(helm_binary())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_DATA_HOME", home.join("data"))
+            .args(args)
+            .output()
+            .expect("run helm")
     }
 
     /// Runs kubectl and returns its output.
