@@ -6,6 +6,7 @@
 //! [`ApiServer::router`] is the axum router (usable in-process as a
 //! `tower::Service`); [`serve::serve_tls`] puts it on a socket.
 
+pub mod allocator;
 pub mod auth;
 pub mod fieldmanager;
 pub mod handlers;

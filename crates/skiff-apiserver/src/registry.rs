@@ -7,9 +7,8 @@
 //! retrying when another writer got there first and the caller did not ask
 //! for a specific resourceVersion.
 
-use std::collections::HashSet;
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
@@ -103,7 +102,7 @@ pub struct Registry {
     pub store: Arc<dyn Store>,
     pub cache: Arc<WatchCache>,
     pub config: RegistryConfig,
-    allocated_ips: Mutex<Option<HashSet<Ipv4Addr>>>,
+    services: crate::allocator::ServiceAllocator,
 }
 
 /// Kinds whose `metadata.generation` tracks spec changes.
@@ -150,7 +149,8 @@ fn random_u64() -> u64 {
 
 impl Registry {
     pub fn new(store: Arc<dyn Store>, cache: Arc<WatchCache>, config: RegistryConfig) -> Self {
-        Registry { store, cache, config, allocated_ips: Mutex::new(None) }
+        let services = crate::allocator::ServiceAllocator::new(config.service_cidr);
+        Registry { store, cache, config, services }
     }
 
     // ---- reads ---------------------------------------------------------------
@@ -546,6 +546,9 @@ impl Registry {
     ) -> Result<Value, WriteError> {
         check_type_meta(res, &mut new)?;
         new = prepare_for_update(res, &old, new, sub);
+        // Allocations an update leaves out are carried over before validation
+        // (as Kubernetes' service registry does).
+        self.admit_update(res, &old, &mut new)?;
         skiff_core::defaults::apply_defaults(res, &mut new);
         let mut causes = skiff_core::validation::validate_update(res, &new, &old);
         if sub == Some("status") {
@@ -555,7 +558,6 @@ impl Registry {
         if !causes.is_empty() {
             return Err(ApiError::invalid(res.group, res.kind, name, causes).into());
         }
-        self.admit_update(res, &old, &mut new)?;
         if track_fields {
             crate::fieldmanager::record(res, Some(&old), &mut new, &opts.field_manager, sub);
         }
@@ -798,126 +800,22 @@ impl Registry {
 
     fn admit_create(&self, res: &ResourceInfo, obj: &mut Value, dry_run: bool) -> ApiResult<()> {
         if res.kind == "Service" {
-            self.allocate_cluster_ip(obj, dry_run)?;
+            self.services.admit_create(&self.cache, obj, dry_run)?;
         }
         Ok(())
     }
 
     fn admit_update(&self, res: &ResourceInfo, old: &Value, new: &mut Value) -> ApiResult<()> {
         if res.kind == "Service" {
-            // An update that leaves the clusterIP out keeps the allocated one.
-            let old_ip = old.pointer("/spec/clusterIP").cloned();
-            let new_ip = new.pointer("/spec/clusterIP").and_then(Value::as_str).unwrap_or("");
-            if new_ip.is_empty() {
-                if let (Some(ip), Some(spec)) = (old_ip, new.get_mut("spec").and_then(Value::as_object_mut)) {
-                    spec.insert("clusterIP".into(), ip.clone());
-                    if let Some(ips) = old.pointer("/spec/clusterIPs") {
-                        spec.insert("clusterIPs".into(), ips.clone());
-                    }
-                }
-            }
+            self.services.admit_update(&self.cache, old, new)?;
         }
         Ok(())
     }
 
     fn release_admission(&self, res: &ResourceInfo, obj: &Value) {
         if res.kind == "Service" {
-            if let Some(ip) = obj.pointer("/spec/clusterIP").and_then(Value::as_str).and_then(|s| s.parse().ok()) {
-                if let Some(set) = self.allocated_ips.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-                    set.remove(&ip);
-                }
-            }
+            self.services.release(obj);
         }
-    }
-
-    fn allocate_cluster_ip(&self, svc: &mut Value, dry_run: bool) -> ApiResult<()> {
-        let ty = svc.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP").to_string();
-        if ty == "ExternalName" {
-            return Ok(());
-        }
-        let requested = svc.pointer("/spec/clusterIP").and_then(Value::as_str).unwrap_or("").to_string();
-        if requested == "None" {
-            if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
-                spec.insert("clusterIPs".into(), json!(["None"]));
-            }
-            return Ok(());
-        }
-        let (base, bits) = self.config.service_cidr;
-        let size: u32 = if bits >= 32 { 1 } else { 1u32 << (32 - bits) };
-        let base_u = u32::from(base);
-        let mut guard = self.allocated_ips.lock().unwrap_or_else(|e| e.into_inner());
-        if guard.is_none() {
-            let svcs = resources::lookup("", "v1", "services").expect("services");
-            let mut set = HashSet::new();
-            for o in self.cache.resource(svcs).snapshot(&Filter::default()) {
-                if let Ok(v) = serde_json::from_slice::<Value>(&o.bytes) {
-                    if let Some(ip) = v.pointer("/spec/clusterIP").and_then(Value::as_str).and_then(|s| s.parse().ok()) {
-                        set.insert(ip);
-                    }
-                }
-            }
-            *guard = Some(set);
-        }
-        let set = guard.as_mut().expect("initialized");
-        let ip: Ipv4Addr = if requested.is_empty() {
-            let span = size.saturating_sub(2).max(1);
-            let start = (random_u64() % span as u64) as u32;
-            let mut found = None;
-            for i in 0..span {
-                // Skip the network address and the first address (reserved for
-                // the `kubernetes` service, allocated by name below).
-                let offset = 2 + (start + i) % span;
-                let cand = Ipv4Addr::from(base_u + offset);
-                if !set.contains(&cand) {
-                    found = Some(cand);
-                    break;
-                }
-            }
-            found.ok_or_else(|| ApiError::internal("failed to allocate a serviceIP: range is full"))?
-        } else {
-            let ip: Ipv4Addr = requested.parse().map_err(|_| {
-                ApiError::invalid(
-                    "",
-                    "Service",
-                    meta_str(svc, "name"),
-                    vec![Cause::invalid("spec.clusterIPs[0]", &json!(requested), "must be a valid IP address")],
-                )
-            })?;
-            let u = u32::from(ip);
-            if u < base_u || u >= base_u + size {
-                return Err(ApiError::invalid(
-                    "",
-                    "Service",
-                    meta_str(svc, "name"),
-                    vec![Cause::invalid(
-                        "spec.clusterIPs",
-                        &json!([requested]),
-                        &format!("failed to allocate IP {requested}: the provided IP ({requested}) is not in the valid range. The range of valid IPs is {base}/{bits}"),
-                    )],
-                ));
-            }
-            if set.contains(&ip) {
-                return Err(ApiError::invalid(
-                    "",
-                    "Service",
-                    meta_str(svc, "name"),
-                    vec![Cause::invalid(
-                        "spec.clusterIPs",
-                        &json!([requested]),
-                        &format!("failed to allocate IP {requested}: provided IP is already allocated"),
-                    )],
-                ));
-            }
-            ip
-        };
-        if !dry_run {
-            set.insert(ip);
-        }
-        if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
-            spec.insert("clusterIP".into(), json!(ip.to_string()));
-            spec.insert("clusterIPs".into(), json!([ip.to_string()]));
-        }
-        Ok(())
     }
 }
 

@@ -309,3 +309,28 @@ async fn autoscaling_v1_and_v2_are_one_object() {
     assert_eq!(list["items"][0]["apiVersion"], "autoscaling/v1");
     assert_eq!(list["items"][0]["spec"]["targetCPUUtilizationPercentage"], 50);
 }
+
+#[tokio::test]
+async fn node_port_services_get_a_port_that_updates_keep() {
+    let a = api().await;
+    let svcs = "/api/v1/namespaces/default/services";
+    let svc = json!({"metadata": {"name": "np"}, "spec": {"type": "NodePort", "selector": {"a": "b"}, "ports": [{"port": 80}]}});
+    let created = a.post(svcs, svc.clone()).await.body;
+    let port = created["spec"]["ports"][0]["nodePort"].as_u64().unwrap();
+    assert!((30000..=32767).contains(&port));
+    assert!(created["spec"]["clusterIP"].as_str().unwrap().starts_with("10.43."));
+    let mut replaced = svc.clone();
+    replaced["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"].clone();
+    let updated = a.put(&format!("{svcs}/np"), replaced).await.body;
+    assert_eq!(updated["spec"]["ports"][0]["nodePort"].as_u64(), Some(port), "{updated}");
+    assert_eq!(updated["spec"]["clusterIP"], created["spec"]["clusterIP"]);
+    let mut clash = json!({"metadata": {"name": "np2"}, "spec": {"type": "NodePort", "ports": [{"port": 81}]}});
+    clash["spec"]["ports"][0]["nodePort"] = json!(port);
+    let refused = a.post(svcs, clash).await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(refused.body["message"].as_str().unwrap().contains("provided port is already allocated"));
+    a.delete(&format!("{svcs}/np")).await;
+    let mut reuse = json!({"metadata": {"name": "np3"}, "spec": {"type": "NodePort", "ports": [{"port": 81}]}});
+    reuse["spec"]["ports"][0]["nodePort"] = json!(port);
+    assert_eq!(a.post(svcs, reuse).await.status, StatusCode::CREATED, "a deleted service's port is free again");
+}
