@@ -37,6 +37,10 @@ pub async fn bootstrap(reg: &Registry) -> Result<(), ApiError> {
         "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver", "provider": "kubernetes"}},
         "spec": {"type": "ClusterIP", "clusterIP": first.to_string(), "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}
     });
+    // Only at first start: after that the service exists (and owns its IP).
+    if reg.get(svc, Some("default"), "kubernetes").await.is_ok() {
+        return Ok(());
+    }
     match reg.create(svc, Some("default"), obj, &opts).await {
         Ok(_) => {}
         Err(e) if e.code == 409 => {}

@@ -88,6 +88,31 @@ impl Server {
         Server::start_with(&[])
     }
 
+    /// Stops the server and starts it again on the same data dir and port.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let log = std::fs::OpenOptions::new().append(true).open(self.dir.path().join("server.log")).expect("log");
+        self.child = Command::new(skiff_binary())
+            .arg("server")
+            .arg("--data-dir")
+            .arg(self.dir.path().join("data"))
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--write-kubeconfig")
+            .arg(&self.kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("restart skiff server");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.kubectl(&["get", "--raw", "/readyz"]).status.success() {
+            assert!(Instant::now() < deadline, "skiff did not come back:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The server's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()

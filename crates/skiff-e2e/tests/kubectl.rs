@@ -341,3 +341,20 @@ fn typed_create_commands_send_protobuf_and_work() {
         assert!(all.lines().any(|l| l == n), "{n} missing from:\n{all}");
     }
 }
+
+#[test]
+fn objects_survive_a_restart_and_versions_keep_increasing() {
+    let mut s = Server::start();
+    s.ok_stdin(&["create", "-f", "-"], CONFIGMAP);
+    s.ok_stdin(&["apply", "-f", "-"], &deployment(2, "busybox:1.36"));
+    let before: u64 = s.ok(&["get", "cm", "settings", "-o", "jsonpath={.metadata.resourceVersion}"]).parse().unwrap();
+    let uid = s.ok(&["get", "cm", "settings", "-o", "jsonpath={.metadata.uid}"]);
+    s.restart();
+    assert_eq!(s.ok(&["get", "cm", "settings", "-o", "jsonpath={.metadata.uid} {.data.mode}"]), format!("{uid} fast"));
+    assert_eq!(s.ok_stdin(&["apply", "-f", "-"], &deployment(2, "busybox:1.36")).trim(), "deployment.apps/web unchanged");
+    s.ok(&["label", "cm", "settings", "after=restart"]);
+    let after: u64 = s.ok(&["get", "cm", "settings", "-o", "jsonpath={.metadata.resourceVersion}"]).parse().unwrap();
+    assert!(after > before, "{after} > {before}");
+    let ns = s.ok(&["get", "ns", "-o", "name"]);
+    assert_eq!(ns.lines().filter(|l| *l == "namespace/default").count(), 1, "bootstrap ran once: {ns}");
+}
