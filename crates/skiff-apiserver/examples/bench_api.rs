@@ -34,15 +34,27 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
 fn report(name: &str, mut lat: Vec<Duration>, elapsed: Duration) -> f64 {
     lat.sort();
     let rate = lat.len() as f64 / elapsed.as_secs_f64();
-    println!("| {name} | {rate:.0} | {:.2} | {:.2} |", pct(&lat, 0.5), pct(&lat, 0.99));
+    println!(
+        "| {name} | {rate:.0} | {:.2} | {:.2} |",
+        pct(&lat, 0.5),
+        pct(&lat, 0.99)
+    );
     rate
 }
 
 async fn connect(port: u16, tls: Arc<rustls::ClientConfig>) -> Sender {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
     tcp.set_nodelay(true).unwrap();
-    let stream = tokio_rustls::TlsConnector::from(tls).connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap();
-    let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
     tokio::spawn(conn);
     send
 }
@@ -63,34 +75,57 @@ async fn call(s: &mut Sender, method: &str, path: &str, body: Option<String>) ->
 }
 
 fn cm(name: &str) -> String {
-    format!(r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","labels":{{"bench":"b3"}}}},"data":{{"k":"{}"}}}}"#, "v".repeat(200))
+    format!(
+        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","labels":{{"bench":"b3"}}}},"data":{{"k":"{}"}}}}"#,
+        "v".repeat(200)
+    )
 }
 
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |n: &str| args.iter().position(|a| a == n).and_then(|i| args.get(i + 1)).cloned();
+    let arg = |n: &str| {
+        args.iter()
+            .position(|a| a == n)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let secs: f64 = arg("--seconds").and_then(|s| s.parse().ok()).unwrap_or(5.0);
     let clients: usize = arg("--clients").and_then(|s| s.parse().ok()).unwrap_or(32);
 
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::load_or_create(&dir.path().join("pki"), &[]).unwrap();
-    let store: Arc<dyn Store> = RedbStore::open(&dir.path().join("store.redb"), Default::default()).unwrap();
-    let api = skiff_apiserver::ApiServer::start(store, Default::default()).await.unwrap();
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("store.redb"), Default::default()).unwrap();
+    let api = skiff_apiserver::ApiServer::start(store, Default::default())
+        .await
+        .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    tokio::spawn(skiff_apiserver::serve::serve_tls(listener, pki.server_config().unwrap(), api.router(), std::future::pending()));
+    tokio::spawn(skiff_apiserver::serve::serve_tls(
+        listener,
+        pki.server_config().unwrap(),
+        api.router(),
+        std::future::pending(),
+    ));
 
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(pki.ca.cert_pem.as_bytes()).unwrap()).unwrap();
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pki.admin.cert_pem.as_bytes()).map(|c| c.unwrap()).collect();
-    let key = PrivateKeyDer::from_pem_slice(pki.admin.key_pem.as_bytes()).unwrap();
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_client_auth_cert(certs, key)
+    roots
+        .add(CertificateDer::from_pem_slice(pki.ca.cert_pem.as_bytes()).unwrap())
         .unwrap();
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(pki.admin.cert_pem.as_bytes())
+            .map(|c| c.unwrap())
+            .collect();
+    let key = PrivateKeyDer::from_pem_slice(pki.admin.key_pem.as_bytes()).unwrap();
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(certs, key)
+    .unwrap();
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     let tls = Arc::new(cfg);
 
@@ -112,7 +147,13 @@ async fn main() {
             let mut i = 0;
             while Instant::now() < deadline {
                 let t = Instant::now();
-                let (code, _) = call(&mut s, "POST", "/api/v1/namespaces/default/configmaps", Some(cm(&format!("c{c}-{i}")))).await;
+                let (code, _) = call(
+                    &mut s,
+                    "POST",
+                    "/api/v1/namespaces/default/configmaps",
+                    Some(cm(&format!("c{c}-{i}"))),
+                )
+                .await;
                 assert_eq!(code, 201);
                 lat.push(t.elapsed());
                 i += 1;
@@ -140,7 +181,13 @@ async fn main() {
             let mut i = 0;
             while Instant::now() < deadline {
                 let t = Instant::now();
-                let (code, _) = call(&mut s, "GET", &format!("/api/v1/namespaces/default/configmaps/c{c}-{}", i % n), None).await;
+                let (code, _) = call(
+                    &mut s,
+                    "GET",
+                    &format!("/api/v1/namespaces/default/configmaps/c{c}-{}", i % n),
+                    None,
+                )
+                .await;
                 assert_eq!(code, 200);
                 lat.push(t.elapsed());
                 i += 1;
@@ -158,7 +205,13 @@ async fn main() {
     {
         let mut s = conns[0].clone();
         for i in 0..100 {
-            call(&mut s, "POST", "/api/v1/namespaces/kube-public/configmaps", Some(cm(&format!("l{i}")))).await;
+            call(
+                &mut s,
+                "POST",
+                "/api/v1/namespaces/kube-public/configmaps",
+                Some(cm(&format!("l{i}"))),
+            )
+            .await;
         }
     }
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
@@ -169,7 +222,13 @@ async fn main() {
             let mut lat = Vec::new();
             while Instant::now() < deadline {
                 let t = Instant::now();
-                let (code, body) = call(&mut s, "GET", "/api/v1/namespaces/kube-public/configmaps", None).await;
+                let (code, body) = call(
+                    &mut s,
+                    "GET",
+                    "/api/v1/namespaces/kube-public/configmaps",
+                    None,
+                )
+                .await;
                 assert_eq!(code, 200);
                 assert!(body.len() > 100 * 200);
                 lat.push(t.elapsed());
@@ -198,7 +257,13 @@ async fn main() {
                 tokio::time::sleep_until(next.into()).await;
                 next += per_client;
                 let t = Instant::now();
-                let (code, _) = call(&mut s, "POST", "/api/v1/namespaces/default/configmaps", Some(cm(&format!("p{c}-{i}")))).await;
+                let (code, _) = call(
+                    &mut s,
+                    "POST",
+                    "/api/v1/namespaces/default/configmaps",
+                    Some(cm(&format!("p{c}-{i}"))),
+                )
+                .await;
                 assert_eq!(code, 201);
                 lat.push(t.elapsed());
                 i += 1;
@@ -214,7 +279,13 @@ async fn main() {
             let mut i = 0;
             while Instant::now() < deadline {
                 let t = Instant::now();
-                call(&mut s, "GET", &format!("/api/v1/namespaces/default/configmaps/c{c}-{}", i % n), None).await;
+                call(
+                    &mut s,
+                    "GET",
+                    &format!("/api/v1/namespaces/default/configmaps/c{c}-{}", i % n),
+                    None,
+                )
+                .await;
                 lat.push(t.elapsed());
                 i += 1;
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -235,7 +306,8 @@ async fn main() {
     report("get, during the paced creates", rl, el);
 
     // Raw store creates at the same concurrency, for the API-layer cost.
-    let raw: Arc<dyn Store> = RedbStore::open(&dir.path().join("raw.redb"), Default::default()).unwrap();
+    let raw: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("raw.redb"), Default::default()).unwrap();
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -247,7 +319,12 @@ async fn main() {
             let v = Bytes::from(cm("x").into_bytes());
             while Instant::now() < deadline {
                 let t = Instant::now();
-                raw.create(&format!("/registry/core/configmaps/default/r{c}-{i}"), v.clone()).await.unwrap();
+                raw.create(
+                    &format!("/registry/core/configmaps/default/r{c}-{i}"),
+                    v.clone(),
+                )
+                .await
+                .unwrap();
                 lat.push(t.elapsed());
                 i += 1;
             }
@@ -259,5 +336,8 @@ async fn main() {
         lat.extend(t.await.unwrap());
     }
     let raw_rate = report("raw store create (same concurrency)", lat, start.elapsed());
-    println!("\nAPI create throughput ÷ raw store create throughput: {:.0}%", 100.0 * api_create_rate / raw_rate);
+    println!(
+        "\nAPI create throughput ÷ raw store create throughput: {:.0}%",
+        100.0 * api_create_rate / raw_rate
+    );
 }

@@ -32,16 +32,27 @@ pub struct ServiceAllocator {
 }
 
 fn invalid(svc: &Value, field: &str, value: Value, detail: &str) -> ApiError {
-    ApiError::invalid("", "Service", meta_str(svc, "name"), vec![Cause::invalid(field, &value, detail)])
+    ApiError::invalid(
+        "",
+        "Service",
+        meta_str(svc, "name"),
+        vec![Cause::invalid(field, &value, detail)],
+    )
 }
 
 fn needs_node_ports(svc: &Value) -> bool {
-    matches!(svc.pointer("/spec/type").and_then(Value::as_str), Some("NodePort") | Some("LoadBalancer"))
+    matches!(
+        svc.pointer("/spec/type").and_then(Value::as_str),
+        Some("NodePort") | Some("LoadBalancer")
+    )
 }
 
 impl ServiceAllocator {
     pub fn new(cidr: (Ipv4Addr, u8)) -> Self {
-        ServiceAllocator { cidr, state: Mutex::new(None) }
+        ServiceAllocator {
+            cidr,
+            state: Mutex::new(None),
+        }
     }
 
     fn with<T>(&self, cache: &WatchCache, f: impl FnOnce(&mut Allocated) -> T) -> T {
@@ -60,7 +71,12 @@ impl ServiceAllocator {
     }
 
     /// Allocates what a new service needs.
-    pub fn admit_create(&self, cache: &WatchCache, svc: &mut Value, dry_run: bool) -> ApiResult<()> {
+    pub fn admit_create(
+        &self,
+        cache: &WatchCache,
+        svc: &mut Value,
+        dry_run: bool,
+    ) -> ApiResult<()> {
         let cidr = self.cidr;
         self.with(cache, |a| {
             let ip = a.cluster_ip(cidr, svc)?;
@@ -77,9 +93,15 @@ impl ServiceAllocator {
 
     /// Keeps what an update leaves out; allocates NodePorts it newly needs.
     pub fn admit_update(&self, cache: &WatchCache, old: &Value, new: &mut Value) -> ApiResult<()> {
-        let new_ip = new.pointer("/spec/clusterIP").and_then(Value::as_str).unwrap_or("");
+        let new_ip = new
+            .pointer("/spec/clusterIP")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if new_ip.is_empty() {
-            if let (Some(ip), Some(spec)) = (old.pointer("/spec/clusterIP").cloned(), new.get_mut("spec").and_then(Value::as_object_mut)) {
+            if let (Some(ip), Some(spec)) = (
+                old.pointer("/spec/clusterIP").cloned(),
+                new.get_mut("spec").and_then(Value::as_object_mut),
+            ) {
                 spec.insert("clusterIP".into(), ip);
                 if let Some(ips) = old.pointer("/spec/clusterIPs") {
                     spec.insert("clusterIPs".into(), ips.clone());
@@ -97,10 +119,19 @@ impl ServiceAllocator {
     pub fn release(&self, svc: &Value) {
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(a) = guard.as_mut() {
-            if let Some(ip) = svc.pointer("/spec/clusterIP").and_then(Value::as_str).and_then(|s| s.parse().ok()) {
+            if let Some(ip) = svc
+                .pointer("/spec/clusterIP")
+                .and_then(Value::as_str)
+                .and_then(|s| s.parse().ok())
+            {
                 a.ips.remove(&ip);
             }
-            for p in svc.pointer("/spec/ports").and_then(Value::as_array).into_iter().flatten() {
+            for p in svc
+                .pointer("/spec/ports")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 if let Some(n) = p.get("nodePort").and_then(Value::as_u64) {
                     a.ports.remove(&(n as u16));
                 }
@@ -111,10 +142,19 @@ impl ServiceAllocator {
 
 impl Allocated {
     fn take_from(&mut self, svc: &Value) {
-        if let Some(ip) = svc.pointer("/spec/clusterIP").and_then(Value::as_str).and_then(|s| s.parse().ok()) {
+        if let Some(ip) = svc
+            .pointer("/spec/clusterIP")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse().ok())
+        {
             self.ips.insert(ip);
         }
-        for p in svc.pointer("/spec/ports").and_then(Value::as_array).into_iter().flatten() {
+        for p in svc
+            .pointer("/spec/ports")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             if let Some(n) = p.get("nodePort").and_then(Value::as_u64) {
                 self.ports.insert(n as u16);
             }
@@ -122,12 +162,23 @@ impl Allocated {
     }
 
     /// Picks (or checks) the service's ClusterIP and writes it into the spec.
-    fn cluster_ip(&mut self, (base, bits): (Ipv4Addr, u8), svc: &mut Value) -> ApiResult<Option<Ipv4Addr>> {
-        let ty = svc.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP");
+    fn cluster_ip(
+        &mut self,
+        (base, bits): (Ipv4Addr, u8),
+        svc: &mut Value,
+    ) -> ApiResult<Option<Ipv4Addr>> {
+        let ty = svc
+            .pointer("/spec/type")
+            .and_then(Value::as_str)
+            .unwrap_or("ClusterIP");
         if ty == "ExternalName" {
             return Ok(None);
         }
-        let requested = svc.pointer("/spec/clusterIP").and_then(Value::as_str).unwrap_or("").to_string();
+        let requested = svc
+            .pointer("/spec/clusterIP")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         if requested == "None" {
             if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
                 spec.insert("clusterIPs".into(), json!(["None"]));
@@ -144,11 +195,18 @@ impl Allocated {
             (0..span)
                 .map(|i| Ipv4Addr::from(base_u + 2 + (start + i) % span))
                 .find(|c| !self.ips.contains(c))
-                .ok_or_else(|| ApiError::internal("failed to allocate a serviceIP: range is full"))?
+                .ok_or_else(|| {
+                    ApiError::internal("failed to allocate a serviceIP: range is full")
+                })?
         } else {
-            let ip: Ipv4Addr = requested
-                .parse()
-                .map_err(|_| invalid(svc, "spec.clusterIPs[0]", json!(requested), "must be a valid IP address"))?;
+            let ip: Ipv4Addr = requested.parse().map_err(|_| {
+                invalid(
+                    svc,
+                    "spec.clusterIPs[0]",
+                    json!(requested),
+                    "must be a valid IP address",
+                )
+            })?;
             let u = u32::from(ip);
             if u < base_u || u >= base_u + size {
                 return Err(invalid(
@@ -159,7 +217,12 @@ impl Allocated {
                 ));
             }
             if self.ips.contains(&ip) {
-                return Err(invalid(svc, "spec.clusterIPs", json!([requested]), &format!("failed to allocate IP {requested}: provided IP is already allocated")));
+                return Err(invalid(
+                    svc,
+                    "spec.clusterIPs",
+                    json!([requested]),
+                    &format!("failed to allocate IP {requested}: provided IP is already allocated"),
+                ));
             }
             ip
         };
@@ -175,13 +238,24 @@ impl Allocated {
         if !needs_node_ports(svc) {
             return Ok(Vec::new());
         }
-        let old_ports: Vec<Value> = old.and_then(|o| o.pointer("/spec/ports")).and_then(Value::as_array).cloned().unwrap_or_default();
-        let old_ports_of_same: Vec<u64> = old_ports.iter().filter_map(|p| p.get("nodePort").and_then(Value::as_u64)).collect();
+        let old_ports: Vec<Value> = old
+            .and_then(|o| o.pointer("/spec/ports"))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let old_ports_of_same: Vec<u64> = old_ports
+            .iter()
+            .filter_map(|p| p.get("nodePort").and_then(Value::as_u64))
+            .collect();
         let name = meta_str(svc, "name").to_string();
         let mut fresh = Vec::new();
-        let Some(ports) = svc.pointer_mut("/spec/ports").and_then(Value::as_array_mut) else { return Ok(fresh) };
+        let Some(ports) = svc.pointer_mut("/spec/ports").and_then(Value::as_array_mut) else {
+            return Ok(fresh);
+        };
         for (i, p) in ports.iter_mut().enumerate() {
-            let Some(pm) = p.as_object_mut() else { continue };
+            let Some(pm) = p.as_object_mut() else {
+                continue;
+            };
             match pm.get("nodePort").and_then(Value::as_u64) {
                 Some(n) => {
                     let n16 = n as u16;
@@ -190,7 +264,16 @@ impl Allocated {
                     }
                     let ours = old_ports_of_same.contains(&n);
                     if !ours && (self.ports.contains(&n16) || fresh.contains(&n16)) {
-                        return Err(ApiError::invalid("", "Service", &name, vec![Cause::invalid(format!("spec.ports[{i}].nodePort"), &json!(n), "provided port is already allocated")]));
+                        return Err(ApiError::invalid(
+                            "",
+                            "Service",
+                            &name,
+                            vec![Cause::invalid(
+                                format!("spec.ports[{i}].nodePort"),
+                                &json!(n),
+                                "provided port is already allocated",
+                            )],
+                        ));
                     }
                     if !ours {
                         fresh.push(n16);
@@ -200,7 +283,13 @@ impl Allocated {
                     // Keep the NodePort an update left out for the same port.
                     let port = pm.get("port").cloned();
                     let proto = pm.get("protocol").cloned().unwrap_or(json!("TCP"));
-                    let kept = old_ports.iter().find(|o| o.get("port") == port.as_ref() && o.get("protocol").cloned().unwrap_or(json!("TCP")) == proto).and_then(|o| o.get("nodePort").cloned());
+                    let kept = old_ports
+                        .iter()
+                        .find(|o| {
+                            o.get("port") == port.as_ref()
+                                && o.get("protocol").cloned().unwrap_or(json!("TCP")) == proto
+                        })
+                        .and_then(|o| o.get("nodePort").cloned());
                     let n = match kept {
                         Some(k) => k,
                         None => {
@@ -209,7 +298,11 @@ impl Allocated {
                             let n = (0..span)
                                 .map(|k| NODE_PORTS.start() + ((start + k) % span) as u16)
                                 .find(|c| !self.ports.contains(c) && !fresh.contains(c))
-                                .ok_or_else(|| ApiError::internal("failed to allocate a nodePort: range is full"))?;
+                                .ok_or_else(|| {
+                                    ApiError::internal(
+                                        "failed to allocate a nodePort: range is full",
+                                    )
+                                })?;
                             fresh.push(n);
                             json!(n)
                         }

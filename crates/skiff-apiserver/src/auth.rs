@@ -12,15 +12,20 @@ pub struct Identity {
 impl Identity {
     /// The identity of in-process components (scheduler, controllers) in `skiff up`.
     pub fn system(component: &str) -> Identity {
-        Identity { user: format!("system:{component}"), groups: vec!["system:masters".into()] }
+        Identity {
+            user: format!("system:{component}"),
+            groups: vec!["system:masters".into()],
+        }
     }
 }
 
 /// Paths anyone may read without credentials (as Kubernetes' default
 /// `system:public-info-viewer` role allows).
 pub fn is_public(path: &str) -> bool {
-    matches!(path, "/healthz" | "/livez" | "/readyz" | "/version" | "/version/")
-        || path.starts_with("/healthz/")
+    matches!(
+        path,
+        "/healthz" | "/livez" | "/readyz" | "/version" | "/version/"
+    ) || path.starts_with("/healthz/")
         || path.starts_with("/livez/")
         || path.starts_with("/readyz/")
 }

@@ -5,7 +5,13 @@ use serde_json::Value;
 use skiff_core::resources::ResourceInfo;
 
 /// Records that `manager` wrote `new` over `old` (operation Update).
-pub fn record(res: &ResourceInfo, old: Option<&Value>, new: &mut Value, manager: &str, sub: Option<&str>) {
+pub fn record(
+    res: &ResourceInfo,
+    old: Option<&Value>,
+    new: &mut Value,
+    manager: &str,
+    sub: Option<&str>,
+) {
     let schema = skiff_core::schema::root(res.group, res.version, res.kind);
     skiff_core::patch::apply::record_update(
         old,

@@ -10,9 +10,9 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, Request, Response, Stat
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
+use skiff_core::convert;
 use skiff_core::resources::ResourceInfo;
 use skiff_core::selector::{FieldSelector, LabelSelector};
-use skiff_core::convert;
 use skiff_core::ApiError;
 
 use crate::auth::{self, Identity};
@@ -34,7 +34,11 @@ type Resp = Response<Body>;
 
 /// A JSON response.
 pub fn json_response(code: u16, v: &Value) -> Resp {
-    bytes_response(code, "application/json", Bytes::from(serde_json::to_vec(v).unwrap_or_default()))
+    bytes_response(
+        code,
+        "application/json",
+        Bytes::from(serde_json::to_vec(v).unwrap_or_default()),
+    )
 }
 
 fn bytes_response(code: u16, content_type: &str, body: Bytes) -> Resp {
@@ -57,7 +61,11 @@ pub fn error_response(e: &ApiError) -> Resp {
 }
 
 fn text(code: u16, s: &str) -> Resp {
-    bytes_response(code, "text/plain; charset=utf-8", Bytes::from(s.to_string()))
+    bytes_response(
+        code,
+        "text/plain; charset=utf-8",
+        Bytes::from(s.to_string()),
+    )
 }
 
 /// The one handler behind the router.
@@ -74,32 +82,62 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request<Body>) -> R
 
 async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiError> {
     let path = req.uri().path().trim_end_matches('/').to_string();
-    let path = if path.is_empty() { "/".to_string() } else { path };
+    let path = if path.is_empty() {
+        "/".to_string()
+    } else {
+        path
+    };
     let query = Query::parse(req.uri().query());
-    let accept = req.headers().get(header::ACCEPT).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let get = req.method() == Method::GET;
     match path.as_str() {
         "/healthz" | "/livez" | "/readyz" => {
             let ok = path != "/readyz" || state.ready.load(std::sync::atomic::Ordering::Relaxed);
-            return Ok(if ok { text(200, "ok") } else { text(500, "[-]informer-sync failed: not ready\nreadyz check failed") });
+            return Ok(if ok {
+                text(200, "ok")
+            } else {
+                text(
+                    500,
+                    "[-]informer-sync failed: not ready\nreadyz check failed",
+                )
+            });
         }
         "/version" if get => return Ok(json_response(200, &version())),
         "/api" if get => {
             return match negotiate::choose_output(accept.as_deref())? {
-                Output::Discovery { v2beta1 } => Ok(discovery_response(skiff_core::discovery::aggregated_discovery(true), v2beta1)),
-                _ => Ok(json_response(200, &skiff_core::discovery::api_versions(&state.advertise))),
+                Output::Discovery { v2beta1 } => Ok(discovery_response(
+                    skiff_core::discovery::aggregated_discovery(true),
+                    v2beta1,
+                )),
+                _ => Ok(json_response(
+                    200,
+                    &skiff_core::discovery::api_versions(&state.advertise),
+                )),
             };
         }
         "/apis" if get => {
             return match negotiate::choose_output(accept.as_deref())? {
-                Output::Discovery { v2beta1 } => Ok(discovery_response(skiff_core::discovery::aggregated_discovery(false), v2beta1)),
+                Output::Discovery { v2beta1 } => Ok(discovery_response(
+                    skiff_core::discovery::aggregated_discovery(false),
+                    v2beta1,
+                )),
                 _ => Ok(json_response(200, &skiff_core::discovery::api_group_list())),
             };
         }
         "/openapi/v2" if get => {
-            return Ok(bytes_response(200, "application/json", Bytes::from_static(skiff_core::openapi::openapi_v2_bytes())));
+            return Ok(bytes_response(
+                200,
+                "application/json",
+                Bytes::from_static(skiff_core::openapi::openapi_v2_bytes()),
+            ));
         }
-        "/openapi/v3" if get => return Ok(json_response(200, &skiff_core::openapi::openapi_v3_index())),
+        "/openapi/v3" if get => {
+            return Ok(json_response(200, &skiff_core::openapi::openapi_v3_index()))
+        }
         _ => {}
     }
     if get {
@@ -147,7 +185,11 @@ fn discovery_response(doc: Value, v2beta1: bool) -> Resp {
     let v = if v2beta1 { "v2beta1" } else { "v2" };
     doc["apiVersion"] = json!(format!("apidiscovery.k8s.io/{v}"));
     let ct = format!("application/json;g=apidiscovery.k8s.io;v={v};as=APIGroupDiscoveryList");
-    bytes_response(200, &ct, Bytes::from(serde_json::to_vec(&doc).unwrap_or_default()))
+    bytes_response(
+        200,
+        &ct,
+        Bytes::from(serde_json::to_vec(&doc).unwrap_or_default()),
+    )
 }
 
 /// `/version`.
@@ -167,19 +209,32 @@ pub fn version() -> Value {
 
 async fn read_body(req: Request<Body>) -> Result<(HeaderMap, Bytes), ApiError> {
     let (parts, body) = req.into_parts();
-    if let Some(len) = parts.headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok()) {
+    if let Some(len) = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+    {
         if len > negotiate::MAX_BODY {
-            return Err(ApiError::too_large("Request entity too large: limit is 3145728"));
+            return Err(ApiError::too_large(
+                "Request entity too large: limit is 3145728",
+            ));
         }
     }
     let limited = http_body_util::Limited::new(body, negotiate::MAX_BODY);
     match limited.collect().await {
         Ok(c) => Ok((parts.headers, c.to_bytes())),
         Err(e) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
-                Err(ApiError::too_large("Request entity too large: limit is 3145728"))
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                Err(ApiError::too_large(
+                    "Request entity too large: limit is 3145728",
+                ))
             } else {
-                Err(ApiError::bad_request(format!("error reading request body: {e}")))
+                Err(ApiError::bad_request(format!(
+                    "error reading request body: {e}"
+                )))
             }
         }
     }
@@ -198,10 +253,21 @@ fn field_validation(q: &Query) -> Result<FieldValidation, ApiError> {
 
 /// The manager name Kubernetes derives from a User-Agent (`kubectl/v1.33 (...)` → `kubectl`).
 fn manager_from_user_agent(headers: &HeaderMap) -> String {
-    let ua = headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("unknown");
+    let ua = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("unknown");
     let first = ua.split('/').next().unwrap_or("unknown");
-    let m: String = first.chars().filter(|c| !c.is_control()).take(128).collect();
-    if m.is_empty() { "unknown".into() } else { m }
+    let m: String = first
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(128)
+        .collect();
+    if m.is_empty() {
+        "unknown".into()
+    } else {
+        m
+    }
 }
 
 fn write_options(q: &Query, headers: &HeaderMap, apply: bool) -> Result<WriteOptions, ApiError> {
@@ -217,7 +283,12 @@ fn write_options(q: &Query, headers: &HeaderMap, apply: bool) -> Result<WriteOpt
         }
         _ => manager_from_user_agent(headers),
     };
-    Ok(WriteOptions { dry_run: q.dry_run()?, field_manager, field_validation: field_validation(q)?, force: q.flag("force") })
+    Ok(WriteOptions {
+        dry_run: q.dry_run()?,
+        field_manager,
+        field_validation: field_validation(q)?,
+        force: q.flag("force"),
+    })
 }
 
 trait WithMessage {
@@ -231,7 +302,13 @@ impl WithMessage for ApiError {
 }
 
 /// Unknown and duplicate fields, per `fieldValidation`: Strict fails, Warn warns.
-fn check_fields(res: &ResourceInfo, body: &Bytes, obj: &Value, fv: FieldValidation, json_body: bool) -> Result<Vec<String>, ApiError> {
+fn check_fields(
+    res: &ResourceInfo,
+    body: &Bytes,
+    obj: &Value,
+    fv: FieldValidation,
+    json_body: bool,
+) -> Result<Vec<String>, ApiError> {
     if fv == FieldValidation::Ignore {
         return Ok(Vec::new());
     }
@@ -250,7 +327,10 @@ fn check_fields(res: &ResourceInfo, body: &Bytes, obj: &Value, fv: FieldValidati
         return Ok(problems);
     }
     if fv == FieldValidation::Strict {
-        return Err(ApiError::bad_request(format!("strict decoding error: {}", problems.join(", "))));
+        return Err(ApiError::bad_request(format!(
+            "strict decoding error: {}",
+            problems.join(", ")
+        )));
     }
     Ok(problems)
 }
@@ -267,9 +347,10 @@ fn add_warnings(mut r: Resp, warnings: &[String]) -> Resp {
 
 fn filter_from_query(rr: &ResourceRequest, q: &Query) -> Result<Filter, ApiError> {
     let labels = match q.get("labelSelector") {
-        Some(s) if !s.trim().is_empty() => Some(LabelSelector::parse(s).map_err(|e| {
-            ApiError::bad_request(format!("unable to parse requirement: {e}"))
-        })?),
+        Some(s) if !s.trim().is_empty() => Some(
+            LabelSelector::parse(s)
+                .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?,
+        ),
         _ => None,
     };
     let fields = match q.get("fieldSelector") {
@@ -282,7 +363,11 @@ fn filter_from_query(rr: &ResourceRequest, q: &Query) -> Result<Filter, ApiError
         }
         _ => None,
     };
-    Ok(Filter { namespace: rr.namespace.clone(), labels, fields })
+    Ok(Filter {
+        namespace: rr.namespace.clone(),
+        labels,
+        fields,
+    })
 }
 
 async fn resource(
@@ -310,19 +395,42 @@ async fn resource(
             let limit = q.int("limit")?.unwrap_or(0).max(0);
             let exact = q.get("resourceVersionMatch") == Some("Exact");
             let out = reg
-                .list(res, &filter, limit, q.get("continue").filter(|c| !c.is_empty()), q.get("resourceVersion"), exact)
+                .list(
+                    res,
+                    &filter,
+                    limit,
+                    q.get("continue").filter(|c| !c.is_empty()),
+                    q.get("resourceVersion"),
+                    exact,
+                )
                 .await?;
             render_list(api_res, out, output, &q)
         }
         (&Method::POST, None, None) => {
             let (headers, body) = read_body(req).await?;
-            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
             let obj = negotiate::decode_body(ct.as_deref(), &body, api_res)?;
             let opts = write_options(&q, &headers, false)?;
-            let json_body = ct.as_deref().map(|c| c.starts_with("application/json")).unwrap_or(true);
+            let json_body = ct
+                .as_deref()
+                .map(|c| c.starts_with("application/json"))
+                .unwrap_or(true);
             let warnings = check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
-            let created = reg.create(res, ns, convert::to_storage(api_res, obj), &opts).await?;
-            Ok(add_warnings(render_object(api_res, 201, &convert::from_storage(api_res, created), output)?, &warnings))
+            let created = reg
+                .create(res, ns, convert::to_storage(api_res, obj), &opts)
+                .await?;
+            Ok(add_warnings(
+                render_object(
+                    api_res,
+                    201,
+                    &convert::from_storage(api_res, created),
+                    output,
+                )?,
+                &warnings,
+            ))
         }
         (&Method::DELETE, None, None) => {
             let filter = filter_from_query(&rr, &q)?;
@@ -331,9 +439,17 @@ async fn resource(
             let out = reg.list(res, &filter, 0, None, None, false).await?;
             let mut gone = Vec::new();
             for item in out.items {
-                let v: Value = serde_json::from_slice(&item).map_err(|e| ApiError::internal(e.to_string()))?;
-                let name = v.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("").to_string();
-                let ins = v.pointer("/metadata/namespace").and_then(Value::as_str).map(str::to_string);
+                let v: Value =
+                    serde_json::from_slice(&item).map_err(|e| ApiError::internal(e.to_string()))?;
+                let name = v
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                let ins = v
+                    .pointer("/metadata/namespace")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
                 match reg.delete(res, ins.as_deref(), &name, &dopts).await {
                     Ok(Deleted::Gone(o)) | Ok(Deleted::Pending(o)) => gone.push(o),
                     Err(e) if e.code == 404 => {}
@@ -352,46 +468,106 @@ async fn resource(
                     Some(s) => format!("{s},metadata.name={name}"),
                     None => format!("metadata.name={name}"),
                 };
-                filter.fields = Some(FieldSelector::parse(&combined).map_err(ApiError::bad_request)?);
+                filter.fields =
+                    Some(FieldSelector::parse(&combined).map_err(ApiError::bad_request)?);
                 return watch::serve(state.clone(), api_res, filter, &q, output).await;
             }
             let obj = reg.get(res, ns, name).await?;
             render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
         }
-        (&Method::PUT, Some(name), sub) if sub.is_none() || matches!(sub, Some("status") | Some("scale") | Some("finalize")) => {
+        (&Method::PUT, Some(name), sub)
+            if sub.is_none()
+                || matches!(sub, Some("status") | Some("scale") | Some("finalize")) =>
+        {
             let sub = if sub == Some("finalize") { None } else { sub };
             let (headers, body) = read_body(req).await?;
-            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
             let obj = negotiate::decode_body(ct.as_deref(), &body, api_res)?;
             let opts = write_options(&q, &headers, false)?;
-            let json_body = ct.as_deref().map(|c| c.starts_with("application/json")).unwrap_or(true);
-            let warnings = if sub == Some("scale") { Vec::new() } else { check_fields(api_res, &body, &obj, opts.field_validation, json_body)? };
-            let obj = if rr.subresource.as_deref() == Some("finalize") { finalize_body(obj) } else { obj };
-            let obj = if sub == Some("scale") { obj } else { convert::to_storage(api_res, obj) };
+            let json_body = ct
+                .as_deref()
+                .map(|c| c.starts_with("application/json"))
+                .unwrap_or(true);
+            let warnings = if sub == Some("scale") {
+                Vec::new()
+            } else {
+                check_fields(api_res, &body, &obj, opts.field_validation, json_body)?
+            };
+            let obj = if rr.subresource.as_deref() == Some("finalize") {
+                finalize_body(obj)
+            } else {
+                obj
+            };
+            let obj = if sub == Some("scale") {
+                obj
+            } else {
+                convert::to_storage(api_res, obj)
+            };
             let (out, created) = reg.update(res, ns, name, obj, sub, &opts).await?;
-            let r = if sub == Some("scale") { json_response(200, &out) } else { render_object(api_res, if created { 201 } else { 200 }, &convert::from_storage(api_res, out), output)? };
+            let r = if sub == Some("scale") {
+                json_response(200, &out)
+            } else {
+                render_object(
+                    api_res,
+                    if created { 201 } else { 200 },
+                    &convert::from_storage(api_res, out),
+                    output,
+                )?
+            };
             Ok(add_warnings(r, &warnings))
         }
-        (&Method::PATCH, Some(name), sub) if sub.is_none() || matches!(sub, Some("status") | Some("scale")) => {
+        (&Method::PATCH, Some(name), sub)
+            if sub.is_none() || matches!(sub, Some("status") | Some("scale")) =>
+        {
             let (headers, body) = read_body(req).await?;
-            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
             let pt = negotiate::patch_type(ct.as_deref())?;
             let patch = negotiate::decode_patch(pt, &body)?;
             let opts = write_options(&q, &headers, pt == PatchType::Apply)?;
             if q.get("force").is_some() && pt != PatchType::Apply {
-                return Err(ApiError::bad_request("force flag can only be set for apply patches"));
+                return Err(ApiError::bad_request(
+                    "force flag can only be set for apply patches",
+                ));
             }
             let mut warnings = Vec::new();
-            if matches!(pt, PatchType::Merge | PatchType::Strategic | PatchType::Apply) && sub != Some("scale") {
+            if matches!(
+                pt,
+                PatchType::Merge | PatchType::Strategic | PatchType::Apply
+            ) && sub != Some("scale")
+            {
                 let obj_like = strip_directives(&patch);
-                warnings = check_fields(res, &body, &obj_like, opts.field_validation, pt != PatchType::Apply)?;
+                warnings = check_fields(
+                    res,
+                    &body,
+                    &obj_like,
+                    opts.field_validation,
+                    pt != PatchType::Apply,
+                )?;
             }
             let (out, created) = if convert::needed(api_res) && sub != Some("scale") {
-                (patch_converted(reg, api_res, ns, name, pt, &patch, sub, &opts).await?, false)
+                (
+                    patch_converted(reg, api_res, ns, name, pt, &patch, sub, &opts).await?,
+                    false,
+                )
             } else {
                 reg.patch(res, ns, name, pt, &patch, sub, &opts).await?
             };
-            let r = if sub == Some("scale") { json_response(200, &out) } else { render_object(api_res, if created { 201 } else { 200 }, &convert::from_storage(api_res, out), output)? };
+            let r = if sub == Some("scale") {
+                json_response(200, &out)
+            } else {
+                render_object(
+                    api_res,
+                    if created { 201 } else { 200 },
+                    &convert::from_storage(api_res, out),
+                    output,
+                )?
+            };
             Ok(add_warnings(r, &warnings))
         }
         (&Method::GET, Some(name), Some("status")) => {
@@ -404,22 +580,35 @@ async fn resource(
         }
         (&Method::POST, Some(name), Some("binding")) => {
             let (headers, body) = read_body(req).await?;
-            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let binding = if ct.as_deref().unwrap_or("").starts_with("application/vnd.kubernetes.protobuf") {
-                let t = skiff_core::schema::root("", "v1", "Binding").ok_or_else(|| ApiError::internal("no Binding schema"))?;
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let binding = if ct
+                .as_deref()
+                .unwrap_or("")
+                .starts_with("application/vnd.kubernetes.protobuf")
+            {
+                let t = skiff_core::schema::root("", "v1", "Binding")
+                    .ok_or_else(|| ApiError::internal("no Binding schema"))?;
                 skiff_core::protobuf::decode(&body, t, "v1", "Binding")?
             } else {
                 negotiate::decode_body(ct.as_deref(), &body, res)?
             };
             let opts = write_options(&q, &headers, false)?;
             reg.bind(ns.unwrap_or(""), name, &binding, &opts).await?;
-            Ok(json_response(201, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})))
+            Ok(json_response(
+                201,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+            ))
         }
         (&Method::DELETE, Some(name), None) => {
             let (headers, body) = read_body(req).await?;
             let dopts = delete_options(&q, &headers, &body)?;
             match reg.delete(res, ns, name, &dopts).await? {
-                Deleted::Pending(obj) => render_object(api_res, 200, &convert::from_storage(api_res, obj), output),
+                Deleted::Pending(obj) => {
+                    render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
+                }
                 Deleted::Gone(obj) => {
                     if res.kind == "Pod" {
                         return render_object(api_res, 200, &obj, output);
@@ -429,12 +618,32 @@ async fn resource(
                     if !res.group.is_empty() {
                         details["group"] = json!(res.group);
                     }
-                    Ok(json_response(200, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details})))
+                    Ok(json_response(
+                        200,
+                        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}),
+                    ))
                 }
             }
         }
-        (_, _, Some(sub)) if matches!(sub, "log" | "exec" | "attach" | "portforward" | "proxy" | "eviction" | "token" | "ephemeralcontainers" | "resize") => {
-            Err(ApiError::new(501, "NotImplemented", format!("the {sub} subresource is not served yet")))
+        (_, _, Some(sub))
+            if matches!(
+                sub,
+                "log"
+                    | "exec"
+                    | "attach"
+                    | "portforward"
+                    | "proxy"
+                    | "eviction"
+                    | "token"
+                    | "ephemeralcontainers"
+                    | "resize"
+            ) =>
+        {
+            Err(ApiError::new(
+                501,
+                "NotImplemented",
+                format!("the {sub} subresource is not served yet"),
+            ))
         }
         _ => Err(ApiError::method_not_allowed(format!(
             "the server does not allow this method on the requested resource"
@@ -461,18 +670,19 @@ async fn patch_converted(
     for _ in 0..16 {
         let cur = reg.get(res, ns, name).await?;
         let view = convert::from_storage(api_res, cur.clone());
-        let patched = match pt {
-            PatchType::Json => skiff_core::patch::apply_json_patch(&view, patch)?,
-            PatchType::Merge => skiff_core::patch::apply_merge_patch(&view, patch)?,
-            PatchType::Strategic => skiff_core::patch::apply_strategic_merge_patch(&view, patch, schema)?,
-            PatchType::Apply => skiff_core::patch::apply::server_side_apply(
-                Some(&view), patch, &opts.field_manager, opts.force, schema, &crate::object::now_rfc3339(), &api_res.api_version(),
-            )?,
-        };
+        let patched = crate::registry::apply_patch(api_res, Some(&view), pt, patch, schema, opts)?;
         let mut stored = convert::to_storage(api_res, patched);
-        let rv = cur.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null);
+        let rv = cur
+            .pointer("/metadata/resourceVersion")
+            .cloned()
+            .unwrap_or(Value::Null);
         if stored.pointer("/metadata/resourceVersion") != Some(&rv) {
-            return Err(ApiError::conflict(res.group, res.plural, name, ApiError::STALE));
+            return Err(ApiError::conflict(
+                res.group,
+                res.plural,
+                name,
+                ApiError::STALE,
+            ));
         }
         stored["metadata"]["resourceVersion"] = rv;
         match reg.update(res, ns, name, stored, sub, opts).await {
@@ -480,7 +690,12 @@ async fn patch_converted(
             other => return other.map(|(v, _)| v),
         }
     }
-    Err(ApiError::conflict(res.group, res.plural, name, ApiError::STALE))
+    Err(ApiError::conflict(
+        res.group,
+        res.plural,
+        name,
+        ApiError::STALE,
+    ))
 }
 
 /// `namespaces/<n>/finalize` replaces `spec.finalizers`; the rest of the body is ignored.
@@ -503,16 +718,24 @@ fn strip_directives(v: &Value) -> Value {
 }
 
 fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<DeleteOptions, ApiError> {
-    let mut o = DeleteOptions { dry_run: q.dry_run()?, ..Default::default() };
+    let mut o = DeleteOptions {
+        dry_run: q.dry_run()?,
+        ..Default::default()
+    };
     o.grace_period_seconds = q.int("gracePeriodSeconds")?;
     o.propagation_policy = q.get("propagationPolicy").map(str::to_string);
     if !body.is_empty() {
-        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        let ct = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
         let v: Value = if ct.starts_with("application/vnd.kubernetes.protobuf") {
-            let t = skiff_core::schema::root("meta.k8s.io", "v1", "DeleteOptions").ok_or_else(|| ApiError::internal("no DeleteOptions schema"))?;
+            let t = skiff_core::schema::root("meta.k8s.io", "v1", "DeleteOptions")
+                .ok_or_else(|| ApiError::internal("no DeleteOptions schema"))?;
             skiff_core::protobuf::decode(body, t, "v1", "DeleteOptions")?
         } else {
-            serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
+            serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
         };
         if let Some(g) = v.get("gracePeriodSeconds").and_then(Value::as_i64) {
             o.grace_period_seconds = Some(g);
@@ -523,7 +746,10 @@ fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<Delete
         if let Some(u) = v.pointer("/preconditions/uid").and_then(Value::as_str) {
             o.precondition_uid = Some(u.to_string());
         }
-        if let Some(r) = v.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
+        if let Some(r) = v
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+        {
             o.precondition_resource_version = Some(r.to_string());
         }
         if let Some(d) = v.get("dryRun").and_then(Value::as_array) {
@@ -534,21 +760,50 @@ fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<Delete
     }
     if let Some(p) = &o.propagation_policy {
         if !matches!(p.as_str(), "Orphan" | "Background" | "Foreground") {
-            return Err(ApiError::invalid("", "DeleteOptions", "", vec![skiff_core::Cause::not_supported("propagationPolicy", &json!(p), &["Foreground", "Background", "Orphan"])]));
+            return Err(ApiError::invalid(
+                "",
+                "DeleteOptions",
+                "",
+                vec![skiff_core::Cause::not_supported(
+                    "propagationPolicy",
+                    &json!(p),
+                    &["Foreground", "Background", "Orphan"],
+                )],
+            ));
         }
     }
     Ok(o)
 }
 
-fn render_object(res: &ResourceInfo, code: u16, obj: &Value, output: Output) -> Result<Resp, ApiError> {
+fn render_object(
+    res: &ResourceInfo,
+    code: u16,
+    obj: &Value,
+    output: Output,
+) -> Result<Resp, ApiError> {
     match output {
         Output::Json | Output::Discovery { .. } => Ok(json_response(code, obj)),
-        Output::Yaml => Ok(bytes_response(code, "application/yaml", Bytes::from(serde_yaml::to_string(obj).unwrap_or_default()))),
+        Output::Yaml => Ok(bytes_response(
+            code,
+            "application/yaml",
+            Bytes::from(serde_yaml::to_string(obj).unwrap_or_default()),
+        )),
         Output::Table { v1beta1 } => {
-            let t = table(res, &[obj.clone()], v1beta1, None, None, None, true);
+            let t = table(
+                res,
+                std::slice::from_ref(obj),
+                v1beta1,
+                None,
+                None,
+                None,
+                true,
+                "Metadata",
+            );
             Ok(json_response(code, &t))
         }
-        Output::PartialMetadata { v1beta1 } => Ok(json_response(code, &partial_metadata(obj, v1beta1))),
+        Output::PartialMetadata { v1beta1 } => {
+            Ok(json_response(code, &partial_metadata(obj, v1beta1)))
+        }
     }
 }
 
@@ -561,21 +816,9 @@ pub fn partial_metadata(obj: &Value, v1beta1: bool) -> Value {
     })
 }
 
-/// A meta.k8s.io Table of objects.
-pub fn table(
-    res: &ResourceInfo,
-    objs: &[Value],
-    v1beta1: bool,
-    rv: Option<i64>,
-    cont: Option<&str>,
-    remaining: Option<i64>,
-    with_columns: bool,
-) -> Value {
-    table_with(res, objs, v1beta1, rv, cont, remaining, with_columns, "Metadata")
-}
-
+/// A meta.k8s.io Table of objects; `include` is `includeObject` (None, Metadata, Object).
 #[allow(clippy::too_many_arguments)]
-pub fn table_with(
+pub fn table(
     res: &ResourceInfo,
     objs: &[Value],
     v1beta1: bool,
@@ -625,15 +868,37 @@ fn object_is_null(row: &Value) -> bool {
     row.get("object").map(Value::is_null).unwrap_or(true)
 }
 
-fn render_list(res: &'static ResourceInfo, mut out: crate::registry::ListOutput, output: Output, q: &Query) -> Result<Resp, ApiError> {
+fn render_list(
+    res: &'static ResourceInfo,
+    mut out: crate::registry::ListOutput,
+    output: Output,
+    q: &Query,
+) -> Result<Resp, ApiError> {
     if convert::needed(res) {
-        out.items = out.items.iter().map(|b| Bytes::from(convert::bytes_from_storage(res, b))).collect();
+        out.items = out
+            .items
+            .iter()
+            .map(|b| Bytes::from(convert::bytes_from_storage(res, b)))
+            .collect();
     }
     match output {
         Output::Table { v1beta1 } => {
-            let objs: Vec<Value> = out.items.iter().filter_map(|b| serde_json::from_slice(b).ok()).collect();
+            let objs: Vec<Value> = out
+                .items
+                .iter()
+                .filter_map(|b| serde_json::from_slice(b).ok())
+                .collect();
             let include = q.get("includeObject").unwrap_or("Metadata");
-            let t = table_with(res, &objs, v1beta1, Some(out.resource_version), out.continue_token.as_deref(), out.remaining, true, include);
+            let t = table(
+                res,
+                &objs,
+                v1beta1,
+                Some(out.resource_version),
+                out.continue_token.as_deref(),
+                out.remaining,
+                true,
+                include,
+            );
             Ok(json_response(200, &t))
         }
         Output::PartialMetadata { v1beta1 } => {
@@ -647,17 +912,31 @@ fn render_list(res: &'static ResourceInfo, mut out: crate::registry::ListOutput,
             if let Some(c) = &out.continue_token {
                 meta["continue"] = json!(c);
             }
-            Ok(json_response(200, &json!({"kind": "PartialObjectMetadataList", "apiVersion": if v1beta1 { "meta.k8s.io/v1beta1" } else { "meta.k8s.io/v1" }, "metadata": meta, "items": items})))
+            Ok(json_response(
+                200,
+                &json!({"kind": "PartialObjectMetadataList", "apiVersion": if v1beta1 { "meta.k8s.io/v1beta1" } else { "meta.k8s.io/v1" }, "metadata": meta, "items": items}),
+            ))
         }
         Output::Yaml => {
-            let items: Vec<Value> = out.items.iter().filter_map(|b| serde_json::from_slice(b).ok()).collect();
+            let items: Vec<Value> = out
+                .items
+                .iter()
+                .filter_map(|b| serde_json::from_slice(b).ok())
+                .collect();
             let v = json!({"kind": res.list_kind(), "apiVersion": res.api_version(), "metadata": {"resourceVersion": out.resource_version.to_string()}, "items": items});
-            Ok(bytes_response(200, "application/yaml", Bytes::from(serde_yaml::to_string(&v).unwrap_or_default())))
+            Ok(bytes_response(
+                200,
+                "application/yaml",
+                Bytes::from(serde_yaml::to_string(&v).unwrap_or_default()),
+            ))
         }
         Output::Json | Output::Discovery { .. } => {
             // Assemble the list from the stored bytes without decoding them.
             let mut meta = serde_json::Map::new();
-            meta.insert("resourceVersion".into(), json!(out.resource_version.to_string()));
+            meta.insert(
+                "resourceVersion".into(),
+                json!(out.resource_version.to_string()),
+            );
             if let Some(c) = &out.continue_token {
                 meta.insert("continue".into(), json!(c));
             }
@@ -670,7 +949,9 @@ fn render_list(res: &'static ResourceInfo, mut out: crate::registry::ListOutput,
                 Value::from(res.api_version()),
                 Value::Object(meta)
             );
-            let mut buf = Vec::with_capacity(head.len() + out.items.iter().map(|b| b.len() + 1).sum::<usize>() + 2);
+            let mut buf = Vec::with_capacity(
+                head.len() + out.items.iter().map(|b| b.len() + 1).sum::<usize>() + 2,
+            );
             buf.extend_from_slice(head.as_bytes());
             for (i, item) in out.items.iter().enumerate() {
                 if i > 0 {

@@ -64,29 +64,43 @@ impl ApiServer {
     pub async fn start(store: Arc<dyn Store>, config: Config) -> anyhow::Result<ApiServer> {
         let cache = WatchCache::start(store.clone()).await?;
         let registry = Arc::new(Registry::new(store, cache, config.registry.clone()));
-        lifecycle::bootstrap(&registry).await.map_err(|e| anyhow::anyhow!("bootstrapping: {e}"))?;
+        lifecycle::bootstrap(&registry)
+            .await
+            .map_err(|e| anyhow::anyhow!("bootstrapping: {e}"))?;
         tokio::spawn(lifecycle::namespace_finalizer(registry.clone()));
-        tokio::spawn(lifecycle::compactor(registry.clone(), config.compact_keep, config.compact_every));
-        let state = Arc::new(AppState { registry, advertise: config.advertise.clone(), ready: AtomicBool::new(true) });
+        tokio::spawn(lifecycle::compactor(
+            registry.clone(),
+            config.compact_keep,
+            config.compact_every,
+        ));
+        let state = Arc::new(AppState {
+            registry,
+            advertise: config.advertise.clone(),
+            ready: AtomicBool::new(true),
+        });
         Ok(ApiServer { state })
     }
 
     /// The router serving every path. Requests must carry an
     /// [`auth::Identity`] extension to be authenticated.
     pub fn router(&self) -> Router {
-        Router::new().fallback(handlers::handle).with_state(self.state.clone())
+        Router::new()
+            .fallback(handlers::handle)
+            .with_state(self.state.clone())
     }
 
     /// A router for in-process clients: every request is authenticated as
     /// `system:<component>`.
     pub fn in_process_router(&self, component: &str) -> Router {
         let id = auth::Identity::system(component);
-        self.router().layer(axum::middleware::from_fn(move |mut req: axum::extract::Request, next: axum::middleware::Next| {
-            let id = id.clone();
-            async move {
-                req.extensions_mut().insert(id);
-                next.run(req).await
-            }
-        }))
+        self.router().layer(axum::middleware::from_fn(
+            move |mut req: axum::extract::Request, next: axum::middleware::Next| {
+                let id = id.clone();
+                async move {
+                    req.extensions_mut().insert(id);
+                    next.run(req).await
+                }
+            },
+        ))
     }
 }

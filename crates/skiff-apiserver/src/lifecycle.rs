@@ -15,12 +15,16 @@ use crate::registry::{DeleteOptions, Registry, WriteOptions};
 use crate::watchcache::Filter;
 
 /// Namespaces that exist from the first start.
-pub const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+pub const SYSTEM_NAMESPACES: [&str; 4] =
+    ["default", "kube-system", "kube-public", "kube-node-lease"];
 
 /// Creates what a fresh cluster has: the system namespaces and the `kubernetes` service.
 pub async fn bootstrap(reg: &Registry) -> Result<(), ApiError> {
     let ns = resources::lookup("", "v1", "namespaces").expect("namespaces");
-    let opts = WriteOptions { field_manager: "skiff-apiserver".into(), ..Default::default() };
+    let opts = WriteOptions {
+        field_manager: "skiff-apiserver".into(),
+        ..Default::default()
+    };
     for name in SYSTEM_NAMESPACES {
         let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
         match reg.create(ns, None, obj, &opts).await {
@@ -73,7 +77,11 @@ pub async fn namespace_finalizer(reg: Arc<Registry>) {
                 }
             }
         }
-        let wait = if pending { Duration::from_millis(500) } else { Duration::from_secs(30) };
+        let wait = if pending {
+            Duration::from_millis(500)
+        } else {
+            Duration::from_secs(30)
+        };
         tokio::select! {
             r = changed.changed() => if r.is_err() { return },
             _ = tokio::time::sleep(wait) => {}
@@ -84,7 +92,10 @@ pub async fn namespace_finalizer(reg: Arc<Registry>) {
 /// One pass over a terminating namespace; true when it is gone.
 async fn finalize_namespace(reg: &Registry, ns: &str) -> Result<bool, ApiError> {
     let mut remaining = 0usize;
-    let filter = Filter { namespace: Some(ns.to_string()), ..Default::default() };
+    let filter = Filter {
+        namespace: Some(ns.to_string()),
+        ..Default::default()
+    };
     let mut seen = std::collections::HashSet::new();
     for res in RESOURCES.iter().filter(|r| r.namespaced) {
         if !seen.insert(res.storage) {
@@ -92,11 +103,15 @@ async fn finalize_namespace(reg: &Registry, ns: &str) -> Result<bool, ApiError> 
         }
         for o in reg.cache.resource(res).snapshot(&filter) {
             remaining += 1;
-            let v: Value = serde_json::from_slice(&o.bytes).map_err(|e| ApiError::internal(e.to_string()))?;
+            let v: Value =
+                serde_json::from_slice(&o.bytes).map_err(|e| ApiError::internal(e.to_string()))?;
             if !meta_str(&v, "deletionTimestamp").is_empty() {
                 continue;
             }
-            match reg.delete(res, Some(ns), &o.name, &DeleteOptions::default()).await {
+            match reg
+                .delete(res, Some(ns), &o.name, &DeleteOptions::default())
+                .await
+            {
                 Ok(_) => {}
                 Err(e) if e.code == 404 => {}
                 Err(e) => return Err(e),
@@ -109,14 +124,24 @@ async fn finalize_namespace(reg: &Registry, ns: &str) -> Result<bool, ApiError> 
     // Empty: drop the `kubernetes` finalizer and the namespace with it.
     let ns_res = resources::lookup("", "v1", "namespaces").expect("namespaces");
     let key = crate::object::object_key(ns_res, None, ns);
-    let Some(kv) = reg.store.get(&key).await.map_err(|e| ApiError::internal(e.to_string()))? else {
+    let Some(kv) = reg
+        .store
+        .get(&key)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?
+    else {
         return Ok(true);
     };
     let mut obj = decode(&kv)?;
     let spec_finalizers: Vec<Value> = obj
         .pointer("/spec/finalizers")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter(|f| f.as_str() != Some("kubernetes")).cloned().collect())
+        .map(|a| {
+            a.iter()
+                .filter(|f| f.as_str() != Some("kubernetes"))
+                .cloned()
+                .collect()
+        })
         .unwrap_or_default();
     let meta_finalizers = crate::object::finalizers(&obj);
     if spec_finalizers.is_empty() && meta_finalizers.is_empty() {
@@ -126,7 +151,12 @@ async fn finalize_namespace(reg: &Registry, ns: &str) -> Result<bool, ApiError> 
             Err(e) => return Err(ApiError::internal(e.to_string())),
         }
     }
-    if obj.pointer("/spec/finalizers").and_then(Value::as_array).map(|a| a.len()) != Some(spec_finalizers.len()) {
+    if obj
+        .pointer("/spec/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| a.len())
+        != Some(spec_finalizers.len())
+    {
         obj["spec"]["finalizers"] = Value::Array(spec_finalizers);
         let _ = reg.store.update(&key, encode(&obj)?, kv.mod_revision).await;
     }
@@ -140,7 +170,9 @@ pub async fn compactor(reg: Arc<Registry>, keep: Duration, every: Duration) {
     let mut ticker = tokio::time::interval(every);
     loop {
         ticker.tick().await;
-        let Ok(rev) = reg.store.current_revision().await else { continue };
+        let Ok(rev) = reg.store.current_revision().await else {
+            continue;
+        };
         let now = Instant::now();
         samples.push_back((now, rev));
         let mut target = None;

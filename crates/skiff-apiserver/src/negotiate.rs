@@ -17,16 +17,24 @@ pub enum Output {
     Json,
     Yaml,
     /// `as=Table` (meta.k8s.io v1 or v1beta1).
-    Table { v1beta1: bool },
+    Table {
+        v1beta1: bool,
+    },
     /// `as=PartialObjectMetadata` / `as=PartialObjectMetadataList`.
-    PartialMetadata { v1beta1: bool },
+    PartialMetadata {
+        v1beta1: bool,
+    },
     /// `as=APIGroupDiscoveryList` (aggregated discovery v2 or v2beta1).
-    Discovery { v2beta1: bool },
+    Discovery {
+        v2beta1: bool,
+    },
 }
 
 /// Chooses the response form; `Err` 406 when nothing acceptable is served.
 pub fn choose_output(accept: Option<&str>) -> Result<Output, ApiError> {
-    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else { return Ok(Output::Json) };
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+        return Ok(Output::Json);
+    };
     for range in accept.split(',') {
         let mut parts = range.split(';').map(str::trim);
         let mime = parts.next().unwrap_or("").to_ascii_lowercase();
@@ -46,16 +54,24 @@ pub fn choose_output(accept: Option<&str>) -> Result<Output, ApiError> {
         let json_like = matches!(mime.as_str(), "application/json" | "application/*" | "*/*");
         match (as_.as_deref(), json_like) {
             (Some("Table"), true) if g.as_deref() == Some("meta.k8s.io") => {
-                return Ok(Output::Table { v1beta1: v.as_deref() == Some("v1beta1") })
+                return Ok(Output::Table {
+                    v1beta1: v.as_deref() == Some("v1beta1"),
+                })
             }
             (Some("PartialObjectMetadata") | Some("PartialObjectMetadataList"), true)
                 if g.as_deref() == Some("meta.k8s.io") =>
             {
-                return Ok(Output::PartialMetadata { v1beta1: v.as_deref() == Some("v1beta1") })
+                return Ok(Output::PartialMetadata {
+                    v1beta1: v.as_deref() == Some("v1beta1"),
+                })
             }
-            (Some("APIGroupDiscoveryList"), true) if g.as_deref() == Some("apidiscovery.k8s.io") => {
+            (Some("APIGroupDiscoveryList"), true)
+                if g.as_deref() == Some("apidiscovery.k8s.io") =>
+            {
                 if v.as_deref() == Some("v2") || v.as_deref() == Some("v2beta1") {
-                    return Ok(Output::Discovery { v2beta1: v.as_deref() == Some("v2beta1") });
+                    return Ok(Output::Discovery {
+                        v2beta1: v.as_deref() == Some("v2beta1"),
+                    });
                 }
             }
             (None, true) => return Ok(Output::Json),
@@ -69,17 +85,29 @@ pub fn choose_output(accept: Option<&str>) -> Result<Output, ApiError> {
 }
 
 fn media_type(content_type: Option<&str>) -> String {
-    content_type.unwrap_or("").split(';').next().unwrap_or("").trim().to_ascii_lowercase()
+    content_type
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
 }
 
 /// Decodes a create/update body of `res` by its Content-Type.
-pub fn decode_body(content_type: Option<&str>, body: &Bytes, res: &ResourceInfo) -> Result<Value, ApiError> {
+pub fn decode_body(
+    content_type: Option<&str>,
+    body: &Bytes,
+    res: &ResourceInfo,
+) -> Result<Value, ApiError> {
     match media_type(content_type).as_str() {
         "application/json" | "" | "*/*" => parse_json(body),
         "application/yaml" | "application/x-yaml" | "text/yaml" => parse_yaml(body),
         "application/vnd.kubernetes.protobuf" => {
-            let t = skiff_core::schema::root(res.group, res.version, res.kind)
-                .ok_or_else(|| ApiError::unsupported_media_type("application/vnd.kubernetes.protobuf"))?;
+            let t =
+                skiff_core::schema::root(res.group, res.version, res.kind).ok_or_else(|| {
+                    ApiError::unsupported_media_type("application/vnd.kubernetes.protobuf")
+                })?;
             skiff_core::protobuf::decode(body, t, &res.api_version(), res.kind)
         }
         other => Err(ApiError::unsupported_media_type(other)),
@@ -92,9 +120,9 @@ pub fn patch_type(content_type: Option<&str>) -> Result<PatchType, ApiError> {
         "application/json-patch+json" => Ok(PatchType::Json),
         "application/merge-patch+json" => Ok(PatchType::Merge),
         "application/strategic-merge-patch+json" => Ok(PatchType::Strategic),
-        "application/apply-patch+yaml" | "application/apply-patch+json" | "application/apply-patch+cbor" => {
-            Ok(PatchType::Apply)
-        }
+        "application/apply-patch+yaml"
+        | "application/apply-patch+json"
+        | "application/apply-patch+cbor" => Ok(PatchType::Apply),
         other => Err(ApiError::unsupported_media_type(other)),
     }
 }
@@ -108,9 +136,8 @@ pub fn decode_patch(pt: PatchType, body: &Bytes) -> Result<Value, ApiError> {
 }
 
 fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!("error decoding request body: {e}"))
-    })
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
 }
 
 fn parse_yaml(body: &Bytes) -> Result<Value, ApiError> {
@@ -127,14 +154,25 @@ mod tests {
     #[test]
     fn kubectl_get_asks_for_tables_first() {
         let a = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
-        assert_eq!(choose_output(Some(a)).unwrap(), Output::Table { v1beta1: false });
+        assert_eq!(
+            choose_output(Some(a)).unwrap(),
+            Output::Table { v1beta1: false }
+        );
     }
 
     #[test]
     fn protobuf_only_is_not_acceptable() {
-        assert_eq!(choose_output(Some("application/vnd.kubernetes.protobuf")).unwrap_err().code, 406);
         assert_eq!(
-            choose_output(Some("application/vnd.kubernetes.protobuf, application/json")).unwrap(),
+            choose_output(Some("application/vnd.kubernetes.protobuf"))
+                .unwrap_err()
+                .code,
+            406
+        );
+        assert_eq!(
+            choose_output(Some(
+                "application/vnd.kubernetes.protobuf, application/json"
+            ))
+            .unwrap(),
             Output::Json
         );
     }
@@ -142,7 +180,12 @@ mod tests {
     #[test]
     fn unknown_content_types_are_unsupported() {
         let cm = skiff_core::resources::lookup("", "v1", "configmaps").unwrap();
-        assert_eq!(decode_body(Some("text/plain"), &Bytes::from_static(b"{}"), cm).unwrap_err().code, 415);
+        assert_eq!(
+            decode_body(Some("text/plain"), &Bytes::from_static(b"{}"), cm)
+                .unwrap_err()
+                .code,
+            415
+        );
         assert_eq!(patch_type(Some("application/json")).unwrap_err().code, 415);
     }
 }

@@ -53,7 +53,9 @@ pub fn encode(obj: &Value) -> Result<Bytes, ApiError> {
         m.remove("resourceVersion");
         m.remove("selfLink");
     }
-    serde_json::to_vec(&obj).map(Bytes::from).map_err(|e| ApiError::internal(format!("encoding object: {e}")))
+    serde_json::to_vec(&obj)
+        .map(Bytes::from)
+        .map_err(|e| ApiError::internal(format!("encoding object: {e}")))
 }
 
 /// Decodes a stored object and sets its resourceVersion.
@@ -77,17 +79,26 @@ pub fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
     if !m.get("metadata").map(Value::is_object).unwrap_or(false) {
         m.insert("metadata".into(), Value::Object(Map::new()));
     }
-    m.get_mut("metadata").and_then(Value::as_object_mut).expect("metadata object")
+    m.get_mut("metadata")
+        .and_then(Value::as_object_mut)
+        .expect("metadata object")
 }
 
 /// A string field of `metadata` ("" when absent).
 pub fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
-    obj.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str).unwrap_or("")
+    obj.get("metadata")
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// `metadata.labels` (empty when absent).
 pub fn labels(obj: &Value) -> Map<String, Value> {
-    obj.get("metadata").and_then(|m| m.get("labels")).and_then(Value::as_object).cloned().unwrap_or_default()
+    obj.get("metadata")
+        .and_then(|m| m.get("labels"))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// `metadata.finalizers` (empty when absent).
@@ -95,7 +106,11 @@ pub fn finalizers(obj: &Value) -> Vec<String> {
     obj.get("metadata")
         .and_then(|m| m.get("finalizers"))
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -106,7 +121,9 @@ pub fn now_rfc3339() -> String {
 
 /// A time `secs` seconds from now, in the same format.
 pub fn rfc3339_in(secs: i64) -> String {
-    (chrono::Utc::now() + chrono::Duration::seconds(secs)).format("%Y-%m-%dT%H:%M:%SZ").to_string()
+    (chrono::Utc::now() + chrono::Duration::seconds(secs))
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 #[cfg(test)]
@@ -117,11 +134,20 @@ mod tests {
     #[test]
     fn keys_separate_namespaces_and_groups() {
         let pods = lookup("", "v1", "pods").unwrap();
-        assert_eq!(object_key(pods, Some("ns1"), "p"), "/registry/core/pods/ns1/p");
+        assert_eq!(
+            object_key(pods, Some("ns1"), "p"),
+            "/registry/core/pods/ns1/p"
+        );
         assert_eq!(list_prefix(pods, None), "/registry/core/pods/");
         let deploy = lookup("apps", "v1", "deployments").unwrap();
-        assert_eq!(object_key(deploy, Some("a"), "d"), "/registry/apps/deployments/a/d");
-        assert_eq!(storage_of_key("/registry/apps/deployments/a/d").unwrap(), "apps/deployments");
+        assert_eq!(
+            object_key(deploy, Some("a"), "d"),
+            "/registry/apps/deployments/a/d"
+        );
+        assert_eq!(
+            storage_of_key("/registry/apps/deployments/a/d").unwrap(),
+            "apps/deployments"
+        );
         assert_eq!(storage_of_key("/registry/core/nodes/n1").unwrap(), "/nodes");
         let nodes = lookup("", "v1", "nodes").unwrap();
         assert_eq!(nodes.storage, "/nodes");

@@ -93,7 +93,9 @@ pub struct RegistryConfig {
 
 impl Default for RegistryConfig {
     fn default() -> Self {
-        RegistryConfig { service_cidr: (Ipv4Addr::new(10, 43, 0, 0), 16) }
+        RegistryConfig {
+            service_cidr: (Ipv4Addr::new(10, 43, 0, 0), 16),
+        }
     }
 }
 
@@ -107,7 +109,8 @@ pub struct Registry {
 
 /// Kinds whose `metadata.generation` tracks spec changes.
 fn tracks_generation(res: &ResourceInfo) -> bool {
-    matches!(res.group, "apps" | "batch" | "autoscaling" | "policy") || res.kind == "ReplicationController"
+    matches!(res.group, "apps" | "batch" | "autoscaling" | "policy")
+        || res.kind == "ReplicationController"
 }
 
 /// Kinds a PUT may create (`AllowCreateOnUpdate` in Kubernetes).
@@ -136,7 +139,9 @@ fn spec_part(obj: &Value) -> Map<String, Value> {
     obj.as_object()
         .map(|m| {
             m.iter()
-                .filter(|(k, _)| !matches!(k.as_str(), "metadata" | "status" | "apiVersion" | "kind"))
+                .filter(|(k, _)| {
+                    !matches!(k.as_str(), "metadata" | "status" | "apiVersion" | "kind")
+                })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()
         })
@@ -150,7 +155,12 @@ fn random_u64() -> u64 {
 impl Registry {
     pub fn new(store: Arc<dyn Store>, cache: Arc<WatchCache>, config: RegistryConfig) -> Self {
         let services = crate::allocator::ServiceAllocator::new(config.service_cidr);
-        Registry { store, cache, config, services }
+        Registry {
+            store,
+            cache,
+            config,
+            services,
+        }
     }
 
     // ---- reads ---------------------------------------------------------------
@@ -158,15 +168,28 @@ impl Registry {
     /// The current object.
     pub async fn get(&self, res: &ResourceInfo, ns: Option<&str>, name: &str) -> ApiResult<Value> {
         let key = object::object_key(res, ns, name);
-        match self.store.get(&key).await.map_err(|e| store_err(res, name, e))? {
+        match self
+            .store
+            .get(&key)
+            .await
+            .map_err(|e| store_err(res, name, e))?
+        {
             Some(kv) => decode(&kv),
             None => Err(ApiError::not_found(res.group, res.plural, name)),
         }
     }
 
-    async fn get_kv(&self, res: &ResourceInfo, ns: Option<&str>, name: &str) -> ApiResult<Option<KeyValue>> {
+    async fn get_kv(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+    ) -> ApiResult<Option<KeyValue>> {
         let key = object::object_key(res, ns, name);
-        self.store.get(&key).await.map_err(|e| store_err(res, name, e))
+        self.store
+            .get(&key)
+            .await
+            .map_err(|e| store_err(res, name, e))
     }
 
     /// Lists objects: from the watch cache unless paging or an exact old
@@ -180,19 +203,32 @@ impl Registry {
         resource_version: Option<&str>,
         exact: bool,
     ) -> ApiResult<ListOutput> {
-        let rv = match resource_version {
-            None | Some("") => None,
-            Some(s) => Some(s.parse::<i64>().map_err(|_| {
-                ApiError::bad_request(format!("invalid resource version: {s:?}"))
-            })?),
-        };
+        let rv =
+            match resource_version {
+                None | Some("") => None,
+                Some(s) => Some(s.parse::<i64>().map_err(|_| {
+                    ApiError::bad_request(format!("invalid resource version: {s:?}"))
+                })?),
+            };
         if limit > 0 || continue_token.is_some() || (exact && rv.unwrap_or(0) > 0) {
-            return self.list_from_store(res, filter, limit, continue_token, if exact { rv } else { None }).await;
+            return self
+                .list_from_store(
+                    res,
+                    filter,
+                    limit,
+                    continue_token,
+                    if exact { rv } else { None },
+                )
+                .await;
         }
         match rv {
             // Consistent read: whatever the store has now.
             None => {
-                let current = self.store.current_revision().await.map_err(|e| store_err(res, "", e))?;
+                let current = self
+                    .store
+                    .current_revision()
+                    .await
+                    .map_err(|e| store_err(res, "", e))?;
                 if !self.cache.wait_for(current, Duration::from_secs(3)).await {
                     return self.list_from_store(res, filter, 0, None, None).await;
                 }
@@ -208,8 +244,19 @@ impl Registry {
             }
         }
         let revision = self.cache.revision();
-        let items = self.cache.resource(res).snapshot(filter).into_iter().map(|o| o.bytes.clone()).collect();
-        Ok(ListOutput { items, resource_version: revision, continue_token: None, remaining: None })
+        let items = self
+            .cache
+            .resource(res)
+            .snapshot(filter)
+            .into_iter()
+            .map(|o| o.bytes.clone())
+            .collect();
+        Ok(ListOutput {
+            items,
+            resource_version: revision,
+            continue_token: None,
+            remaining: None,
+        })
     }
 
     async fn list_from_store(
@@ -228,10 +275,19 @@ impl Registry {
             }
             None => (at, None),
         };
-        let selecting = filter.labels.as_ref().map(|l| !l.is_empty()).unwrap_or(false) || filter.fields.is_some();
+        let selecting = filter
+            .labels
+            .as_ref()
+            .map(|l| !l.is_empty())
+            .unwrap_or(false)
+            || filter.fields.is_some();
         let mut items = Vec::new();
         loop {
-            let want = if limit > 0 { (limit - items.len() as i64).max(1) } else { 0 };
+            let want = if limit > 0 {
+                (limit - items.len() as i64).max(1)
+            } else {
+                0
+            };
             let page = self
                 .store
                 .list(&prefix, ListOptions { revision, limit: want, start_after: start_after.clone() })
@@ -247,7 +303,12 @@ impl Registry {
             for kv in &page.items {
                 last_key = Some(kv.key.clone());
                 let obj = decode(kv)?;
-                if !filter.namespace.as_ref().map(|ns| meta_str(&obj, "namespace") == ns).unwrap_or(true) {
+                if !filter
+                    .namespace
+                    .as_ref()
+                    .map(|ns| meta_str(&obj, "namespace") == ns)
+                    .unwrap_or(true)
+                {
                     continue;
                 }
                 if let Some(l) = &filter.labels {
@@ -260,17 +321,30 @@ impl Registry {
                         continue;
                     }
                 }
-                items.push(bytes::Bytes::from(serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?));
+                items.push(bytes::Bytes::from(
+                    serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?,
+                ));
             }
             let full = limit > 0 && items.len() as i64 >= limit;
             if !page.more || full {
                 let continue_token = if page.more {
-                    last_key.map(|k| encode_continue(page.revision, k.strip_prefix(&prefix).unwrap_or(&k)))
+                    last_key.map(|k| {
+                        encode_continue(page.revision, k.strip_prefix(&prefix).unwrap_or(&k))
+                    })
                 } else {
                     None
                 };
-                let remaining = if page.more && !selecting { Some(page.remaining) } else { None };
-                return Ok(ListOutput { items, resource_version: page.revision, continue_token, remaining });
+                let remaining = if page.more && !selecting {
+                    Some(page.remaining)
+                } else {
+                    None
+                };
+                return Ok(ListOutput {
+                    items,
+                    resource_version: page.revision,
+                    continue_token,
+                    remaining,
+                });
             }
             start_after = last_key;
         }
@@ -291,12 +365,18 @@ impl Registry {
         if res.namespaced {
             self.check_namespace_open(ns.unwrap_or("")).await?;
         }
-        let generate = meta_str(&obj, "name").is_empty() && !meta_str(&obj, "generateName").is_empty();
+        let generate =
+            meta_str(&obj, "name").is_empty() && !meta_str(&obj, "generateName").is_empty();
         {
             let m = metadata_mut(&mut obj);
             m.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
             m.insert("creationTimestamp".into(), json!(now_rfc3339()));
-            for f in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+            for f in [
+                "resourceVersion",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "selfLink",
+            ] {
                 m.remove(f);
             }
             if tracks_generation(res) {
@@ -341,7 +421,11 @@ impl Registry {
                 }
             }
         }
-        Err(ApiError::already_exists(res.group, res.plural, meta_str(&obj, "name")))
+        Err(ApiError::already_exists(
+            res.group,
+            res.plural,
+            meta_str(&obj, "name"),
+        ))
     }
 
     /// Replaces an object (PUT), on the main resource or a subresource.
@@ -374,13 +458,26 @@ impl Registry {
                 return Err(ApiError::not_found(res.group, res.plural, name));
             };
             if !wanted_rv.is_empty() && wanted_rv != cur.mod_revision.to_string() {
-                return Err(ApiError::conflict(res.group, res.plural, name, ApiError::STALE));
+                return Err(ApiError::conflict(
+                    res.group,
+                    res.plural,
+                    name,
+                    ApiError::STALE,
+                ));
             }
             let old = decode(&cur)?;
-            match self.write(res, ns, name, &cur, old, body.clone(), sub, opts).await {
+            match self
+                .write(res, ns, name, &cur, old, body.clone(), sub, opts)
+                .await
+            {
                 Err(WriteError::Retry) if wanted_rv.is_empty() => continue,
                 Err(WriteError::Retry) => {
-                    return Err(ApiError::conflict(res.group, res.plural, name, ApiError::STALE))
+                    return Err(ApiError::conflict(
+                        res.group,
+                        res.plural,
+                        name,
+                        ApiError::STALE,
+                    ))
                 }
                 Err(WriteError::Api(e)) => return Err(e),
                 Ok(v) => return Ok((v, false)),
@@ -404,18 +501,7 @@ impl Registry {
             let cur = self.get_kv(res, ns, name).await?;
             let Some(cur) = cur else {
                 if patch_type == PatchType::Apply && sub.is_none() {
-                    let mut applied = patch.clone();
-                    check_type_meta(res, &mut applied)?;
-                    let obj = skiff_core::patch::apply::server_side_apply(
-                        None,
-                        &applied,
-                        &opts.field_manager,
-                        opts.force,
-                        schema.clone(),
-                        &now_rfc3339(),
-                        &res.api_version(),
-                    )?;
-                    let mut obj = obj;
+                    let mut obj = apply_patch(res, None, patch_type, patch, schema, opts)?;
                     metadata_mut(&mut obj).insert("name".into(), json!(name));
                     let mut create_opts = opts.clone();
                     create_opts.field_manager = opts.field_manager.clone();
@@ -427,37 +513,23 @@ impl Registry {
                 return Err(ApiError::not_found(res.group, res.plural, name));
             };
             let old = decode(&cur)?;
-            let current_view = if sub == Some("scale") { to_scale(res, &old)? } else { old.clone() };
-            let mut patched = match patch_type {
-                PatchType::Json => skiff_core::patch::apply_json_patch(&current_view, patch)?,
-                PatchType::Merge => skiff_core::patch::apply_merge_patch(&current_view, patch)?,
-                PatchType::Strategic => {
-                    let t = if sub == Some("scale") { None } else { schema.clone() };
-                    skiff_core::patch::apply_strategic_merge_patch(&current_view, patch, t)?
-                }
-                PatchType::Apply => {
-                    if sub == Some("scale") {
-                        skiff_core::patch::apply_merge_patch(&current_view, patch)?
-                    } else {
-                        let mut applied = patch.clone();
-                        check_type_meta(res, &mut applied)?;
-                        skiff_core::patch::apply::server_side_apply(
-                            Some(&old),
-                            &applied,
-                            &opts.field_manager,
-                            opts.force,
-                            schema.clone(),
-                            &now_rfc3339(),
-                            &res.api_version(),
-                        )?
-                    }
-                }
+            let current_view = if sub == Some("scale") {
+                to_scale(res, &old)?
+            } else {
+                old.clone()
             };
+            let t = if sub == Some("scale") { None } else { schema };
+            let mut patched = apply_patch(res, Some(&current_view), patch_type, patch, t, opts)?;
             // A patch that names a resourceVersion is a precondition on it.
             let patched_rv = meta_str(&patched, "resourceVersion").to_string();
             let explicit_rv = !patched_rv.is_empty() && patched_rv != cur.mod_revision.to_string();
             if explicit_rv {
-                return Err(ApiError::conflict(res.group, res.plural, name, ApiError::STALE));
+                return Err(ApiError::conflict(
+                    res.group,
+                    res.plural,
+                    name,
+                    ApiError::STALE,
+                ));
             }
             if sub == Some("scale") {
                 patched = from_scale(res, &old, &patched)?;
@@ -465,7 +537,17 @@ impl Registry {
             let sub_for_write = if sub == Some("scale") { None } else { sub };
             let track = patch_type != PatchType::Apply;
             match self
-                .write_inner(res, ns, name, &cur, old, patched, sub_for_write, opts, track)
+                .write_inner(
+                    res,
+                    ns,
+                    name,
+                    &cur,
+                    old,
+                    patched,
+                    sub_for_write,
+                    opts,
+                    track,
+                )
                 .await
             {
                 Err(WriteError::Retry) => continue,
@@ -489,7 +571,10 @@ impl Registry {
     ) -> ApiResult<Value> {
         // The apply already recorded the manager's fields; create records
         // nothing more for it.
-        let managed = obj.get("metadata").and_then(|m| m.get("managedFields")).cloned();
+        let managed = obj
+            .get("metadata")
+            .and_then(|m| m.get("managedFields"))
+            .cloned();
         let mut created_opts = opts.clone();
         created_opts.dry_run = true;
         let mut prepared = self.create(res, ns, obj, &created_opts).await?;
@@ -525,10 +610,13 @@ impl Registry {
     ) -> Result<Value, WriteError> {
         if sub == Some("scale") {
             let new = from_scale(res, &old, &new)?;
-            let v = self.write_inner(res, ns, name, cur, old, new, None, opts, true).await?;
+            let v = self
+                .write_inner(res, ns, name, cur, old, new, None, opts, true)
+                .await?;
             return Ok(to_scale(res, &v)?);
         }
-        self.write_inner(res, ns, name, cur, old, new, sub, opts, true).await
+        self.write_inner(res, ns, name, cur, old, new, sub, opts, true)
+            .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -562,12 +650,19 @@ impl Registry {
             crate::fieldmanager::record(res, Some(&old), &mut new, &opts.field_manager, sub);
         }
         if tracks_generation(res) && spec_part(&old) != spec_part(&new) {
-            let g = old.get("metadata").and_then(|m| m.get("generation")).and_then(Value::as_i64).unwrap_or(0);
+            let g = old
+                .get("metadata")
+                .and_then(|m| m.get("generation"))
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
             metadata_mut(&mut new).insert("generation".into(), json!(g + 1));
         }
         // Removing the last finalizer of an object being deleted deletes it.
         let deleting = !meta_str(&new, "deletionTimestamp").is_empty();
-        if deleting && object::finalizers(&new).is_empty() && !(res.kind == "Pod" && pod_awaits_node(&new)) {
+        if deleting
+            && object::finalizers(&new).is_empty()
+            && !(res.kind == "Pod" && pod_awaits_node(&new))
+        {
             if opts.dry_run {
                 return Ok(new);
             }
@@ -593,9 +688,15 @@ impl Registry {
         if opts.dry_run {
             return Ok(new);
         }
-        match self.store.update(&cur.key, encode(&new)?, cur.mod_revision).await {
+        match self
+            .store
+            .update(&cur.key, encode(&new)?, cur.mod_revision)
+            .await
+        {
             Ok(kv) => Ok(decode(&kv)?),
-            Err(skiff_store::Error::Conflict { .. }) | Err(skiff_store::Error::NotFound(_)) => Err(WriteError::Retry),
+            Err(skiff_store::Error::Conflict { .. }) | Err(skiff_store::Error::NotFound(_)) => {
+                Err(WriteError::Retry)
+            }
             Err(e) => Err(store_err(res, name, e).into()),
         }
     }
@@ -645,7 +746,11 @@ impl Registry {
                     .and_then(Value::as_i64)
                     .unwrap_or(30);
                 let g = opts.grace_period_seconds.unwrap_or(default).max(0);
-                if pod_awaits_node(&obj) { g } else { 0 }
+                if pod_awaits_node(&obj) {
+                    g
+                } else {
+                    0
+                }
             } else {
                 0
             };
@@ -674,7 +779,11 @@ impl Registry {
                 if opts.dry_run {
                     return Ok(Deleted::Pending(obj));
                 }
-                match self.store.update(&cur.key, encode(&obj)?, cur.mod_revision).await {
+                match self
+                    .store
+                    .update(&cur.key, encode(&obj)?, cur.mod_revision)
+                    .await
+                {
                     Ok(kv) => return Ok(Deleted::Pending(decode(&kv)?)),
                     Err(skiff_store::Error::Conflict { .. }) => continue,
                     Err(e) => return Err(store_err(res, name, e)),
@@ -696,11 +805,25 @@ impl Registry {
     }
 
     /// Binds a pod to a node (`pods/binding`), as the scheduler does.
-    pub async fn bind(&self, ns: &str, name: &str, binding: &Value, opts: &WriteOptions) -> ApiResult<()> {
+    pub async fn bind(
+        &self,
+        ns: &str,
+        name: &str,
+        binding: &Value,
+        opts: &WriteOptions,
+    ) -> ApiResult<()> {
         let res = resources::lookup("", "v1", "pods").expect("pods");
-        let node = binding.pointer("/target/name").and_then(Value::as_str).unwrap_or("");
+        let node = binding
+            .pointer("/target/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if node.is_empty() {
-            return Err(ApiError::invalid("", "Binding", name, vec![Cause::required("target.name")]));
+            return Err(ApiError::invalid(
+                "",
+                "Binding",
+                name,
+                vec![Cause::required("target.name")],
+            ));
         }
         loop {
             let Some(cur) = self.get_kv(res, Some(ns), name).await? else {
@@ -708,9 +831,17 @@ impl Registry {
             };
             let mut pod = decode(&cur)?;
             if !meta_str(&pod, "deletionTimestamp").is_empty() {
-                return Err(ApiError::conflict("", "pods", name, "pod is being deleted, cannot be assigned to a host"));
+                return Err(ApiError::conflict(
+                    "",
+                    "pods",
+                    name,
+                    "pod is being deleted, cannot be assigned to a host",
+                ));
             }
-            let current = pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
+            let current = pod
+                .pointer("/spec/nodeName")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             if !current.is_empty() {
                 return Err(ApiError::conflict(
                     "",
@@ -720,7 +851,10 @@ impl Registry {
                 ));
             }
             pod["spec"]["nodeName"] = json!(node);
-            if let Some(ann) = binding.pointer("/metadata/annotations").and_then(Value::as_object) {
+            if let Some(ann) = binding
+                .pointer("/metadata/annotations")
+                .and_then(Value::as_object)
+            {
                 let m = metadata_mut(&mut pod);
                 let entry = m.entry("annotations").or_insert_with(|| json!({}));
                 if let Some(a) = entry.as_object_mut() {
@@ -734,7 +868,11 @@ impl Registry {
             if opts.dry_run {
                 return Ok(());
             }
-            match self.store.update(&cur.key, encode(&pod)?, cur.mod_revision).await {
+            match self
+                .store
+                .update(&cur.key, encode(&pod)?, cur.mod_revision)
+                .await
+            {
                 Ok(_) => return Ok(()),
                 Err(skiff_store::Error::Conflict { .. }) => continue,
                 Err(e) => return Err(store_err(res, name, e)),
@@ -762,10 +900,17 @@ impl Registry {
         let key = object::object_key(nsres, None, ns);
         // Read the cache only once it has caught up with the store, so a
         // namespace deleted a moment ago is seen as terminating.
-        let current = self.store.current_revision().await.map_err(|e| store_err(nsres, ns, e))?;
+        let current = self
+            .store
+            .current_revision()
+            .await
+            .map_err(|e| store_err(nsres, ns, e))?;
         let fresh = self.cache.wait_for(current, Duration::from_secs(1)).await;
         let cached = if fresh {
-            self.cache.resource(nsres).get(&key).and_then(|o| serde_json::from_slice::<Value>(&o.bytes).ok())
+            self.cache
+                .resource(nsres)
+                .get(&key)
+                .and_then(|o| serde_json::from_slice::<Value>(&o.bytes).ok())
         } else {
             None
         };
@@ -819,6 +964,41 @@ impl Registry {
     }
 }
 
+/// Applies a patch to an object as version `res` shows it (`None`: the
+/// object does not exist yet, which only an apply patch may create). `t` is
+/// the schema that guides strategic merges and apply; without one (the
+/// `scale` view) an apply patch merges like a merge patch.
+pub fn apply_patch(
+    res: &ResourceInfo,
+    current: Option<&Value>,
+    patch_type: PatchType,
+    patch: &Value,
+    t: Option<skiff_core::schema::TypeRef>,
+    opts: &WriteOptions,
+) -> ApiResult<Value> {
+    let empty = json!({});
+    let cur = current.unwrap_or(&empty);
+    match patch_type {
+        PatchType::Json => skiff_core::patch::apply_json_patch(cur, patch),
+        PatchType::Merge => skiff_core::patch::apply_merge_patch(cur, patch),
+        PatchType::Strategic => skiff_core::patch::apply_strategic_merge_patch(cur, patch, t),
+        PatchType::Apply if t.is_none() => skiff_core::patch::apply_merge_patch(cur, patch),
+        PatchType::Apply => {
+            let mut applied = patch.clone();
+            check_type_meta(res, &mut applied)?;
+            skiff_core::patch::apply::server_side_apply(
+                current,
+                &applied,
+                &opts.field_manager,
+                opts.force,
+                t,
+                &now_rfc3339(),
+                &res.api_version(),
+            )
+        }
+    }
+}
+
 /// Why a guarded write did not happen.
 pub enum WriteError {
     /// The object changed since it was read: read again and retry.
@@ -834,33 +1014,57 @@ impl From<ApiError> for WriteError {
 
 /// A pod that a node agent must confirm stopped before it goes away.
 fn pod_awaits_node(pod: &Value) -> bool {
-    let bound = !pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("").is_empty();
-    let phase = pod.pointer("/status/phase").and_then(Value::as_str).unwrap_or("");
+    let bound = !pod
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .is_empty();
+    let phase = pod
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     bound && phase != "Succeeded" && phase != "Failed"
 }
 
 /// Sets or updates a condition of `status.conditions`.
-pub fn set_condition(obj: &mut Value, ty: &str, status: &str, reason: Option<&str>, message: Option<&str>) {
+pub fn set_condition(
+    obj: &mut Value,
+    ty: &str,
+    status: &str,
+    reason: Option<&str>,
+    message: Option<&str>,
+) {
     if !obj.get("status").map(Value::is_object).unwrap_or(false) {
         obj["status"] = json!({});
     }
     let now = now_rfc3339();
-    let conds = obj["status"].as_object_mut().expect("status object").entry("conditions").or_insert_with(|| json!([]));
+    let conds = obj["status"]
+        .as_object_mut()
+        .expect("status object")
+        .entry("conditions")
+        .or_insert_with(|| json!([]));
     if !conds.is_array() {
         *conds = json!([]);
     }
     let arr = conds.as_array_mut().expect("array");
-    let mut cond = json!({"type": ty, "status": status, "lastProbeTime": null, "lastTransitionTime": now});
+    let mut cond =
+        json!({"type": ty, "status": status, "lastProbeTime": null, "lastTransitionTime": now});
     if let Some(r) = reason {
         cond["reason"] = json!(r);
     }
     if let Some(m) = message {
         cond["message"] = json!(m);
     }
-    match arr.iter_mut().find(|c| c.get("type").and_then(Value::as_str) == Some(ty)) {
+    match arr
+        .iter_mut()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
+    {
         Some(existing) => {
             if existing.get("status").and_then(Value::as_str) == Some(status) {
-                cond["lastTransitionTime"] = existing.get("lastTransitionTime").cloned().unwrap_or(json!(now));
+                cond["lastTransitionTime"] = existing
+                    .get("lastTransitionTime")
+                    .cloned()
+                    .unwrap_or(json!(now));
             }
             *existing = cond;
         }
@@ -871,7 +1075,9 @@ pub fn set_condition(obj: &mut Value, ty: &str, status: &str, reason: Option<&st
 /// Checks and fills `apiVersion` and `kind` against the resource.
 pub fn check_type_meta(res: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
     let Some(m) = obj.as_object_mut() else {
-        return Err(ApiError::bad_request("the body of the request must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the body of the request must be a JSON object",
+        ));
     };
     let expected = res.api_version();
     match m.get("apiVersion").and_then(Value::as_str) {
@@ -906,7 +1112,9 @@ fn prepare_namespace(res: &ResourceInfo, ns: Option<&str>, obj: &mut Value) -> A
     if res.namespaced {
         let ns = ns.unwrap_or("");
         if ns.is_empty() {
-            return Err(ApiError::bad_request("namespace is required for a namespaced resource"));
+            return Err(ApiError::bad_request(
+                "namespace is required for a namespaced resource",
+            ));
         }
         if !body_ns.is_empty() && body_ns != ns {
             return Err(ApiError::bad_request(
@@ -953,8 +1161,20 @@ fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Option<&
         }
     };
     // Metadata the system owns.
-    let keep = ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "namespace", "name"];
-    let old_meta = old.get("metadata").and_then(Value::as_object).cloned().unwrap_or_default();
+    let keep = [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+        "namespace",
+        "name",
+    ];
+    let old_meta = old
+        .get("metadata")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
     let m = metadata_mut(&mut out);
     for k in keep {
         match old_meta.get(k) {
@@ -973,8 +1193,14 @@ fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Option<&
 /// The `Scale` view (autoscaling/v1) of a scalable object.
 pub fn to_scale(res: &ResourceInfo, obj: &Value) -> ApiResult<Value> {
     let md = obj.get("metadata").cloned().unwrap_or(json!({}));
-    let replicas = obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
-    let status_replicas = obj.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0);
+    let replicas = obj
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    let status_replicas = obj
+        .pointer("/status/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
     let selector = match res.kind {
         "ReplicationController" => obj
             .pointer("/spec/selector")
@@ -986,10 +1212,19 @@ pub fn to_scale(res: &ResourceInfo, obj: &Value) -> ApiResult<Value> {
                     .join(",")
             })
             .unwrap_or_default(),
-        _ => obj.pointer("/spec/selector").map(selector_string).unwrap_or_default(),
+        _ => obj
+            .pointer("/spec/selector")
+            .map(selector_string)
+            .unwrap_or_default(),
     };
     let mut meta = json!({});
-    for k in ["name", "namespace", "uid", "resourceVersion", "creationTimestamp"] {
+    for k in [
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+    ] {
         if let Some(v) = md.get(k) {
             meta[k] = v.clone();
         }
@@ -1009,7 +1244,12 @@ fn from_scale(res: &ResourceInfo, old: &Value, scale: &Value) -> ApiResult<Value
     let replicas = match scale.pointer("/spec/replicas") {
         None | Some(Value::Null) => 0,
         Some(v) => v.as_i64().ok_or_else(|| {
-            ApiError::invalid("autoscaling", "Scale", name, vec![Cause::invalid("spec.replicas", v, "must be an integer")])
+            ApiError::invalid(
+                "autoscaling",
+                "Scale",
+                name,
+                vec![Cause::invalid("spec.replicas", v, "must be an integer")],
+            )
         })?,
     };
     if replicas < 0 {
@@ -1017,7 +1257,11 @@ fn from_scale(res: &ResourceInfo, old: &Value, scale: &Value) -> ApiResult<Value
             "autoscaling",
             "Scale",
             name,
-            vec![Cause::invalid("spec.replicas", &json!(replicas), "must be greater than or equal to 0")],
+            vec![Cause::invalid(
+                "spec.replicas",
+                &json!(replicas),
+                "must be greater than or equal to 0",
+            )],
         ));
     }
     let _ = res;
@@ -1064,10 +1308,18 @@ fn encode_continue(rev: i64, start: &str) -> String {
 
 fn decode_continue(t: &str) -> ApiResult<(i64, String)> {
     use base64::Engine;
-    let bad = || ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)");
-    let raw = base64::engine::general_purpose::URL_SAFE.decode(t).map_err(|_| bad())?;
+    let bad = || {
+        ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
+    };
+    let raw = base64::engine::general_purpose::URL_SAFE
+        .decode(t)
+        .map_err(|_| bad())?;
     let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
-    let rev = v.get("rv").and_then(Value::as_i64).filter(|r| *r > 0).ok_or_else(bad)?;
+    let rev = v
+        .get("rv")
+        .and_then(Value::as_i64)
+        .filter(|r| *r > 0)
+        .ok_or_else(bad)?;
     let start = v.get("start").and_then(Value::as_str).ok_or_else(bad)?;
     if start.contains("..") || start.starts_with('/') {
         return Err(bad());

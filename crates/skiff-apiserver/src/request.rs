@@ -37,7 +37,9 @@ pub fn parse_path(path: &str) -> Result<Option<ResourceRequest>, ApiError> {
     // `namespaces/<name>` and `namespaces/<name>/<sub>` the namespaces themselves.
     if rest.len() >= 3 && rest[0] == "namespaces" {
         let candidate = resources::lookup(group, version, rest[2]);
-        if candidate.map(|r| r.namespaced).unwrap_or(false) || !(rest.len() == 3 && is_namespace_sub(rest[2])) {
+        if candidate.map(|r| r.namespaced).unwrap_or(false)
+            || !(rest.len() == 3 && is_namespace_sub(rest[2]))
+        {
             namespace = Some(rest[1].to_string());
             rest.drain(..2);
         }
@@ -62,7 +64,13 @@ pub fn parse_path(path: &str) -> Result<Option<ResourceRequest>, ApiError> {
             return Err(not_found_path(path));
         }
     }
-    Ok(Some(ResourceRequest { res, namespace, name, subresource, watch_path }))
+    Ok(Some(ResourceRequest {
+        res,
+        namespace,
+        name,
+        subresource,
+        watch_path,
+    }))
 }
 
 fn is_namespace_sub(s: &str) -> bool {
@@ -71,7 +79,11 @@ fn is_namespace_sub(s: &str) -> bool {
 
 /// Kubernetes' answer for a path it does not serve.
 pub fn not_found_path(_path: &str) -> ApiError {
-    ApiError::new(404, "NotFound", "the server could not find the requested resource")
+    ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
 }
 
 /// Query parameters, decoded.
@@ -129,7 +141,9 @@ fn pct_decode(s: &str) -> String {
         match bytes[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < bytes.len() => {
-                let h = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                let h = std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match h {
                     Some(b) => {
                         out.push(b);
@@ -151,7 +165,9 @@ mod tests {
 
     #[test]
     fn namespaced_paths_name_their_namespace() {
-        let r = parse_path("/api/v1/namespaces/ns1/pods/p1/status").unwrap().unwrap();
+        let r = parse_path("/api/v1/namespaces/ns1/pods/p1/status")
+            .unwrap()
+            .unwrap();
         assert_eq!(r.res.plural, "pods");
         assert_eq!(r.namespace.as_deref(), Some("ns1"));
         assert_eq!(r.name.as_deref(), Some("p1"));
@@ -163,7 +179,9 @@ mod tests {
         let r = parse_path("/api/v1/namespaces/ns1").unwrap().unwrap();
         assert_eq!(r.res.plural, "namespaces");
         assert_eq!(r.name.as_deref(), Some("ns1"));
-        let r = parse_path("/api/v1/namespaces/ns1/finalize").unwrap().unwrap();
+        let r = parse_path("/api/v1/namespaces/ns1/finalize")
+            .unwrap()
+            .unwrap();
         assert_eq!(r.subresource.as_deref(), Some("finalize"));
         assert!(r.namespace.is_none());
     }

@@ -40,7 +40,9 @@ pub async fn serve_tls(
         let acceptor = acceptor.clone();
         let app = app.clone();
         tokio::spawn(async move {
-            let Ok(stream) = acceptor.accept(tcp).await else { return };
+            let Ok(stream) = acceptor.accept(tcp).await else {
+                return;
+            };
             let identity = stream
                 .get_ref()
                 .1
@@ -56,7 +58,9 @@ pub async fn serve_tls(
                 async move { app.oneshot(req.map(Body::new)).await }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            let _ = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).await;
+            let _ = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                .await;
         });
     }
 }

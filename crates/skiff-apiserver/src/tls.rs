@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
@@ -75,23 +75,42 @@ fn new_ca() -> Result<CertPair> {
     dn.push(DnType::CommonName, "skiff-ca");
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     validity(&mut params, 3650);
     let cert = params.self_signed(&key)?;
-    Ok(CertPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    Ok(CertPair {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
 }
 
 /// Issues a certificate signed by `ca`: a client certificate (CN = user,
 /// O = groups) or a serving certificate for `sans`.
-pub fn issue(ca: &CertPair, common_name: &str, groups: &[&str], sans: &[String], client: bool, days: i64) -> Result<CertPair> {
+pub fn issue(
+    ca: &CertPair,
+    common_name: &str,
+    groups: &[&str],
+    sans: &[String],
+    client: bool,
+    days: i64,
+) -> Result<CertPair> {
     let ca_key = KeyPair::from_pem(&ca.key_pem).context("parsing CA key")?;
-    let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).context("parsing CA certificate")?;
+    let issuer =
+        Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).context("parsing CA certificate")?;
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     for san in sans {
         params.subject_alt_names.push(match san.parse::<IpAddr>() {
             Ok(ip) => SanType::IpAddress(ip),
-            Err(_) => SanType::DnsName(san.clone().try_into().with_context(|| format!("bad SAN {san:?}"))?),
+            Err(_) => SanType::DnsName(
+                san.clone()
+                    .try_into()
+                    .with_context(|| format!("bad SAN {san:?}"))?,
+            ),
         });
     }
     let mut dn = DistinguishedName::new();
@@ -100,13 +119,22 @@ pub fn issue(ca: &CertPair, common_name: &str, groups: &[&str], sans: &[String],
     }
     dn.push(DnType::CommonName, common_name);
     params.distinguished_name = dn;
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-    params.extended_key_usages =
-        vec![if client { ExtendedKeyUsagePurpose::ClientAuth } else { ExtendedKeyUsagePurpose::ServerAuth }];
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![if client {
+        ExtendedKeyUsagePurpose::ClientAuth
+    } else {
+        ExtendedKeyUsagePurpose::ServerAuth
+    }];
     params.use_authority_key_identifier_extension = true;
     validity(&mut params, days);
     let cert = params.signed_by(&key, &issuer)?;
-    Ok(CertPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    Ok(CertPair {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
 }
 
 impl Pki {
@@ -149,7 +177,12 @@ impl Pki {
         }
         let serving = issue(&ca, "skiff-apiserver", &[], &sans, false, 365)?;
         write_pair(dir, "serving", &serving)?;
-        Ok(Pki { dir: dir.to_path_buf(), ca, serving, admin })
+        Ok(Pki {
+            dir: dir.to_path_buf(),
+            ca,
+            serving,
+            admin,
+        })
     }
 
     /// A rustls server configuration: our serving certificate, client
@@ -161,13 +194,16 @@ impl Pki {
         for c in CertificateDer::pem_slice_iter(self.ca.cert_pem.as_bytes()) {
             roots.add(c.context("parsing CA")?)?;
         }
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .allow_unauthenticated()
-            .build()
-            .context("building client verifier")?;
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .allow_unauthenticated()
+                .build()
+                .context("building client verifier")?;
         let certs: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_slice_iter(self.serving.cert_pem.as_bytes()).collect::<Result<_, _>>()?;
-        let key = PrivateKeyDer::from_pem_slice(self.serving.key_pem.as_bytes()).context("parsing serving key")?;
+            CertificateDer::pem_slice_iter(self.serving.cert_pem.as_bytes())
+                .collect::<Result<_, _>>()?;
+        let key = PrivateKeyDer::from_pem_slice(self.serving.key_pem.as_bytes())
+            .context("parsing serving key")?;
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_client_cert_verifier(verifier)
@@ -181,8 +217,16 @@ impl Pki {
 pub fn identity_from_cert(der: &[u8]) -> Option<(String, Vec<String>)> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let subject = cert.subject();
-    let cn = subject.iter_common_name().next()?.as_str().ok()?.to_string();
-    let groups = subject.iter_organization().filter_map(|o| o.as_str().ok().map(str::to_string)).collect();
+    let cn = subject
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    let groups = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_string))
+        .collect();
     Some((cn, groups))
 }
 

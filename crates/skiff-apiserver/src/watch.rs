@@ -30,10 +30,16 @@ pub async fn serve(
     q: &Query,
     output: Output,
 ) -> Result<Response<Body>, ApiError> {
-    let rv = q.get("resourceVersion").filter(|s| !s.is_empty()).map(str::to_string);
+    let rv = q
+        .get("resourceVersion")
+        .filter(|s| !s.is_empty())
+        .map(str::to_string);
     let start: Option<i64> = match rv.as_deref() {
         None => None,
-        Some(s) => Some(s.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: {s:?}")))?),
+        Some(s) => Some(
+            s.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {s:?}")))?,
+        ),
     };
     let send_initial = match q.get("sendInitialEvents") {
         Some("true") => true,
@@ -42,23 +48,35 @@ pub async fn serve(
         // the current state as ADDED events.
         _ => start.unwrap_or(0) == 0,
     };
-    if q.get("sendInitialEvents") == Some("true") && q.get("resourceVersionMatch") != Some("NotOlderThan") {
+    if q.get("sendInitialEvents") == Some("true")
+        && q.get("resourceVersionMatch") != Some("NotOlderThan")
+    {
         return Err(ApiError::invalid(
             "",
             "ListOptions",
             "",
-            vec![skiff_core::Cause::forbidden("resourceVersionMatch", "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan")],
+            vec![skiff_core::Cause::forbidden(
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+            )],
         ));
     }
     let bookmarks = q.flag("allowWatchBookmarks");
-    let timeout = q.int("timeoutSeconds")?.filter(|t| *t > 0).map(|t| Duration::from_secs(t as u64)).unwrap_or(Duration::from_secs(1800));
+    let timeout = q
+        .int("timeoutSeconds")?
+        .filter(|t| *t > 0)
+        .map(|t| Duration::from_secs(t as u64))
+        .unwrap_or(Duration::from_secs(1800));
     let reg = state.registry.clone();
     let cache = reg.cache.resource(res);
 
     // With an explicit resourceVersion newer than the cache, wait for it.
     if let Some(n) = start.filter(|n| *n > 0) {
         if !reg.cache.wait_for(n, Duration::from_secs(3)).await {
-            return Err(ApiError::timeout(format!("Too large resource version: {n}, current: {}", reg.cache.revision())));
+            return Err(ApiError::timeout(format!(
+                "Too large resource version: {n}, current: {}",
+                reg.cache.revision()
+            )));
         }
     }
     if start.unwrap_or(0) == 0 && !send_initial {
@@ -68,10 +86,19 @@ pub async fn serve(
         let (objs, rev) = cache.snapshot_at(&filter);
         (objs, rev)
     } else {
-        (Vec::new(), start.filter(|n| *n > 0).unwrap_or_else(|| cache.last_revision()))
+        (
+            Vec::new(),
+            start
+                .filter(|n| *n > 0)
+                .unwrap_or_else(|| cache.last_revision()),
+        )
     };
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-    let enc = Encoder { res, output, first: std::sync::atomic::AtomicBool::new(true) };
+    let enc = Encoder {
+        res,
+        output,
+        first: std::sync::atomic::AtomicBool::new(true),
+    };
     let initial_end_bookmark = q.get("sendInitialEvents") == Some("true") && bookmarks;
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + timeout;
@@ -92,7 +119,9 @@ pub async fn serve(
         loop {
             match cache.since(cursor, 1000) {
                 Since::TooOld { oldest } => {
-                    let status = ApiError::gone(format!("too old resource version: {cursor} ({oldest})")).to_status();
+                    let status =
+                        ApiError::gone(format!("too old resource version: {cursor} ({oldest})"))
+                            .to_status();
                     let line = format!("{{\"type\":\"ERROR\",\"object\":{status}}}\n");
                     let _ = tx.send(Ok(Bytes::from(line))).await;
                     return;
@@ -140,7 +169,10 @@ pub async fn serve(
 }
 
 /// What a watcher with `filter` sees of an event: the type and object, or nothing.
-fn transition<'a>(ev: &'a CacheEvent, filter: &Filter) -> Option<(&'static str, &'a Arc<CachedObject>)> {
+fn transition<'a>(
+    ev: &'a CacheEvent,
+    filter: &Filter,
+) -> Option<(&'static str, &'a Arc<CachedObject>)> {
     let now = ev.object.matches(filter);
     let before = ev.prev.as_ref().map(|p| p.matches(filter)).unwrap_or(false);
     match ev.kind {
@@ -174,7 +206,8 @@ impl Encoder {
             Output::Table { v1beta1 } => {
                 let first = self.first.swap(false, std::sync::atomic::Ordering::Relaxed);
                 let v: Value = serde_json::from_slice(obj).unwrap_or(Value::Null);
-                let t = handlers::table(self.res, &[v], v1beta1, None, None, None, first);
+                let t =
+                    handlers::table(self.res, &[v], v1beta1, None, None, None, first, "Metadata");
                 Bytes::from(format!("{{\"type\":\"{ty}\",\"object\":{t}}}\n"))
             }
             Output::PartialMetadata { v1beta1 } => {
@@ -199,7 +232,8 @@ impl Encoder {
         if initial_end {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        let obj = json!({"kind": self.res.kind, "apiVersion": self.res.api_version(), "metadata": meta});
+        let obj =
+            json!({"kind": self.res.kind, "apiVersion": self.res.api_version(), "metadata": meta});
         Bytes::from(format!("{{\"type\":\"BOOKMARK\",\"object\":{obj}}}\n"))
     }
 }

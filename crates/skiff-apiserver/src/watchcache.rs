@@ -41,7 +41,12 @@ impl CachedObject {
         let bytes = Bytes::from(serde_json::to_vec(&obj).ok()?);
         let fields = skiff_core::fields::index_fields(res)
             .iter()
-            .map(|f| (*f, skiff_core::fields::field_value(res, &obj, f).unwrap_or_default()))
+            .map(|f| {
+                (
+                    *f,
+                    skiff_core::fields::field_value(res, &obj, f).unwrap_or_default(),
+                )
+            })
             .collect();
         Some(CachedObject {
             key: kv.key.clone(),
@@ -59,7 +64,11 @@ impl CachedObject {
         match field {
             "metadata.name" => Some(self.name.clone()),
             "metadata.namespace" => Some(self.namespace.clone()),
-            _ => self.fields.iter().find(|(f, _)| *f == field).map(|(_, v)| v.clone()),
+            _ => self
+                .fields
+                .iter()
+                .find(|(f, _)| *f == field)
+                .map(|(_, v)| v.clone()),
         }
     }
 
@@ -141,14 +150,21 @@ pub struct ResourceCache {
 pub enum Since {
     Events(Vec<Arc<CacheEvent>>),
     /// The revision is older than the history the cache keeps (HTTP 410).
-    TooOld { oldest: i64 },
+    TooOld {
+        oldest: i64,
+    },
 }
 
 impl ResourceCache {
     fn new(res: &'static ResourceInfo) -> Self {
         ResourceCache {
             res,
-            inner: RwLock::new(Inner { objects: BTreeMap::new(), history: VecDeque::new(), history_start: 0, last_rev: 0 }),
+            inner: RwLock::new(Inner {
+                objects: BTreeMap::new(),
+                history: VecDeque::new(),
+                history_start: 0,
+                last_rev: 0,
+            }),
             changed: watch::channel(0).0,
         }
     }
@@ -156,9 +172,11 @@ impl ResourceCache {
     /// Current objects that match `filter`, in key order.
     pub fn snapshot(&self, filter: &Filter) -> Vec<Arc<CachedObject>> {
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
-        let prefix = filter.namespace.as_ref().filter(|_| self.res.namespaced).map(|ns| {
-            format!("{}{ns}/", object::resource_prefix(self.res))
-        });
+        let prefix = filter
+            .namespace
+            .as_ref()
+            .filter(|_| self.res.namespaced)
+            .map(|ns| format!("{}{ns}/", object::resource_prefix(self.res)));
         match prefix {
             Some(p) => inner
                 .objects
@@ -167,7 +185,12 @@ impl ResourceCache {
                 .filter(|(_, o)| o.matches(filter))
                 .map(|(_, o)| o.clone())
                 .collect(),
-            None => inner.objects.values().filter(|o| o.matches(filter)).cloned().collect(),
+            None => inner
+                .objects
+                .values()
+                .filter(|o| o.matches(filter))
+                .cloned()
+                .collect(),
         }
     }
 
@@ -176,28 +199,51 @@ impl ResourceCache {
     pub fn snapshot_at(&self, filter: &Filter) -> (Vec<Arc<CachedObject>>, i64) {
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
         let rev = inner.last_rev;
-        let objs = inner.objects.values().filter(|o| o.matches(filter)).cloned().collect();
+        let objs = inner
+            .objects
+            .values()
+            .filter(|o| o.matches(filter))
+            .cloned()
+            .collect();
         (objs, rev)
     }
 
     /// The cached object under `key`, if any.
     pub fn get(&self, key: &str) -> Option<Arc<CachedObject>> {
-        self.inner.read().unwrap_or_else(|e| e.into_inner()).objects.get(key).cloned()
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .objects
+            .get(key)
+            .cloned()
     }
 
     /// The revision of the last change this cache applied.
     pub fn last_revision(&self) -> i64 {
-        self.inner.read().unwrap_or_else(|e| e.into_inner()).last_rev
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .last_rev
     }
 
     /// The events after `revision`, at most `max`.
     pub fn since(&self, revision: i64, max: usize) -> Since {
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
         if revision < inner.history_start {
-            return Since::TooOld { oldest: inner.history_start };
+            return Since::TooOld {
+                oldest: inner.history_start,
+            };
         }
         let start = inner.history.partition_point(|e| e.revision <= revision);
-        Since::Events(inner.history.iter().skip(start).take(max).cloned().collect())
+        Since::Events(
+            inner
+                .history
+                .iter()
+                .skip(start)
+                .take(max)
+                .cloned()
+                .collect(),
+        )
     }
 
     /// A receiver that changes whenever this resource gets an event.
@@ -210,11 +256,17 @@ impl ResourceCache {
         let now = Instant::now();
         let event = match ev {
             Event::Put { kv, .. } => {
-                let Some(obj) = CachedObject::build(self.res, kv) else { return };
+                let Some(obj) = CachedObject::build(self.res, kv) else {
+                    return;
+                };
                 let obj = Arc::new(obj);
                 let prev = inner.objects.insert(kv.key.clone(), obj.clone());
                 CacheEvent {
-                    kind: if prev.is_some() { EventType::Modified } else { EventType::Added },
+                    kind: if prev.is_some() {
+                        EventType::Modified
+                    } else {
+                        EventType::Added
+                    },
                     object: obj,
                     prev,
                     revision: kv.mod_revision,
@@ -225,8 +277,16 @@ impl ResourceCache {
                 let old = inner.objects.remove(&prev.key);
                 let mut kv = prev.clone();
                 kv.mod_revision = *revision;
-                let Some(obj) = CachedObject::build(self.res, &kv) else { return };
-                CacheEvent { kind: EventType::Deleted, object: Arc::new(obj), prev: old, revision: *revision, at: now }
+                let Some(obj) = CachedObject::build(self.res, &kv) else {
+                    return;
+                };
+                CacheEvent {
+                    kind: EventType::Deleted,
+                    object: Arc::new(obj),
+                    prev: old,
+                    revision: *revision,
+                    at: now,
+                }
             }
             Event::Progress { .. } => return,
         };
@@ -273,7 +333,11 @@ impl ResourceCache {
 
     /// How many objects the cache holds.
     pub fn len(&self) -> usize {
-        self.inner.read().unwrap_or_else(|e| e.into_inner()).objects.len()
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .objects
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -293,24 +357,46 @@ impl WatchCache {
     pub async fn start(store: Arc<dyn Store>) -> Result<Arc<WatchCache>, skiff_store::Error> {
         let mut caches = HashMap::new();
         for r in RESOURCES {
-            caches.entry(r.storage).or_insert_with(|| Arc::new(ResourceCache::new(r)));
+            caches
+                .entry(r.storage)
+                .or_insert_with(|| Arc::new(ResourceCache::new(r)));
         }
-        let wc = Arc::new(WatchCache { caches, revision: watch::channel(0).0 });
+        let wc = Arc::new(WatchCache {
+            caches,
+            revision: watch::channel(0).0,
+        });
         let rev = wc.load(&*store).await?;
-        let stream = store.watch(object::ROOT, rev, Some(Duration::from_secs(5))).await?;
+        let stream = store
+            .watch(object::ROOT, rev, Some(Duration::from_secs(5)))
+            .await?;
         tokio::spawn(follow(wc.clone(), store, stream));
         Ok(wc)
     }
 
     async fn load(&self, store: &dyn Store) -> Result<i64, skiff_store::Error> {
-        let first = store.list(object::ROOT, ListOptions { limit: 10_000, ..Default::default() }).await?;
+        let first = store
+            .list(
+                object::ROOT,
+                ListOptions {
+                    limit: 10_000,
+                    ..Default::default()
+                },
+            )
+            .await?;
         let revision = first.revision;
         let mut all = first.items;
         let mut more = first.more;
         while more {
             let start_after = all.last().map(|kv| kv.key.clone());
             let page = store
-                .list(object::ROOT, ListOptions { revision: Some(revision), limit: 10_000, start_after })
+                .list(
+                    object::ROOT,
+                    ListOptions {
+                        revision: Some(revision),
+                        limit: 10_000,
+                        start_after,
+                    },
+                )
                 .await?;
             more = page.more;
             all.extend(page.items);
@@ -330,7 +416,10 @@ impl WatchCache {
 
     /// The cache of a resource.
     pub fn resource(&self, res: &ResourceInfo) -> Arc<ResourceCache> {
-        self.caches.get(res.storage).cloned().expect("every served resource has a cache")
+        self.caches
+            .get(res.storage)
+            .cloned()
+            .expect("every served resource has a cache")
     }
 
     /// The last revision every cache has applied.
@@ -396,7 +485,10 @@ async fn follow(wc: Arc<WatchCache>, store: Arc<dyn Store>, mut stream: skiff_st
         // The watch ended: reload everything and follow again.
         loop {
             match wc.load(&*store).await {
-                Ok(rev) => match store.watch(object::ROOT, rev, Some(Duration::from_secs(5))).await {
+                Ok(rev) => match store
+                    .watch(object::ROOT, rev, Some(Duration::from_secs(5)))
+                    .await
+                {
                     Ok(s) => {
                         stream = s;
                         break;

@@ -21,9 +21,15 @@ struct Api {
 
 async fn api() -> Api {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
-    let server = skiff_apiserver::ApiServer::start(store, Default::default()).await.unwrap();
-    Api { router: server.in_process_router("test"), _dir: dir }
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let server = skiff_apiserver::ApiServer::start(store, Default::default())
+        .await
+        .unwrap();
+    Api {
+        router: server.in_process_router("test"),
+        _dir: dir,
+    }
 }
 
 struct Resp {
@@ -34,25 +40,38 @@ struct Resp {
 
 impl Api {
     async fn req(&self, method: &str, path: &str, ct: &str, body: impl Into<Body>) -> Resp {
-        let r = Request::builder().method(method).uri(path).header("content-type", ct).body(body.into()).unwrap();
+        let r = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", ct)
+            .body(body.into())
+            .unwrap();
         let resp = self.router.clone().oneshot(r).await.unwrap();
         let status = resp.status();
         let headers = resp.headers().clone();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        Resp { status, headers, body }
+        Resp {
+            status,
+            headers,
+            body,
+        }
     }
     async fn get(&self, path: &str) -> Resp {
-        self.req("GET", path, "application/json", Body::empty()).await
+        self.req("GET", path, "application/json", Body::empty())
+            .await
     }
     async fn post(&self, path: &str, v: Value) -> Resp {
-        self.req("POST", path, "application/json", v.to_string()).await
+        self.req("POST", path, "application/json", v.to_string())
+            .await
     }
     async fn put(&self, path: &str, v: Value) -> Resp {
-        self.req("PUT", path, "application/json", v.to_string()).await
+        self.req("PUT", path, "application/json", v.to_string())
+            .await
     }
     async fn delete(&self, path: &str) -> Resp {
-        self.req("DELETE", path, "application/json", Body::empty()).await
+        self.req("DELETE", path, "application/json", Body::empty())
+            .await
     }
 }
 
@@ -69,12 +88,18 @@ async fn a_stale_resource_version_is_a_conflict() {
     assert_eq!(created.status, StatusCode::CREATED);
     let mut v = created.body.clone();
     v["data"]["k"] = json!("v2");
-    assert_eq!(a.put(&format!("{CMS}/c"), v.clone()).await.status, StatusCode::OK);
+    assert_eq!(
+        a.put(&format!("{CMS}/c"), v.clone()).await.status,
+        StatusCode::OK
+    );
     let stale = a.put(&format!("{CMS}/c"), v).await;
     assert_eq!(stale.status, StatusCode::CONFLICT);
     assert_eq!(stale.body["reason"], "Conflict");
     assert_eq!(stale.body["kind"], "Status");
-    assert!(stale.body["message"].as_str().unwrap().contains("the object has been modified"));
+    assert!(stale.body["message"]
+        .as_str()
+        .unwrap()
+        .contains("the object has been modified"));
 }
 
 #[tokio::test]
@@ -82,22 +107,51 @@ async fn errors_are_status_objects_with_the_right_codes() {
     let a = api().await;
     a.post(CMS, cm("c", json!({}))).await;
     let dup = a.post(CMS, cm("c", json!({}))).await;
-    assert_eq!((dup.status, dup.body["reason"].as_str()), (StatusCode::CONFLICT, Some("AlreadyExists")));
+    assert_eq!(
+        (dup.status, dup.body["reason"].as_str()),
+        (StatusCode::CONFLICT, Some("AlreadyExists"))
+    );
     let missing = a.get(&format!("{CMS}/nope")).await;
-    assert_eq!((missing.status, missing.body["reason"].as_str()), (StatusCode::NOT_FOUND, Some("NotFound")));
+    assert_eq!(
+        (missing.status, missing.body["reason"].as_str()),
+        (StatusCode::NOT_FOUND, Some("NotFound"))
+    );
     assert_eq!(missing.body["details"]["name"], "nope");
-    let invalid = a.post("/api/v1/namespaces/default/pods", json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}})).await;
+    let invalid = a
+        .post(
+            "/api/v1/namespaces/default/pods",
+            json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}),
+        )
+        .await;
     assert_eq!(invalid.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(invalid.body["details"]["causes"][0]["field"], "spec.containers[0].image");
+    assert_eq!(
+        invalid.body["details"]["causes"][0]["field"],
+        "spec.containers[0].image"
+    );
     let malformed = a.req("POST", CMS, "application/json", "{not json").await;
     assert_eq!(malformed.status, StatusCode::BAD_REQUEST);
     let text = a.req("POST", CMS, "text/plain", "x").await;
     assert_eq!(text.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
-    let big = format!("{{\"metadata\":{{\"name\":\"big\"}},\"data\":{{\"k\":\"{}\"}}}}", "x".repeat(3 * 1024 * 1024 + 10));
-    assert_eq!(a.req("POST", CMS, "application/json", big).await.status, StatusCode::PAYLOAD_TOO_LARGE);
-    let r = Request::builder().uri(CMS).header("accept", "application/vnd.kubernetes.protobuf").body(Body::empty()).unwrap();
-    assert_eq!(a.router.clone().oneshot(r).await.unwrap().status(), StatusCode::NOT_ACCEPTABLE);
-    let no_ns = a.post("/api/v1/namespaces/ghost/configmaps", cm("c", json!({}))).await;
+    let big = format!(
+        "{{\"metadata\":{{\"name\":\"big\"}},\"data\":{{\"k\":\"{}\"}}}}",
+        "x".repeat(3 * 1024 * 1024 + 10)
+    );
+    assert_eq!(
+        a.req("POST", CMS, "application/json", big).await.status,
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+    let r = Request::builder()
+        .uri(CMS)
+        .header("accept", "application/vnd.kubernetes.protobuf")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        a.router.clone().oneshot(r).await.unwrap().status(),
+        StatusCode::NOT_ACCEPTABLE
+    );
+    let no_ns = a
+        .post("/api/v1/namespaces/ghost/configmaps", cm("c", json!({})))
+        .await;
     assert_eq!(no_ns.status, StatusCode::NOT_FOUND);
     // A failed write changed nothing.
     assert_eq!(a.get(&format!("{CMS}/c")).await.body["data"]["k"], "v");
@@ -106,33 +160,69 @@ async fn errors_are_status_objects_with_the_right_codes() {
 #[tokio::test]
 async fn unauthenticated_requests_get_401() {
     let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> = RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
-    let server = skiff_apiserver::ApiServer::start(store, Default::default()).await.unwrap();
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let server = skiff_apiserver::ApiServer::start(store, Default::default())
+        .await
+        .unwrap();
     let r = Request::builder().uri(CMS).body(Body::empty()).unwrap();
     let resp = server.router().oneshot(r).await.unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
-    let r = Request::builder().uri("/readyz").body(Body::empty()).unwrap();
-    assert_eq!(server.router().oneshot(r).await.unwrap().status(), StatusCode::OK);
+    let r = Request::builder()
+        .uri("/readyz")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        server.router().oneshot(r).await.unwrap().status(),
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
 async fn dry_run_and_field_validation() {
     let a = api().await;
-    let dry = a.post(&format!("{CMS}?dryRun=All"), cm("d", json!({}))).await;
+    let dry = a
+        .post(&format!("{CMS}?dryRun=All"), cm("d", json!({})))
+        .await;
     assert_eq!(dry.status, StatusCode::CREATED);
     assert_eq!(dry.body["metadata"]["name"], "d");
-    assert_eq!(a.get(&format!("{CMS}/d")).await.status, StatusCode::NOT_FOUND, "dry run stores nothing");
+    assert_eq!(
+        a.get(&format!("{CMS}/d")).await.status,
+        StatusCode::NOT_FOUND,
+        "dry run stores nothing"
+    );
     let mut bad = cm("s", json!({}));
     bad["dataa"] = json!({});
-    let strict = a.post(&format!("{CMS}?fieldValidation=Strict"), bad.clone()).await;
+    let strict = a
+        .post(&format!("{CMS}?fieldValidation=Strict"), bad.clone())
+        .await;
     assert_eq!(strict.status, StatusCode::BAD_REQUEST);
-    assert_eq!(strict.body["message"], "strict decoding error: unknown field \"dataa\"");
+    assert_eq!(
+        strict.body["message"],
+        "strict decoding error: unknown field \"dataa\""
+    );
     let warn = a.post(&format!("{CMS}?fieldValidation=Warn"), bad).await;
     assert_eq!(warn.status, StatusCode::CREATED);
-    assert!(warn.headers.get("warning").unwrap().to_str().unwrap().contains("unknown field \\\"dataa\\\""));
-    let dup = a.req("POST", &format!("{CMS}?fieldValidation=Strict"), "application/json", r#"{"metadata":{"name":"x","name":"y"}}"#).await;
+    assert!(warn
+        .headers
+        .get("warning")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .contains("unknown field \\\"dataa\\\""));
+    let dup = a
+        .req(
+            "POST",
+            &format!("{CMS}?fieldValidation=Strict"),
+            "application/json",
+            r#"{"metadata":{"name":"x","name":"y"}}"#,
+        )
+        .await;
     assert_eq!(dup.status, StatusCode::BAD_REQUEST);
-    assert!(dup.body["message"].as_str().unwrap().contains("duplicate field \"metadata.name\""));
+    assert!(dup.body["message"]
+        .as_str()
+        .unwrap()
+        .contains("duplicate field \"metadata.name\""));
 }
 
 #[tokio::test]
@@ -146,7 +236,10 @@ async fn generation_follows_spec_changes_only() {
     let mut v = created.clone();
     v["metadata"]["labels"] = json!({"x": "y"});
     let v = a.put(&format!("{path}/d"), v).await.body;
-    assert_eq!(v["metadata"]["generation"], 1, "a label change is not a spec change");
+    assert_eq!(
+        v["metadata"]["generation"], 1,
+        "a label change is not a spec change"
+    );
     let mut v2 = v.clone();
     v2["spec"]["replicas"] = json!(5);
     let v2 = a.put(&format!("{path}/d"), v2).await.body;
@@ -154,7 +247,13 @@ async fn generation_follows_spec_changes_only() {
     // Status writes through the main resource are ignored; through /status they land.
     let mut s = v2.clone();
     s["status"] = json!({"replicas": 3});
-    assert!(a.put(&format!("{path}/d"), s.clone()).await.body.get("status").map(|st| st.get("replicas").is_none()).unwrap_or(true));
+    assert!(a
+        .put(&format!("{path}/d"), s.clone())
+        .await
+        .body
+        .get("status")
+        .map(|st| st.get("replicas").is_none())
+        .unwrap_or(true));
     let st = a.put(&format!("{path}/d/status"), s).await;
     assert_eq!(st.body["status"]["replicas"], 3);
     assert_eq!(st.body["metadata"]["generation"], 2);
@@ -173,9 +272,21 @@ async fn lists_page_through_one_snapshot() {
     a.post(CMS, cm("c9", json!({}))).await;
     a.delete(&format!("{CMS}/c4")).await;
     let p2 = a.get(&format!("{CMS}?limit=10&continue={cont}")).await.body;
-    let names: Vec<&str> = p2["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["c2", "c3", "c4"], "the snapshot of the first page, not later writes");
-    assert_eq!(p2["metadata"]["resourceVersion"], p1["metadata"]["resourceVersion"]);
+    let names: Vec<&str> = p2["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["c2", "c3", "c4"],
+        "the snapshot of the first page, not later writes"
+    );
+    assert_eq!(
+        p2["metadata"]["resourceVersion"],
+        p1["metadata"]["resourceVersion"]
+    );
     assert!(p2["metadata"].get("continue").is_none());
     let bad = a.get(&format!("{CMS}?limit=1&continue=garbage")).await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
@@ -188,7 +299,11 @@ async fn watch_events(a: &Api, path: &str, n: usize) -> Vec<Value> {
     let mut buf = Vec::new();
     let mut out = Vec::new();
     while out.len() < n {
-        let chunk = tokio::time::timeout(Duration::from_secs(5), stream.next()).await.expect("event within 5s").expect("open").unwrap();
+        let chunk = tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .expect("event within 5s")
+            .expect("open")
+            .unwrap();
         buf.extend_from_slice(&chunk);
         while let Some(i) = buf.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buf.drain(..=i).collect();
@@ -202,7 +317,10 @@ async fn watch_events(a: &Api, path: &str, n: usize) -> Vec<Value> {
 async fn a_selector_watch_sees_an_object_leave_as_deleted() {
     let a = api().await;
     let list = a.get(&format!("{CMS}?labelSelector=app%3Dweb")).await.body;
-    let rv = list["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let c = a.post(CMS, cm("c", json!({"app": "web"}))).await.body;
     let mut moved = c.clone();
     moved["metadata"]["labels"] = json!({"app": "db"});
@@ -212,10 +330,24 @@ async fn a_selector_watch_sees_an_object_leave_as_deleted() {
     a.put(&format!("{CMS}/c"), back).await;
     a.post(CMS, cm("other", json!({"app": "db"}))).await;
     a.delete(&format!("{CMS}/c")).await;
-    let evs = watch_events(&a, &format!("{CMS}?watch=1&labelSelector=app%3Dweb&resourceVersion={rv}"), 4).await;
+    let evs = watch_events(
+        &a,
+        &format!("{CMS}?watch=1&labelSelector=app%3Dweb&resourceVersion={rv}"),
+        4,
+    )
+    .await;
     let types: Vec<&str> = evs.iter().map(|e| e["type"].as_str().unwrap()).collect();
     assert_eq!(types, ["ADDED", "DELETED", "ADDED", "DELETED"]);
-    let revs: Vec<u64> = evs.iter().map(|e| e["object"]["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()).collect();
+    let revs: Vec<u64> = evs
+        .iter()
+        .map(|e| {
+            e["object"]["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
     assert!(revs.windows(2).all(|w| w[0] < w[1]), "{revs:?}");
 }
 
@@ -228,7 +360,10 @@ async fn a_watch_without_a_version_starts_with_the_current_state() {
     assert_eq!(evs[0]["object"]["metadata"]["name"], "a");
     let evs = watch_events(&a, &format!("{CMS}?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"), 2).await;
     assert_eq!(evs[1]["type"], "BOOKMARK");
-    assert_eq!(evs[1]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+    assert_eq!(
+        evs[1]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
 }
 
 #[tokio::test]
@@ -244,7 +379,10 @@ async fn finalizers_hold_deletion_until_removed() {
     let mut released = held.clone();
     released["metadata"]["finalizers"] = json!([]);
     a.put(&format!("{CMS}/f"), released).await;
-    assert_eq!(a.get(&format!("{CMS}/f")).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        a.get(&format!("{CMS}/f")).await.status,
+        StatusCode::NOT_FOUND
+    );
 }
 
 #[tokio::test]
@@ -254,10 +392,19 @@ async fn bound_pods_wait_for_their_node_and_binding_happens_once() {
     let pod = |n: &str| json!({"metadata": {"name": n}, "spec": {"containers": [{"name": "c", "image": "i:1"}]}});
     a.post(pods, pod("unbound")).await;
     a.delete(&format!("{pods}/unbound")).await;
-    assert_eq!(a.get(&format!("{pods}/unbound")).await.status, StatusCode::NOT_FOUND, "an unbound pod goes at once");
+    assert_eq!(
+        a.get(&format!("{pods}/unbound")).await.status,
+        StatusCode::NOT_FOUND,
+        "an unbound pod goes at once"
+    );
     a.post(pods, pod("bound")).await;
     let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "bound"}, "target": {"kind": "Node", "name": "n1"}});
-    assert_eq!(a.post(&format!("{pods}/bound/binding"), binding.clone()).await.status, StatusCode::CREATED);
+    assert_eq!(
+        a.post(&format!("{pods}/bound/binding"), binding.clone())
+            .await
+            .status,
+        StatusCode::CREATED
+    );
     let again = a.post(&format!("{pods}/bound/binding"), binding).await;
     assert_eq!(again.status, StatusCode::CONFLICT);
     let p = a.get(&format!("{pods}/bound")).await.body;
@@ -268,24 +415,40 @@ async fn bound_pods_wait_for_their_node_and_binding_happens_once() {
     let pending = a.get(&format!("{pods}/bound")).await.body;
     assert_eq!(pending["metadata"]["deletionGracePeriodSeconds"], 30);
     // The node confirms with a zero grace period.
-    let r = a.req("DELETE", &format!("{pods}/bound"), "application/json", r#"{"gracePeriodSeconds":0}"#).await;
+    let r = a
+        .req(
+            "DELETE",
+            &format!("{pods}/bound"),
+            "application/json",
+            r#"{"gracePeriodSeconds":0}"#,
+        )
+        .await;
     assert_eq!(r.status, StatusCode::OK);
-    assert_eq!(a.get(&format!("{pods}/bound")).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        a.get(&format!("{pods}/bound")).await.status,
+        StatusCode::NOT_FOUND
+    );
 }
 
 #[tokio::test]
 async fn terminating_namespaces_refuse_new_content() {
     let a = api().await;
-    a.post("/api/v1/namespaces", json!({"metadata": {"name": "t"}})).await;
+    a.post("/api/v1/namespaces", json!({"metadata": {"name": "t"}}))
+        .await;
     let mut c = cm("held", json!({}));
     c["metadata"]["finalizers"] = json!(["example.com/hold"]);
     a.post("/api/v1/namespaces/t/configmaps", c).await;
     a.delete("/api/v1/namespaces/t").await;
     let ns = a.get("/api/v1/namespaces/t").await.body;
     assert_eq!(ns["status"]["phase"], "Terminating");
-    let refused = a.post("/api/v1/namespaces/t/configmaps", cm("new", json!({}))).await;
+    let refused = a
+        .post("/api/v1/namespaces/t/configmaps", cm("new", json!({})))
+        .await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN);
-    assert!(refused.body["message"].as_str().unwrap().contains("because it is being terminated"));
+    assert!(refused.body["message"]
+        .as_str()
+        .unwrap()
+        .contains("because it is being terminated"));
 }
 
 #[tokio::test]
@@ -301,13 +464,30 @@ async fn autoscaling_v1_and_v2_are_one_object() {
     assert_eq!(created.body["spec"]["targetCPUUtilizationPercentage"], 70);
     let as_v2 = a.get(&format!("{v2}/h")).await.body;
     assert_eq!(as_v2["apiVersion"], "autoscaling/v2");
-    assert_eq!(as_v2["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"], 70);
-    let patched = a.req("PATCH", &format!("{v1}/h"), "application/merge-patch+json", r#"{"spec":{"targetCPUUtilizationPercentage":50}}"#).await;
+    assert_eq!(
+        as_v2["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"],
+        70
+    );
+    let patched = a
+        .req(
+            "PATCH",
+            &format!("{v1}/h"),
+            "application/merge-patch+json",
+            r#"{"spec":{"targetCPUUtilizationPercentage":50}}"#,
+        )
+        .await;
     assert_eq!(patched.status, StatusCode::OK, "{}", patched.body);
-    assert_eq!(a.get(&format!("{v2}/h")).await.body["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"], 50);
+    assert_eq!(
+        a.get(&format!("{v2}/h")).await.body["spec"]["metrics"][0]["resource"]["target"]
+            ["averageUtilization"],
+        50
+    );
     let list = a.get(v1).await.body;
     assert_eq!(list["items"][0]["apiVersion"], "autoscaling/v1");
-    assert_eq!(list["items"][0]["spec"]["targetCPUUtilizationPercentage"], 50);
+    assert_eq!(
+        list["items"][0]["spec"]["targetCPUUtilizationPercentage"],
+        50
+    );
 }
 
 #[tokio::test]
@@ -318,19 +498,35 @@ async fn node_port_services_get_a_port_that_updates_keep() {
     let created = a.post(svcs, svc.clone()).await.body;
     let port = created["spec"]["ports"][0]["nodePort"].as_u64().unwrap();
     assert!((30000..=32767).contains(&port));
-    assert!(created["spec"]["clusterIP"].as_str().unwrap().starts_with("10.43."));
+    assert!(created["spec"]["clusterIP"]
+        .as_str()
+        .unwrap()
+        .starts_with("10.43."));
     let mut replaced = svc.clone();
     replaced["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"].clone();
     let updated = a.put(&format!("{svcs}/np"), replaced).await.body;
-    assert_eq!(updated["spec"]["ports"][0]["nodePort"].as_u64(), Some(port), "{updated}");
+    assert_eq!(
+        updated["spec"]["ports"][0]["nodePort"].as_u64(),
+        Some(port),
+        "{updated}"
+    );
     assert_eq!(updated["spec"]["clusterIP"], created["spec"]["clusterIP"]);
-    let mut clash = json!({"metadata": {"name": "np2"}, "spec": {"type": "NodePort", "ports": [{"port": 81}]}});
+    let mut clash =
+        json!({"metadata": {"name": "np2"}, "spec": {"type": "NodePort", "ports": [{"port": 81}]}});
     clash["spec"]["ports"][0]["nodePort"] = json!(port);
     let refused = a.post(svcs, clash).await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(refused.body["message"].as_str().unwrap().contains("provided port is already allocated"));
+    assert!(refused.body["message"]
+        .as_str()
+        .unwrap()
+        .contains("provided port is already allocated"));
     a.delete(&format!("{svcs}/np")).await;
-    let mut reuse = json!({"metadata": {"name": "np3"}, "spec": {"type": "NodePort", "ports": [{"port": 81}]}});
+    let mut reuse =
+        json!({"metadata": {"name": "np3"}, "spec": {"type": "NodePort", "ports": [{"port": 81}]}});
     reuse["spec"]["ports"][0]["nodePort"] = json!(port);
-    assert_eq!(a.post(svcs, reuse).await.status, StatusCode::CREATED, "a deleted service's port is free again");
+    assert_eq!(
+        a.post(svcs, reuse).await.status,
+        StatusCode::CREATED,
+        "a deleted service's port is free again"
+    );
 }

@@ -13,7 +13,10 @@ use crate::resources::{ResourceInfo, RESOURCES};
 /// The resource whose version is stored for `res` (the first served version
 /// with the same storage, which is the preferred one).
 pub fn storage_resource(res: &'static ResourceInfo) -> &'static ResourceInfo {
-    RESOURCES.iter().find(|r| r.storage == res.storage).unwrap_or(res)
+    RESOURCES
+        .iter()
+        .find(|r| r.storage == res.storage)
+        .unwrap_or(res)
 }
 
 /// Whether requests for `res` need conversion.
@@ -38,7 +41,10 @@ pub fn to_storage(res: &'static ResourceInfo, mut obj: Value) -> Value {
             }
         }
         if let Some(status) = obj.get_mut("status").and_then(Value::as_object_mut) {
-            if let Some(cpu) = status.remove("currentCPUUtilizationPercentage").filter(|c| !c.is_null()) {
+            if let Some(cpu) = status
+                .remove("currentCPUUtilizationPercentage")
+                .filter(|c| !c.is_null())
+            {
                 status.insert(
                     "currentMetrics".into(),
                     json!([{"type": "Resource", "resource": {"name": "cpu", "current": {"averageUtilization": cpu}}}]),
@@ -98,7 +104,6 @@ pub fn bytes_from_storage(res: &'static ResourceInfo, b: &[u8]) -> Vec<u8> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,7 +116,10 @@ mod tests {
             "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "d", "apiVersion": "apps/v1"}, "maxReplicas": 5, "targetCPUUtilizationPercentage": 60}});
         let stored = to_storage(v1, obj.clone());
         assert_eq!(stored["apiVersion"], "autoscaling/v2");
-        assert_eq!(stored["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"], 60);
+        assert_eq!(
+            stored["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"],
+            60
+        );
         assert_eq!(from_storage(v1, stored), obj);
     }
 

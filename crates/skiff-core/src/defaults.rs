@@ -69,7 +69,11 @@ pub fn apply_defaults(res: &ResourceInfo, obj_v: &mut Value) {
                 set_default(spec, "replicas", json!(1));
                 set_default(spec, "podManagementPolicy", json!("OrderedReady"));
                 set_default(spec, "revisionHistoryLimit", json!(10));
-                set_default(spec, "updateStrategy", json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}));
+                set_default(
+                    spec,
+                    "updateStrategy",
+                    json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}),
+                );
                 set_default(
                     spec,
                     "persistentVolumeClaimRetentionPolicy",
@@ -105,7 +109,11 @@ pub fn apply_defaults(res: &ResourceInfo, obj_v: &mut Value) {
             if let Some(spec) = obj(obj_v, "spec") {
                 set_default(spec, "type", json!("ClusterIP"));
                 set_default(spec, "sessionAffinity", json!("None"));
-                let ty = spec.get("type").and_then(Value::as_str).unwrap_or("").to_string();
+                let ty = spec
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
                 if ty != "ExternalName" {
                     set_default(spec, "ipFamilies", json!(["IPv4"]));
                     set_default(spec, "ipFamilyPolicy", json!("SingleStack"));
@@ -216,7 +224,11 @@ fn container(c: &mut Value) {
     let Some(m) = c.as_object_mut() else { return };
     set_default(m, "terminationMessagePath", json!("/dev/termination-log"));
     set_default(m, "terminationMessagePolicy", json!("File"));
-    let image = m.get("image").and_then(Value::as_str).unwrap_or("").to_string();
+    let image = m
+        .get("image")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     set_default(m, "imagePullPolicy", json!(image_pull_policy(&image)));
     set_default(m, "resources", json!({}));
     if let Some(ports) = m.get_mut("ports").and_then(Value::as_array_mut) {
@@ -231,7 +243,9 @@ fn container(c: &mut Value) {
 
 /// PodSpec defaults (also used inside workload templates).
 pub fn pod_spec(spec: &mut Value) {
-    let Some(m) = spec.as_object_mut() else { return };
+    let Some(m) = spec.as_object_mut() else {
+        return;
+    };
     set_default(m, "restartPolicy", json!("Always"));
     set_default(m, "dnsPolicy", json!("ClusterFirst"));
     set_default(m, "schedulerName", json!("default-scheduler"));

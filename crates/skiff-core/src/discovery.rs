@@ -8,17 +8,35 @@ use serde_json::{json, Value};
 use crate::resources::{groups, ResourceInfo, RESOURCES};
 
 /// `(verbs, group, version, kind)` of a subresource as discovery lists it.
-fn subresource(res: &ResourceInfo, sub: &str) -> (Vec<&'static str>, &'static str, &'static str, &'static str) {
+fn subresource(
+    res: &ResourceInfo,
+    sub: &str,
+) -> (Vec<&'static str>, &'static str, &'static str, &'static str) {
     match sub {
-        "status" => (vec!["get", "patch", "update"], res.group, res.version, res.kind),
+        "status" => (
+            vec!["get", "patch", "update"],
+            res.group,
+            res.version,
+            res.kind,
+        ),
         "scale" => (vec!["get", "patch", "update"], "autoscaling", "v1", "Scale"),
         "binding" => (vec!["create"], "", "v1", "Binding"),
         "eviction" => (vec!["create"], "policy", "v1", "Eviction"),
         "log" => (vec!["get"], "", "v1", "Pod"),
         "exec" | "attach" | "portforward" => (vec!["create", "get"], "", "v1", "PodExecOptions"),
-        "proxy" => (vec!["create", "delete", "get", "patch", "update"], "", "v1", proxy_kind(res)),
+        "proxy" => (
+            vec!["create", "delete", "get", "patch", "update"],
+            "",
+            "v1",
+            proxy_kind(res),
+        ),
         "finalize" => (vec!["update"], "", "v1", "Namespace"),
-        "token" => (vec!["create"], "authentication.k8s.io", "v1", "TokenRequest"),
+        "token" => (
+            vec!["create"],
+            "authentication.k8s.io",
+            "v1",
+            "TokenRequest",
+        ),
         "ephemeralcontainers" | "resize" => (vec!["get", "patch", "update"], "", "v1", "Pod"),
         _ => (vec!["get"], res.group, res.version, res.kind),
     }
@@ -50,7 +68,12 @@ fn storage_hash(res: &ResourceInfo) -> String {
     }
     let bytes = h.to_le_bytes();
     const ALPH: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    bytes.iter().take(8).map(|b| ALPH[(*b as usize) % 64] as char).collect::<String>() + "="
+    bytes
+        .iter()
+        .take(8)
+        .map(|b| ALPH[(*b as usize) % 64] as char)
+        .collect::<String>()
+        + "="
 }
 
 /// `/api`.
@@ -63,7 +86,10 @@ pub fn api_versions(server_address: &str) -> Value {
 }
 
 fn group_doc(group: &str, versions: &[&str]) -> Value {
-    let vs: Vec<Value> = versions.iter().map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v})).collect();
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v}))
+        .collect();
     json!({
         "name": group,
         "versions": vs,
@@ -88,7 +114,10 @@ pub fn api_group(group: &str) -> Option<Value> {
 
 /// `/api/v1` or `/apis/<group>/<version>`.
 pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
-    let rs: Vec<&ResourceInfo> = RESOURCES.iter().filter(|r| r.group == group && r.version == version).collect();
+    let rs: Vec<&ResourceInfo> = RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+        .collect();
     if rs.is_empty() {
         return None;
     }
@@ -119,8 +148,14 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
             out.push(s);
         }
     }
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out}))
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": out}),
+    )
 }
 
 fn discovery_version(group: &str, version: &str) -> Value {
@@ -161,7 +196,9 @@ fn discovery_version(group: &str, version: &str) -> Value {
 /// The aggregated discovery document for `/api` (`legacy`) or `/apis`.
 pub fn aggregated_discovery(legacy: bool) -> Value {
     let items: Vec<Value> = if legacy {
-        vec![json!({"metadata": {"creationTimestamp": null}, "versions": [discovery_version("", "v1")]})]
+        vec![
+            json!({"metadata": {"creationTimestamp": null}, "versions": [discovery_version("", "v1")]}),
+        ]
     } else {
         groups()
             .iter()
@@ -181,7 +218,12 @@ mod tests {
     #[test]
     fn the_core_resource_list_has_pods_with_their_short_name_and_category() {
         let l = api_resource_list("", "v1").unwrap();
-        let pods = l["resources"].as_array().unwrap().iter().find(|r| r["name"] == "pods").unwrap();
+        let pods = l["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "pods")
+            .unwrap();
         assert_eq!(pods["shortNames"], json!(["po"]));
         assert_eq!(pods["categories"], json!(["all"]));
         let scale = api_resource_list("apps", "v1").unwrap()["resources"]
@@ -191,20 +233,40 @@ mod tests {
             .find(|r| r["name"] == "deployments/scale")
             .cloned()
             .unwrap();
-        assert_eq!((scale["group"].as_str(), scale["kind"].as_str()), (Some("autoscaling"), Some("Scale")));
+        assert_eq!(
+            (scale["group"].as_str(), scale["kind"].as_str()),
+            (Some("autoscaling"), Some("Scale"))
+        );
     }
 
     #[test]
     fn aggregated_discovery_lists_deployments_with_scale() {
         let d = aggregated_discovery(false);
-        let apps = d["items"].as_array().unwrap().iter().find(|g| g["metadata"]["name"] == "apps").unwrap();
-        let dep = apps["versions"][0]["resources"].as_array().unwrap().iter().find(|r| r["resource"] == "deployments").unwrap();
-        assert!(dep["subresources"].as_array().unwrap().iter().any(|s| s["subresource"] == "scale"));
+        let apps = d["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["metadata"]["name"] == "apps")
+            .unwrap();
+        let dep = apps["versions"][0]["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["resource"] == "deployments")
+            .unwrap();
+        assert!(dep["subresources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["subresource"] == "scale"));
         assert_eq!(dep["scope"], "Namespaced");
     }
 
     #[test]
     fn autoscaling_prefers_v2() {
-        assert_eq!(api_group("autoscaling").unwrap()["preferredVersion"]["version"], "v2");
+        assert_eq!(
+            api_group("autoscaling").unwrap()["preferredVersion"]["version"],
+            "v2"
+        );
     }
 }

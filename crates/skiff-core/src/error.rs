@@ -15,7 +15,11 @@ pub struct Cause {
 
 impl Cause {
     pub fn new(reason: &str, field: impl Into<String>, message: impl Into<String>) -> Self {
-        Cause { reason: reason.to_string(), message: message.into(), field: field.into() }
+        Cause {
+            reason: reason.to_string(),
+            message: message.into(),
+            field: field.into(),
+        }
     }
     /// `Required value` (FieldValueRequired).
     pub fn required(field: impl Into<String>) -> Self {
@@ -27,7 +31,11 @@ impl Cause {
             Value::String(s) => format!("{s:?}"),
             other => other.to_string(),
         };
-        Cause::new("FieldValueInvalid", field, format!("Invalid value: {shown}: {detail}"))
+        Cause::new(
+            "FieldValueInvalid",
+            field,
+            format!("Invalid value: {shown}: {detail}"),
+        )
     }
     /// `Unsupported value: <v>: supported values: ...` (FieldValueNotSupported).
     pub fn not_supported(field: impl Into<String>, value: &Value, supported: &[&str]) -> Self {
@@ -39,7 +47,10 @@ impl Cause {
         Cause::new(
             "FieldValueNotSupported",
             field,
-            format!("Unsupported value: {shown}: supported values: {}", list.join(", ")),
+            format!(
+                "Unsupported value: {shown}: supported values: {}",
+                list.join(", ")
+            ),
         )
     }
     /// `Forbidden: <detail>` (FieldValueForbidden).
@@ -48,7 +59,11 @@ impl Cause {
     }
     /// `Duplicate value: <v>` (FieldValueDuplicate).
     pub fn duplicate(field: impl Into<String>, value: &Value) -> Self {
-        Cause::new("FieldValueDuplicate", field, format!("Duplicate value: {value}"))
+        Cause::new(
+            "FieldValueDuplicate",
+            field,
+            format!("Duplicate value: {value}"),
+        )
     }
 }
 
@@ -107,14 +122,25 @@ impl ApiError {
 
     /// 404: `pods "x" not found`. `resource` is the plural name.
     pub fn not_found(group: &str, resource: &str, name: &str) -> Self {
-        ApiError::new(404, "NotFound", format!("{} {name:?} not found", group_resource(group, resource)))
-            .with_details(group, resource, name)
+        ApiError::new(
+            404,
+            "NotFound",
+            format!("{} {name:?} not found", group_resource(group, resource)),
+        )
+        .with_details(group, resource, name)
     }
 
     /// 409: `pods "x" already exists`.
     pub fn already_exists(group: &str, resource: &str, name: &str) -> Self {
-        ApiError::new(409, "AlreadyExists", format!("{} {name:?} already exists", group_resource(group, resource)))
-            .with_details(group, resource, name)
+        ApiError::new(
+            409,
+            "AlreadyExists",
+            format!(
+                "{} {name:?} already exists",
+                group_resource(group, resource)
+            ),
+        )
+        .with_details(group, resource, name)
     }
 
     /// 409 Conflict with Kubernetes' wording for a stale resourceVersion.
@@ -122,7 +148,10 @@ impl ApiError {
         ApiError::new(
             409,
             "Conflict",
-            format!("Operation cannot be fulfilled on {} {name:?}: {detail}", group_resource(group, resource)),
+            format!(
+                "Operation cannot be fulfilled on {} {name:?}: {detail}",
+                group_resource(group, resource)
+            ),
         )
         .with_details(group, resource, name)
     }
@@ -134,11 +163,25 @@ impl ApiError {
     pub fn invalid(group: &str, kind: &str, name: &str, causes: Vec<Cause>) -> Self {
         let parts: Vec<String> = causes
             .iter()
-            .map(|c| if c.field.is_empty() { c.message.clone() } else { format!("{}: {}", c.field, c.message) })
+            .map(|c| {
+                if c.field.is_empty() {
+                    c.message.clone()
+                } else {
+                    format!("{}: {}", c.field, c.message)
+                }
+            })
             .collect();
-        let summary = if parts.len() == 1 { parts[0].clone() } else { format!("[{}]", parts.join(", ")) };
-        let mut e = ApiError::new(422, "Invalid", format!("{kind} {name:?} is invalid: {summary}"))
-            .with_details(group, kind, name);
+        let summary = if parts.len() == 1 {
+            parts[0].clone()
+        } else {
+            format!("[{}]", parts.join(", "))
+        };
+        let mut e = ApiError::new(
+            422,
+            "Invalid",
+            format!("{kind} {name:?} is invalid: {summary}"),
+        )
+        .with_details(group, kind, name);
         e.causes = causes;
         e
     }
@@ -174,7 +217,11 @@ impl ApiError {
         e
     }
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError::new(500, "InternalError", format!("Internal error occurred: {}", message.into()))
+        ApiError::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {}", message.into()),
+        )
     }
     pub fn timeout(message: impl Into<String>) -> Self {
         ApiError::new(504, "Timeout", message)
@@ -240,7 +287,13 @@ mod tests {
     #[test]
     fn invalid_lists_each_cause_with_its_field() {
         let e = ApiError::invalid("", "Pod", "p", vec![Cause::required("spec.containers")]);
-        assert_eq!(e.message, "Pod \"p\" is invalid: spec.containers: Required value");
-        assert_eq!(e.to_status()["details"]["causes"][0]["field"], "spec.containers");
+        assert_eq!(
+            e.message,
+            "Pod \"p\" is invalid: spec.containers: Required value"
+        );
+        assert_eq!(
+            e.to_status()["details"]["causes"][0]["field"],
+            "spec.containers"
+        );
     }
 }

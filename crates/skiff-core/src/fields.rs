@@ -35,7 +35,13 @@ pub fn index_fields(res: &ResourceInfo) -> &'static [&'static str] {
             "source",
             "type",
         ],
-        ("events.k8s.io", "Event") => &["regarding.kind", "regarding.namespace", "regarding.name", "reason", "type"],
+        ("events.k8s.io", "Event") => &[
+            "regarding.kind",
+            "regarding.namespace",
+            "regarding.name",
+            "reason",
+            "type",
+        ],
         ("", "ReplicationController") | ("apps", "ReplicaSet") => &["status.replicas"],
         ("batch", "Job") => &["status.successful"],
         ("", "Service") => &["spec.clusterIP", "spec.type"],
@@ -58,12 +64,18 @@ pub fn field_value(res: &ResourceInfo, obj: &Value, field: &str) -> Option<Strin
     let ptr = format!("/{}", field.replace('.', "/"));
     match field {
         "metadata.name" | "metadata.namespace" => scalar(obj.pointer(&ptr)).or(Some(String::new())),
-        "spec.hostNetwork" | "spec.unschedulable" => Some(scalar(obj.pointer(&ptr)).unwrap_or_else(|| "false".into())),
-        "status.replicas" | "status.successful" => Some(scalar(obj.pointer(&ptr)).unwrap_or_else(|| "0".into())),
+        "spec.hostNetwork" | "spec.unschedulable" => {
+            Some(scalar(obj.pointer(&ptr)).unwrap_or_else(|| "false".into()))
+        }
+        "status.replicas" | "status.successful" => {
+            Some(scalar(obj.pointer(&ptr)).unwrap_or_else(|| "0".into()))
+        }
         "source" if res.kind == "Event" && res.group.is_empty() => {
             Some(scalar(obj.pointer("/source/component")).unwrap_or_default())
         }
-        _ if index_fields(res).contains(&field) => Some(scalar(obj.pointer(&ptr)).unwrap_or_default()),
+        _ if index_fields(res).contains(&field) => {
+            Some(scalar(obj.pointer(&ptr)).unwrap_or_default())
+        }
         _ => None,
     }
 }
@@ -74,7 +86,9 @@ pub fn check_supported(res: &ResourceInfo, field: &str) -> Result<(), ApiError> 
     if common || index_fields(res).contains(&field) {
         Ok(())
     } else {
-        Err(ApiError::bad_request(format!("field label not supported: {field}")))
+        Err(ApiError::bad_request(format!(
+            "field label not supported: {field}"
+        )))
     }
 }
 
@@ -88,16 +102,28 @@ mod tests {
     fn an_unscheduled_pod_has_an_empty_node_name() {
         let pods = lookup("", "v1", "pods").unwrap();
         let pod = json!({"metadata": {"name": "p"}, "spec": {}, "status": {"phase": "Pending"}});
-        assert_eq!(field_value(pods, &pod, "spec.nodeName").as_deref(), Some(""));
-        assert_eq!(field_value(pods, &pod, "status.phase").as_deref(), Some("Pending"));
-        assert_eq!(field_value(pods, &pod, "spec.hostNetwork").as_deref(), Some("false"));
+        assert_eq!(
+            field_value(pods, &pod, "spec.nodeName").as_deref(),
+            Some("")
+        );
+        assert_eq!(
+            field_value(pods, &pod, "status.phase").as_deref(),
+            Some("Pending")
+        );
+        assert_eq!(
+            field_value(pods, &pod, "spec.hostNetwork").as_deref(),
+            Some("false")
+        );
     }
 
     #[test]
     fn unsupported_fields_are_a_bad_request() {
         let cms = lookup("", "v1", "configmaps").unwrap();
         let e = check_supported(cms, "data.x").unwrap_err();
-        assert_eq!((e.code, e.message.as_str()), (400, "field label not supported: data.x"));
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (400, "field label not supported: data.x")
+        );
         assert!(check_supported(cms, "metadata.name").is_ok());
     }
 }

@@ -12,7 +12,8 @@ const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lowe
 fn label_ok(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -47,7 +48,9 @@ pub fn with_generated_name(prefix: &str, random: u64) -> String {
 /// How a kind's names are checked.
 fn name_rule(res: &ResourceInfo) -> fn(&str) -> Option<String> {
     match res.kind {
-        "Namespace" | "Service" => |n| (!is_dns1123_label(n)).then(|| DNS1123_LABEL_MSG.to_string()),
+        "Namespace" | "Service" => {
+            |n| (!is_dns1123_label(n)).then(|| DNS1123_LABEL_MSG.to_string())
+        }
         "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding" => |n| {
             if n == "." || n == ".." {
                 Some(format!("may not be '{n}'"))
@@ -67,7 +70,11 @@ pub fn validate_object_meta(res: &ResourceInfo, obj: &Value, _is_create: bool) -
     let meta = obj.get("metadata").cloned().unwrap_or(json!({}));
     let name = meta.get("name").and_then(Value::as_str).unwrap_or("");
     if name.is_empty() {
-        causes.push(Cause::new("FieldValueRequired", "metadata.name", "Required value: name or generateName is required"));
+        causes.push(Cause::new(
+            "FieldValueRequired",
+            "metadata.name",
+            "Required value: name or generateName is required",
+        ));
     } else if let Some(msg) = name_rule(res)(name) {
         causes.push(Cause::invalid("metadata.name", &json!(name), &msg));
     }
@@ -88,12 +95,18 @@ pub fn validate_object_meta(res: &ResourceInfo, obj: &Value, _is_create: bool) -
                                 ));
                             }
                         }
-                        None => causes.push(Cause::invalid("metadata.labels", v, "must be a string")),
+                        None => {
+                            causes.push(Cause::invalid("metadata.labels", v, "must be a string"))
+                        }
                     }
                 }
             }
             None if labels.is_null() => {}
-            None => causes.push(Cause::invalid("metadata.labels", labels, "must be a map of strings")),
+            None => causes.push(Cause::invalid(
+                "metadata.labels",
+                labels,
+                "must be a map of strings",
+            )),
         }
     }
     if let Some(ann) = meta.get("annotations").and_then(Value::as_object) {
@@ -122,7 +135,11 @@ pub fn validate_object_meta_update(new: &Value, old: &Value) -> Vec<Cause> {
         let a = new.pointer(&format!("/metadata/{f}"));
         let b = old.pointer(&format!("/metadata/{f}"));
         if a != b {
-            causes.push(Cause::invalid(format!("metadata.{f}"), a.unwrap_or(&Value::Null), "field is immutable"));
+            causes.push(Cause::invalid(
+                format!("metadata.{f}"),
+                a.unwrap_or(&Value::Null),
+                "field is immutable",
+            ));
         }
     }
     causes
@@ -137,7 +154,10 @@ mod tests {
     fn generated_names_keep_the_prefix_and_add_five_characters() {
         let n = with_generated_name("web-", 12345);
         assert!(n.starts_with("web-") && n.len() == 9);
-        assert_ne!(with_generated_name("web-", 1), with_generated_name("web-", 2));
+        assert_ne!(
+            with_generated_name("web-", 1),
+            with_generated_name("web-", 2)
+        );
     }
 
     #[test]
@@ -145,13 +165,18 @@ mod tests {
         let pods = lookup("", "v1", "pods").unwrap();
         let c = validate_object_meta(pods, &json!({"metadata": {"name": "Foo"}}), true);
         assert_eq!(c[0].field, "metadata.name");
-        assert!(c[0].message.starts_with("Invalid value: \"Foo\": a lowercase RFC 1123 subdomain"));
+        assert!(c[0]
+            .message
+            .starts_with("Invalid value: \"Foo\": a lowercase RFC 1123 subdomain"));
     }
 
     #[test]
     fn namespaces_may_not_contain_dots() {
         let ns = lookup("", "v1", "namespaces").unwrap();
-        assert_eq!(validate_object_meta(ns, &json!({"metadata": {"name": "a.b"}}), true).len(), 1);
+        assert_eq!(
+            validate_object_meta(ns, &json!({"metadata": {"name": "a.b"}}), true).len(),
+            1
+        );
         assert!(validate_object_meta(ns, &json!({"metadata": {"name": "a-b"}}), true).is_empty());
     }
 }

@@ -20,8 +20,13 @@ fn gvk(group: &str, version: &str, kind: &str) -> Value {
 fn definitions_with_gvk() -> Map<String, Value> {
     let mut defs = schema::definitions().clone();
     let mut tag = |name: Option<&str>, g: &str, v: &str, k: &str| {
-        if let Some(d) = name.and_then(|n| defs.get_mut(n)).and_then(Value::as_object_mut) {
-            let list = d.entry("x-kubernetes-group-version-kind").or_insert_with(|| json!([]));
+        if let Some(d) = name
+            .and_then(|n| defs.get_mut(n))
+            .and_then(Value::as_object_mut)
+        {
+            let list = d
+                .entry("x-kubernetes-group-version-kind")
+                .or_insert_with(|| json!([]));
             if let Some(a) = list.as_array_mut() {
                 let e = gvk(g, v, k);
                 if !a.contains(&e) {
@@ -31,12 +36,25 @@ fn definitions_with_gvk() -> Map<String, Value> {
         }
     };
     for r in RESOURCES {
-        tag(schema::definition_name(r.group, r.version, r.kind), r.group, r.version, r.kind);
+        tag(
+            schema::definition_name(r.group, r.version, r.kind),
+            r.group,
+            r.version,
+            r.kind,
+        );
     }
-    for (g, v, k) in [("", "v1", "Binding"), ("autoscaling", "v1", "Scale"), ("policy", "v1", "Eviction")] {
+    for (g, v, k) in [
+        ("", "v1", "Binding"),
+        ("autoscaling", "v1", "Scale"),
+        ("policy", "v1", "Eviction"),
+    ] {
         tag(schema::definition_name(g, v, k), g, v, k);
     }
-    for (g, v, k) in [("meta.k8s.io", "v1", "Status"), ("meta.k8s.io", "v1", "DeleteOptions"), ("meta.k8s.io", "v1", "WatchEvent")] {
+    for (g, v, k) in [
+        ("meta.k8s.io", "v1", "Status"),
+        ("meta.k8s.io", "v1", "DeleteOptions"),
+        ("meta.k8s.io", "v1", "WatchEvent"),
+    ] {
         tag(schema::definition_name(g, v, k), "", "v1", k);
     }
     defs
@@ -93,12 +111,20 @@ fn op(r: &ResourceInfo, action: &str, id: &str, params: Vec<Value>, v3: bool) ->
 fn paths(v3: bool, filter: impl Fn(&ResourceInfo) -> bool) -> Map<String, Value> {
     let mut out = Map::new();
     for r in RESOURCES.iter().filter(|r| filter(r)) {
-        let ns = if r.namespaced { "/namespaces/{namespace}" } else { "" };
+        let ns = if r.namespaced {
+            "/namespaces/{namespace}"
+        } else {
+            ""
+        };
         let coll = format!("{}{ns}/{}", base_path(r), r.plural);
         let item = format!("{coll}/{{name}}");
         let id = format!("{}{}", r.kind, r.version);
         let mut pp = write_params(v3);
-        let force = if v3 { query_v3("force", "Force is going to \"force\" Apply requests.") } else { query("force", "Force is going to \"force\" Apply requests.") };
+        let force = if v3 {
+            query_v3("force", "Force is going to \"force\" Apply requests.")
+        } else {
+            query("force", "Force is going to \"force\" Apply requests.")
+        };
         pp.push(force);
         out.insert(
             coll,
@@ -174,22 +200,34 @@ pub fn openapi_v3_index() -> Value {
     let mut seen = Vec::new();
     for r in RESOURCES {
         let (key, url) = if r.group.is_empty() {
-            (format!("api/{}", r.version), format!("/openapi/v3/api/{}", r.version))
+            (
+                format!("api/{}", r.version),
+                format!("/openapi/v3/api/{}", r.version),
+            )
         } else {
-            (format!("apis/{}/{}", r.group, r.version), format!("/openapi/v3/apis/{}/{}", r.group, r.version))
+            (
+                format!("apis/{}/{}", r.group, r.version),
+                format!("/openapi/v3/apis/{}/{}", r.group, r.version),
+            )
         };
         if seen.contains(&key) {
             continue;
         }
         seen.push(key.clone());
-        paths.insert(key, json!({"serverRelativeURL": format!("{url}?hash={}", gv_hash(r.group, r.version))}));
+        paths.insert(
+            key,
+            json!({"serverRelativeURL": format!("{url}?hash={}", gv_hash(r.group, r.version))}),
+        );
     }
     json!({"paths": paths})
 }
 
 /// The OpenAPI 3.0 document of one group-version.
 pub fn openapi_v3_group_version(group: &str, version: &str) -> Option<Value> {
-    if !RESOURCES.iter().any(|r| r.group == group && r.version == version) {
+    if !RESOURCES
+        .iter()
+        .any(|r| r.group == group && r.version == version)
+    {
         return None;
     }
     let mut p = Value::Object(paths(true, |r| r.group == group && r.version == version));
@@ -210,16 +248,29 @@ mod tests {
     fn the_apps_v1_document_describes_deployments_with_their_gvk() {
         let doc = openapi_v3_group_version("apps", "v1").unwrap();
         let d = &doc["components"]["schemas"]["io.k8s.api.apps.v1.Deployment"];
-        assert_eq!(d["x-kubernetes-group-version-kind"][0]["kind"], "Deployment");
-        let patch = &doc["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"];
-        assert!(patch["parameters"].as_array().unwrap().iter().any(|p| p["name"] == "fieldValidation"));
-        assert!(!serde_json::to_string(&doc).unwrap().contains("#/definitions/"));
+        assert_eq!(
+            d["x-kubernetes-group-version-kind"][0]["kind"],
+            "Deployment"
+        );
+        let patch =
+            &doc["paths"]["/apis/apps/v1/namespaces/{namespace}/deployments/{name}"]["patch"];
+        assert!(patch["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "fieldValidation"));
+        assert!(!serde_json::to_string(&doc)
+            .unwrap()
+            .contains("#/definitions/"));
     }
 
     #[test]
     fn the_index_points_at_every_group_version() {
         let idx = openapi_v3_index();
-        assert!(idx["paths"]["api/v1"]["serverRelativeURL"].as_str().unwrap().starts_with("/openapi/v3/api/v1?hash="));
+        assert!(idx["paths"]["api/v1"]["serverRelativeURL"]
+            .as_str()
+            .unwrap()
+            .starts_with("/openapi/v3/api/v1?hash="));
         assert!(idx["paths"].get("apis/apps/v1").is_some());
         let v2: Value = serde_json::from_slice(openapi_v2_bytes()).unwrap();
         assert_eq!(v2["swagger"], "2.0");

@@ -9,26 +9,15 @@
 //! OpenAPI schemas, so one generic decoder serves every message listed.
 //! Fields outside the table are refused rather than dropped.
 
-use base64_engine::encode as b64;
 use serde_json::{json, Map, Value};
 
 use crate::schema::TypeRef;
 use crate::ApiError;
 
-mod base64_engine {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    /// Standard base64 with padding (how JSON carries `[]byte`).
-    pub fn encode(b: &[u8]) -> String {
-        let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
-        for c in b.chunks(3) {
-            let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
-            out.push(T[(n >> 18) as usize & 63] as char);
-            out.push(T[(n >> 12) as usize & 63] as char);
-            out.push(if c.len() > 1 { T[(n >> 6) as usize & 63] as char } else { '=' });
-            out.push(if c.len() > 2 { T[n as usize & 63] as char } else { '=' });
-        }
-        out
-    }
+/// Standard base64 with padding (how JSON carries `[]byte`).
+fn b64(b: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(b)
 }
 
 /// Field numbers per message: `definition short name` → `number name`
@@ -105,7 +94,9 @@ impl<'a> Reader<'a> {
     fn varint(&mut self) -> Result<u64, ApiError> {
         let mut v = 0u64;
         for i in 0..10 {
-            let Some((&byte, rest)) = self.b.split_first() else { break };
+            let Some((&byte, rest)) = self.b.split_first() else {
+                break;
+            };
             self.b = rest;
             v |= ((byte & 0x7f) as u64) << (7 * i);
             if byte & 0x80 == 0 {
@@ -132,7 +123,11 @@ impl<'a> Reader<'a> {
                 self.b = rest;
                 Wire::Bytes(d)
             }
-            1 | 5 => return Err(unsupported("fixed-width protobuf fields are not used by the Kubernetes API")),
+            1 | 5 => {
+                return Err(unsupported(
+                    "fixed-width protobuf fields are not used by the Kubernetes API",
+                ))
+            }
             _ => return Err(ApiError::bad_request("malformed protobuf body")),
         };
         Ok(Some((num, w)))
@@ -150,7 +145,8 @@ fn fields(b: &[u8]) -> Result<Vec<(u64, Wire<'_>)>, ApiError> {
 
 fn string(w: &Wire) -> Result<String, ApiError> {
     match w {
-        Wire::Bytes(b) => String::from_utf8(b.to_vec()).map_err(|_| ApiError::bad_request("protobuf string is not UTF-8")),
+        Wire::Bytes(b) => String::from_utf8(b.to_vec())
+            .map_err(|_| ApiError::bad_request("protobuf string is not UTF-8")),
         Wire::Varint(_) => Err(ApiError::bad_request("malformed protobuf string")),
     }
 }
@@ -164,7 +160,9 @@ fn value(w: &Wire, t: TypeRef) -> Result<Value, ApiError> {
     let def = t.definition().unwrap_or("");
     match def.rsplit('.').next().unwrap_or("") {
         "Time" | "MicroTime" if def.starts_with("io.k8s.apimachinery") => {
-            let Wire::Bytes(b) = w else { return Err(ApiError::bad_request("malformed protobuf time")) };
+            let Wire::Bytes(b) = w else {
+                return Err(ApiError::bad_request("malformed protobuf time"));
+            };
             let mut secs = 0i64;
             for (n, f) in fields(b)? {
                 if let (1, Wire::Varint(v)) = (n, f) {
@@ -175,7 +173,9 @@ fn value(w: &Wire, t: TypeRef) -> Result<Value, ApiError> {
             return Ok(json!(t.format("%Y-%m-%dT%H:%M:%SZ").to_string()));
         }
         "Quantity" => {
-            let Wire::Bytes(b) = w else { return Err(ApiError::bad_request("malformed protobuf quantity")) };
+            let Wire::Bytes(b) = w else {
+                return Err(ApiError::bad_request("malformed protobuf quantity"));
+            };
             for (n, f) in fields(b)? {
                 if n == 1 {
                     return Ok(json!(string(&f)?));
@@ -184,7 +184,9 @@ fn value(w: &Wire, t: TypeRef) -> Result<Value, ApiError> {
             return Ok(json!("0"));
         }
         "IntOrString" => {
-            let Wire::Bytes(b) = w else { return Err(ApiError::bad_request("malformed protobuf int-or-string")) };
+            let Wire::Bytes(b) = w else {
+                return Err(ApiError::bad_request("malformed protobuf int-or-string"));
+            };
             let (mut ty, mut i, mut s) = (0, 0i64, String::new());
             for (n, f) in fields(b)? {
                 match (n, f) {
@@ -199,7 +201,9 @@ fn value(w: &Wire, t: TypeRef) -> Result<Value, ApiError> {
         _ => {}
     }
     if t.is_object() {
-        let Wire::Bytes(b) = w else { return Err(ApiError::bad_request("malformed protobuf message")) };
+        let Wire::Bytes(b) = w else {
+            return Err(ApiError::bad_request("malformed protobuf message"));
+        };
         return message(b, t);
     }
     let sv = t.schema_value();
@@ -208,10 +212,15 @@ fn value(w: &Wire, t: TypeRef) -> Result<Value, ApiError> {
         ("string", Wire::Bytes(b)) if is_format(&t, "byte") => Ok(json!(b64(b))),
         ("string", _) => Ok(json!(string(w)?)),
         ("boolean", Wire::Varint(v)) => Ok(json!(*v != 0)),
-        ("integer", Wire::Varint(v)) => {
-            Ok(if is_format(&t, "int32") { json!(*v as i32 as i64) } else { json!(*v as i64) })
-        }
-        _ => Err(unsupported(format!("protobuf value of {} is not supported; send JSON", def))),
+        ("integer", Wire::Varint(v)) => Ok(if is_format(&t, "int32") {
+            json!(*v as i32 as i64)
+        } else {
+            json!(*v as i64)
+        }),
+        _ => Err(unsupported(format!(
+            "protobuf value of {} is not supported; send JSON",
+            def
+        ))),
     }
 }
 
@@ -226,23 +235,38 @@ fn message(b: &[u8], t: TypeRef) -> Result<Value, ApiError> {
             if empty {
                 continue;
             }
-            return Err(unsupported(format!("field {num} of protobuf message {def} is not supported by this server; send JSON")));
+            return Err(unsupported(format!(
+                "field {num} of protobuf message {def} is not supported by this server; send JSON"
+            )));
         };
         if matches!(w, Wire::Varint(0)) && !pointer {
             continue;
         }
-        if matches!(w, Wire::Bytes(b) if b.is_empty()) && t.field(name).map(|(ft, _)| !ft.is_object() && !ft.is_map() && !ft.is_array()).unwrap_or(false) {
+        if matches!(w, Wire::Bytes(b) if b.is_empty())
+            && t.field(name)
+                .map(|(ft, _)| !ft.is_object() && !ft.is_map() && !ft.is_array())
+                .unwrap_or(false)
+        {
             continue;
         }
-        let Some((ft, _)) = t.field(name) else { continue };
+        let Some((ft, _)) = t.field(name) else {
+            continue;
+        };
         if ft.is_map() {
-            let Wire::Bytes(entry) = w else { return Err(ApiError::bad_request("malformed protobuf map entry")) };
+            let Wire::Bytes(entry) = w else {
+                return Err(ApiError::bad_request("malformed protobuf map entry"));
+            };
             let (mut k, mut v) = (String::new(), Value::Null);
             let vt = ft.additional();
             for (n, f) in fields(entry)? {
                 match n {
                     1 => k = string(&f)?,
-                    2 => v = match vt { Some(vt) => value(&f, vt)?, None => json!(string(&f)?) },
+                    2 => {
+                        v = match vt {
+                            Some(vt) => value(&f, vt)?,
+                            None => json!(string(&f)?),
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -251,11 +275,16 @@ fn message(b: &[u8], t: TypeRef) -> Result<Value, ApiError> {
                 m.insert(k, v);
             }
         } else if ft.is_array() {
-            let it = ft.items().ok_or_else(|| unsupported(format!("{def}.{name}")))?;
+            let it = ft
+                .items()
+                .ok_or_else(|| unsupported(format!("{def}.{name}")))?;
             let list = out.entry(name).or_insert_with(|| json!([]));
-            let Some(list) = list.as_array_mut() else { continue };
+            let Some(list) = list.as_array_mut() else {
+                continue;
+            };
             // Packed repeated integers arrive as one length-delimited run.
-            let int_items = it.schema_value().get("type").and_then(Value::as_str) == Some("integer");
+            let int_items =
+                it.schema_value().get("type").and_then(Value::as_str) == Some("integer");
             match (&w, int_items) {
                 (Wire::Bytes(b), true) => {
                     let mut r = Reader { b };
@@ -274,12 +303,16 @@ fn message(b: &[u8], t: TypeRef) -> Result<Value, ApiError> {
 
 /// Decodes a protobuf request body for the kind at `t` into its JSON form.
 pub fn decode(body: &[u8], t: TypeRef, api_version: &str, kind: &str) -> Result<Value, ApiError> {
-    let rest = body.strip_prefix(b"k8s\x00").ok_or_else(|| ApiError::bad_request("protobuf body lacks the k8s envelope"))?;
+    let rest = body
+        .strip_prefix(b"k8s\x00")
+        .ok_or_else(|| ApiError::bad_request("protobuf body lacks the k8s envelope"))?;
     let mut raw: &[u8] = &[];
     for (n, w) in fields(rest)? {
         match (n, w) {
             (2, Wire::Bytes(b)) => raw = b,
-            (3, Wire::Bytes(enc)) if !enc.is_empty() => return Err(unsupported("encoded protobuf bodies are not supported")),
+            (3, Wire::Bytes(enc)) if !enc.is_empty() => {
+                return Err(unsupported("encoded protobuf bodies are not supported"))
+            }
             _ => {}
         }
     }
@@ -311,16 +344,34 @@ mod tests {
         let meta = ld(1, b"settings");
         let entry = [ld(1, b"mode"), ld(2, b"fast")].concat();
         let cm = [ld(1, &meta), ld(2, &entry)].concat();
-        let body = [b"k8s\x00".to_vec(), ld(1, &[ld(1, b"v1"), ld(2, b"ConfigMap")].concat()), ld(2, &cm)].concat();
-        let v = decode(&body, root("", "v1", "ConfigMap").unwrap(), "v1", "ConfigMap").unwrap();
-        assert_eq!(v, json!({"metadata": {"name": "settings"}, "data": {"mode": "fast"}, "apiVersion": "v1", "kind": "ConfigMap"}));
+        let body = [
+            b"k8s\x00".to_vec(),
+            ld(1, &[ld(1, b"v1"), ld(2, b"ConfigMap")].concat()),
+            ld(2, &cm),
+        ]
+        .concat();
+        let v = decode(
+            &body,
+            root("", "v1", "ConfigMap").unwrap(),
+            "v1",
+            "ConfigMap",
+        )
+        .unwrap();
+        assert_eq!(
+            v,
+            json!({"metadata": {"name": "settings"}, "data": {"mode": "fast"}, "apiVersion": "v1", "kind": "ConfigMap"})
+        );
     }
 
     #[test]
     fn secret_bytes_become_base64_and_replicas_an_integer() {
         let meta = ld(1, b"s");
         let entry = [ld(1, b"k"), ld(2, b"hi")].concat();
-        let v = message(&[ld(1, &meta), ld(2, &entry)].concat(), root("", "v1", "Secret").unwrap()).unwrap();
+        let v = message(
+            &[ld(1, &meta), ld(2, &entry)].concat(),
+            root("", "v1", "Secret").unwrap(),
+        )
+        .unwrap();
         assert_eq!(v["data"]["k"], "aGk=");
         let spec = vec![key(1, 0), 3];
         let d = message(&ld(2, &spec), root("apps", "v1", "Deployment").unwrap()).unwrap();

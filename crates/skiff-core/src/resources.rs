@@ -38,7 +38,16 @@ impl ResourceInfo {
 
     /// Verbs of the main resource, as discovery lists them.
     pub fn verbs(&self) -> &'static [&'static str] {
-        &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+        &[
+            "create",
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "update",
+            "watch",
+        ]
     }
 
     pub fn has_subresource(&self, sub: &str) -> bool {
@@ -66,61 +75,396 @@ macro_rules! res {
 /// Every resource served, in discovery order.
 pub static RESOURCES: &[ResourceInfo] = &[
     // core/v1
-    res!("", "v1", "Namespace", "namespaces", "namespace", false, ["ns"], [], ["status", "finalize"]),
-    res!("", "v1", "Pod", "pods", "pod", true, ["po"], ["all"], ["status", "binding", "eviction", "log", "exec", "attach", "portforward", "proxy", "ephemeralcontainers", "resize"]),
-    res!("", "v1", "Node", "nodes", "node", false, ["no"], [], ["status", "proxy"]),
-    res!("", "v1", "Service", "services", "service", true, ["svc"], ["all"], ["status", "proxy"]),
-    res!("", "v1", "Endpoints", "endpoints", "endpoints", true, ["ep"], [], []),
-    res!("", "v1", "ConfigMap", "configmaps", "configmap", true, ["cm"], [], []),
+    res!(
+        "",
+        "v1",
+        "Namespace",
+        "namespaces",
+        "namespace",
+        false,
+        ["ns"],
+        [],
+        ["status", "finalize"]
+    ),
+    res!(
+        "",
+        "v1",
+        "Pod",
+        "pods",
+        "pod",
+        true,
+        ["po"],
+        ["all"],
+        [
+            "status",
+            "binding",
+            "eviction",
+            "log",
+            "exec",
+            "attach",
+            "portforward",
+            "proxy",
+            "ephemeralcontainers",
+            "resize"
+        ]
+    ),
+    res!(
+        "",
+        "v1",
+        "Node",
+        "nodes",
+        "node",
+        false,
+        ["no"],
+        [],
+        ["status", "proxy"]
+    ),
+    res!(
+        "",
+        "v1",
+        "Service",
+        "services",
+        "service",
+        true,
+        ["svc"],
+        ["all"],
+        ["status", "proxy"]
+    ),
+    res!(
+        "",
+        "v1",
+        "Endpoints",
+        "endpoints",
+        "endpoints",
+        true,
+        ["ep"],
+        [],
+        []
+    ),
+    res!(
+        "",
+        "v1",
+        "ConfigMap",
+        "configmaps",
+        "configmap",
+        true,
+        ["cm"],
+        [],
+        []
+    ),
     res!("", "v1", "Secret", "secrets", "secret", true, [], [], []),
-    res!("", "v1", "ServiceAccount", "serviceaccounts", "serviceaccount", true, ["sa"], [], ["token"]),
+    res!(
+        "",
+        "v1",
+        "ServiceAccount",
+        "serviceaccounts",
+        "serviceaccount",
+        true,
+        ["sa"],
+        [],
+        ["token"]
+    ),
     res!("", "v1", "Event", "events", "event", true, ["ev"], [], []),
-    res!("", "v1", "PodTemplate", "podtemplates", "podtemplate", true, [], [], []),
-    res!("", "v1", "ReplicationController", "replicationcontrollers", "replicationcontroller", true, ["rc"], ["all"], ["status", "scale"]),
-    res!("", "v1", "ResourceQuota", "resourcequotas", "resourcequota", true, ["quota"], [], ["status"]),
-    res!("", "v1", "LimitRange", "limitranges", "limitrange", true, ["limits"], [], []),
-    res!("", "v1", "PersistentVolume", "persistentvolumes", "persistentvolume", false, ["pv"], [], ["status"]),
-    res!("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", "persistentvolumeclaim", true, ["pvc"], [], ["status"]),
+    res!(
+        "",
+        "v1",
+        "PodTemplate",
+        "podtemplates",
+        "podtemplate",
+        true,
+        [],
+        [],
+        []
+    ),
+    res!(
+        "",
+        "v1",
+        "ReplicationController",
+        "replicationcontrollers",
+        "replicationcontroller",
+        true,
+        ["rc"],
+        ["all"],
+        ["status", "scale"]
+    ),
+    res!(
+        "",
+        "v1",
+        "ResourceQuota",
+        "resourcequotas",
+        "resourcequota",
+        true,
+        ["quota"],
+        [],
+        ["status"]
+    ),
+    res!(
+        "",
+        "v1",
+        "LimitRange",
+        "limitranges",
+        "limitrange",
+        true,
+        ["limits"],
+        [],
+        []
+    ),
+    res!(
+        "",
+        "v1",
+        "PersistentVolume",
+        "persistentvolumes",
+        "persistentvolume",
+        false,
+        ["pv"],
+        [],
+        ["status"]
+    ),
+    res!(
+        "",
+        "v1",
+        "PersistentVolumeClaim",
+        "persistentvolumeclaims",
+        "persistentvolumeclaim",
+        true,
+        ["pvc"],
+        [],
+        ["status"]
+    ),
     // apps/v1
-    res!("apps", "v1", "Deployment", "deployments", "deployment", true, ["deploy"], ["all"], ["status", "scale"]),
-    res!("apps", "v1", "ReplicaSet", "replicasets", "replicaset", true, ["rs"], ["all"], ["status", "scale"]),
-    res!("apps", "v1", "StatefulSet", "statefulsets", "statefulset", true, ["sts"], ["all"], ["status", "scale"]),
-    res!("apps", "v1", "DaemonSet", "daemonsets", "daemonset", true, ["ds"], ["all"], ["status"]),
-    res!("apps", "v1", "ControllerRevision", "controllerrevisions", "controllerrevision", true, [], [], []),
+    res!(
+        "apps",
+        "v1",
+        "Deployment",
+        "deployments",
+        "deployment",
+        true,
+        ["deploy"],
+        ["all"],
+        ["status", "scale"]
+    ),
+    res!(
+        "apps",
+        "v1",
+        "ReplicaSet",
+        "replicasets",
+        "replicaset",
+        true,
+        ["rs"],
+        ["all"],
+        ["status", "scale"]
+    ),
+    res!(
+        "apps",
+        "v1",
+        "StatefulSet",
+        "statefulsets",
+        "statefulset",
+        true,
+        ["sts"],
+        ["all"],
+        ["status", "scale"]
+    ),
+    res!(
+        "apps",
+        "v1",
+        "DaemonSet",
+        "daemonsets",
+        "daemonset",
+        true,
+        ["ds"],
+        ["all"],
+        ["status"]
+    ),
+    res!(
+        "apps",
+        "v1",
+        "ControllerRevision",
+        "controllerrevisions",
+        "controllerrevision",
+        true,
+        [],
+        [],
+        []
+    ),
     // batch/v1
-    res!("batch", "v1", "Job", "jobs", "job", true, [], ["all"], ["status"]),
-    res!("batch", "v1", "CronJob", "cronjobs", "cronjob", true, ["cj"], ["all"], ["status"]),
+    res!(
+        "batch",
+        "v1",
+        "Job",
+        "jobs",
+        "job",
+        true,
+        [],
+        ["all"],
+        ["status"]
+    ),
+    res!(
+        "batch",
+        "v1",
+        "CronJob",
+        "cronjobs",
+        "cronjob",
+        true,
+        ["cj"],
+        ["all"],
+        ["status"]
+    ),
     // autoscaling (v2 is the stored form; v1 is served from the same storage)
-    res!("autoscaling", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", "horizontalpodautoscaler", true, ["hpa"], ["all"], ["status"]),
-    res!("autoscaling", "v1", "HorizontalPodAutoscaler", "horizontalpodautoscalers", "horizontalpodautoscaler", true, ["hpa"], ["all"], ["status"]),
+    res!(
+        "autoscaling",
+        "v2",
+        "HorizontalPodAutoscaler",
+        "horizontalpodautoscalers",
+        "horizontalpodautoscaler",
+        true,
+        ["hpa"],
+        ["all"],
+        ["status"]
+    ),
+    res!(
+        "autoscaling",
+        "v1",
+        "HorizontalPodAutoscaler",
+        "horizontalpodautoscalers",
+        "horizontalpodautoscaler",
+        true,
+        ["hpa"],
+        ["all"],
+        ["status"]
+    ),
     // coordination.k8s.io/v1
-    res!("coordination.k8s.io", "v1", "Lease", "leases", "lease", true, [], [], []),
+    res!(
+        "coordination.k8s.io",
+        "v1",
+        "Lease",
+        "leases",
+        "lease",
+        true,
+        [],
+        [],
+        []
+    ),
     // discovery.k8s.io/v1
-    res!("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", "endpointslice", true, [], [], []),
+    res!(
+        "discovery.k8s.io",
+        "v1",
+        "EndpointSlice",
+        "endpointslices",
+        "endpointslice",
+        true,
+        [],
+        [],
+        []
+    ),
     // events.k8s.io/v1
-    res!("events.k8s.io", "v1", "Event", "events", "event", true, ["ev"], [], []),
+    res!(
+        "events.k8s.io",
+        "v1",
+        "Event",
+        "events",
+        "event",
+        true,
+        ["ev"],
+        [],
+        []
+    ),
     // policy/v1
-    res!("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", "poddisruptionbudget", true, ["pdb"], [], ["status"]),
+    res!(
+        "policy",
+        "v1",
+        "PodDisruptionBudget",
+        "poddisruptionbudgets",
+        "poddisruptionbudget",
+        true,
+        ["pdb"],
+        [],
+        ["status"]
+    ),
     // scheduling.k8s.io/v1
-    res!("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", "priorityclass", false, ["pc"], [], []),
+    res!(
+        "scheduling.k8s.io",
+        "v1",
+        "PriorityClass",
+        "priorityclasses",
+        "priorityclass",
+        false,
+        ["pc"],
+        [],
+        []
+    ),
     // rbac.authorization.k8s.io/v1
-    res!("rbac.authorization.k8s.io", "v1", "Role", "roles", "role", true, [], [], []),
-    res!("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", "rolebinding", true, [], [], []),
-    res!("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", "clusterrole", false, [], [], []),
-    res!("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", "clusterrolebinding", false, [], [], []),
+    res!(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "Role",
+        "roles",
+        "role",
+        true,
+        [],
+        [],
+        []
+    ),
+    res!(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "RoleBinding",
+        "rolebindings",
+        "rolebinding",
+        true,
+        [],
+        [],
+        []
+    ),
+    res!(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRole",
+        "clusterroles",
+        "clusterrole",
+        false,
+        [],
+        [],
+        []
+    ),
+    res!(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRoleBinding",
+        "clusterrolebindings",
+        "clusterrolebinding",
+        false,
+        [],
+        [],
+        []
+    ),
     // storage.k8s.io/v1
-    res!("storage.k8s.io", "v1", "StorageClass", "storageclasses", "storageclass", false, ["sc"], [], []),
+    res!(
+        "storage.k8s.io",
+        "v1",
+        "StorageClass",
+        "storageclasses",
+        "storageclass",
+        false,
+        ["sc"],
+        [],
+        []
+    ),
 ];
 
 /// The resource served at `group/version/plural`.
 pub fn lookup(group: &str, version: &str, plural: &str) -> Option<&'static ResourceInfo> {
-    RESOURCES.iter().find(|r| r.group == group && r.version == version && r.plural == plural)
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.plural == plural)
 }
 
 /// The resource of a kind at `apiVersion` (`apps/v1`, `v1`).
 pub fn lookup_kind(api_version: &str, kind: &str) -> Option<&'static ResourceInfo> {
     let (group, version) = split_api_version(api_version);
-    RESOURCES.iter().find(|r| r.group == group && r.version == version && r.kind == kind)
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.version == version && r.kind == kind)
 }
 
 /// `apps/v1` → (`apps`, `v1`); `v1` → (``, `v1`).
@@ -174,6 +518,11 @@ mod tests {
         let g = groups();
         let (_, versions) = g.iter().find(|(g, _)| *g == "autoscaling").unwrap();
         assert_eq!(versions, &vec!["v2", "v1"]);
-        assert_eq!(lookup("autoscaling", "v1", "horizontalpodautoscalers").unwrap().storage, "autoscaling/horizontalpodautoscalers");
+        assert_eq!(
+            lookup("autoscaling", "v1", "horizontalpodautoscalers")
+                .unwrap()
+                .storage,
+            "autoscaling/horizontalpodautoscalers"
+        );
     }
 }

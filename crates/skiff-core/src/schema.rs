@@ -52,7 +52,10 @@ static SCHEMAS: LazyLock<Schemas> = LazyLock::new(|| {
     let mut gen = schemars::generate::SchemaSettings::draft07()
         .with(|s| s.definitions_path = "/definitions".into())
         .into_generator();
-    let mut names: HashMap<(&'static str, &'static str, &'static str), std::borrow::Cow<'static, str>> = HashMap::new();
+    let mut names: HashMap<
+        (&'static str, &'static str, &'static str),
+        std::borrow::Cow<'static, str>,
+    > = HashMap::new();
     roots!(gen, names;
         ("", "v1", "Namespace", core::v1::Namespace),
         ("", "v1", "Pod", core::v1::Pod),
@@ -113,7 +116,11 @@ pub fn definitions() -> &'static Map<String, Value> {
 
 /// The definition name of a served kind's root type (`io.k8s.api.core.v1.Pod`).
 pub fn definition_name(group: &str, version: &str, kind: &str) -> Option<&'static str> {
-    SCHEMAS.roots.iter().find(|((g, v, k), _)| *g == group && *v == version && *k == kind).map(|(_, n)| *n)
+    SCHEMAS
+        .roots
+        .iter()
+        .find(|((g, v, k), _)| *g == group && *v == version && *k == kind)
+        .map(|(_, n)| *n)
 }
 
 /// A position in the schemas: a definition or an inline schema.
@@ -127,17 +134,22 @@ pub struct TypeRef {
 pub fn root(group: &str, version: &str, kind: &str) -> Option<TypeRef> {
     let name = definition_name(group, version, kind)?;
     let (key, schema) = SCHEMAS.defs.get_key_value(name)?;
-    Some(TypeRef { schema, definition: Some(key.as_str()) })
+    Some(TypeRef {
+        schema,
+        definition: Some(key.as_str()),
+    })
 }
 
 fn resolve(schema: &'static Value, definition: Option<&'static str>) -> TypeRef {
     let mut s = schema;
     let mut def = definition;
     for _ in 0..8 {
-        let r = s
-            .get("$ref")
-            .and_then(Value::as_str)
-            .or_else(|| s.get("allOf").and_then(|a| a.get(0)).and_then(|x| x.get("$ref")).and_then(Value::as_str));
+        let r = s.get("$ref").and_then(Value::as_str).or_else(|| {
+            s.get("allOf")
+                .and_then(|a| a.get(0))
+                .and_then(|x| x.get("$ref"))
+                .and_then(Value::as_str)
+        });
         match r.and_then(|r| r.strip_prefix("#/definitions/")) {
             Some(name) => match SCHEMAS.defs.get_key_value(name) {
                 Some((k, v)) => {
@@ -149,7 +161,10 @@ fn resolve(schema: &'static Value, definition: Option<&'static str>) -> TypeRef 
             None => break,
         }
     }
-    TypeRef { schema: s, definition: def }
+    TypeRef {
+        schema: s,
+        definition: def,
+    }
 }
 
 fn has_type(s: &Value, t: &str) -> bool {
@@ -165,7 +180,12 @@ impl TypeRef {
     pub fn field(&self, name: &str) -> Option<(TypeRef, FieldMeta)> {
         let prop = self.schema.get("properties")?.get(name)?;
         let t = resolve(prop, None);
-        Some((t, self.definition.map(|d| field_meta(d, name)).unwrap_or_default()))
+        Some((
+            t,
+            self.definition
+                .map(|d| field_meta(d, name))
+                .unwrap_or_default(),
+        ))
     }
 
     /// The items of an array.
@@ -176,7 +196,10 @@ impl TypeRef {
     /// The values of a map (`additionalProperties`).
     pub fn additional(&self) -> Option<TypeRef> {
         match self.schema.get("additionalProperties") {
-            Some(Value::Bool(true)) => Some(TypeRef { schema: &Value::Null, definition: None }),
+            Some(Value::Bool(true)) => Some(TypeRef {
+                schema: &Value::Null,
+                definition: None,
+            }),
             Some(v @ Value::Object(_)) => Some(resolve(v, None)),
             _ => None,
         }
@@ -195,7 +218,12 @@ impl TypeRef {
     }
     /// A type the schema does not describe (IntOrString, Quantity, raw JSON…): anything goes.
     pub fn is_opaque(&self) -> bool {
-        !self.is_object() && !self.is_map() && !self.is_array() && !["string", "integer", "number", "boolean"].iter().any(|t| has_type(self.schema, t))
+        !self.is_object()
+            && !self.is_map()
+            && !self.is_array()
+            && !["string", "integer", "number", "boolean"]
+                .iter()
+                .any(|t| has_type(self.schema, t))
     }
     pub fn definition(&self) -> Option<&'static str> {
         self.definition
@@ -216,29 +244,49 @@ pub fn field_meta(definition: &str, field: &str) -> FieldMeta {
         map_type_atomic: false,
     };
     match (short, field) {
-        ("PodSpec", "containers" | "initContainers" | "ephemeralContainers") => keyed("name", vec!["name"]),
-        ("PodSpec", "volumes") => FieldMeta { patch_strategy: Some("merge,retainKeys"), ..keyed("name", vec!["name"]) },
+        ("PodSpec", "containers" | "initContainers" | "ephemeralContainers") => {
+            keyed("name", vec!["name"])
+        }
+        ("PodSpec", "volumes") => FieldMeta {
+            patch_strategy: Some("merge,retainKeys"),
+            ..keyed("name", vec!["name"])
+        },
         ("PodSpec", "imagePullSecrets") => keyed("name", vec!["name"]),
         ("PodSpec", "hostAliases") => keyed("ip", vec!["ip"]),
-        ("PodSpec", "topologySpreadConstraints") => keyed("topologyKey", vec!["topologyKey", "whenUnsatisfiable"]),
+        ("PodSpec", "topologySpreadConstraints") => {
+            keyed("topologyKey", vec!["topologyKey", "whenUnsatisfiable"])
+        }
         ("PodSpec", "resourceClaims" | "schedulingGates") => keyed("name", vec!["name"]),
-        ("Container" | "EphemeralContainer", "ports") => keyed("containerPort", vec!["containerPort", "protocol"]),
+        ("Container" | "EphemeralContainer", "ports") => {
+            keyed("containerPort", vec!["containerPort", "protocol"])
+        }
         ("Container" | "EphemeralContainer", "env") => keyed("name", vec!["name"]),
-        ("Container" | "EphemeralContainer", "volumeMounts") => keyed("mountPath", vec!["mountPath"]),
-        ("Container" | "EphemeralContainer", "volumeDevices") => keyed("devicePath", vec!["devicePath"]),
+        ("Container" | "EphemeralContainer", "volumeMounts") => {
+            keyed("mountPath", vec!["mountPath"])
+        }
+        ("Container" | "EphemeralContainer", "volumeDevices") => {
+            keyed("devicePath", vec!["devicePath"])
+        }
         ("ServiceSpec", "ports") => keyed("port", vec!["port", "protocol"]),
-        ("ObjectMeta", "finalizers") => {
-            FieldMeta { patch_strategy: Some("merge"), merge_key: None, list_type: Some(ListType::Set), map_type_atomic: false }
-        }
+        ("ObjectMeta", "finalizers") => FieldMeta {
+            patch_strategy: Some("merge"),
+            merge_key: None,
+            list_type: Some(ListType::Set),
+            map_type_atomic: false,
+        },
         ("ObjectMeta", "ownerReferences") => keyed("uid", vec!["uid"]),
-        ("DeploymentSpec", "strategy") | ("DaemonSetSpec", "updateStrategy") => {
-            FieldMeta { patch_strategy: Some("retainKeys"), ..Default::default() }
-        }
+        ("DeploymentSpec", "strategy") | ("DaemonSetSpec", "updateStrategy") => FieldMeta {
+            patch_strategy: Some("retainKeys"),
+            ..Default::default()
+        },
         ("NodeStatus", "addresses") => keyed("type", vec!["type"]),
         (_, "conditions") if short.ends_with("Status") => keyed("type", vec!["type"]),
         ("LabelSelector", "matchLabels") => FieldMeta::default(),
         ("LocalObjectReference" | "ObjectReference", _) => FieldMeta::default(),
-        _ => FieldMeta { list_type: Some(ListType::Atomic), ..Default::default() },
+        _ => FieldMeta {
+            list_type: Some(ListType::Atomic),
+            ..Default::default()
+        },
     }
 }
 
@@ -263,14 +311,22 @@ mod tests {
     #[test]
     fn every_served_kind_has_a_schema() {
         for r in crate::resources::RESOURCES {
-            assert!(root(r.group, r.version, r.kind).is_some(), "{} {}", r.group, r.kind);
+            assert!(
+                root(r.group, r.version, r.kind).is_some(),
+                "{} {}",
+                r.group,
+                r.kind
+            );
         }
         assert!(definitions().contains_key("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"));
     }
 
     #[test]
     fn labels_are_a_free_map() {
-        let (meta, _) = root("", "v1", "ConfigMap").unwrap().field("metadata").unwrap();
+        let (meta, _) = root("", "v1", "ConfigMap")
+            .unwrap()
+            .field("metadata")
+            .unwrap();
         let (labels, _) = meta.field("labels").unwrap();
         assert!(labels.is_map());
     }

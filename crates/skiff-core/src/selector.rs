@@ -23,8 +23,12 @@ impl Requirement {
     fn matches(&self, labels: &Map<String, Value>) -> bool {
         let v = labels.get(&self.key).and_then(Value::as_str);
         match self.op {
-            Op::Eq | Op::In => v.map(|v| self.values.iter().any(|x| x == v)).unwrap_or(false),
-            Op::NotEq | Op::NotIn => v.map(|v| !self.values.iter().any(|x| x == v)).unwrap_or(true),
+            Op::Eq | Op::In => v
+                .map(|v| self.values.iter().any(|x| x == v))
+                .unwrap_or(false),
+            Op::NotEq | Op::NotIn => v
+                .map(|v| !self.values.iter().any(|x| x == v))
+                .unwrap_or(true),
             Op::Exists => v.is_some(),
             Op::DoesNotExist => v.is_none(),
         }
@@ -52,7 +56,9 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
             return Err(format!("invalid label key {key:?}: prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"));
         }
     }
-    if name.is_empty() || name.len() > 63 || !name.chars().all(is_name_char)
+    if name.is_empty()
+        || name.len() > 63
+        || !name.chars().all(is_name_char)
         || !name.starts_with(|c: char| c.is_ascii_alphanumeric())
         || !name.ends_with(|c: char| c.is_ascii_alphanumeric())
     {
@@ -66,7 +72,8 @@ pub fn validate_label_value(v: &str) -> Result<(), String> {
     if v.is_empty() {
         return Ok(());
     }
-    if v.len() > 63 || !v.chars().all(is_name_char)
+    if v.len() > 63
+        || !v.chars().all(is_name_char)
         || !v.starts_with(|c: char| c.is_ascii_alphanumeric())
         || !v.ends_with(|c: char| c.is_ascii_alphanumeric())
     {
@@ -116,7 +123,10 @@ impl<'a> Lexer<'a> {
 impl LabelSelector {
     /// Parses the string form (`a=b,c!=d,e in (x,y),!f`).
     pub fn parse(s: &str) -> Result<LabelSelector, String> {
-        let mut lx = Lexer { s: s.as_bytes(), i: 0 };
+        let mut lx = Lexer {
+            s: s.as_bytes(),
+            i: 0,
+        };
         let mut reqs = Vec::new();
         if lx.peek().is_none() {
             return Ok(LabelSelector { reqs });
@@ -125,22 +135,37 @@ impl LabelSelector {
             let req = if lx.eat("!") {
                 let key = lx.word();
                 validate_label_key(&key)?;
-                Requirement { key, op: Op::DoesNotExist, values: vec![] }
+                Requirement {
+                    key,
+                    op: Op::DoesNotExist,
+                    values: vec![],
+                }
             } else {
                 let key = lx.word();
                 if key.is_empty() {
-                    return Err(format!("found '{}', expected: !, identifier, or 'end of string'", lx.peek().map(|c| c as char).unwrap_or(' ')));
+                    return Err(format!(
+                        "found '{}', expected: !, identifier, or 'end of string'",
+                        lx.peek().map(|c| c as char).unwrap_or(' ')
+                    ));
                 }
                 validate_label_key(&key)?;
                 match lx.peek() {
-                    None | Some(b',') => Requirement { key, op: Op::Exists, values: vec![] },
+                    None | Some(b',') => Requirement {
+                        key,
+                        op: Op::Exists,
+                        values: vec![],
+                    },
                     Some(b'=') => {
                         if !lx.eat("==") {
                             lx.eat("=");
                         }
                         let v = lx.word();
                         validate_label_value(&v)?;
-                        Requirement { key, op: Op::Eq, values: vec![v] }
+                        Requirement {
+                            key,
+                            op: Op::Eq,
+                            values: vec![v],
+                        }
                     }
                     Some(b'!') => {
                         if !lx.eat("!=") {
@@ -148,13 +173,21 @@ impl LabelSelector {
                         }
                         let v = lx.word();
                         validate_label_value(&v)?;
-                        Requirement { key, op: Op::NotEq, values: vec![v] }
+                        Requirement {
+                            key,
+                            op: Op::NotEq,
+                            values: vec![v],
+                        }
                     }
                     _ => {
                         let op = match lx.word().as_str() {
                             "in" => Op::In,
                             "notin" => Op::NotIn,
-                            other => return Err(format!("found '{other}', expected: '=', '!=', '==', 'in', notin'")),
+                            other => {
+                                return Err(format!(
+                                    "found '{other}', expected: '=', '!=', '==', 'in', notin'"
+                                ))
+                            }
                         };
                         if !lx.eat("(") {
                             return Err("found '', expected: '('".into());
@@ -176,7 +209,9 @@ impl LabelSelector {
                             return Err("found '', expected: ',', ')'".into());
                         }
                         if values.is_empty() {
-                            return Err("for 'in', 'notin' operators, values set can't be empty".into());
+                            return Err(
+                                "for 'in', 'notin' operators, values set can't be empty".into()
+                            );
                         }
                         Requirement { key, op, values }
                     }
@@ -188,7 +223,12 @@ impl LabelSelector {
                 Some(b',') => {
                     lx.eat(",");
                 }
-                Some(c) => return Err(format!("found '{}', expected: ',' or 'end of string'", c as char)),
+                Some(c) => {
+                    return Err(format!(
+                        "found '{}', expected: ',' or 'end of string'",
+                        c as char
+                    ))
+                }
             }
         }
         Ok(LabelSelector { reqs })
@@ -199,27 +239,43 @@ impl LabelSelector {
         let mut reqs = Vec::new();
         if let Some(ml) = v.get("matchLabels").and_then(Value::as_object) {
             for (k, val) in ml {
-                let val = val.as_str().ok_or_else(|| format!("matchLabels[{k}] must be a string"))?;
+                let val = val
+                    .as_str()
+                    .ok_or_else(|| format!("matchLabels[{k}] must be a string"))?;
                 validate_label_key(k)?;
                 validate_label_value(val)?;
-                reqs.push(Requirement { key: k.clone(), op: Op::Eq, values: vec![val.to_string()] });
+                reqs.push(Requirement {
+                    key: k.clone(),
+                    op: Op::Eq,
+                    values: vec![val.to_string()],
+                });
             }
         }
         if let Some(exprs) = v.get("matchExpressions").and_then(Value::as_array) {
             for e in exprs {
-                let key = e.get("key").and_then(Value::as_str).unwrap_or("").to_string();
+                let key = e
+                    .get("key")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
                 validate_label_key(&key)?;
                 let values: Vec<String> = e
                     .get("values")
                     .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|x| x.as_str().map(str::to_string))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 let op = match e.get("operator").and_then(Value::as_str).unwrap_or("") {
                     "In" => Op::In,
                     "NotIn" => Op::NotIn,
                     "Exists" => Op::Exists,
                     "DoesNotExist" => Op::DoesNotExist,
-                    other => return Err(format!("{other:?} is not a valid label selector operator")),
+                    other => {
+                        return Err(format!("{other:?} is not a valid label selector operator"))
+                    }
                 };
                 if matches!(op, Op::In | Op::NotIn) && values.is_empty() {
                     return Err("for 'in', 'notin' operators, values set can't be empty".into());
@@ -279,7 +335,10 @@ impl FieldSelector {
 
     /// `(field, "=" | "!=", value)` for each requirement.
     pub fn requirements(&self) -> Vec<(&str, &str, &str)> {
-        self.reqs.iter().map(|(f, neg, v)| (f.as_str(), if *neg { "!=" } else { "=" }, v.as_str())).collect()
+        self.reqs
+            .iter()
+            .map(|(f, neg, v)| (f.as_str(), if *neg { "!=" } else { "=" }, v.as_str()))
+            .collect()
     }
 
     /// Whether an object whose field values `get` returns satisfies every requirement.
@@ -297,8 +356,12 @@ fn split_requirement(part: &str) -> Option<(&str, bool, &str)> {
     while i < bytes.len() {
         match bytes[i] {
             b'\\' => i += 2,
-            b'!' if bytes.get(i + 1) == Some(&b'=') => return Some((&part[..i], true, &part[i + 2..])),
-            b'=' if bytes.get(i + 1) == Some(&b'=') => return Some((&part[..i], false, &part[i + 2..])),
+            b'!' if bytes.get(i + 1) == Some(&b'=') => {
+                return Some((&part[..i], true, &part[i + 2..]))
+            }
+            b'=' if bytes.get(i + 1) == Some(&b'=') => {
+                return Some((&part[..i], false, &part[i + 2..]))
+            }
             b'=' => return Some((&part[..i], false, &part[i + 1..])),
             _ => i += 1,
         }
@@ -334,9 +397,13 @@ mod tests {
     fn equality_and_set_based_requirements_all_must_hold() {
         let s = LabelSelector::parse("app=web, tier in (front,back),!canary,env!=prod").unwrap();
         assert!(s.matches(&labels(json!({"app": "web", "tier": "front"}))));
-        assert!(!s.matches(&labels(json!({"app": "web", "tier": "front", "canary": "1"}))));
+        assert!(!s.matches(&labels(
+            json!({"app": "web", "tier": "front", "canary": "1"})
+        )));
         assert!(!s.matches(&labels(json!({"app": "web", "tier": "mid"}))));
-        assert!(!s.matches(&labels(json!({"app": "web", "tier": "back", "env": "prod"}))));
+        assert!(!s.matches(&labels(
+            json!({"app": "web", "tier": "back", "env": "prod"})
+        )));
     }
 
     #[test]
@@ -354,8 +421,12 @@ mod tests {
 
     #[test]
     fn an_empty_selector_matches_everything() {
-        assert!(LabelSelector::parse("").unwrap().matches(&labels(json!({"x": "y"}))));
-        assert!(LabelSelector::from_label_selector_json(&json!({})).unwrap().is_empty());
+        assert!(LabelSelector::parse("")
+            .unwrap()
+            .matches(&labels(json!({"x": "y"}))));
+        assert!(LabelSelector::from_label_selector_json(&json!({}))
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

@@ -29,7 +29,9 @@ impl Quantity {
 
 /// Parses a quantity as Kubernetes' `resource.ParseQuantity` accepts it.
 pub fn parse_quantity(s: &str) -> Result<Quantity, String> {
-    let err = || "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'".to_string();
+    let err = || {
+        "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'".to_string()
+    };
     let s = s.trim();
     if s.is_empty() {
         return Err(err());
@@ -83,16 +85,40 @@ pub fn validate_update(res: &ResourceInfo, new: &Value, old: &Value) -> Vec<Caus
         ("", "Pod") => c.extend(pod_update(new, old)),
         ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet") => {
             if new.pointer("/spec/selector") != old.pointer("/spec/selector") {
-                c.push(Cause::invalid("spec.selector", new.pointer("/spec/selector").unwrap_or(&Value::Null), "field is immutable"));
+                c.push(Cause::invalid(
+                    "spec.selector",
+                    new.pointer("/spec/selector").unwrap_or(&Value::Null),
+                    "field is immutable",
+                ));
             }
         }
         ("", "Service") => {
-            let old_ip = old.pointer("/spec/clusterIP").and_then(Value::as_str).unwrap_or("");
-            let new_ip = new.pointer("/spec/clusterIP").and_then(Value::as_str).unwrap_or("");
-            let old_ty = old.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP");
-            let new_ty = new.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP");
-            if !old_ip.is_empty() && old_ip != new_ip && old_ty != "ExternalName" && new_ty != "ExternalName" {
-                c.push(Cause::invalid("spec.clusterIPs[0]", &json!(new_ip), "may not change once set"));
+            let old_ip = old
+                .pointer("/spec/clusterIP")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let new_ip = new
+                .pointer("/spec/clusterIP")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let old_ty = old
+                .pointer("/spec/type")
+                .and_then(Value::as_str)
+                .unwrap_or("ClusterIP");
+            let new_ty = new
+                .pointer("/spec/type")
+                .and_then(Value::as_str)
+                .unwrap_or("ClusterIP");
+            if !old_ip.is_empty()
+                && old_ip != new_ip
+                && old_ty != "ExternalName"
+                && new_ty != "ExternalName"
+            {
+                c.push(Cause::invalid(
+                    "spec.clusterIPs[0]",
+                    &json!(new_ip),
+                    "may not change once set",
+                ));
             }
         }
         _ => {}
@@ -114,8 +140,15 @@ fn validate_kind(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
         ("", "ReplicationController") => {
             replicas(obj, &mut c);
             let sel = obj.pointer("/spec/selector").cloned();
-            let ls = sel.as_ref().and_then(|s| LabelSelector::from_label_selector_json(&json!({"matchLabels": s})).ok());
-            template(obj.pointer("/spec/template"), "spec.template", ls.as_ref(), &mut c);
+            let ls = sel.as_ref().and_then(|s| {
+                LabelSelector::from_label_selector_json(&json!({"matchLabels": s})).ok()
+            });
+            template(
+                obj.pointer("/spec/template"),
+                "spec.template",
+                ls.as_ref(),
+                &mut c,
+            );
         }
         ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet") => {
             if res.kind != "DaemonSet" {
@@ -129,7 +162,11 @@ fn validate_kind(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
                 }
                 Some(s) => match LabelSelector::from_label_selector_json(s) {
                     Ok(ls) if ls.is_empty() => {
-                        c.push(Cause::invalid("spec.selector", s, "empty selector is invalid for deployment"));
+                        c.push(Cause::invalid(
+                            "spec.selector",
+                            s,
+                            "empty selector is invalid for deployment",
+                        ));
                         None
                     }
                     Ok(ls) => Some(ls),
@@ -139,7 +176,12 @@ fn validate_kind(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
                     }
                 },
             };
-            template(obj.pointer("/spec/template"), "spec.template", ls.as_ref(), &mut c);
+            template(
+                obj.pointer("/spec/template"),
+                "spec.template",
+                ls.as_ref(),
+                &mut c,
+            );
         }
         ("batch", "Job") => job_spec(obj.get("spec"), "spec", &mut c),
         ("batch", "CronJob") => {
@@ -147,11 +189,19 @@ fn validate_kind(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
                 None | Some("") => c.push(Cause::required("spec.schedule")),
                 Some(s) => {
                     if !cron_ok(s) {
-                        c.push(Cause::invalid("spec.schedule", &json!(s), "invalid schedule format"));
+                        c.push(Cause::invalid(
+                            "spec.schedule",
+                            &json!(s),
+                            "invalid schedule format",
+                        ));
                     }
                 }
             }
-            job_spec(obj.pointer("/spec/jobTemplate/spec"), "spec.jobTemplate.spec", &mut c);
+            job_spec(
+                obj.pointer("/spec/jobTemplate/spec"),
+                "spec.jobTemplate.spec",
+                &mut c,
+            );
         }
         ("", "Service") => service(obj, &mut c),
         ("", "ConfigMap") | ("", "Secret") => data_keys(obj, &mut c),
@@ -163,7 +213,11 @@ fn validate_kind(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
 fn replicas(obj: &Value, c: &mut Vec<Cause>) {
     if let Some(r) = obj.pointer("/spec/replicas") {
         if r.as_i64().map(|n| n < 0).unwrap_or(false) {
-            c.push(Cause::invalid("spec.replicas", r, "must be greater than or equal to 0"));
+            c.push(Cause::invalid(
+                "spec.replicas",
+                r,
+                "must be greater than or equal to 0",
+            ));
         }
     }
 }
@@ -174,7 +228,11 @@ fn template(t: Option<&Value>, path: &str, selector: Option<&LabelSelector>, c: 
         return;
     };
     if let Some(sel) = selector {
-        let labels = t.pointer("/metadata/labels").and_then(Value::as_object).cloned().unwrap_or_default();
+        let labels = t
+            .pointer("/metadata/labels")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
         if !sel.matches(&labels) {
             c.push(Cause::invalid(
                 format!("{path}.metadata.labels"),
@@ -192,19 +250,35 @@ fn template(t: Option<&Value>, path: &str, selector: Option<&LabelSelector>, c: 
 fn job_spec(spec: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
     let Some(spec) = spec else { return };
     if let Some(t) = spec.get("template") {
-        let rp = t.pointer("/spec/restartPolicy").and_then(Value::as_str).unwrap_or("");
+        let rp = t
+            .pointer("/spec/restartPolicy")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         if rp != "OnFailure" && rp != "Never" {
-            c.push(Cause::not_supported(format!("{path}.template.spec.restartPolicy"), &json!(rp), &["OnFailure", "Never"]));
+            c.push(Cause::not_supported(
+                format!("{path}.template.spec.restartPolicy"),
+                &json!(rp),
+                &["OnFailure", "Never"],
+            ));
         }
         match t.get("spec") {
             Some(s) => pod_spec(s, &format!("{path}.template.spec"), c),
             None => c.push(Cause::required(format!("{path}.template.spec.containers"))),
         }
     }
-    for f in ["parallelism", "completions", "backoffLimit", "activeDeadlineSeconds"] {
+    for f in [
+        "parallelism",
+        "completions",
+        "backoffLimit",
+        "activeDeadlineSeconds",
+    ] {
         if let Some(v) = spec.get(f) {
             if v.as_i64().map(|n| n < 0).unwrap_or(false) {
-                c.push(Cause::invalid(format!("{path}.{f}"), v, "must be greater than or equal to 0"));
+                c.push(Cause::invalid(
+                    format!("{path}.{f}"),
+                    v,
+                    "must be greater than or equal to 0",
+                ));
             }
         }
     }
@@ -214,11 +288,18 @@ fn pod_spec(spec: &Value, path: &str, c: &mut Vec<Cause>) {
     let volumes: Vec<String> = spec
         .get("volumes")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|v| v.get("name").and_then(Value::as_str).map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.get("name").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default();
     for (i, v) in volumes.iter().enumerate() {
         if volumes[..i].contains(v) {
-            c.push(Cause::duplicate(format!("{path}.volumes[{i}].name"), &json!(v)));
+            c.push(Cause::duplicate(
+                format!("{path}.volumes[{i}].name"),
+                &json!(v),
+            ));
         }
     }
     let containers = spec.get("containers").and_then(Value::as_array);
@@ -229,7 +310,9 @@ fn pod_spec(spec: &Value, path: &str, c: &mut Vec<Cause>) {
     }
     let mut names: Vec<String> = Vec::new();
     for list in ["initContainers", "containers"] {
-        let Some(cs) = spec.get(list).and_then(Value::as_array) else { continue };
+        let Some(cs) = spec.get(list).and_then(Value::as_array) else {
+            continue;
+        };
         for (i, ctr) in cs.iter().enumerate() {
             let p = format!("{path}.{list}[{i}]");
             let name = ctr.get("name").and_then(Value::as_str).unwrap_or("");
@@ -242,21 +325,39 @@ fn pod_spec(spec: &Value, path: &str, c: &mut Vec<Cause>) {
             } else {
                 names.push(name.to_string());
             }
-            if ctr.get("image").and_then(Value::as_str).map(str::trim).unwrap_or("").is_empty() {
+            if ctr
+                .get("image")
+                .and_then(Value::as_str)
+                .map(str::trim)
+                .unwrap_or("")
+                .is_empty()
+            {
                 c.push(Cause::required(format!("{p}.image")));
             }
             if let Some(ports) = ctr.get("ports").and_then(Value::as_array) {
                 for (j, port) in ports.iter().enumerate() {
                     if let Some(n) = port.get("containerPort") {
-                        if !n.as_i64().map(|n| (1..=65535).contains(&n)).unwrap_or(false) {
-                            c.push(Cause::invalid(format!("{p}.ports[{j}].containerPort"), n, "must be between 1 and 65535, inclusive"));
+                        if !n
+                            .as_i64()
+                            .map(|n| (1..=65535).contains(&n))
+                            .unwrap_or(false)
+                        {
+                            c.push(Cause::invalid(
+                                format!("{p}.ports[{j}].containerPort"),
+                                n,
+                                "must be between 1 and 65535, inclusive",
+                            ));
                         }
                     } else {
                         c.push(Cause::required(format!("{p}.ports[{j}].containerPort")));
                     }
                     if let Some(proto) = port.get("protocol").and_then(Value::as_str) {
                         if !matches!(proto, "TCP" | "UDP" | "SCTP") {
-                            c.push(Cause::not_supported(format!("{p}.ports[{j}].protocol"), &json!(proto), &["SCTP", "TCP", "UDP"]));
+                            c.push(Cause::not_supported(
+                                format!("{p}.ports[{j}].protocol"),
+                                &json!(proto),
+                                &["SCTP", "TCP", "UDP"],
+                            ));
                         }
                     }
                 }
@@ -265,9 +366,17 @@ fn pod_spec(spec: &Value, path: &str, c: &mut Vec<Cause>) {
                 for (j, m) in mounts.iter().enumerate() {
                     let vn = m.get("name").and_then(Value::as_str).unwrap_or("");
                     if !volumes.iter().any(|v| v == vn) {
-                        c.push(Cause::new("FieldValueNotFound", format!("{p}.volumeMounts[{j}].name"), format!("Not found: {vn:?}")));
+                        c.push(Cause::new(
+                            "FieldValueNotFound",
+                            format!("{p}.volumeMounts[{j}].name"),
+                            format!("Not found: {vn:?}"),
+                        ));
                     }
-                    if m.get("mountPath").and_then(Value::as_str).unwrap_or("").is_empty() {
+                    if m.get("mountPath")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .is_empty()
+                    {
                         c.push(Cause::required(format!("{p}.volumeMounts[{j}].mountPath")));
                     }
                 }
@@ -277,12 +386,23 @@ fn pod_spec(spec: &Value, path: &str, c: &mut Vec<Cause>) {
     }
     if let Some(rp) = spec.get("restartPolicy").and_then(Value::as_str) {
         if !matches!(rp, "Always" | "OnFailure" | "Never") {
-            c.push(Cause::not_supported(format!("{path}.restartPolicy"), &json!(rp), &["Always", "OnFailure", "Never"]));
+            c.push(Cause::not_supported(
+                format!("{path}.restartPolicy"),
+                &json!(rp),
+                &["Always", "OnFailure", "Never"],
+            ));
         }
     }
     if let Some(dp) = spec.get("dnsPolicy").and_then(Value::as_str) {
-        if !matches!(dp, "ClusterFirstWithHostNet" | "ClusterFirst" | "Default" | "None") {
-            c.push(Cause::not_supported(format!("{path}.dnsPolicy"), &json!(dp), &["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"]));
+        if !matches!(
+            dp,
+            "ClusterFirstWithHostNet" | "ClusterFirst" | "Default" | "None"
+        ) {
+            c.push(Cause::not_supported(
+                format!("{path}.dnsPolicy"),
+                &json!(dp),
+                &["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"],
+            ));
         }
     }
 }
@@ -301,7 +421,11 @@ fn resources(r: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
                 match parse_quantity(&s) {
                     Ok(q) => {
                         if q.value < 0.0 {
-                            c.push(Cause::invalid(format!("{path}.{part}[{k}]"), v, "must be greater than or equal to 0"));
+                            c.push(Cause::invalid(
+                                format!("{path}.{part}[{k}]"),
+                                v,
+                                "must be greater than or equal to 0",
+                            ));
                         }
                         parsed.insert((part, k.clone()), q);
                     }
@@ -316,8 +440,16 @@ fn resources(r: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
                 if q.value > l.value {
                     c.push(Cause::invalid(
                         format!("{path}.requests"),
-                        &json!(r.pointer(&format!("/requests/{k}")).and_then(Value::as_str).unwrap_or("")),
-                        &format!("must be less than or equal to {k} limit of {}", r.pointer(&format!("/limits/{k}")).map(|v| v.as_str().map(str::to_string).unwrap_or(v.to_string())).unwrap_or_default()),
+                        &json!(r
+                            .pointer(&format!("/requests/{k}"))
+                            .and_then(Value::as_str)
+                            .unwrap_or("")),
+                        &format!(
+                            "must be less than or equal to {k} limit of {}",
+                            r.pointer(&format!("/limits/{k}"))
+                                .map(|v| v.as_str().map(str::to_string).unwrap_or(v.to_string()))
+                                .unwrap_or_default()
+                        ),
                     ));
                 }
             }
@@ -332,7 +464,13 @@ fn pod_update(new: &Value, old: &Value) -> Vec<Cause> {
     let mut b = old.get("spec").cloned().unwrap_or(json!({}));
     for spec in [&mut a, &mut b] {
         if let Some(m) = spec.as_object_mut() {
-            for k in ["activeDeadlineSeconds", "tolerations", "terminationGracePeriodSeconds", "nodeName", "schedulingGates"] {
+            for k in [
+                "activeDeadlineSeconds",
+                "tolerations",
+                "terminationGracePeriodSeconds",
+                "nodeName",
+                "schedulingGates",
+            ] {
                 m.remove(k);
             }
             for list in ["containers", "initContainers"] {
@@ -344,8 +482,14 @@ fn pod_update(new: &Value, old: &Value) -> Vec<Cause> {
             }
         }
     }
-    let old_node = old.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
-    let new_node = new.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
+    let old_node = old
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let new_node = new
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     let mut c = Vec::new();
     if a != b || (!old_node.is_empty() && old_node != new_node) {
         c.push(Cause::forbidden("spec", "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)"));
@@ -355,23 +499,47 @@ fn pod_update(new: &Value, old: &Value) -> Vec<Cause> {
 
 fn service(obj: &Value, c: &mut Vec<Cause>) {
     let spec = obj.get("spec").cloned().unwrap_or(json!({}));
-    let ty = spec.get("type").and_then(Value::as_str).unwrap_or("ClusterIP");
-    if !matches!(ty, "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName") {
-        c.push(Cause::not_supported("spec.type", &json!(ty), &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"]));
+    let ty = spec
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("ClusterIP");
+    if !matches!(
+        ty,
+        "ClusterIP" | "NodePort" | "LoadBalancer" | "ExternalName"
+    ) {
+        c.push(Cause::not_supported(
+            "spec.type",
+            &json!(ty),
+            &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"],
+        ));
     }
     let headless = spec.get("clusterIP").and_then(Value::as_str) == Some("None");
-    let ports = spec.get("ports").and_then(Value::as_array).cloned().unwrap_or_default();
+    let ports = spec
+        .get("ports")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     if ports.is_empty() && ty != "ExternalName" && !headless {
         c.push(Cause::required("spec.ports"));
     }
-    if ty == "ExternalName" && spec.get("externalName").and_then(Value::as_str).unwrap_or("").is_empty() {
+    if ty == "ExternalName"
+        && spec
+            .get("externalName")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .is_empty()
+    {
         c.push(Cause::required("spec.externalName"));
     }
     let mut names = Vec::new();
     for (i, p) in ports.iter().enumerate() {
         match p.get("port").and_then(Value::as_i64) {
             Some(n) if (1..=65535).contains(&n) => {}
-            Some(n) => c.push(Cause::invalid(format!("spec.ports[{i}].port"), &json!(n), "must be between 1 and 65535, inclusive")),
+            Some(n) => c.push(Cause::invalid(
+                format!("spec.ports[{i}].port"),
+                &json!(n),
+                "must be between 1 and 65535, inclusive",
+            )),
             None => c.push(Cause::required(format!("spec.ports[{i}].port"))),
         }
         let name = p.get("name").and_then(Value::as_str).unwrap_or("");
@@ -380,7 +548,10 @@ fn service(obj: &Value, c: &mut Vec<Cause>) {
         }
         if !name.is_empty() {
             if names.contains(&name) {
-                c.push(Cause::duplicate(format!("spec.ports[{i}].name"), &json!(name)));
+                c.push(Cause::duplicate(
+                    format!("spec.ports[{i}].name"),
+                    &json!(name),
+                ));
             }
             names.push(name);
         }
@@ -392,7 +563,12 @@ fn data_keys(obj: &Value, c: &mut Vec<Cause>) {
     for field in ["data", "binaryData", "stringData"] {
         if let Some(m) = obj.get(field).and_then(Value::as_object) {
             for (k, v) in m {
-                let ok = !k.is_empty() && k.len() <= 253 && k.chars().all(|ch| ch.is_ascii_alphanumeric() || "-._".contains(ch)) && k != "." && k != "..";
+                let ok = !k.is_empty()
+                    && k.len() <= 253
+                    && k.chars()
+                        .all(|ch| ch.is_ascii_alphanumeric() || "-._".contains(ch))
+                    && k != "."
+                    && k != "..";
                 if !ok {
                     c.push(Cause::invalid(format!("{field}[{k}]"), &json!(k), "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"));
                 }
@@ -401,19 +577,33 @@ fn data_keys(obj: &Value, c: &mut Vec<Cause>) {
         }
     }
     if total > 1024 * 1024 * 4 / 3 + 16 {
-        c.push(Cause::new("FieldValueTooLong", "data", "Too long: must have at most 1048576 bytes"));
+        c.push(Cause::new(
+            "FieldValueTooLong",
+            "data",
+            "Too long: must have at most 1048576 bytes",
+        ));
     }
 }
 
 fn cron_ok(s: &str) -> bool {
     let s = s.trim();
     if s.starts_with('@') {
-        return matches!(s, "@yearly" | "@annually" | "@monthly" | "@weekly" | "@daily" | "@midnight" | "@hourly") || s.starts_with("@every ");
+        return matches!(
+            s,
+            "@yearly" | "@annually" | "@monthly" | "@weekly" | "@daily" | "@midnight" | "@hourly"
+        ) || s.starts_with("@every ");
     }
-    let s = s.strip_prefix("CRON_TZ=").or_else(|| s.strip_prefix("TZ=")).map(|r| r.split_once(' ').map(|x| x.1).unwrap_or("")).unwrap_or(s);
+    let s = s
+        .strip_prefix("CRON_TZ=")
+        .or_else(|| s.strip_prefix("TZ="))
+        .map(|r| r.split_once(' ').map(|x| x.1).unwrap_or(""))
+        .unwrap_or(s);
     let fields: Vec<&str> = s.split_whitespace().collect();
     fields.len() == 5
-        && fields.iter().all(|f| f.chars().all(|c| c.is_ascii_alphanumeric() || ",-*/?".contains(c)))
+        && fields.iter().all(|f| {
+            f.chars()
+                .all(|c| c.is_ascii_alphanumeric() || ",-*/?".contains(c))
+        })
 }
 
 #[cfg(test)]
@@ -426,7 +616,10 @@ mod tests {
         let pods = lookup("", "v1", "pods").unwrap();
         let c = validate_create(pods, &json!({"metadata": {"name": "p"}, "spec": {}}));
         assert_eq!(c.len(), 1);
-        assert_eq!((c[0].field.as_str(), c[0].message.as_str()), ("spec.containers", "Required value"));
+        assert_eq!(
+            (c[0].field.as_str(), c[0].message.as_str()),
+            ("spec.containers", "Required value")
+        );
     }
 
     #[test]
@@ -435,7 +628,9 @@ mod tests {
         let obj = json!({"metadata": {"name": "d"}, "spec": {"selector": {"matchLabels": {"app": "a"}}, "template": {"metadata": {"labels": {"app": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}});
         let c = validate_create(d, &obj);
         assert_eq!(c[0].field, "spec.template.metadata.labels");
-        assert!(c[0].message.ends_with("`selector` does not match template `labels`"));
+        assert!(c[0]
+            .message
+            .ends_with("`selector` does not match template `labels`"));
     }
 
     #[test]
@@ -460,6 +655,9 @@ mod tests {
     fn requests_above_limits_are_invalid() {
         let pods = lookup("", "v1", "pods").unwrap();
         let p = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}]}});
-        assert_eq!(validate_create(pods, &p)[0].field, "spec.containers[0].resources.requests");
+        assert_eq!(
+            validate_create(pods, &p)[0].field,
+            "spec.containers[0].resources.requests"
+        );
     }
 }

@@ -11,32 +11,57 @@ use std::time::{Duration, Instant};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root")
 }
 
 /// The `skiff` binary built by `cargo build -p skiff`.
 pub fn skiff_binary() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| repo_root().join("target"));
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
     let bin = target.join("debug/skiff");
-    assert!(bin.exists(), "{} is missing: run `cargo build -p skiff` first (scripts/test.sh does)", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p skiff` first (scripts/test.sh does)",
+        bin.display()
+    );
     bin
 }
 
 /// The kubectl the tests use: `$SKIFF_KUBECTL` or `.tools/bin/kubectl`.
 pub fn kubectl_binary() -> PathBuf {
-    let p = std::env::var_os("SKIFF_KUBECTL").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".tools/bin/kubectl"));
-    assert!(p.exists(), "{} is missing: run scripts/tools.sh", p.display());
+    let p = std::env::var_os("SKIFF_KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".tools/bin/kubectl"));
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/tools.sh",
+        p.display()
+    );
     p
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }
 
 /// The helm the tests use: `$SKIFF_HELM` or `.tools/bin/helm`.
 pub fn helm_binary() -> PathBuf {
-    let p = std::env::var_os("SKIFF_HELM").map(PathBuf::from).unwrap_or_else(|| repo_root().join(".tools/bin/helm"));
-    assert!(p.exists(), "{} is missing: run scripts/tools.sh", p.display());
+    let p = std::env::var_os("SKIFF_HELM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".tools/bin/helm"));
+    assert!(
+        p.exists(),
+        "{} is missing: run scripts/tools.sh",
+        p.display()
+    );
     p
 }
 
@@ -69,7 +94,12 @@ impl Server {
             .stderr(log)
             .spawn()
             .expect("start skiff server");
-        let server = Server { child, dir, port, kubeconfig };
+        let server = Server {
+            child,
+            dir,
+            port,
+            kubeconfig,
+        };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if server.kubeconfig.exists() {
@@ -78,7 +108,11 @@ impl Server {
                     break;
                 }
             }
-            assert!(Instant::now() < deadline, "skiff did not become ready:\n{}", server.log());
+            assert!(
+                Instant::now() < deadline,
+                "skiff did not become ready:\n{}",
+                server.log()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         server
@@ -92,7 +126,10 @@ impl Server {
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let log = std::fs::OpenOptions::new().append(true).open(self.dir.path().join("server.log")).expect("log");
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join("server.log"))
+            .expect("log");
         self.child = Command::new(skiff_binary())
             .arg("server")
             .arg("--data-dir")
@@ -108,7 +145,11 @@ impl Server {
             .expect("restart skiff server");
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.kubectl(&["get", "--raw", "/readyz"]).status.success() {
-            assert!(Instant::now() < deadline, "skiff did not come back:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "skiff did not come back:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -121,7 +162,9 @@ impl Server {
     /// A kubectl command bound to this server's admin kubeconfig.
     pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(kubectl_binary());
-        c.env("KUBECONFIG", &self.kubeconfig).env_remove("KUBECTL_EXTERNAL_DIFF").args(args);
+        c.env("KUBECONFIG", &self.kubeconfig)
+            .env_remove("KUBECTL_EXTERNAL_DIFF")
+            .args(args);
         c
     }
 
@@ -145,29 +188,54 @@ impl Server {
 
     /// Runs kubectl with `stdin` as its input.
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        let mut child = self.kubectl_cmd(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("kubectl");
-        child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+        let mut child = self
+            .kubectl_cmd(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write stdin");
         child.wait_with_output().expect("kubectl output")
     }
 
     /// Runs kubectl, asserts it succeeded, returns stdout.
     pub fn ok(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);
-        assert!(out.status.success(), "kubectl {args:?} failed:\nstdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed:\nstdout: {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
         text(&out.stdout)
     }
 
     /// Like [`Server::ok`] with stdin.
     pub fn ok_stdin(&self, args: &[&str], stdin: &str) -> String {
         let out = self.kubectl_stdin(args, stdin);
-        assert!(out.status.success(), "kubectl {args:?} failed:\nstdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed:\nstdout: {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
         text(&out.stdout)
     }
 
     /// Runs kubectl, asserts it failed, returns stderr.
     pub fn fails(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);
-        assert!(!out.status.success(), "kubectl {args:?} unexpectedly succeeded: {}", text(&out.stdout));
+        assert!(
+            !out.status.success(),
+            "kubectl {args:?} unexpectedly succeeded: {}",
+            text(&out.stdout)
+        );
         text(&out.stderr)
     }
 }

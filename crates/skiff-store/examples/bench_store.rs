@@ -33,7 +33,11 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 
 fn summarize(mut lat: Vec<Duration>, elapsed: Duration) -> Result {
     lat.sort();
-    Result { writes_per_sec: lat.len() as f64 / elapsed.as_secs_f64(), p50_ms: percentile(&lat, 0.5), p99_ms: percentile(&lat, 0.99) }
+    Result {
+        writes_per_sec: lat.len() as f64 / elapsed.as_secs_f64(),
+        p50_ms: percentile(&lat, 0.5),
+        p99_ms: percentile(&lat, 0.99),
+    }
 }
 
 async fn bench_embedded(writers: usize, secs: f64, run: usize) -> Result {
@@ -51,7 +55,10 @@ async fn bench_embedded(writers: usize, secs: f64, run: usize) -> Result {
             let mut i = 0u64;
             while Instant::now() < deadline {
                 let t = Instant::now();
-                store.create(&format!("/bench/{run}/{w}/{i}"), value.clone()).await.unwrap();
+                store
+                    .create(&format!("/bench/{run}/{w}/{i}"), value.clone())
+                    .await
+                    .unwrap();
                 lat.push(t.elapsed());
                 i += 1;
             }
@@ -68,7 +75,11 @@ async fn bench_embedded(writers: usize, secs: f64, run: usize) -> Result {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 struct Etcd {
@@ -90,20 +101,32 @@ async fn start_etcd(bin: &str) -> Etcd {
     let (port, peer) = (free_port(), free_port());
     let child = Command::new(bin)
         .args([
-            "--name", "bench",
-            "--data-dir", dir.path().join("etcd").to_str().unwrap(),
-            "--listen-client-urls", &format!("http://127.0.0.1:{port}"),
-            "--advertise-client-urls", &format!("http://127.0.0.1:{port}"),
-            "--listen-peer-urls", &format!("http://127.0.0.1:{peer}"),
-            "--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}"),
-            "--initial-cluster", &format!("bench=http://127.0.0.1:{peer}"),
-            "--log-level", "error",
+            "--name",
+            "bench",
+            "--data-dir",
+            dir.path().join("etcd").to_str().unwrap(),
+            "--listen-client-urls",
+            &format!("http://127.0.0.1:{port}"),
+            "--advertise-client-urls",
+            &format!("http://127.0.0.1:{port}"),
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{peer}"),
+            "--initial-advertise-peer-urls",
+            &format!("http://127.0.0.1:{peer}"),
+            "--initial-cluster",
+            &format!("bench=http://127.0.0.1:{peer}"),
+            "--log-level",
+            "error",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .expect("start etcd");
-    let etcd = Etcd { child, port, _dir: dir };
+    let etcd = Etcd {
+        child,
+        port,
+        _dir: dir,
+    };
     for _ in 0..100 {
         if let Ok(mut c) = EtcdConn::connect(port).await {
             if c.put("/ready", "x").await.is_ok() {
@@ -121,23 +144,8 @@ struct EtcdConn {
 }
 
 fn b64(s: &[u8]) -> String {
-    use base64_lite::encode;
-    encode(s)
-}
-
-mod base64_lite {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    pub fn encode(b: &[u8]) -> String {
-        let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
-        for c in b.chunks(3) {
-            let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
-            out.push(T[(n >> 18) as usize & 63] as char);
-            out.push(T[(n >> 12) as usize & 63] as char);
-            out.push(if c.len() > 1 { T[(n >> 6) as usize & 63] as char } else { '=' });
-            out.push(if c.len() > 2 { T[n as usize & 63] as char } else { '=' });
-        }
-        out
-    }
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
 }
 
 impl EtcdConn {
@@ -145,11 +153,18 @@ impl EtcdConn {
         let s = TcpStream::connect(("127.0.0.1", port)).await?;
         s.set_nodelay(true)?;
         let (r, w) = s.into_split();
-        Ok(EtcdConn { r: BufReader::new(r), w })
+        Ok(EtcdConn {
+            r: BufReader::new(r),
+            w,
+        })
     }
 
     async fn put(&mut self, key: &str, value: &str) -> std::io::Result<()> {
-        let body = format!("{{\"key\":\"{}\",\"value\":\"{}\"}}", b64(key.as_bytes()), b64(value.as_bytes()));
+        let body = format!(
+            "{{\"key\":\"{}\",\"value\":\"{}\"}}",
+            b64(key.as_bytes()),
+            b64(value.as_bytes())
+        );
         let req = format!(
             "POST /v3/kv/put HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
@@ -190,7 +205,9 @@ async fn bench_etcd(port: u16, writers: usize, secs: f64, run: usize) -> Result 
             let mut i = 0u64;
             while Instant::now() < deadline {
                 let t = Instant::now();
-                c.put(&format!("/bench/{run}/{w}/{i}"), &value).await.unwrap();
+                c.put(&format!("/bench/{run}/{w}/{i}"), &value)
+                    .await
+                    .unwrap();
                 lat.push(t.elapsed());
                 i += 1;
             }
@@ -212,21 +229,35 @@ fn median(mut v: Vec<f64>) -> f64 {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let arg = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     let etcd_bin = arg("--etcd").unwrap_or_else(|| "/usr/bin/etcd".into());
     let secs: f64 = arg("--seconds").and_then(|s| s.parse().ok()).unwrap_or(3.0);
     let runs: usize = arg("--runs").and_then(|s| s.parse().ok()).unwrap_or(3);
-    let etcd = if std::path::Path::new(&etcd_bin).exists() { Some(start_etcd(&etcd_bin).await) } else { None };
+    let etcd = if std::path::Path::new(&etcd_bin).exists() {
+        Some(start_etcd(&etcd_bin).await)
+    } else {
+        None
+    };
     if etcd.is_none() {
         eprintln!("etcd not found at {etcd_bin}: measuring the embedded store only (apt-get install etcd-server)");
     }
     println!("| writers | embedded writes/s | embedded p50 / p99 ms | etcd writes/s | etcd p50 / p99 ms | embedded ÷ etcd |");
     println!("|---:|---:|---:|---:|---:|---:|");
     for writers in [1usize, 16, 256] {
-        let (mut ew, mut e50, mut e99, mut tw, mut t50, mut t99) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut ew, mut e50, mut e99, mut tw, mut t50, mut t99) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
         for run in 0..runs {
             // Alternate which side goes first so neither always gets the warmer disk.
-            let order = if run % 2 == 0 { [true, false] } else { [false, true] };
+            let order = if run % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
             for embedded in order {
                 if embedded {
                     let r = bench_embedded(writers, secs, run).await;
@@ -241,14 +272,33 @@ async fn main() {
                 }
             }
         }
-        let (emb, et) = (median(ew), if tw.is_empty() { f64::NAN } else { median(tw.clone()) });
+        let (emb, et) = (
+            median(ew),
+            if tw.is_empty() {
+                f64::NAN
+            } else {
+                median(tw.clone())
+            },
+        );
         println!(
             "| {writers} | {emb:.0} | {:.2} / {:.2} | {} | {} | {} |",
             median(e50),
             median(e99),
-            if tw.is_empty() { "–".into() } else { format!("{et:.0}") },
-            if t50.is_empty() { "–".into() } else { format!("{:.2} / {:.2}", median(t50), median(t99)) },
-            if tw.is_empty() { "–".into() } else { format!("{:.2}×", emb / et) },
+            if tw.is_empty() {
+                "–".into()
+            } else {
+                format!("{et:.0}")
+            },
+            if t50.is_empty() {
+                "–".into()
+            } else {
+                format!("{:.2} / {:.2}", median(t50), median(t99))
+            },
+            if tw.is_empty() {
+                "–".into()
+            } else {
+                format!("{:.2}×", emb / et)
+            },
         );
     }
 }

@@ -58,7 +58,10 @@ pub struct ListResult {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A create (`prev` is `None`) or update of a key.
-    Put { kv: KeyValue, prev: Option<KeyValue> },
+    Put {
+        kv: KeyValue,
+        prev: Option<KeyValue>,
+    },
     /// A deletion at `revision`; `prev` is the value the key had before it.
     Delete { prev: KeyValue, revision: i64 },
     /// Nothing under the watched prefix changed up to `revision` (progress notify /
@@ -87,7 +90,11 @@ pub enum Error {
     AlreadyExists(String),
     /// The key's current mod revision is not the expected one; carries the current value.
     #[error("key {key:?} was modified: expected revision {expected}, found {}", current.as_ref().map(|c| c.mod_revision).unwrap_or(0))]
-    Conflict { key: String, expected: i64, current: Option<KeyValue> },
+    Conflict {
+        key: String,
+        expected: i64,
+        current: Option<KeyValue>,
+    },
     /// The requested revision has been compacted away (HTTP 410 upstream).
     #[error("required revision {requested} has been compacted (compacted revision {compacted})")]
     Compacted { requested: i64, compacted: i64 },

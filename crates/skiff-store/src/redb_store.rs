@@ -38,7 +38,10 @@ pub struct RedbOptions {
 
 impl Default for RedbOptions {
     fn default() -> Self {
-        RedbOptions { max_batch: 2048, watch_buffer: 65536 }
+        RedbOptions {
+            max_batch: 2048,
+            watch_buffer: 65536,
+        }
     }
 }
 
@@ -80,7 +83,12 @@ fn enc_kv(create: i64, modr: i64, value: &[u8]) -> Vec<u8> {
 fn dec_kv(key: &str, b: &[u8]) -> KeyValue {
     let create = i64::from_le_bytes(b[0..8].try_into().unwrap_or([0; 8]));
     let modr = i64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
-    KeyValue { key: key.to_string(), value: Bytes::copy_from_slice(&b[16..]), create_revision: create, mod_revision: modr }
+    KeyValue {
+        key: key.to_string(),
+        value: Bytes::copy_from_slice(&b[16..]),
+        create_revision: create,
+        mod_revision: modr,
+    }
 }
 
 /// A history entry: 0 = put (create revision, value), 1 = tombstone.
@@ -97,7 +105,12 @@ fn dec_hist(key: &str, rev: u64, b: &[u8]) -> Option<KeyValue> {
         return None;
     }
     let create = i64::from_le_bytes(b[1..9].try_into().unwrap_or([0; 8]));
-    Some(KeyValue { key: key.to_string(), value: Bytes::copy_from_slice(&b[9..]), create_revision: create, mod_revision: rev as i64 })
+    Some(KeyValue {
+        key: key.to_string(),
+        value: Bytes::copy_from_slice(&b[9..]),
+        create_revision: create,
+        mod_revision: rev as i64,
+    })
 }
 
 impl RedbStore {
@@ -114,8 +127,16 @@ impl RedbStore {
                 let _ = w.open_table(HIST).map_err(backend)?;
                 let _ = w.open_table(LOG).map_err(backend)?;
                 let meta = w.open_table(META).map_err(backend)?;
-                let rev = meta.get("revision").map_err(backend)?.map(|g| g.value()).unwrap_or(0);
-                let comp = meta.get("compacted").map_err(backend)?.map(|g| g.value()).unwrap_or(0);
+                let rev = meta
+                    .get("revision")
+                    .map_err(backend)?
+                    .map(|g| g.value())
+                    .unwrap_or(0);
+                let comp = meta
+                    .get("compacted")
+                    .map_err(backend)?
+                    .map(|g| g.value())
+                    .unwrap_or(0);
                 (rev as i64, comp as i64)
             };
             w.commit().map_err(backend)?;
@@ -137,7 +158,13 @@ impl RedbStore {
                 .spawn(move || committer(db, rx, events, revision, compacted, max_batch))
                 .map_err(backend)?;
         }
-        Ok(Arc::new(RedbStore { db, tx: std::sync::Mutex::new(Some(tx)), events, revision, compacted }))
+        Ok(Arc::new(RedbStore {
+            db,
+            tx: std::sync::Mutex::new(Some(tx)),
+            events,
+            revision,
+            compacted,
+        }))
     }
 
     /// Stops accepting writes; pending ones finish.
@@ -150,7 +177,13 @@ impl RedbStore {
         {
             let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
             let tx = guard.as_ref().ok_or(Error::Closed)?;
-            tx.send(Op { kind, key: key.to_string(), value, reply }).map_err(|_| Error::Closed)?;
+            tx.send(Op {
+                kind,
+                key: key.to_string(),
+                value,
+                reply,
+            })
+            .map_err(|_| Error::Closed)?;
         }
         rx.await.map_err(|_| Error::Closed)?
     }
@@ -158,11 +191,17 @@ impl RedbStore {
     fn check_revision(&self, rev: i64) -> Result<()> {
         let compacted = self.compacted.load(Ordering::Acquire);
         if rev < compacted {
-            return Err(Error::Compacted { requested: rev, compacted });
+            return Err(Error::Compacted {
+                requested: rev,
+                compacted,
+            });
         }
         let current = self.revision.load(Ordering::Acquire);
         if rev > current {
-            return Err(Error::FutureRevision { requested: rev, current });
+            return Err(Error::FutureRevision {
+                requested: rev,
+                current,
+            });
         }
         Ok(())
     }
@@ -180,7 +219,9 @@ impl RedbStore {
             if !key.starts_with(prefix) {
                 continue;
             }
-            let Some(cur) = hist.get((key.as_str(), rev)).map_err(backend)? else { continue };
+            let Some(cur) = hist.get((key.as_str(), rev)).map_err(backend)? else {
+                continue;
+            };
             let cur = dec_hist(&key, rev, cur.value());
             let prev = hist
                 .range((key.as_str(), 0u64)..(key.as_str(), rev))
@@ -192,7 +233,10 @@ impl RedbStore {
             out.push(match cur {
                 Some(kv) => Event::Put { kv, prev },
                 None => match prev {
-                    Some(p) => Event::Delete { prev: p, revision: rev as i64 },
+                    Some(p) => Event::Delete {
+                        prev: p,
+                        revision: rev as i64,
+                    },
                     None => continue,
                 },
             });
@@ -231,53 +275,108 @@ fn committer(
                 let mut log = w.open_table(LOG).map_err(backend)?;
                 let mut meta = w.open_table(META).map_err(backend)?;
                 for op in &batch {
-                    let current = kv.get(op.key.as_str()).map_err(backend)?.map(|g| dec_kv(&op.key, g.value()));
+                    let current = kv
+                        .get(op.key.as_str())
+                        .map_err(backend)?
+                        .map(|g| dec_kv(&op.key, g.value()));
                     let r = match op.kind {
                         OpKind::Compact(to) => {
                             if to > compact_to && to <= rev {
                                 compact(&mut hist, &mut log, to as u64)?;
                                 compact_to = to;
                             }
-                            Ok((KeyValue { key: String::new(), value: Bytes::new(), create_revision: 0, mod_revision: 0 }, compact_to))
+                            Ok((
+                                KeyValue {
+                                    key: String::new(),
+                                    value: Bytes::new(),
+                                    create_revision: 0,
+                                    mod_revision: 0,
+                                },
+                                compact_to,
+                            ))
                         }
                         OpKind::Create => match current {
                             Some(_) => Err(Error::AlreadyExists(op.key.clone())),
                             None => {
                                 rev += 1;
-                                let item = KeyValue { key: op.key.clone(), value: op.value.clone(), create_revision: rev, mod_revision: rev };
-                                kv.insert(op.key.as_str(), enc_kv(rev, rev, &op.value).as_slice()).map_err(backend)?;
-                                hist.insert((op.key.as_str(), rev as u64), enc_hist(false, rev, &op.value).as_slice()).map_err(backend)?;
+                                let item = KeyValue {
+                                    key: op.key.clone(),
+                                    value: op.value.clone(),
+                                    create_revision: rev,
+                                    mod_revision: rev,
+                                };
+                                kv.insert(op.key.as_str(), enc_kv(rev, rev, &op.value).as_slice())
+                                    .map_err(backend)?;
+                                hist.insert(
+                                    (op.key.as_str(), rev as u64),
+                                    enc_hist(false, rev, &op.value).as_slice(),
+                                )
+                                .map_err(backend)?;
                                 log.insert(rev as u64, op.key.as_str()).map_err(backend)?;
-                                new_events.push(Event::Put { kv: item.clone(), prev: None });
+                                new_events.push(Event::Put {
+                                    kv: item.clone(),
+                                    prev: None,
+                                });
                                 Ok((item, rev))
                             }
                         },
                         OpKind::Update(expected) => match current {
                             None => Err(Error::NotFound(op.key.clone())),
-                            Some(cur) if cur.mod_revision != expected => {
-                                Err(Error::Conflict { key: op.key.clone(), expected, current: Some(cur) })
-                            }
+                            Some(cur) if cur.mod_revision != expected => Err(Error::Conflict {
+                                key: op.key.clone(),
+                                expected,
+                                current: Some(cur),
+                            }),
                             Some(cur) => {
                                 rev += 1;
-                                let item = KeyValue { key: op.key.clone(), value: op.value.clone(), create_revision: cur.create_revision, mod_revision: rev };
-                                kv.insert(op.key.as_str(), enc_kv(cur.create_revision, rev, &op.value).as_slice()).map_err(backend)?;
-                                hist.insert((op.key.as_str(), rev as u64), enc_hist(false, cur.create_revision, &op.value).as_slice()).map_err(backend)?;
+                                let item = KeyValue {
+                                    key: op.key.clone(),
+                                    value: op.value.clone(),
+                                    create_revision: cur.create_revision,
+                                    mod_revision: rev,
+                                };
+                                kv.insert(
+                                    op.key.as_str(),
+                                    enc_kv(cur.create_revision, rev, &op.value).as_slice(),
+                                )
+                                .map_err(backend)?;
+                                hist.insert(
+                                    (op.key.as_str(), rev as u64),
+                                    enc_hist(false, cur.create_revision, &op.value).as_slice(),
+                                )
+                                .map_err(backend)?;
                                 log.insert(rev as u64, op.key.as_str()).map_err(backend)?;
-                                new_events.push(Event::Put { kv: item.clone(), prev: Some(cur) });
+                                new_events.push(Event::Put {
+                                    kv: item.clone(),
+                                    prev: Some(cur),
+                                });
                                 Ok((item, rev))
                             }
                         },
                         OpKind::Delete(expected) => match current {
                             None => Err(Error::NotFound(op.key.clone())),
-                            Some(cur) if expected.map(|e| e != cur.mod_revision).unwrap_or(false) => {
-                                Err(Error::Conflict { key: op.key.clone(), expected: expected.unwrap_or(0), current: Some(cur) })
+                            Some(cur)
+                                if expected.map(|e| e != cur.mod_revision).unwrap_or(false) =>
+                            {
+                                Err(Error::Conflict {
+                                    key: op.key.clone(),
+                                    expected: expected.unwrap_or(0),
+                                    current: Some(cur),
+                                })
                             }
                             Some(cur) => {
                                 rev += 1;
                                 kv.remove(op.key.as_str()).map_err(backend)?;
-                                hist.insert((op.key.as_str(), rev as u64), enc_hist(true, 0, &[]).as_slice()).map_err(backend)?;
+                                hist.insert(
+                                    (op.key.as_str(), rev as u64),
+                                    enc_hist(true, 0, &[]).as_slice(),
+                                )
+                                .map_err(backend)?;
                                 log.insert(rev as u64, op.key.as_str()).map_err(backend)?;
-                                new_events.push(Event::Delete { prev: cur.clone(), revision: rev });
+                                new_events.push(Event::Delete {
+                                    prev: cur.clone(),
+                                    revision: rev,
+                                });
                                 Ok((cur, rev))
                             }
                         },
@@ -285,7 +384,8 @@ fn committer(
                     results.push(r);
                 }
                 meta.insert("revision", rev as u64).map_err(backend)?;
-                meta.insert("compacted", compact_to as u64).map_err(backend)?;
+                meta.insert("compacted", compact_to as u64)
+                    .map_err(backend)?;
             }
             w.commit().map_err(backend)?;
             Ok(())
@@ -330,14 +430,21 @@ fn compact(
             .filter_map(|i| i.ok())
             .map(|(k, v)| (k.value().1, v.value().first() == Some(&1)))
             .collect();
-        let Some(&(last_rev, last_tomb)) = versions.last() else { continue };
+        let Some(&(last_rev, last_tomb)) = versions.last() else {
+            continue;
+        };
         for (r, _) in &versions {
             if *r != last_rev || last_tomb {
                 hist.remove((key.as_str(), *r)).map_err(backend)?;
             }
         }
     }
-    let revs: Vec<u64> = log.range(..=to).map_err(backend)?.filter_map(|i| i.ok()).map(|(r, _)| r.value()).collect();
+    let revs: Vec<u64> = log
+        .range(..=to)
+        .map_err(backend)?
+        .filter_map(|i| i.ok())
+        .map(|(r, _)| r.value())
+        .collect();
     for r in revs {
         log.remove(r).map_err(backend)?;
     }
@@ -349,7 +456,10 @@ impl Store for RedbStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let r = self.db.begin_read().map_err(backend)?;
         let kv = r.open_table(KV).map_err(backend)?;
-        Ok(kv.get(key).map_err(backend)?.map(|g| dec_kv(key, g.value())))
+        Ok(kv
+            .get(key)
+            .map_err(backend)?
+            .map(|g| dec_kv(key, g.value())))
     }
 
     async fn list(&self, prefix: &str, opts: ListOptions) -> Result<ListResult> {
@@ -359,16 +469,26 @@ impl Store for RedbStore {
             self.check_revision(r)?;
         }
         let r = self.db.begin_read().map_err(backend)?;
-        let limit = if opts.limit > 0 { opts.limit as usize } else { usize::MAX };
+        let limit = if opts.limit > 0 {
+            opts.limit as usize
+        } else {
+            usize::MAX
+        };
         let mut items = Vec::new();
         let mut remaining = 0i64;
-        let start = opts.start_after.clone().unwrap_or_else(|| prefix.to_string());
+        let start = opts
+            .start_after
+            .clone()
+            .unwrap_or_else(|| prefix.to_string());
         match at {
             Some(rev) if rev < current => {
                 let hist = r.open_table(HIST).map_err(backend)?;
                 let mut cur_key: Option<String> = None;
                 let mut best: Option<KeyValue> = None;
-                let flush = |key: Option<String>, best: Option<KeyValue>, items: &mut Vec<KeyValue>, remaining: &mut i64| {
+                let flush = |key: Option<String>,
+                             best: Option<KeyValue>,
+                             items: &mut Vec<KeyValue>,
+                             remaining: &mut i64| {
                     if let (Some(_), Some(kv)) = (key, best) {
                         if items.len() < limit {
                             items.push(kv);
@@ -395,7 +515,12 @@ impl Store for RedbStore {
                     }
                 }
                 flush(cur_key.take(), best.take(), &mut items, &mut remaining);
-                Ok(ListResult { items, revision: rev, more: remaining > 0, remaining })
+                Ok(ListResult {
+                    items,
+                    revision: rev,
+                    more: remaining > 0,
+                    remaining,
+                })
             }
             _ => {
                 let kv = r.open_table(KV).map_err(backend)?;
@@ -416,8 +541,17 @@ impl Store for RedbStore {
                 }
                 // The revision of this snapshot is the one committed with it.
                 let meta = r.open_table(META).map_err(backend)?;
-                let rev = meta.get("revision").map_err(backend)?.map(|g| g.value() as i64).unwrap_or(0);
-                Ok(ListResult { items, revision: rev, more: remaining > 0, remaining })
+                let rev = meta
+                    .get("revision")
+                    .map_err(backend)?
+                    .map(|g| g.value() as i64)
+                    .unwrap_or(0);
+                Ok(ListResult {
+                    items,
+                    revision: rev,
+                    more: remaining > 0,
+                    remaining,
+                })
             }
         }
     }
@@ -437,27 +571,48 @@ impl Store for RedbStore {
     }
 
     async fn create(&self, key: &str, value: Bytes) -> Result<KeyValue> {
-        self.submit(OpKind::Create, key, value).await.map(|(kv, _)| kv)
+        self.submit(OpKind::Create, key, value)
+            .await
+            .map(|(kv, _)| kv)
     }
 
     async fn update(&self, key: &str, value: Bytes, expected_revision: i64) -> Result<KeyValue> {
-        self.submit(OpKind::Update(expected_revision), key, value).await.map(|(kv, _)| kv)
+        self.submit(OpKind::Update(expected_revision), key, value)
+            .await
+            .map(|(kv, _)| kv)
     }
 
     async fn delete(&self, key: &str, expected_revision: Option<i64>) -> Result<(KeyValue, i64)> {
-        self.submit(OpKind::Delete(expected_revision), key, Bytes::new()).await
+        self.submit(OpKind::Delete(expected_revision), key, Bytes::new())
+            .await
     }
 
-    async fn watch(&self, prefix: &str, after_revision: i64, progress_interval: Option<Duration>) -> Result<WatchStream> {
+    async fn watch(
+        &self,
+        prefix: &str,
+        after_revision: i64,
+        progress_interval: Option<Duration>,
+    ) -> Result<WatchStream> {
         // Subscribe before reading history so nothing falls between the two.
         let mut rx = self.events.subscribe();
         let current = self.revision.load(Ordering::Acquire);
-        let start = if after_revision <= 0 { current } else { after_revision };
+        let start = if after_revision <= 0 {
+            current
+        } else {
+            after_revision
+        };
         let compacted = self.compacted.load(Ordering::Acquire);
         if after_revision > 0 && after_revision < compacted {
-            return Err(Error::Compacted { requested: after_revision, compacted });
+            return Err(Error::Compacted {
+                requested: after_revision,
+                compacted,
+            });
         }
-        let backlog = if start < current { self.replay(prefix, start)? } else { Vec::new() };
+        let backlog = if start < current {
+            self.replay(prefix, start)?
+        } else {
+            Vec::new()
+        };
         let prefix = prefix.to_string();
         let revision = self.revision.clone();
         let (tx, out) = tokio::sync::mpsc::channel::<Result<Event>>(1024);
@@ -499,7 +654,9 @@ impl Store for RedbStore {
                         }
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
-                        let _ = tx.send(Err(Error::Backend("watcher fell too far behind".into()))).await;
+                        let _ = tx
+                            .send(Err(Error::Backend("watcher fell too far behind".into())))
+                            .await;
                         return;
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
@@ -516,9 +673,14 @@ impl Store for RedbStore {
     async fn compact(&self, revision: i64) -> Result<()> {
         let current = self.revision.load(Ordering::Acquire);
         if revision > current {
-            return Err(Error::FutureRevision { requested: revision, current });
+            return Err(Error::FutureRevision {
+                requested: revision,
+                current,
+            });
         }
-        self.submit(OpKind::Compact(revision), "", Bytes::new()).await.map(|_| ())
+        self.submit(OpKind::Compact(revision), "", Bytes::new())
+            .await
+            .map(|_| ())
     }
 
     async fn compacted_revision(&self) -> Result<i64> {

@@ -28,8 +28,15 @@ pub async fn create_then_get(s: Arc<dyn Store>) {
     assert_eq!(kv.create_revision, kv.mod_revision);
     let got = s.get("/t/a").await.unwrap().unwrap();
     assert_eq!(got, kv);
-    assert!(matches!(s.create("/t/a", b("2")).await, Err(Error::AlreadyExists(_))));
-    assert_eq!(s.get("/t/a").await.unwrap().unwrap().value, b("1"), "a failed create changes nothing");
+    assert!(matches!(
+        s.create("/t/a", b("2")).await,
+        Err(Error::AlreadyExists(_))
+    ));
+    assert_eq!(
+        s.get("/t/a").await.unwrap().unwrap().value,
+        b("1"),
+        "a failed create changes nothing"
+    );
     assert!(s.get("/t/missing").await.unwrap().is_none());
 }
 
@@ -40,21 +47,32 @@ pub async fn update_requires_the_current_revision(s: Arc<dyn Store>) {
     assert!(a2.mod_revision > a.mod_revision);
     assert_eq!(a2.create_revision, a.create_revision);
     match s.update("/t/a", b("3"), a.mod_revision).await {
-        Err(Error::Conflict { current: Some(cur), .. }) => assert_eq!(cur.value, b("2")),
+        Err(Error::Conflict {
+            current: Some(cur), ..
+        }) => assert_eq!(cur.value, b("2")),
         other => panic!("expected a conflict, got {other:?}"),
     }
-    assert!(matches!(s.update("/t/none", b("x"), 1).await, Err(Error::NotFound(_))));
+    assert!(matches!(
+        s.update("/t/none", b("x"), 1).await,
+        Err(Error::NotFound(_))
+    ));
 }
 
 /// Deletes, guarded or not; deleting what is gone is NotFound.
 pub async fn delete_with_and_without_a_guard(s: Arc<dyn Store>) {
     let a = s.create("/t/a", b("1")).await.unwrap();
     s.update("/t/a", b("2"), a.mod_revision).await.unwrap();
-    assert!(matches!(s.delete("/t/a", Some(a.mod_revision)).await, Err(Error::Conflict { .. })));
+    assert!(matches!(
+        s.delete("/t/a", Some(a.mod_revision)).await,
+        Err(Error::Conflict { .. })
+    ));
     let (prev, rev) = s.delete("/t/a", None).await.unwrap();
     assert_eq!(prev.value, b("2"));
     assert!(rev > prev.mod_revision);
-    assert!(matches!(s.delete("/t/a", None).await, Err(Error::NotFound(_))));
+    assert!(matches!(
+        s.delete("/t/a", None).await,
+        Err(Error::NotFound(_))
+    ));
     assert!(s.get("/t/a").await.unwrap().is_none());
 }
 
@@ -76,7 +94,16 @@ pub async fn pages_come_from_one_snapshot(s: Arc<dyn Store>) {
     for i in 0..5 {
         s.create(&format!("/p/{i}"), b("v1")).await.unwrap();
     }
-    let first = s.list("/p/", ListOptions { limit: 2, ..Default::default() }).await.unwrap();
+    let first = s
+        .list(
+            "/p/",
+            ListOptions {
+                limit: 2,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(first.items.len(), 2);
     assert!(first.more);
     assert_eq!(first.remaining, 3);
@@ -88,12 +115,23 @@ pub async fn pages_come_from_one_snapshot(s: Arc<dyn Store>) {
     let rest = s
         .list(
             "/p/",
-            ListOptions { revision: Some(first.revision), limit: 0, start_after: Some(first.items[1].key.clone()) },
+            ListOptions {
+                revision: Some(first.revision),
+                limit: 0,
+                start_after: Some(first.items[1].key.clone()),
+            },
         )
         .await
         .unwrap();
-    let got: Vec<_> = rest.items.iter().map(|kv| (kv.key.as_str(), kv.value.clone())).collect();
-    assert_eq!(got, [("/p/2", b("v1")), ("/p/3", b("v1")), ("/p/4", b("v1"))]);
+    let got: Vec<_> = rest
+        .items
+        .iter()
+        .map(|kv| (kv.key.as_str(), kv.value.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [("/p/2", b("v1")), ("/p/3", b("v1")), ("/p/4", b("v1"))]
+    );
     assert_eq!(rest.revision, first.revision);
 }
 
@@ -101,7 +139,15 @@ pub async fn pages_come_from_one_snapshot(s: Arc<dyn Store>) {
 pub async fn future_revisions_are_refused(s: Arc<dyn Store>) {
     s.create("/f/a", b("1")).await.unwrap();
     let cur = s.current_revision().await.unwrap();
-    let r = s.list("/f/", ListOptions { revision: Some(cur + 10), ..Default::default() }).await;
+    let r = s
+        .list(
+            "/f/",
+            ListOptions {
+                revision: Some(cur + 10),
+                ..Default::default()
+            },
+        )
+        .await;
     assert!(matches!(r, Err(Error::FutureRevision { .. })), "{r:?}");
 }
 
@@ -148,7 +194,10 @@ pub async fn watch_from_the_past_replays_then_follows(s: Arc<dyn Store>) {
 /// An idle watch with a progress interval reports progress.
 pub async fn idle_watches_get_progress(s: Arc<dyn Store>) {
     s.create("/g/a", b("1")).await.unwrap();
-    let mut w = s.watch("/g/", 0, Some(Duration::from_millis(50))).await.unwrap();
+    let mut w = s
+        .watch("/g/", 0, Some(Duration::from_millis(50)))
+        .await
+        .unwrap();
     s.create("/elsewhere", b("1")).await.unwrap();
     let rev = s.current_revision().await.unwrap();
     loop {
@@ -169,13 +218,33 @@ pub async fn compaction_forgets_history_but_keeps_values(s: Arc<dyn Store>) {
     let cur = s.current_revision().await.unwrap();
     s.compact(cur).await.unwrap();
     assert_eq!(s.compacted_revision().await.unwrap(), cur);
-    let r = s.list("/c/", ListOptions { revision: Some(a.mod_revision), ..Default::default() }).await;
+    let r = s
+        .list(
+            "/c/",
+            ListOptions {
+                revision: Some(a.mod_revision),
+                ..Default::default()
+            },
+        )
+        .await;
     assert!(matches!(r, Err(Error::Compacted { .. })), "{r:?}");
-    assert!(matches!(s.watch("/c/", a.mod_revision, None).await, Err(Error::Compacted { .. })));
+    assert!(matches!(
+        s.watch("/c/", a.mod_revision, None).await,
+        Err(Error::Compacted { .. })
+    ));
     let l = s.list("/c/", ListOptions::default()).await.unwrap();
     assert_eq!(l.items.len(), 1);
     assert_eq!(l.items[0].mod_revision, a2.mod_revision);
-    let at = s.list("/c/", ListOptions { revision: Some(cur), ..Default::default() }).await.unwrap();
+    let at = s
+        .list(
+            "/c/",
+            ListOptions {
+                revision: Some(cur),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(at.items.len(), 1);
 }
 
@@ -187,7 +256,12 @@ pub async fn concurrent_writes_are_all_kept(s: Arc<dyn Store>) {
         tasks.push(tokio::spawn(async move {
             let mut revs = Vec::new();
             for i in 0..25 {
-                revs.push(s.create(&format!("/cc/{t:02}/{i:02}"), b("v")).await.unwrap().mod_revision);
+                revs.push(
+                    s.create(&format!("/cc/{t:02}/{i:02}"), b("v"))
+                        .await
+                        .unwrap()
+                        .mod_revision,
+                );
             }
             revs
         }));

@@ -22,7 +22,12 @@ async fn killing_the_writer_loses_no_acknowledged_write() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.redb");
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "killing_the_writer_loses_no_acknowledged_write", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "killing_the_writer_loses_no_acknowledged_write",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, &path)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -56,12 +61,20 @@ async fn killing_the_writer_loses_no_acknowledged_write() {
                 acked.push((k.to_string(), r.parse().unwrap()));
             }
         }
-        assert!(acked.len() >= 200, "the writer acknowledged only {} writes", acked.len());
+        assert!(
+            acked.len() >= 200,
+            "the writer acknowledged only {} writes",
+            acked.len()
+        );
 
         let store = RedbStore::open(&path, Default::default()).unwrap();
         let current = store.current_revision().await.unwrap();
         for (key, rev) in &acked {
-            let kv = store.get(key).await.unwrap().unwrap_or_else(|| panic!("acknowledged {key} is missing"));
+            let kv = store
+                .get(key)
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("acknowledged {key} is missing"));
             assert_eq!(kv.mod_revision, *rev);
             assert_eq!(&kv.value[..], key.as_bytes());
             assert!(current >= *rev);
@@ -73,7 +86,10 @@ async fn killing_the_writer_loses_no_acknowledged_write() {
         assert_eq!(revs.len(), all.items.len(), "revisions are unique");
         assert!(all.items.len() >= acked.len());
         // The reopened store keeps working.
-        store.create("/crash/after", bytes::Bytes::from_static(b"x")).await.unwrap();
+        store
+            .create("/crash/after", bytes::Bytes::from_static(b"x"))
+            .await
+            .unwrap();
     }
 }
 
@@ -87,7 +103,10 @@ async fn writer(path: &str) {
         tasks.push(tokio::spawn(async move {
             for i in 0.. {
                 let key = format!("/crash/{t}/{i:06}");
-                let kv = store.create(&key, bytes::Bytes::from(key.clone().into_bytes())).await.unwrap();
+                let kv = store
+                    .create(&key, bytes::Bytes::from(key.clone().into_bytes()))
+                    .await
+                    .unwrap();
                 let mut o = out.lock().unwrap();
                 writeln!(o, "ACK {key} {}", kv.mod_revision).unwrap();
                 o.flush().unwrap();

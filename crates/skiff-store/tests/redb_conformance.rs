@@ -41,7 +41,9 @@ async fn writes_survive_reopening_the_store() {
     let path = dir.path().join("store.redb");
     let rev = {
         let s = RedbStore::open(&path, Default::default()).unwrap();
-        s.create("/k", bytes::Bytes::from_static(b"v")).await.unwrap();
+        s.create("/k", bytes::Bytes::from_static(b"v"))
+            .await
+            .unwrap();
         let r = s.current_revision().await.unwrap();
         s.close();
         r
@@ -59,5 +61,8 @@ async fn writes_survive_reopening_the_store() {
     }
     let s = reopened.expect("the store reopens");
     assert_eq!(s.current_revision().await.unwrap(), rev);
-    assert_eq!(s.get("/k").await.unwrap().unwrap().value, bytes::Bytes::from_static(b"v"));
+    assert_eq!(
+        s.get("/k").await.unwrap().unwrap().value,
+        bytes::Bytes::from_static(b"v")
+    );
 }

@@ -17,7 +17,14 @@ type Path = Vec<String>;
 fn untracked_meta(k: &str) -> bool {
     matches!(
         k,
-        "managedFields" | "resourceVersion" | "generation" | "uid" | "creationTimestamp" | "selfLink" | "deletionTimestamp" | "deletionGracePeriodSeconds"
+        "managedFields"
+            | "resourceVersion"
+            | "generation"
+            | "uid"
+            | "creationTimestamp"
+            | "selfLink"
+            | "deletionTimestamp"
+            | "deletionGracePeriodSeconds"
     )
 }
 
@@ -58,7 +65,13 @@ fn leaves(v: &Value, t: Option<TypeRef>, prefix: &mut Path, out: &mut BTreeSet<P
                 return;
             }
             for (k, child) in m {
-                let field = t.and_then(|t| if t.is_object() { t.field(k) } else { t.additional().map(|a| (a, Default::default())) });
+                let field = t.and_then(|t| {
+                    if t.is_object() {
+                        t.field(k)
+                    } else {
+                        t.additional().map(|a| (a, Default::default()))
+                    }
+                });
                 if prefix.len() == 1 && prefix[0] == "f:metadata" && untracked_meta(k) {
                     continue;
                 }
@@ -100,10 +113,14 @@ fn leaves(v: &Value, t: Option<TypeRef>, prefix: &mut Path, out: &mut BTreeSet<P
                             out.insert(prefix.clone());
                         }
                     },
-                    (Value::Object(_), Some((ft, meta))) if !meta.map_type_atomic && !ft.is_opaque() => {
+                    (Value::Object(_), Some((ft, meta)))
+                        if !meta.map_type_atomic && !ft.is_opaque() =>
+                    {
                         leaves(child, Some(*ft), prefix, out, false)
                     }
-                    (Value::Object(_), None) if t.is_none() => leaves(child, None, prefix, out, false),
+                    (Value::Object(_), None) if t.is_none() => {
+                        leaves(child, None, prefix, out, false)
+                    }
                     _ => {
                         out.insert(prefix.clone());
                     }
@@ -125,7 +142,9 @@ fn paths_of(v: &Value, t: Option<TypeRef>) -> BTreeSet<Path> {
 
 /// The value at a path (`None` if absent).
 fn get_at<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
-    let Some((head, rest)) = path.split_first() else { return Some(v) };
+    let Some((head, rest)) = path.split_first() else {
+        return Some(v);
+    };
     if head == "." {
         return Some(v);
     }
@@ -135,7 +154,10 @@ fn get_at<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
     if let Some(k) = head.strip_prefix("k:") {
         let keys: Map<String, Value> = serde_json::from_str(k).ok()?;
         let item = v.as_array()?.iter().find(|item| {
-            keys.iter().all(|(kk, kv)| item.get(kk) == Some(kv) || (kk == "protocol" && item.get(kk).is_none() && kv == "TCP"))
+            keys.iter().all(|(kk, kv)| {
+                item.get(kk) == Some(kv)
+                    || (kk == "protocol" && item.get(kk).is_none() && kv == "TCP")
+            })
         })?;
         return get_at(item, rest);
     }
@@ -148,7 +170,9 @@ fn get_at<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
 
 /// Removes the value at a path, if present.
 fn remove_at(v: &mut Value, path: &[String]) {
-    let Some((head, rest)) = path.split_first() else { return };
+    let Some((head, rest)) = path.split_first() else {
+        return;
+    };
     if let Some(f) = head.strip_prefix("f:") {
         if rest.is_empty() || (rest.len() == 1 && rest[0] == ".") {
             if let Some(m) = v.as_object_mut() {
@@ -160,9 +184,16 @@ fn remove_at(v: &mut Value, path: &[String]) {
         return;
     }
     if let Some(k) = head.strip_prefix("k:") {
-        let Ok(keys) = serde_json::from_str::<Map<String, Value>>(k) else { return };
+        let Ok(keys) = serde_json::from_str::<Map<String, Value>>(k) else {
+            return;
+        };
         let Some(arr) = v.as_array_mut() else { return };
-        let matches = |item: &Value| keys.iter().all(|(kk, kv)| item.get(kk) == Some(kv) || (kk == "protocol" && item.get(kk).is_none() && kv == "TCP"));
+        let matches = |item: &Value| {
+            keys.iter().all(|(kk, kv)| {
+                item.get(kk) == Some(kv)
+                    || (kk == "protocol" && item.get(kk).is_none() && kv == "TCP")
+            })
+        };
         if rest.is_empty() || (rest.len() == 1 && rest[0] == ".") {
             arr.retain(|item| !matches(item));
         } else if let Some(item) = arr.iter_mut().find(|i| matches(i)) {
@@ -182,7 +213,11 @@ fn to_trie(paths: &BTreeSet<Path>) -> Value {
     for p in paths {
         let mut node = &mut root;
         for seg in p {
-            node = node.entry(seg.clone()).or_insert_with(|| json!({})).as_object_mut().expect("trie node");
+            node = node
+                .entry(seg.clone())
+                .or_insert_with(|| json!({}))
+                .as_object_mut()
+                .expect("trie node");
         }
     }
     Value::Object(root)
@@ -221,7 +256,10 @@ fn entries(obj: &Value) -> Vec<Entry> {
                     if let Some(f) = m.get("fieldsV1") {
                         from_trie(f, &mut Vec::new(), &mut paths);
                     }
-                    Entry { raw: m.clone(), paths }
+                    Entry {
+                        raw: m.clone(),
+                        paths,
+                    }
                 })
                 .collect()
         })
@@ -253,7 +291,13 @@ fn write_entries(obj: &mut Value, list: Vec<Entry>) {
     }
 }
 
-fn new_entry(manager: &str, operation: &str, sub: Option<&str>, now: &str, api_version: &str) -> Entry {
+fn new_entry(
+    manager: &str,
+    operation: &str,
+    sub: Option<&str>,
+    now: &str,
+    api_version: &str,
+) -> Entry {
     let mut raw = Map::new();
     raw.insert("manager".into(), json!(manager));
     raw.insert("operation".into(), json!(operation));
@@ -262,7 +306,10 @@ fn new_entry(manager: &str, operation: &str, sub: Option<&str>, now: &str, api_v
     if let Some(s) = sub {
         raw.insert("subresource".into(), json!(s));
     }
-    Entry { raw, paths: BTreeSet::new() }
+    Entry {
+        raw,
+        paths: BTreeSet::new(),
+    }
 }
 
 fn subtree_for(sub: Option<&str>, p: &Path) -> bool {
@@ -311,7 +358,10 @@ pub fn record_update(
             e.paths.retain(|p| !changed.contains(p));
         }
     }
-    match list.iter_mut().find(|e| is_entry(e, manager, operation, subresource)) {
+    match list
+        .iter_mut()
+        .find(|e| is_entry(e, manager, operation, subresource))
+    {
         Some(e) => {
             e.paths.extend(changed);
             e.raw.insert("time".into(), json!(now));
@@ -331,35 +381,52 @@ fn merge_applied(live: &Value, applied: &Value, t: Option<TypeRef>) -> Value {
         (Value::Object(l), Value::Object(a)) => {
             let mut out = l.clone();
             for (k, av) in a {
-                let field = t.and_then(|t| if t.is_object() { t.field(k) } else { t.additional().map(|x| (x, Default::default())) });
+                let field = t.and_then(|t| {
+                    if t.is_object() {
+                        t.field(k)
+                    } else {
+                        t.additional().map(|x| (x, Default::default()))
+                    }
+                });
                 let merged = match (l.get(k), av, &field) {
-                    (Some(Value::Object(_)), Value::Object(_), Some((ft, meta))) if !meta.map_type_atomic && !ft.is_opaque() => {
+                    (Some(Value::Object(_)), Value::Object(_), Some((ft, meta)))
+                        if !meta.map_type_atomic && !ft.is_opaque() =>
+                    {
                         merge_applied(&l[k], av, Some(*ft))
                     }
-                    (Some(Value::Object(_)), Value::Object(_), None) if t.is_none() => merge_applied(&l[k], av, None),
-                    (Some(Value::Array(la)), Value::Array(aa), Some((ft, meta))) => match list_type(Some(meta)) {
-                        ListType::Map(keys) => {
-                            let mut outl = la.clone();
-                            for item in aa {
-                                let ik = item_key(item, &keys);
-                                match outl.iter().position(|x| ik.is_some() && item_key(x, &keys) == ik) {
-                                    Some(i) => outl[i] = merge_applied(&outl[i], item, ft.items()),
-                                    None => outl.push(item.clone()),
+                    (Some(Value::Object(_)), Value::Object(_), None) if t.is_none() => {
+                        merge_applied(&l[k], av, None)
+                    }
+                    (Some(Value::Array(la)), Value::Array(aa), Some((ft, meta))) => {
+                        match list_type(Some(meta)) {
+                            ListType::Map(keys) => {
+                                let mut outl = la.clone();
+                                for item in aa {
+                                    let ik = item_key(item, &keys);
+                                    match outl
+                                        .iter()
+                                        .position(|x| ik.is_some() && item_key(x, &keys) == ik)
+                                    {
+                                        Some(i) => {
+                                            outl[i] = merge_applied(&outl[i], item, ft.items())
+                                        }
+                                        None => outl.push(item.clone()),
+                                    }
                                 }
+                                Value::Array(outl)
                             }
-                            Value::Array(outl)
-                        }
-                        ListType::Set => {
-                            let mut outl = la.clone();
-                            for item in aa {
-                                if !outl.contains(item) {
-                                    outl.push(item.clone());
+                            ListType::Set => {
+                                let mut outl = la.clone();
+                                for item in aa {
+                                    if !outl.contains(item) {
+                                        outl.push(item.clone());
+                                    }
                                 }
+                                Value::Array(outl)
                             }
-                            Value::Array(outl)
+                            ListType::Atomic => av.clone(),
                         }
-                        ListType::Atomic => av.clone(),
-                    },
+                    }
                     _ => av.clone(),
                 };
                 out.insert(k.clone(), merged);
@@ -400,15 +467,26 @@ pub fn server_side_apply(
     api_version: &str,
 ) -> Result<Value, ApiError> {
     if !applied.is_object() {
-        return Err(ApiError::bad_request("the applied configuration must be an object"));
+        return Err(ApiError::bad_request(
+            "the applied configuration must be an object",
+        ));
     }
     let mut applied = applied.clone();
     if let Some(m) = applied.get_mut("metadata").and_then(Value::as_object_mut) {
-        for k in ["managedFields", "uid", "creationTimestamp", "generation", "selfLink"] {
+        for k in [
+            "managedFields",
+            "uid",
+            "creationTimestamp",
+            "generation",
+            "selfLink",
+        ] {
             m.remove(k);
         }
     }
-    let applied_paths: BTreeSet<Path> = paths_of(&applied, t).into_iter().filter(|p| !p.first().map(|s| s == "f:status").unwrap_or(false)).collect();
+    let applied_paths: BTreeSet<Path> = paths_of(&applied, t)
+        .into_iter()
+        .filter(|p| !p.first().map(|s| s == "f:status").unwrap_or(false))
+        .collect();
     let Some(live) = live else {
         let mut obj = applied.clone();
         let mut e = new_entry(manager, "Apply", None, now, api_version);
@@ -423,7 +501,12 @@ pub fn server_side_apply(
         if is_entry(e, manager, "Apply", None) {
             continue;
         }
-        let other = e.raw.get("manager").and_then(Value::as_str).unwrap_or("").to_string();
+        let other = e
+            .raw
+            .get("manager")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         for p in e.paths.intersection(&applied_paths) {
             if p.last().map(|s| s == ".").unwrap_or(false) {
                 continue;
@@ -436,13 +519,30 @@ pub fn server_side_apply(
     if !conflicts.is_empty() && !force {
         let causes: Vec<Cause> = conflicts
             .iter()
-            .map(|(m, p)| Cause::new("FieldManagerConflict", path_string(p), format!("conflict with {m:?}: {}", path_string(p))))
+            .map(|(m, p)| {
+                Cause::new(
+                    "FieldManagerConflict",
+                    path_string(p),
+                    format!("conflict with {m:?}: {}", path_string(p)),
+                )
+            })
             .collect();
-        let detail: Vec<String> = conflicts.iter().map(|(m, p)| format!("- conflict with {m:?}: {}", path_string(p))).collect();
+        let detail: Vec<String> = conflicts
+            .iter()
+            .map(|(m, p)| format!("- conflict with {m:?}: {}", path_string(p)))
+            .collect();
         let msg = if conflicts.len() == 1 {
-            format!("Apply failed with 1 conflict: conflict with {:?}: {}", conflicts[0].0, path_string(&conflicts[0].1))
+            format!(
+                "Apply failed with 1 conflict: conflict with {:?}: {}",
+                conflicts[0].0,
+                path_string(&conflicts[0].1)
+            )
         } else {
-            format!("Apply failed with {} conflicts: {}", conflicts.len(), detail.join("\n"))
+            format!(
+                "Apply failed with {} conflicts: {}",
+                conflicts.len(),
+                detail.join("\n")
+            )
         };
         let mut e = ApiError::new(409, "Conflict", msg);
         e.causes = causes;
@@ -451,9 +551,20 @@ pub fn server_side_apply(
     let forced: BTreeSet<Path> = conflicts.into_iter().map(|(_, p)| p).collect();
     let mut obj = merge_applied(live, &applied, t);
     // Fields this manager applied before and no longer applies go, unless someone else owns them.
-    let previous: BTreeSet<Path> = list.iter().filter(|e| is_entry(e, manager, "Apply", None)).flat_map(|e| e.paths.iter().cloned()).collect();
-    let others: BTreeSet<Path> = list.iter().filter(|e| !is_entry(e, manager, "Apply", None)).flat_map(|e| e.paths.iter().cloned()).collect();
-    let mut dropped: Vec<&Path> = previous.difference(&applied_paths).filter(|p| !others.contains(*p)).collect();
+    let previous: BTreeSet<Path> = list
+        .iter()
+        .filter(|e| is_entry(e, manager, "Apply", None))
+        .flat_map(|e| e.paths.iter().cloned())
+        .collect();
+    let others: BTreeSet<Path> = list
+        .iter()
+        .filter(|e| !is_entry(e, manager, "Apply", None))
+        .flat_map(|e| e.paths.iter().cloned())
+        .collect();
+    let mut dropped: Vec<&Path> = previous
+        .difference(&applied_paths)
+        .filter(|p| !others.contains(*p))
+        .collect();
     dropped.sort_by_key(|p| std::cmp::Reverse(p.len()));
     for p in dropped {
         remove_at(&mut obj, p);
@@ -463,7 +574,10 @@ pub fn server_side_apply(
             e.paths.retain(|p| !forced.contains(p));
         }
     }
-    match list.iter_mut().find(|e| is_entry(e, manager, "Apply", None)) {
+    match list
+        .iter_mut()
+        .find(|e| is_entry(e, manager, "Apply", None))
+    {
         Some(e) => {
             e.paths = applied_paths;
             e.raw.insert("time".into(), json!(now));
@@ -498,13 +612,27 @@ mod tests {
 
     #[test]
     fn applying_twice_with_a_changed_replicas_updates_it() {
-        let live = server_side_apply(None, &deploy(1, "x:1"), "me", false, t(), NOW, "apps/v1").unwrap();
-        let out = server_side_apply(Some(&live), &deploy(3, "x:1"), "me", false, t(), NOW, "apps/v1").unwrap();
+        let live =
+            server_side_apply(None, &deploy(1, "x:1"), "me", false, t(), NOW, "apps/v1").unwrap();
+        let out = server_side_apply(
+            Some(&live),
+            &deploy(3, "x:1"),
+            "me",
+            false,
+            t(),
+            NOW,
+            "apps/v1",
+        )
+        .unwrap();
         assert_eq!(out["spec"]["replicas"], 3);
         let mf = &out["metadata"]["managedFields"][0];
         assert_eq!(mf["manager"], "me");
         assert_eq!(mf["operation"], "Apply");
-        assert!(mf["fieldsV1"]["f:spec"]["f:template"]["f:spec"]["f:containers"]["k:{\"name\":\"c\"}"]["f:image"].is_object());
+        assert!(
+            mf["fieldsV1"]["f:spec"]["f:template"]["f:spec"]["f:containers"]["k:{\"name\":\"c\"}"]
+                ["f:image"]
+                .is_object()
+        );
     }
 
     #[test]
@@ -512,26 +640,86 @@ mod tests {
         let mut first = deploy(1, "x:1");
         first["metadata"]["labels"] = json!({"team": "a"});
         let live = server_side_apply(None, &first, "me", false, t(), NOW, "apps/v1").unwrap();
-        let out = server_side_apply(Some(&live), &deploy(1, "x:1"), "me", false, t(), NOW, "apps/v1").unwrap();
-        assert!(out["metadata"].get("labels").map(|l| l.get("team").is_none()).unwrap_or(true));
+        let out = server_side_apply(
+            Some(&live),
+            &deploy(1, "x:1"),
+            "me",
+            false,
+            t(),
+            NOW,
+            "apps/v1",
+        )
+        .unwrap();
+        assert!(out["metadata"]
+            .get("labels")
+            .map(|l| l.get("team").is_none())
+            .unwrap_or(true));
     }
 
     #[test]
     fn a_field_owned_by_another_manager_with_a_different_value_conflicts() {
         let mut live = deploy(1, "x:1");
-        record_update(None, &mut live, "kubectl-edit", "Update", None, t(), NOW, "apps/v1");
-        let e = server_side_apply(Some(&live), &deploy(5, "x:1"), "me", false, t(), NOW, "apps/v1").unwrap_err();
+        record_update(
+            None,
+            &mut live,
+            "kubectl-edit",
+            "Update",
+            None,
+            t(),
+            NOW,
+            "apps/v1",
+        );
+        let e = server_side_apply(
+            Some(&live),
+            &deploy(5, "x:1"),
+            "me",
+            false,
+            t(),
+            NOW,
+            "apps/v1",
+        )
+        .unwrap_err();
         assert_eq!(e.code, 409);
-        assert_eq!(e.message, "Apply failed with 1 conflict: conflict with \"kubectl-edit\": .spec.replicas");
-        let forced = server_side_apply(Some(&live), &deploy(5, "x:1"), "me", true, t(), NOW, "apps/v1").unwrap();
+        assert_eq!(
+            e.message,
+            "Apply failed with 1 conflict: conflict with \"kubectl-edit\": .spec.replicas"
+        );
+        let forced = server_side_apply(
+            Some(&live),
+            &deploy(5, "x:1"),
+            "me",
+            true,
+            t(),
+            NOW,
+            "apps/v1",
+        )
+        .unwrap();
         assert_eq!(forced["spec"]["replicas"], 5);
     }
 
     #[test]
     fn the_same_value_from_two_managers_does_not_conflict() {
         let mut live = deploy(1, "x:1");
-        record_update(None, &mut live, "kubectl-client-side-apply", "Update", None, t(), NOW, "apps/v1");
-        assert!(server_side_apply(Some(&live), &deploy(1, "x:1"), "kubectl", false, t(), NOW, "apps/v1").is_ok());
+        record_update(
+            None,
+            &mut live,
+            "kubectl-client-side-apply",
+            "Update",
+            None,
+            t(),
+            NOW,
+            "apps/v1",
+        );
+        assert!(server_side_apply(
+            Some(&live),
+            &deploy(1, "x:1"),
+            "kubectl",
+            false,
+            t(),
+            NOW,
+            "apps/v1"
+        )
+        .is_ok());
     }
 
     #[test]
@@ -540,7 +728,16 @@ mod tests {
         record_update(None, &mut live, "a", "Update", None, t(), NOW, "apps/v1");
         let mut next = live.clone();
         next["spec"]["replicas"] = json!(2);
-        record_update(Some(&live), &mut next, "b", "Update", None, t(), NOW, "apps/v1");
+        record_update(
+            Some(&live),
+            &mut next,
+            "b",
+            "Update",
+            None,
+            t(),
+            NOW,
+            "apps/v1",
+        );
         let mf = next["metadata"]["managedFields"].as_array().unwrap();
         assert_eq!(mf.len(), 2);
         assert!(mf[0]["fieldsV1"]["f:spec"].get("f:replicas").is_none());

@@ -12,12 +12,19 @@ use crate::ApiError;
 
 /// Applies an RFC 6902 JSON patch.
 pub fn apply_json_patch(doc: &Value, patch: &Value) -> Result<Value, ApiError> {
-    let ops: json_patch::Patch = serde_json::from_value(patch.clone())
-        .map_err(|e| ApiError::bad_request(format!("the server rejected our request due to an error in our request: {e}")))?;
+    let ops: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the server rejected our request due to an error in our request: {e}"
+        ))
+    })?;
     let mut out = doc.clone();
     json_patch::patch(&mut out, &ops.0).map_err(|e| {
         // Kubernetes answers a patch that cannot be applied with 422 Invalid.
-        ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {e}"))
+        ApiError::new(
+            422,
+            "Invalid",
+            format!("the server rejected our request due to an error in our request: {e}"),
+        )
     })?;
     Ok(out)
 }
@@ -25,7 +32,9 @@ pub fn apply_json_patch(doc: &Value, patch: &Value) -> Result<Value, ApiError> {
 /// Applies an RFC 7386 merge patch (null deletes).
 pub fn apply_merge_patch(doc: &Value, patch: &Value) -> Result<Value, ApiError> {
     if !patch.is_object() {
-        return Err(ApiError::bad_request("the merge patch must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the merge patch must be a JSON object",
+        ));
     }
     let mut out = doc.clone();
     json_patch::merge(&mut out, patch);
@@ -33,9 +42,15 @@ pub fn apply_merge_patch(doc: &Value, patch: &Value) -> Result<Value, ApiError> 
 }
 
 /// Applies a strategic merge patch, guided by the type's merge keys.
-pub fn apply_strategic_merge_patch(doc: &Value, patch: &Value, t: Option<TypeRef>) -> Result<Value, ApiError> {
+pub fn apply_strategic_merge_patch(
+    doc: &Value,
+    patch: &Value,
+    t: Option<TypeRef>,
+) -> Result<Value, ApiError> {
     let (Some(d), Some(p)) = (doc.as_object(), patch.as_object()) else {
-        return Err(ApiError::bad_request("the strategic merge patch must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the strategic merge patch must be a JSON object",
+        ));
     };
     Ok(Value::Object(merge_map(d, p, t)?))
 }
@@ -44,7 +59,11 @@ fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::bad_request(msg.into())
 }
 
-fn merge_map(doc: &Map<String, Value>, patch: &Map<String, Value>, t: Option<TypeRef>) -> Result<Map<String, Value>, ApiError> {
+fn merge_map(
+    doc: &Map<String, Value>,
+    patch: &Map<String, Value>,
+    t: Option<TypeRef>,
+) -> Result<Map<String, Value>, ApiError> {
     // `$patch: replace` replaces the whole map; `$patch: delete` empties it.
     match patch.get("$patch").and_then(Value::as_str) {
         Some("replace") => {
@@ -67,7 +86,10 @@ fn merge_map(doc: &Map<String, Value>, patch: &Map<String, Value>, t: Option<Typ
             continue;
         }
         if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
-            let remove: Vec<&Value> = pv.as_array().map(|a| a.iter().collect()).unwrap_or_default();
+            let remove: Vec<&Value> = pv
+                .as_array()
+                .map(|a| a.iter().collect())
+                .unwrap_or_default();
             if let Some(list) = out.get_mut(field).and_then(Value::as_array_mut) {
                 list.retain(|x| !remove.contains(&x));
             }
@@ -89,20 +111,54 @@ fn merge_map(doc: &Map<String, Value>, patch: &Map<String, Value>, t: Option<Typ
                 if opaque {
                     pv.clone()
                 } else {
-                    let child = ft.filter(|t| t.is_object()).or_else(|| ft.and_then(|t| t.additional()));
-                    Value::Object(merge_map(dm, pm, if ft.map(|t| t.is_map()).unwrap_or(false) { None } else { child })?)
+                    let child = ft
+                        .filter(|t| t.is_object())
+                        .or_else(|| ft.and_then(|t| t.additional()));
+                    Value::Object(merge_map(
+                        dm,
+                        pm,
+                        if ft.map(|t| t.is_map()).unwrap_or(false) {
+                            None
+                        } else {
+                            child
+                        },
+                    )?)
                 }
             }
-            (Some(Value::Array(dl)), Value::Array(pl)) if meta.patch_strategy.map(|s| s.contains("merge")).unwrap_or(false) => {
-                let order = patch.get(&format!("$setElementOrder/{k}")).and_then(Value::as_array);
-                Value::Array(merge_list(dl, pl, meta.merge_key, ft.and_then(|t| t.items()), order)?)
+            (Some(Value::Array(dl)), Value::Array(pl))
+                if meta
+                    .patch_strategy
+                    .map(|s| s.contains("merge"))
+                    .unwrap_or(false) =>
+            {
+                let order = patch
+                    .get(&format!("$setElementOrder/{k}"))
+                    .and_then(Value::as_array);
+                Value::Array(merge_list(
+                    dl,
+                    pl,
+                    meta.merge_key,
+                    ft.and_then(|t| t.items()),
+                    order,
+                )?)
             }
             (None, Value::Object(pm)) => {
                 let child = ft.filter(|t| t.is_object());
                 Value::Object(merge_map(&Map::new(), pm, child)?)
             }
-            (None, Value::Array(pl)) if meta.patch_strategy.map(|s| s.contains("merge")).unwrap_or(false) => {
-                Value::Array(merge_list(&[], pl, meta.merge_key, ft.and_then(|t| t.items()), None)?)
+            (None, Value::Array(pl))
+                if meta
+                    .patch_strategy
+                    .map(|s| s.contains("merge"))
+                    .unwrap_or(false) =>
+            {
+                Value::Array(merge_list(
+                    &[],
+                    pl,
+                    meta.merge_key,
+                    ft.and_then(|t| t.items()),
+                    None,
+                )?)
             }
             _ => strip(pv),
         };
@@ -115,9 +171,17 @@ fn merge_map(doc: &Map<String, Value>, patch: &Map<String, Value>, t: Option<Typ
 fn strip(v: &Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(
-            m.iter().filter(|(k, _)| !k.starts_with('$')).map(|(k, v)| (k.clone(), strip(v))).collect(),
+            m.iter()
+                .filter(|(k, _)| !k.starts_with('$'))
+                .map(|(k, v)| (k.clone(), strip(v)))
+                .collect(),
         ),
-        Value::Array(a) => Value::Array(a.iter().filter(|x| x.get("$patch").is_none()).map(strip).collect()),
+        Value::Array(a) => Value::Array(
+            a.iter()
+                .filter(|x| x.get("$patch").is_none())
+                .map(strip)
+                .collect(),
+        ),
         other => other.clone(),
     }
 }
@@ -139,13 +203,26 @@ fn merge_list(
         }
         return Ok(out);
     };
-    if patch.iter().any(|p| p.get("$patch").and_then(Value::as_str) == Some("replace")) {
-        return Ok(patch.iter().filter(|p| p.get("$patch").is_none()).map(strip).collect());
+    if patch
+        .iter()
+        .any(|p| p.get("$patch").and_then(Value::as_str) == Some("replace"))
+    {
+        return Ok(patch
+            .iter()
+            .filter(|p| p.get("$patch").is_none())
+            .map(strip)
+            .collect());
     }
     let mut out: Vec<Value> = doc.to_vec();
     for p in patch {
-        let Some(pm) = p.as_object() else { return Err(bad("a merge-keyed list item must be an object")) };
-        let kv = pm.get(key).cloned().ok_or_else(|| bad(format!("map: {p} does not contain declared merge key: {key}")))?;
+        let Some(pm) = p.as_object() else {
+            return Err(bad("a merge-keyed list item must be an object"));
+        };
+        let kv = pm.get(key).cloned().ok_or_else(|| {
+            bad(format!(
+                "map: {p} does not contain declared merge key: {key}"
+            ))
+        })?;
         let pos = out.iter().position(|d| d.get(key) == Some(&kv));
         if pm.get("$patch").and_then(Value::as_str) == Some("delete") {
             if let Some(i) = pos {
@@ -162,7 +239,12 @@ fn merge_list(
         }
     }
     if let Some(order) = order {
-        let pos = |v: &Value| order.iter().position(|o| o.get(key) == v.get(key)).unwrap_or(usize::MAX);
+        let pos = |v: &Value| {
+            order
+                .iter()
+                .position(|o| o.get(key) == v.get(key))
+                .unwrap_or(usize::MAX)
+        };
         out.sort_by_key(pos);
     }
     Ok(out)
@@ -208,7 +290,13 @@ fn walk(t: TypeRef, v: &Value, path: String, out: &mut Vec<String>) {
 pub fn duplicate_fields(body: &[u8]) -> Vec<String> {
     let mut out = Vec::new();
     let mut de = serde_json::Deserializer::from_slice(body);
-    let _ = serde::de::Deserializer::deserialize_any(&mut de, DupVisitor { path: String::new(), out: &mut out });
+    let _ = serde::de::Deserializer::deserialize_any(
+        &mut de,
+        DupVisitor {
+            path: String::new(),
+            out: &mut out,
+        },
+    );
     out
 }
 
@@ -232,27 +320,52 @@ impl<'de> serde::de::Visitor<'de> for DupVisitor<'_> {
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let mut seen = std::collections::HashSet::new();
         while let Some(k) = map.next_key::<String>()? {
-            let p = if self.path.is_empty() { k.clone() } else { format!("{}.{k}", self.path) };
+            let p = if self.path.is_empty() {
+                k.clone()
+            } else {
+                format!("{}.{k}", self.path)
+            };
             if !seen.insert(k) {
                 self.out.push(p.clone());
             }
-            map.next_value_seed(DupVisitor { path: p, out: &mut *self.out })?;
+            map.next_value_seed(DupVisitor {
+                path: p,
+                out: &mut *self.out,
+            })?;
         }
         Ok(())
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut i = 0;
-        while seq.next_element_seed(DupVisitor { path: format!("{}[{i}]", self.path), out: &mut *self.out })?.is_some() {
+        while seq
+            .next_element_seed(DupVisitor {
+                path: format!("{}[{i}]", self.path),
+                out: &mut *self.out,
+            })?
+            .is_some()
+        {
             i += 1;
         }
         Ok(())
     }
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> { Ok(()) }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> { Ok(()) }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> { Ok(()) }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> { Ok(()) }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> { Ok(()) }
-    fn visit_unit<E>(self) -> Result<(), E> { Ok(()) }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -300,15 +413,25 @@ mod tests {
 
     #[test]
     fn a_merge_patch_with_null_deletes() {
-        let out = apply_merge_patch(&json!({"a": 1, "b": {"c": 2}}), &json!({"b": {"c": null}})).unwrap();
+        let out =
+            apply_merge_patch(&json!({"a": 1, "b": {"c": 2}}), &json!({"b": {"c": null}})).unwrap();
         assert_eq!(out, json!({"a": 1, "b": {}}));
     }
 
     #[test]
     fn a_failed_json_patch_test_is_invalid() {
-        let e = apply_json_patch(&json!({"a": 1}), &json!([{"op": "test", "path": "/a", "value": 2}])).unwrap_err();
+        let e = apply_json_patch(
+            &json!({"a": 1}),
+            &json!([{"op": "test", "path": "/a", "value": 2}]),
+        )
+        .unwrap_err();
         assert_eq!(e.code, 422);
-        assert_eq!(apply_json_patch(&json!({}), &json!({"op": 1})).unwrap_err().code, 400);
+        assert_eq!(
+            apply_json_patch(&json!({}), &json!({"op": 1}))
+                .unwrap_err()
+                .code,
+            400
+        );
     }
 
     #[test]
@@ -316,11 +439,17 @@ mod tests {
         let t = root("", "v1", "Pod").unwrap();
         let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"any": "x"}},
             "spec": {"containers": [{"name": "c", "imagee": "x", "resources": {"limits": {"cpu": "1"}}}]}});
-        assert_eq!(unknown_fields(t, &pod), vec![".spec.containers[0].imagee".to_string()]);
+        assert_eq!(
+            unknown_fields(t, &pod),
+            vec![".spec.containers[0].imagee".to_string()]
+        );
     }
 
     #[test]
     fn duplicate_keys_are_found_with_their_path() {
-        assert_eq!(duplicate_fields(br#"{"a": {"b": 1, "b": 2}, "c": [{"d": 1, "d": 1}]}"#), vec!["a.b", "c[0].d"]);
+        assert_eq!(
+            duplicate_fields(br#"{"a": {"b": 1, "b": 2}, "c": [{"d": 1, "d": 1}]}"#),
+            vec!["a.b", "c[0].d"]
+        );
     }
 }
