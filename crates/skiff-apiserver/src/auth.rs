@@ -19,6 +19,35 @@ impl Identity {
     }
 }
 
+/// Answers a review (`kubectl auth whoami`, `kubectl auth can-i`). Until
+/// RBAC is enforced every authenticated user may do everything, and the
+/// answers say so.
+pub fn review(kind: &str, mut obj: serde_json::Value, who: Option<&Identity>) -> serde_json::Value {
+    use serde_json::json;
+    let (user, groups) = match who {
+        Some(i) => (i.user.clone(), i.groups.clone()),
+        None => (String::new(), Vec::new()),
+    };
+    let mut all_groups = groups;
+    all_groups.push("system:authenticated".into());
+    obj["status"] = match kind {
+        "SelfSubjectReview" => json!({"userInfo": {"username": user, "groups": all_groups}}),
+        "SelfSubjectAccessReview" => {
+            json!({"allowed": true, "reason": "skiff does not enforce RBAC yet: every authenticated user may do everything"})
+        }
+        "SelfSubjectRulesReview" => json!({
+            "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}],
+            "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+            "incomplete": false,
+        }),
+        _ => json!({}),
+    };
+    if obj.get("metadata").is_none() {
+        obj["metadata"] = json!({});
+    }
+    obj
+}
+
 /// Paths anyone may read without credentials (as Kubernetes' default
 /// `system:public-info-viewer` role allows).
 pub fn is_public(path: &str) -> bool {

@@ -385,6 +385,38 @@ async fn resource(
     let ns = rr.namespace.as_deref();
     let method = req.method().clone();
     let output = negotiate::choose_output(accept.as_deref())?;
+    if api_res.is_review() {
+        if method != Method::POST || rr.name.is_some() {
+            return Err(ApiError::method_not_allowed(format!(
+                "{} only answer create",
+                api_res.plural
+            )));
+        }
+        let identity = req.extensions().get::<Identity>().cloned();
+        let (headers, body) = read_body(req).await?;
+        let ct = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let mut obj = if ct
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("application/vnd.kubernetes.protobuf")
+        {
+            let t = skiff_core::schema::root(api_res.group, api_res.version, api_res.kind)
+                .ok_or_else(|| {
+                    ApiError::unsupported_media_type("application/vnd.kubernetes.protobuf")
+                })?;
+            skiff_core::protobuf::decode_with(&body, t, &api_res.api_version(), api_res.kind, true)?
+        } else {
+            negotiate::decode_body(ct.as_deref(), &body, api_res)?
+        };
+        crate::registry::check_type_meta(api_res, &mut obj)?;
+        return Ok(json_response(
+            201,
+            &crate::auth::review(api_res.kind, obj, identity.as_ref()),
+        ));
+    }
     match (&method, rr.name.as_deref(), rr.subresource.as_deref()) {
         // ---- collections
         (&Method::GET, None, None) => {

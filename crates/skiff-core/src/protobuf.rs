@@ -61,8 +61,26 @@ const FIELDS: &[(&str, &str)] = &[
     ("Binding", "1 metadata,2 target"),
     ("DeleteOptions", "1 *gracePeriodSeconds,2 preconditions,3 *orphanDependents,4 propagationPolicy,5 dryRun"),
     ("Preconditions", "1 uid,2 resourceVersion"),
+    ("SelfSubjectReview", "1 metadata,2 status"),
+    ("SelfSubjectAccessReview", "1 metadata,2 spec,3 status"),
+    ("SelfSubjectAccessReviewSpec", "1 resourceAttributes,2 nonResourceAttributes"),
+    ("ResourceAttributes", "1 namespace,2 verb,3 group,4 version,5 resource,6 subresource,7 name"),
+    ("NonResourceAttributes", "1 path,2 verb"),
+    ("SelfSubjectRulesReview", "1 metadata,2 spec,3 status"),
+    ("SelfSubjectRulesReviewSpec", "1 namespace"),
     ("ObjectReference", "1 kind,2 namespace,3 name,4 uid,5 apiVersion,6 resourceVersion,7 fieldPath"),
 ];
+
+/// The number of a field by its JSON name.
+fn field_number(short: &str, name: &str) -> Option<u64> {
+    let (_, list) = FIELDS.iter().find(|(d, _)| *d == short)?;
+    list.split(',').find_map(|e| {
+        let (n, nm) = e.split_once(' ')?;
+        (nm.trim_start_matches('*') == name)
+            .then(|| n.parse().ok())
+            .flatten()
+    })
+}
 
 /// The JSON name of a field and whether it is a pointer field.
 fn field_name(definition: &str, number: u64) -> Option<(&'static str, bool)> {
@@ -303,6 +321,18 @@ fn message(b: &[u8], t: TypeRef) -> Result<Value, ApiError> {
 
 /// Decodes a protobuf request body for the kind at `t` into its JSON form.
 pub fn decode(body: &[u8], t: TypeRef, api_version: &str, kind: &str) -> Result<Value, ApiError> {
+    decode_with(body, t, api_version, kind, false)
+}
+
+/// Like [`decode`]; with `skip_status` the top-level `status` (field 3 or,
+/// for two-field reviews, 2) is not decoded: reviews answer it, never read it.
+pub fn decode_with(
+    body: &[u8],
+    t: TypeRef,
+    api_version: &str,
+    kind: &str,
+    skip_status: bool,
+) -> Result<Value, ApiError> {
     let rest = body
         .strip_prefix(b"k8s\x00")
         .ok_or_else(|| ApiError::bad_request("protobuf body lacks the k8s envelope"))?;
@@ -316,6 +346,27 @@ pub fn decode(body: &[u8], t: TypeRef, api_version: &str, kind: &str) -> Result<
             _ => {}
         }
     }
+    let raw_owned;
+    let raw = if skip_status {
+        let status_field = match t.definition().and_then(|d| d.rsplit('.').next()) {
+            Some(short) => field_number(short, "status"),
+            None => None,
+        };
+        let mut kept = Vec::with_capacity(raw.len());
+        let mut r = Reader { b: raw };
+        loop {
+            let before = r.b;
+            match r.next()? {
+                None => break,
+                Some((n, _)) if Some(n) == status_field => {}
+                Some(_) => kept.extend_from_slice(&before[..before.len() - r.b.len()]),
+            }
+        }
+        raw_owned = kept;
+        &raw_owned[..]
+    } else {
+        raw
+    };
     let mut obj = message(raw, t)?;
     if let Some(m) = obj.as_object_mut() {
         m.insert("apiVersion".into(), json!(api_version));

@@ -38,6 +38,9 @@ impl ResourceInfo {
 
     /// Verbs of the main resource, as discovery lists them.
     pub fn verbs(&self) -> &'static [&'static str] {
+        if self.is_review() {
+            return &["create"];
+        }
         &[
             "create",
             "delete",
@@ -48,6 +51,12 @@ impl ResourceInfo {
             "update",
             "watch",
         ]
+    }
+
+    /// Reviews (authorization and authentication questions) are answered on
+    /// create and never stored.
+    pub fn is_review(&self) -> bool {
+        matches!(self.group, "authorization.k8s.io" | "authentication.k8s.io")
     }
 
     pub fn has_subresource(&self, sub: &str) -> bool {
@@ -433,6 +442,40 @@ pub static RESOURCES: &[ResourceInfo] = &[
         "ClusterRoleBinding",
         "clusterrolebindings",
         "clusterrolebinding",
+        false,
+        [],
+        [],
+        []
+    ),
+    // authentication.k8s.io/v1 and authorization.k8s.io/v1 (reviews, not stored)
+    res!(
+        "authentication.k8s.io",
+        "v1",
+        "SelfSubjectReview",
+        "selfsubjectreviews",
+        "selfsubjectreview",
+        false,
+        [],
+        [],
+        []
+    ),
+    res!(
+        "authorization.k8s.io",
+        "v1",
+        "SelfSubjectAccessReview",
+        "selfsubjectaccessreviews",
+        "selfsubjectaccessreview",
+        false,
+        [],
+        [],
+        []
+    ),
+    res!(
+        "authorization.k8s.io",
+        "v1",
+        "SelfSubjectRulesReview",
+        "selfsubjectrulesreviews",
+        "selfsubjectrulesreview",
         false,
         [],
         [],

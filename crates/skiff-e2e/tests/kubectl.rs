@@ -849,3 +849,19 @@ fn objects_survive_a_restart_and_versions_keep_increasing() {
         "bootstrap ran once: {ns}"
     );
 }
+
+#[test]
+fn auth_whoami_and_can_i_answer() {
+    let s = Server::start();
+    let who = s.ok(&["auth", "whoami"]);
+    assert!(
+        who.contains("admin") && who.contains("system:masters"),
+        "{who}"
+    );
+    assert_eq!(
+        s.ok(&["auth", "can-i", "create", "deployments"]).trim(),
+        "yes"
+    );
+    let list = s.ok(&["auth", "can-i", "--list"]);
+    assert!(list.contains("*.*"), "{list}");
+}
