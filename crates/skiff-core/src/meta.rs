@@ -131,6 +131,30 @@ pub fn validate_object_meta(res: &ResourceInfo, obj: &Value, _is_create: bool) -
 /// Metadata that may not change once an object exists.
 pub fn validate_object_meta_update(new: &Value, old: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
+    // An object being deleted may lose finalizers but gain none.
+    if old
+        .pointer("/metadata/deletionTimestamp")
+        .map(|v| !v.is_null())
+        .unwrap_or(false)
+    {
+        let list = |v: &Value| -> Vec<String> {
+            v.pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|f| f.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let before = list(old);
+        if list(new).iter().any(|f| !before.contains(f)) {
+            causes.push(Cause::forbidden(
+                "metadata.finalizers",
+                "no new finalizers can be added if the object is being deleted",
+            ));
+        }
+    }
     for f in ["name", "namespace", "uid", "creationTimestamp"] {
         let a = new.pointer(&format!("/metadata/{f}"));
         let b = old.pointer(&format!("/metadata/{f}"));
@@ -168,6 +192,18 @@ mod tests {
         assert!(c[0]
             .message
             .starts_with("Invalid value: \"Foo\": a lowercase RFC 1123 subdomain"));
+    }
+
+    #[test]
+    fn an_object_being_deleted_gains_no_finalizers() {
+        let old = json!({"metadata": {"name": "a", "deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["x"]}});
+        let more = json!({"metadata": {"name": "a", "deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["x", "y"]}});
+        let fewer = json!({"metadata": {"name": "a", "deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": []}});
+        assert_eq!(
+            validate_object_meta_update(&more, &old)[0].field,
+            "metadata.finalizers"
+        );
+        assert!(validate_object_meta_update(&fewer, &old).is_empty());
     }
 
     #[test]
