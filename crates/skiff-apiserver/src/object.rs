@@ -48,14 +48,18 @@ pub fn storage_of_key(key: &str) -> Option<String> {
 
 /// Serializes an object for the store (without its resourceVersion).
 pub fn encode(obj: &Value) -> Result<Bytes, ApiError> {
-    let mut obj = obj.clone();
-    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("resourceVersion");
-        m.remove("selfLink");
-    }
-    serde_json::to_vec(&obj)
-        .map(Bytes::from)
-        .map_err(|e| ApiError::internal(format!("encoding object: {e}")))
+    let has = |k: &str| obj.get("metadata").and_then(|m| m.get(k)).is_some();
+    let bytes = if has("resourceVersion") || has("selfLink") {
+        let mut obj = obj.clone();
+        if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+            m.remove("selfLink");
+        }
+        serde_json::to_vec(&obj)
+    } else {
+        serde_json::to_vec(obj)
+    };
+    bytes.map(Bytes::from).map_err(|e| ApiError::internal(format!("encoding object: {e}")))
 }
 
 /// Decodes a stored object and sets its resourceVersion.

@@ -398,7 +398,8 @@ impl Registry {
             if !causes.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, &name, causes));
             }
-            let mut obj = obj.clone();
+            // Only a generated name may be retried, so only then is a copy kept.
+            let mut obj = if generate { obj.clone() } else { std::mem::take(&mut obj) };
             self.admit_create(res, &mut obj, opts.dry_run)?;
             crate::fieldmanager::record(res, None, &mut obj, &opts.field_manager, None);
             if opts.dry_run {
@@ -894,32 +895,11 @@ impl Registry {
 
     async fn check_namespace_open(&self, ns: &str) -> ApiResult<()> {
         let nsres = resources::lookup("", "v1", "namespaces").expect("namespaces");
-        // The watch cache answers almost always; a namespace it has not seen
-        // yet (created a moment ago) is read from the store, as Kubernetes'
-        // NamespaceLifecycle admission falls back to a live read.
-        let key = object::object_key(nsres, None, ns);
-        // Read the cache only once it has caught up with the store, so a
-        // namespace deleted a moment ago is seen as terminating.
-        let current = self
-            .store
-            .current_revision()
-            .await
-            .map_err(|e| store_err(nsres, ns, e))?;
-        let fresh = self.cache.wait_for(current, Duration::from_secs(1)).await;
-        let cached = if fresh {
-            self.cache
-                .resource(nsres)
-                .get(&key)
-                .and_then(|o| serde_json::from_slice::<Value>(&o.bytes).ok())
-        } else {
-            None
-        };
-        let found = match cached {
-            Some(obj) => Some(obj),
-            None => match self.get_kv(nsres, None, ns).await? {
-                Some(kv) => Some(decode(&kv)?),
-                None => None,
-            },
+        // A live read: cheap on the embedded store, and never stale (a
+        // namespace deleted a moment ago is already terminating).
+        let found = match self.get_kv(nsres, None, ns).await? {
+            Some(kv) => Some(decode(&kv)?),
+            None => None,
         };
         match found {
             None => Err(ApiError::not_found("", "namespaces", ns)),
