@@ -677,9 +677,9 @@ async fn resource(
                 format!("the {sub} subresource is not served yet"),
             ))
         }
-        _ => Err(ApiError::method_not_allowed(format!(
-            "the server does not allow this method on the requested resource"
-        ))),
+        _ => Err(ApiError::method_not_allowed(
+            "the server does not allow this method on the requested resource",
+        )),
     }
 }
 

@@ -6,6 +6,10 @@
 //! [`ApiServer::router`] is the axum router (usable in-process as a
 //! `tower::Service`); [`serve::serve_tls`] puts it on a socket.
 
+// `ApiError` carries a whole Kubernetes Status (reason, message, details,
+// causes); errors are the slow path, so returning it unboxed is deliberate.
+#![allow(clippy::result_large_err)]
+
 pub mod allocator;
 pub mod auth;
 pub mod fieldmanager;

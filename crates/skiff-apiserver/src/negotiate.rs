@@ -66,13 +66,12 @@ pub fn choose_output(accept: Option<&str>) -> Result<Output, ApiError> {
                 })
             }
             (Some("APIGroupDiscoveryList"), true)
-                if g.as_deref() == Some("apidiscovery.k8s.io") =>
+                if g.as_deref() == Some("apidiscovery.k8s.io")
+                    && matches!(v.as_deref(), Some("v2") | Some("v2beta1")) =>
             {
-                if v.as_deref() == Some("v2") || v.as_deref() == Some("v2beta1") {
-                    return Ok(Output::Discovery {
-                        v2beta1: v.as_deref() == Some("v2beta1"),
-                    });
-                }
+                return Ok(Output::Discovery {
+                    v2beta1: v.as_deref() == Some("v2beta1"),
+                });
             }
             (None, true) => return Ok(Output::Json),
             (None, false) if mime == "application/yaml" => return Ok(Output::Yaml),

@@ -59,7 +59,9 @@ pub fn encode(obj: &Value) -> Result<Bytes, ApiError> {
     } else {
         serde_json::to_vec(obj)
     };
-    bytes.map(Bytes::from).map_err(|e| ApiError::internal(format!("encoding object: {e}")))
+    bytes
+        .map(Bytes::from)
+        .map_err(|e| ApiError::internal(format!("encoding object: {e}")))
 }
 
 /// Decodes a stored object and sets its resourceVersion.

@@ -399,7 +399,11 @@ impl Registry {
                 return Err(ApiError::invalid(res.group, res.kind, &name, causes));
             }
             // Only a generated name may be retried, so only then is a copy kept.
-            let mut obj = if generate { obj.clone() } else { std::mem::take(&mut obj) };
+            let mut obj = if generate {
+                obj.clone()
+            } else {
+                std::mem::take(&mut obj)
+            };
             self.admit_create(res, &mut obj, opts.dry_run)?;
             crate::fieldmanager::record(res, None, &mut obj, &opts.field_manager, None);
             if opts.dry_run {
@@ -487,6 +491,7 @@ impl Registry {
     }
 
     /// Patches an object; an apply patch may create it.
+    #[allow(clippy::too_many_arguments)]
     pub async fn patch(
         &self,
         res: &'static ResourceInfo,

@@ -4,6 +4,10 @@
 //! Everything here works on data alone (mostly `serde_json::Value`) so it can
 //! be tested without a server, a store or a socket.
 
+// `ApiError` carries a whole Kubernetes Status (reason, message, details,
+// causes); errors are the slow path, so returning it unboxed is deliberate.
+#![allow(clippy::result_large_err)]
+
 pub mod convert;
 pub mod defaults;
 pub mod discovery;

@@ -121,7 +121,7 @@ pub fn validate_object_meta(res: &ResourceInfo, obj: &Value, _is_create: bool) -
             causes.push(Cause::new(
                 "FieldValueTooLong",
                 "metadata.annotations",
-                format!("Too long: may not be more than 262144 bytes"),
+                "Too long: may not be more than 262144 bytes",
             ));
         }
     }

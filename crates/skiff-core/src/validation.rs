@@ -83,14 +83,14 @@ pub fn validate_update(res: &ResourceInfo, new: &Value, old: &Value) -> Vec<Caus
     c.extend(validate_kind(res, new));
     match (res.group, res.kind) {
         ("", "Pod") => c.extend(pod_update(new, old)),
-        ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet") => {
-            if new.pointer("/spec/selector") != old.pointer("/spec/selector") {
-                c.push(Cause::invalid(
-                    "spec.selector",
-                    new.pointer("/spec/selector").unwrap_or(&Value::Null),
-                    "field is immutable",
-                ));
-            }
+        ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet")
+            if new.pointer("/spec/selector") != old.pointer("/spec/selector") =>
+        {
+            c.push(Cause::invalid(
+                "spec.selector",
+                new.pointer("/spec/selector").unwrap_or(&Value::Null),
+                "field is immutable",
+            ));
         }
         ("", "Service") => {
             let old_ip = old
@@ -224,7 +224,7 @@ fn replicas(obj: &Value, c: &mut Vec<Cause>) {
 
 fn template(t: Option<&Value>, path: &str, selector: Option<&LabelSelector>, c: &mut Vec<Cause>) {
     let Some(t) = t else {
-        c.push(Cause::required(format!("{path}")));
+        c.push(Cause::required(path));
         return;
     };
     if let Some(sel) = selector {
