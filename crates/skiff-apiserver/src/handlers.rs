@@ -359,7 +359,8 @@ fn filter_from_query(rr: &ResourceRequest, q: &Query) -> Result<Filter, ApiError
             for (field, _, _) in f.requirements() {
                 skiff_core::fields::check_supported(rr.res, field)?;
             }
-            Some(f)
+            // The cache indexes fields as the stored version names them.
+            Some(f.map_fields(|field| convert::storage_field(rr.res, field)))
         }
         _ => None,
     };

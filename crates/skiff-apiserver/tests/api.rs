@@ -530,3 +530,32 @@ async fn node_port_services_get_a_port_that_updates_keep() {
         "a deleted service's port is free again"
     );
 }
+
+#[tokio::test]
+async fn core_and_events_k8s_io_events_are_one_object() {
+    let a = api().await;
+    let core = "/api/v1/namespaces/default/events";
+    let new = "/apis/events.k8s.io/v1/namespaces/default/events";
+    let ev = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e1"},
+        "regarding": {"kind": "Pod", "name": "p1", "namespace": "default"}, "note": "pulled", "reason": "Pulled",
+        "type": "Normal", "action": "Pull", "reportingController": "skiff-agent", "reportingInstance": "n1",
+        "eventTime": "2026-01-01T00:00:00.000000Z"});
+    assert_eq!(a.post(new, ev).await.status, StatusCode::CREATED);
+    let c = a.get(&format!("{core}/e1")).await.body;
+    assert_eq!(
+        (c["apiVersion"].as_str(), c["message"].as_str()),
+        (Some("v1"), Some("pulled"))
+    );
+    assert_eq!(c["involvedObject"]["name"], "p1");
+    let by_field = a
+        .get(&format!("{new}?fieldSelector=regarding.name%3Dp1"))
+        .await
+        .body;
+    assert_eq!(by_field["items"].as_array().unwrap().len(), 1);
+    assert_eq!(by_field["items"][0]["note"], "pulled");
+    let core_field = a
+        .get(&format!("{core}?fieldSelector=involvedObject.name%3Dp2"))
+        .await
+        .body;
+    assert_eq!(core_field["items"].as_array().unwrap().len(), 0);
+}

@@ -1,5 +1,6 @@
 //! Conversion between the versions of a resource served from one storage:
-//! autoscaling/v1 HorizontalPodAutoscalers are stored as autoscaling/v2.
+//! autoscaling/v1 HorizontalPodAutoscalers are stored as autoscaling/v2, and
+//! events.k8s.io/v1 Events as core/v1 Events.
 //!
 //! v1 knows only a CPU utilization target; converting a v2 object with other
 //! metrics to v1 shows the CPU target alone, and a v1 write replaces the
@@ -21,7 +22,62 @@ pub fn storage_resource(res: &'static ResourceInfo) -> &'static ResourceInfo {
 
 /// Whether requests for `res` need conversion.
 pub fn needed(res: &'static ResourceInfo) -> bool {
-    storage_resource(res).version != res.version
+    let s = storage_resource(res);
+    s.version != res.version || s.group != res.group
+}
+
+/// Moves `from` to `to` within an object map, if present.
+fn rename(m: &mut serde_json::Map<String, Value>, from: &str, to: &str) {
+    if let Some(v) = m.remove(from) {
+        m.insert(to.to_string(), v);
+    }
+}
+
+/// events.k8s.io/v1 → core/v1.
+fn event_to_core(obj: &mut Value) {
+    let Some(m) = obj.as_object_mut() else { return };
+    rename(m, "regarding", "involvedObject");
+    rename(m, "note", "message");
+    rename(m, "deprecatedCount", "count");
+    rename(m, "deprecatedFirstTimestamp", "firstTimestamp");
+    rename(m, "deprecatedLastTimestamp", "lastTimestamp");
+    rename(m, "deprecatedSource", "source");
+    rename(m, "reportingController", "reportingComponent");
+}
+
+/// core/v1 → events.k8s.io/v1.
+fn event_from_core(obj: &mut Value) {
+    let Some(m) = obj.as_object_mut() else { return };
+    rename(m, "involvedObject", "regarding");
+    rename(m, "message", "note");
+    rename(m, "count", "deprecatedCount");
+    rename(m, "firstTimestamp", "deprecatedFirstTimestamp");
+    rename(m, "lastTimestamp", "deprecatedLastTimestamp");
+    rename(m, "reportingComponent", "reportingController");
+    if !m.contains_key("reportingController") {
+        if let Some(c) = m.get("source").and_then(|s| s.get("component")).cloned() {
+            m.insert("reportingController".into(), c);
+        }
+    }
+    if !m.contains_key("reportingInstance") {
+        if let Some(h) = m.get("source").and_then(|s| s.get("host")).cloned() {
+            m.insert("reportingInstance".into(), h);
+        }
+    }
+    rename(m, "source", "deprecatedSource");
+}
+
+/// A field selector's field for `res` as the stored version names it.
+pub fn storage_field(res: &'static ResourceInfo, field: &str) -> String {
+    if res.group == "events.k8s.io" {
+        if let Some(rest) = field.strip_prefix("regarding.") {
+            return format!("involvedObject.{rest}");
+        }
+        if field == "reportingController" {
+            return "reportingComponent".into();
+        }
+    }
+    field.to_string()
 }
 
 /// Converts an object sent for `res` to the stored version.
@@ -30,6 +86,9 @@ pub fn to_storage(res: &'static ResourceInfo, mut obj: Value) -> Value {
         return obj;
     }
     let storage = storage_resource(res);
+    if res.group == "events.k8s.io" {
+        event_to_core(&mut obj);
+    }
     if res.kind == "HorizontalPodAutoscaler" && res.version == "v1" {
         if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
             let cpu = spec.remove("targetCPUUtilizationPercentage");
@@ -71,6 +130,9 @@ fn cpu_of(list: Option<&Value>, field: &str) -> Option<Value> {
 pub fn from_storage(res: &'static ResourceInfo, mut obj: Value) -> Value {
     if !needed(res) {
         return obj;
+    }
+    if res.group == "events.k8s.io" {
+        event_from_core(&mut obj);
     }
     if res.kind == "HorizontalPodAutoscaler" && res.version == "v1" {
         if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
@@ -121,6 +183,22 @@ mod tests {
             60
         );
         assert_eq!(from_storage(v1, stored), obj);
+    }
+
+    #[test]
+    fn an_events_k8s_io_event_is_a_core_event_with_other_names() {
+        let ev = lookup("events.k8s.io", "v1", "events").unwrap();
+        assert_eq!(storage_resource(ev).group, "");
+        let obj = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e"},
+            "regarding": {"kind": "Pod", "name": "p"}, "note": "hi", "reason": "R", "reportingController": "skiff",
+            "reportingInstance": "n1", "action": "Do", "type": "Normal", "eventTime": "2026-01-01T00:00:00.000000Z"});
+        let core = to_storage(ev, obj.clone());
+        assert_eq!(core["apiVersion"], "v1");
+        assert_eq!(core["involvedObject"]["name"], "p");
+        assert_eq!(core["message"], "hi");
+        assert_eq!(core["reportingComponent"], "skiff");
+        assert_eq!(from_storage(ev, core), obj);
+        assert_eq!(storage_field(ev, "regarding.name"), "involvedObject.name");
     }
 
     #[test]

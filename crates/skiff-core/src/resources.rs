@@ -79,6 +79,13 @@ macro_rules! res {
             storage: concat!($group, "/", $plural),
         }
     };
+    // A version served from another resource's storage.
+    ($group:expr, $version:expr, $kind:expr, $plural:expr, $singular:expr, $ns:expr, [$($short:expr),*], [$($cat:expr),*], [$($sub:expr),*], stored_as $storage:expr) => {
+        ResourceInfo {
+            storage: $storage,
+            ..res!($group, $version, $kind, $plural, $singular, $ns, [$($short),*], [$($cat),*], [$($sub),*])
+        }
+    };
 }
 
 /// Every resource served, in discovery order.
@@ -366,7 +373,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         [],
         []
     ),
-    // events.k8s.io/v1
+    // events.k8s.io/v1 (stored as core/v1 Events, as Kubernetes does)
     res!(
         "events.k8s.io",
         "v1",
@@ -376,7 +383,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["ev"],
         [],
-        []
+        [],
+        stored_as "/events"
     ),
     // policy/v1
     res!(

@@ -341,6 +341,17 @@ impl FieldSelector {
             .collect()
     }
 
+    /// The same requirements on renamed fields.
+    pub fn map_fields(&self, f: impl Fn(&str) -> String) -> FieldSelector {
+        FieldSelector {
+            reqs: self
+                .reqs
+                .iter()
+                .map(|(k, neg, v)| (f(k), *neg, v.clone()))
+                .collect(),
+        }
+    }
+
     /// Whether an object whose field values `get` returns satisfies every requirement.
     pub fn matches(&self, get: impl Fn(&str) -> Option<String>) -> bool {
         self.reqs.iter().all(|(f, neg, v)| {
