@@ -46,22 +46,76 @@ pub fn storage_of_key(key: &str) -> Option<String> {
     Some(format!("{group}/{plural}"))
 }
 
-/// Serializes an object for the store (without its resourceVersion).
+/// Serializes an object for the store (without its resourceVersion), with
+/// `apiVersion`, `kind` and `metadata` first so that
+/// [`with_resource_version`] can find `metadata` without parsing.
 pub fn encode(obj: &Value) -> Result<Bytes, ApiError> {
-    let has = |k: &str| obj.get("metadata").and_then(|m| m.get(k)).is_some();
-    let bytes = if has("resourceVersion") || has("selfLink") {
-        let mut obj = obj.clone();
-        if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-            m.remove("resourceVersion");
-            m.remove("selfLink");
-        }
-        serde_json::to_vec(&obj)
-    } else {
-        serde_json::to_vec(obj)
+    let err = |e: serde_json::Error| ApiError::internal(format!("encoding object: {e}"));
+    let Some(map) = obj.as_object() else {
+        return serde_json::to_vec(obj).map(Bytes::from).map_err(err);
     };
-    bytes
-        .map(Bytes::from)
-        .map_err(|e| ApiError::internal(format!("encoding object: {e}")))
+    let mut out = Vec::with_capacity(512);
+    out.push(b'{');
+    let mut first = true;
+    let mut put = |out: &mut Vec<u8>, k: &str, v: &Value| -> Result<(), ApiError> {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        serde_json::to_writer(&mut *out, k).map_err(err)?;
+        out.push(b':');
+        serde_json::to_writer(&mut *out, v).map_err(err)
+    };
+    for k in ["apiVersion", "kind"] {
+        if let Some(v) = map.get(k) {
+            put(&mut out, k, v)?;
+        }
+    }
+    if let Some(meta) = map.get("metadata") {
+        match meta.as_object() {
+            Some(m) if m.contains_key("resourceVersion") || m.contains_key("selfLink") => {
+                let mut m = m.clone();
+                m.remove("resourceVersion");
+                m.remove("selfLink");
+                put(&mut out, "metadata", &Value::Object(m))?;
+            }
+            _ => put(&mut out, "metadata", meta)?,
+        }
+    }
+    for (k, v) in map {
+        if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+            put(&mut out, k, v)?;
+        }
+    }
+    out.push(b'}');
+    Ok(Bytes::from(out))
+}
+
+/// Stored bytes with `metadata.resourceVersion` set, without parsing them:
+/// `None` unless they start as [`encode`] writes them.
+pub fn with_resource_version(stored: &[u8], rev: i64) -> Option<Vec<u8>> {
+    const META: &[u8] = b"\"metadata\":{";
+    let at = stored.windows(META.len()).position(|w| w == META)?;
+    // Only apiVersion and kind (strings) may come before metadata.
+    if stored.first() != Some(&b'{')
+        || stored[..at]
+            .iter()
+            .filter(|b| **b == b'{' || **b == b'[')
+            .count()
+            != 1
+    {
+        return None;
+    }
+    let insert_at = at + META.len();
+    let rv = format!("\"resourceVersion\":\"{rev}\"");
+    let mut out = Vec::with_capacity(stored.len() + rv.len() + 1);
+    out.extend_from_slice(&stored[..insert_at]);
+    out.extend_from_slice(rv.as_bytes());
+    if stored.get(insert_at) != Some(&b'}') {
+        out.push(b',');
+    }
+    out.extend_from_slice(&stored[insert_at..]);
+    Some(out)
 }
 
 /// Decodes a stored object and sets its resourceVersion.
@@ -136,6 +190,22 @@ pub fn rfc3339_in(secs: i64) -> String {
 mod tests {
     use super::*;
     use skiff_core::resources::lookup;
+
+    #[test]
+    fn the_resource_version_is_spliced_into_stored_bytes() {
+        let obj = serde_json::json!({"data": {"metadata": {"x": 1}}, "metadata": {"name": "a", "resourceVersion": "9"}, "kind": "ConfigMap", "apiVersion": "v1"});
+        let stored = encode(&obj).unwrap();
+        let with = with_resource_version(&stored, 42).unwrap();
+        let v: Value = serde_json::from_slice(&with).unwrap();
+        assert_eq!(v["metadata"]["resourceVersion"], "42");
+        assert_eq!(v["metadata"]["name"], "a");
+        assert_eq!(v["data"]["metadata"]["x"], 1);
+        let empty = encode(&serde_json::json!({"metadata": {}})).unwrap();
+        let v: Value = serde_json::from_slice(&with_resource_version(&empty, 1).unwrap()).unwrap();
+        assert_eq!(v["metadata"]["resourceVersion"], "1");
+        // Bytes written some other way are not touched.
+        assert!(with_resource_version(br#"{"data":{"metadata":{}},"metadata":{}}"#, 1).is_none());
+    }
 
     #[test]
     fn keys_separate_namespaces_and_groups() {

@@ -38,7 +38,10 @@ pub struct CachedObject {
 impl CachedObject {
     fn build(res: &ResourceInfo, kv: &KeyValue) -> Option<CachedObject> {
         let obj = object::decode(kv).ok()?;
-        let bytes = Bytes::from(serde_json::to_vec(&obj).ok()?);
+        let bytes = match object::with_resource_version(&kv.value, kv.mod_revision) {
+            Some(b) => Bytes::from(b),
+            None => Bytes::from(serde_json::to_vec(&obj).ok()?),
+        };
         let fields = skiff_core::fields::index_fields(res)
             .iter()
             .map(|f| {
