@@ -240,6 +240,39 @@ async fn read_body(req: Request<Body>) -> Result<(HeaderMap, Bytes), ApiError> {
     }
 }
 
+/// A create or replace request's body: the object, the write options, and
+/// the raw bytes (for the duplicate-field check) with whether they are JSON.
+struct WriteBody {
+    obj: Value,
+    opts: WriteOptions,
+    body: Bytes,
+    json_body: bool,
+}
+
+async fn read_write_body(
+    req: Request<Body>,
+    res: &ResourceInfo,
+    q: &Query,
+) -> Result<WriteBody, ApiError> {
+    let (headers, body) = read_body(req).await?;
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let obj = negotiate::decode_body(ct.as_deref(), &body, res)?;
+    let opts = write_options(q, &headers, false)?;
+    let json_body = ct
+        .as_deref()
+        .map(|c| c.starts_with("application/json"))
+        .unwrap_or(true);
+    Ok(WriteBody {
+        obj,
+        opts,
+        body,
+        json_body,
+    })
+}
+
 fn field_validation(q: &Query) -> Result<FieldValidation, ApiError> {
     match q.get("fieldValidation") {
         None | Some("") | Some("Warn") => Ok(FieldValidation::Warn),
@@ -440,17 +473,12 @@ async fn resource(
             render_list(api_res, out, output, &q)
         }
         (&Method::POST, None, None) => {
-            let (headers, body) = read_body(req).await?;
-            let ct = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            let obj = negotiate::decode_body(ct.as_deref(), &body, api_res)?;
-            let opts = write_options(&q, &headers, false)?;
-            let json_body = ct
-                .as_deref()
-                .map(|c| c.starts_with("application/json"))
-                .unwrap_or(true);
+            let WriteBody {
+                obj,
+                opts,
+                body,
+                json_body,
+            } = read_write_body(req, api_res, &q).await?;
             let warnings = check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
             let created = reg
                 .create(res, ns, convert::to_storage(api_res, obj), &opts)
@@ -513,17 +541,12 @@ async fn resource(
                 || matches!(sub, Some("status") | Some("scale") | Some("finalize")) =>
         {
             let sub = if sub == Some("finalize") { None } else { sub };
-            let (headers, body) = read_body(req).await?;
-            let ct = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            let obj = negotiate::decode_body(ct.as_deref(), &body, api_res)?;
-            let opts = write_options(&q, &headers, false)?;
-            let json_body = ct
-                .as_deref()
-                .map(|c| c.starts_with("application/json"))
-                .unwrap_or(true);
+            let WriteBody {
+                obj,
+                opts,
+                body,
+                json_body,
+            } = read_write_body(req, api_res, &q).await?;
             let warnings = if sub == Some("scale") {
                 Vec::new()
             } else {
@@ -609,7 +632,7 @@ async fn resource(
         }
         (&Method::GET, Some(name), Some("scale")) => {
             let obj = reg.get(res, ns, name).await?;
-            Ok(json_response(200, &crate::registry::to_scale(res, &obj)?))
+            Ok(json_response(200, &crate::registry::to_scale(&obj)?))
         }
         (&Method::POST, Some(name), Some("binding")) => {
             let (headers, body) = read_body(req).await?;

@@ -520,7 +520,7 @@ impl Registry {
             };
             let old = decode(&cur)?;
             let current_view = if sub == Some("scale") {
-                to_scale(res, &old)?
+                to_scale(&old)?
             } else {
                 old.clone()
             };
@@ -538,7 +538,7 @@ impl Registry {
                 ));
             }
             if sub == Some("scale") {
-                patched = from_scale(res, &old, &patched)?;
+                patched = from_scale(&old, &patched)?;
             }
             let sub_for_write = if sub == Some("scale") { None } else { sub };
             let track = patch_type != PatchType::Apply;
@@ -560,7 +560,7 @@ impl Registry {
                 Err(WriteError::Api(e)) => return Err(e),
                 Ok(v) => {
                     if sub == Some("scale") {
-                        return Ok((to_scale(res, &v)?, false));
+                        return Ok((to_scale(&v)?, false));
                     }
                     return Ok((v, false));
                 }
@@ -615,11 +615,11 @@ impl Registry {
         opts: &WriteOptions,
     ) -> Result<Value, WriteError> {
         if sub == Some("scale") {
-            let new = from_scale(res, &old, &new)?;
+            let new = from_scale(&old, &new)?;
             let v = self
                 .write_inner(res, ns, name, cur, old, new, None, opts, true)
                 .await?;
-            return Ok(to_scale(res, &v)?);
+            return Ok(to_scale(&v)?);
         }
         self.write_inner(res, ns, name, cur, old, new, sub, opts, true)
             .await
@@ -1176,7 +1176,7 @@ fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Option<&
 }
 
 /// The `Scale` view (autoscaling/v1) of a scalable object.
-pub fn to_scale(res: &ResourceInfo, obj: &Value) -> ApiResult<Value> {
+pub fn to_scale(obj: &Value) -> ApiResult<Value> {
     let md = obj.get("metadata").cloned().unwrap_or(json!({}));
     let replicas = obj
         .pointer("/spec/replicas")
@@ -1186,22 +1186,7 @@ pub fn to_scale(res: &ResourceInfo, obj: &Value) -> ApiResult<Value> {
         .pointer("/status/replicas")
         .and_then(Value::as_i64)
         .unwrap_or(0);
-    let selector = match res.kind {
-        "ReplicationController" => obj
-            .pointer("/spec/selector")
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .unwrap_or_default(),
-        _ => obj
-            .pointer("/spec/selector")
-            .map(selector_string)
-            .unwrap_or_default(),
-    };
+    let selector = skiff_core::selector::selector_string(obj.pointer("/spec/selector"));
     let mut meta = json!({});
     for k in [
         "name",
@@ -1224,7 +1209,7 @@ pub fn to_scale(res: &ResourceInfo, obj: &Value) -> ApiResult<Value> {
 }
 
 /// Applies a written `Scale` to the object it scales.
-fn from_scale(res: &ResourceInfo, old: &Value, scale: &Value) -> ApiResult<Value> {
+fn from_scale(old: &Value, scale: &Value) -> ApiResult<Value> {
     let name = meta_str(old, "name");
     let replicas = match scale.pointer("/spec/replicas") {
         None | Some(Value::Null) => 0,
@@ -1249,40 +1234,9 @@ fn from_scale(res: &ResourceInfo, old: &Value, scale: &Value) -> ApiResult<Value
             )],
         ));
     }
-    let _ = res;
     let mut new = old.clone();
     new["spec"]["replicas"] = json!(replicas);
     Ok(new)
-}
-
-/// A `LabelSelector` object as the string form (`a=b,c in (x,y)`).
-pub fn selector_string(sel: &Value) -> String {
-    let mut parts = Vec::new();
-    if let Some(ml) = sel.get("matchLabels").and_then(Value::as_object) {
-        let mut keys: Vec<_> = ml.iter().collect();
-        keys.sort_by(|a, b| a.0.cmp(b.0));
-        for (k, v) in keys {
-            parts.push(format!("{k}={}", v.as_str().unwrap_or("")));
-        }
-    }
-    if let Some(exprs) = sel.get("matchExpressions").and_then(Value::as_array) {
-        for e in exprs {
-            let key = e.get("key").and_then(Value::as_str).unwrap_or("");
-            let values: Vec<&str> = e
-                .get("values")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            match e.get("operator").and_then(Value::as_str).unwrap_or("") {
-                "In" => parts.push(format!("{key} in ({})", values.join(","))),
-                "NotIn" => parts.push(format!("{key} notin ({})", values.join(","))),
-                "Exists" => parts.push(key.to_string()),
-                "DoesNotExist" => parts.push(format!("!{key}")),
-                _ => {}
-            }
-        }
-    }
-    parts.join(",")
 }
 
 fn encode_continue(rev: i64, start: &str) -> String {

@@ -361,6 +361,50 @@ impl FieldSelector {
     }
 }
 
+/// The string form (`a=b,c in (x,y)`) of a selector object: a
+/// `LabelSelector` (`matchLabels`, `matchExpressions`) or a plain label map
+/// (ReplicationController, Service). Empty for none.
+pub fn selector_string(sel: Option<&Value>) -> String {
+    let labels = |m: &Map<String, Value>, parts: &mut Vec<String>| {
+        let mut kv: Vec<_> = m.iter().collect();
+        kv.sort_by(|a, b| a.0.cmp(b.0));
+        for (k, v) in kv {
+            parts.push(format!("{k}={}", v.as_str().unwrap_or("")));
+        }
+    };
+    let mut parts = Vec::new();
+    match sel {
+        Some(s) if s.get("matchLabels").is_some() || s.get("matchExpressions").is_some() => {
+            if let Some(m) = s.get("matchLabels").and_then(Value::as_object) {
+                labels(m, &mut parts);
+            }
+            for e in s
+                .get("matchExpressions")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let key = e.get("key").and_then(Value::as_str).unwrap_or("");
+                let values: Vec<&str> = e
+                    .get("values")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                match e.get("operator").and_then(Value::as_str).unwrap_or("") {
+                    "In" => parts.push(format!("{key} in ({})", values.join(","))),
+                    "NotIn" => parts.push(format!("{key} notin ({})", values.join(","))),
+                    "Exists" => parts.push(key.to_string()),
+                    "DoesNotExist" => parts.push(format!("!{key}")),
+                    _ => {}
+                }
+            }
+        }
+        Some(Value::Object(m)) => labels(m, &mut parts),
+        _ => {}
+    }
+    parts.join(",")
+}
+
 fn split_requirement(part: &str) -> Option<(&str, bool, &str)> {
     let bytes = part.as_bytes();
     let mut i = 0;

@@ -284,42 +284,9 @@ fn containers_images(obj: &Value, spec_ptr: &str) -> (String, String) {
 }
 
 fn selector(obj: &Value) -> String {
-    match obj.pointer("/spec/selector") {
-        Some(sel) if sel.get("matchLabels").is_some() || sel.get("matchExpressions").is_some() => {
-            let mut parts = Vec::new();
-            if let Some(m) = sel.get("matchLabels").and_then(Value::as_object) {
-                for (k, v) in m {
-                    parts.push(format!("{k}={}", v.as_str().unwrap_or("")));
-                }
-            }
-            if let Some(exprs) = sel.get("matchExpressions").and_then(Value::as_array) {
-                for e in exprs {
-                    let vals: Vec<&str> = e
-                        .get("values")
-                        .and_then(Value::as_array)
-                        .map(|a| a.iter().filter_map(Value::as_str).collect())
-                        .unwrap_or_default();
-                    let key = s(e, "/key");
-                    match s(e, "/operator") {
-                        "In" => parts.push(format!("{key} in ({})", vals.join(","))),
-                        "NotIn" => parts.push(format!("{key} notin ({})", vals.join(","))),
-                        "Exists" => parts.push(key.to_string()),
-                        "DoesNotExist" => parts.push(format!("!{key}")),
-                        _ => {}
-                    }
-                }
-            }
-            or_none(&parts.join(","))
-        }
-        Some(Value::Object(m)) => {
-            let parts: Vec<String> = m
-                .iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                .collect();
-            or_none(&parts.join(","))
-        }
-        _ => "<none>".into(),
-    }
+    or_none(&crate::selector::selector_string(
+        obj.pointer("/spec/selector"),
+    ))
 }
 
 /// Kubernetes' pod STATUS column.
