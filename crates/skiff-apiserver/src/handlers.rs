@@ -563,16 +563,7 @@ async fn resource(
                 convert::to_storage(api_res, obj)
             };
             let (out, created) = reg.update(res, ns, name, obj, sub, &opts).await?;
-            let r = if sub == Some("scale") {
-                json_response(200, &out)
-            } else {
-                render_object(
-                    api_res,
-                    if created { 201 } else { 200 },
-                    &convert::from_storage(api_res, out),
-                    output,
-                )?
-            };
+            let r = render_written(api_res, sub, out, created, output)?;
             Ok(add_warnings(r, &warnings))
         }
         (&Method::PATCH, Some(name), sub)
@@ -614,16 +605,7 @@ async fn resource(
             } else {
                 reg.patch(res, ns, name, pt, &patch, sub, &opts).await?
             };
-            let r = if sub == Some("scale") {
-                json_response(200, &out)
-            } else {
-                render_object(
-                    api_res,
-                    if created { 201 } else { 200 },
-                    &convert::from_storage(api_res, out),
-                    output,
-                )?
-            };
+            let r = render_written(api_res, sub, out, created, output)?;
             Ok(add_warnings(r, &warnings))
         }
         (&Method::GET, Some(name), Some("status")) => {
@@ -861,6 +843,22 @@ fn render_object(
             Ok(json_response(code, &partial_metadata(obj, v1beta1)))
         }
     }
+}
+
+/// The answer to a replace or patch: the Scale as is, an object in the
+/// version asked for (201 when the write created it).
+fn render_written(
+    api_res: &'static ResourceInfo,
+    sub: Option<&str>,
+    out: Value,
+    created: bool,
+    output: Output,
+) -> Result<Resp, ApiError> {
+    if sub == Some("scale") {
+        return Ok(json_response(200, &out));
+    }
+    let code = if created { 201 } else { 200 };
+    render_object(api_res, code, &convert::from_storage(api_res, out), output)
 }
 
 /// The `PartialObjectMetadata` of an object.
