@@ -722,7 +722,7 @@ async fn patch_converted(
                 ApiError::STALE,
             ));
         }
-        stored["metadata"]["resourceVersion"] = rv;
+        crate::object::metadata_mut(&mut stored).insert("resourceVersion".into(), rv);
         match reg.update(res, ns, name, stored, sub, opts).await {
             Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
             other => return other.map(|(v, _)| v),

@@ -361,6 +361,7 @@ impl Registry {
         opts: &WriteOptions,
     ) -> ApiResult<Value> {
         check_type_meta(res, &mut obj)?;
+        check_types(res, &obj)?;
         prepare_namespace(res, ns, &mut obj)?;
         if res.namespaced {
             self.check_namespace_open(ns.unwrap_or("")).await?;
@@ -639,6 +640,7 @@ impl Registry {
         track_fields: bool,
     ) -> Result<Value, WriteError> {
         check_type_meta(res, &mut new)?;
+        check_types(res, &new)?;
         new = prepare_for_update(res, &old, new, sub);
         // Allocations an update leaves out are carried over before validation
         // (as Kubernetes' service registry does).
@@ -1054,6 +1056,22 @@ pub fn set_condition(
             *existing = cond;
         }
         None => arr.push(cond),
+    }
+}
+
+/// 400 when a value has the wrong JSON type for its field, as Kubernetes'
+/// decoder refuses it.
+fn check_types(res: &ResourceInfo, obj: &Value) -> ApiResult<()> {
+    let Some(t) = skiff_core::schema::root(res.group, res.version, res.kind) else {
+        return Ok(());
+    };
+    match skiff_core::patch::type_errors(t, obj).into_iter().next() {
+        None => Ok(()),
+        Some(e) => Err(ApiError::bad_request(format!(
+            "{kind} in version \"{v}\" cannot be handled as a {kind}: {e}",
+            kind = res.kind,
+            v = res.version
+        ))),
     }
 }
 

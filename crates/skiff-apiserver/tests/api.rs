@@ -559,3 +559,43 @@ async fn core_and_events_k8s_io_events_are_one_object() {
         .body;
     assert_eq!(core_field["items"].as_array().unwrap().len(), 0);
 }
+
+#[tokio::test]
+async fn values_of_the_wrong_type_are_a_bad_request_and_change_nothing() {
+    let a = api().await;
+    let deploys = "/apis/apps/v1/namespaces/default/deployments";
+    let mut d = json!({"metadata": {"name": "d"}, "spec": {"replicas": "three", "selector": {"matchLabels": {"a": "b"}},
+        "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i:1"}]}}}});
+    let r = a.post(deploys, d.clone()).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.body["message"], "Deployment in version \"v1\" cannot be handled as a Deployment: json: cannot unmarshal string into Go struct field spec.replicas of type int32");
+    d["spec"]["replicas"] = json!(2);
+    assert_eq!(a.post(deploys, d).await.status, StatusCode::CREATED);
+    let p = a
+        .req(
+            "PATCH",
+            &format!("{deploys}/d"),
+            "application/merge-patch+json",
+            r#"{"spec":{"paused":"yes"}}"#,
+        )
+        .await;
+    assert_eq!(p.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        a.get(&format!("{deploys}/d")).await.body["spec"].get("paused"),
+        None
+    );
+    // A status of the wrong shape cannot be written through the status subresource.
+    let s = a
+        .req(
+            "PATCH",
+            "/api/v1/namespaces/default/status",
+            "application/merge-patch+json",
+            r#"{"status":"x"}"#,
+        )
+        .await;
+    assert_eq!(s.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        a.get("/api/v1/namespaces/default").await.body["status"]["phase"],
+        "Active"
+    );
+}

@@ -286,6 +286,103 @@ fn walk(t: TypeRef, v: &Value, path: String, out: &mut Vec<String>) {
     }
 }
 
+/// Values whose JSON type is not the one the schema declares, each as
+/// Kubernetes' decoder words it (`json: cannot unmarshal string into Go
+/// struct field DeploymentSpec.spec.replicas of type int32`). Nulls are
+/// unset values and opaque types (quantities, int-or-string) accept anything.
+pub fn type_errors(t: TypeRef, obj: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    check_types(t, obj, "", &mut out);
+    out
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::String(_) => "string",
+        Value::Number(_) => "number",
+        Value::Bool(_) => "bool",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+        Value::Null => "null",
+    }
+}
+
+fn go_type(t: &TypeRef) -> String {
+    let sv = t.schema_value();
+    let fmt = sv.get("format").and_then(Value::as_str);
+    match sv.get("type").and_then(Value::as_str) {
+        Some("string") => "string".into(),
+        Some("integer") => fmt.unwrap_or("int64").into(),
+        Some("number") => "float64".into(),
+        Some("boolean") => "bool".into(),
+        Some("array") => format!(
+            "[]{}",
+            t.items()
+                .map(|i| go_type(&i))
+                .unwrap_or_else(|| "interface {}".into())
+        ),
+        _ if t.is_map() => format!(
+            "map[string]{}",
+            t.additional()
+                .map(|a| go_type(&a))
+                .unwrap_or_else(|| "string".into())
+        ),
+        _ => t
+            .definition()
+            .map(|d| format!("v1.{}", d.rsplit('.').next().unwrap_or(d)))
+            .unwrap_or_else(|| "struct".into()),
+    }
+}
+
+fn check_types(t: TypeRef, v: &Value, path: &str, out: &mut Vec<String>) {
+    let sv = t.schema_value();
+    if v.is_null() || t.is_opaque() {
+        return;
+    }
+    let ok = match sv.get("type").and_then(Value::as_str) {
+        Some("string") => v.is_string(),
+        Some("integer") => v.is_i64() || v.is_u64(),
+        Some("number") => v.is_number(),
+        Some("boolean") => v.is_boolean(),
+        Some("array") => v.is_array(),
+        _ if t.is_object() || t.is_map() => v.is_object(),
+        _ => true,
+    };
+    if !ok {
+        out.push(format!(
+            "json: cannot unmarshal {} into Go struct field {} of type {}",
+            json_kind(v),
+            path.trim_start_matches('.'),
+            go_type(&t)
+        ));
+        return;
+    }
+    match v {
+        Value::Object(m) if t.is_object() => {
+            for (k, child) in m {
+                if let Some((ft, _)) = t.field(k) {
+                    check_types(ft, child, &format!("{path}.{k}"), out);
+                }
+            }
+        }
+        Value::Object(m) if t.is_map() => {
+            if let Some(vt) = t.additional() {
+                for (k, child) in m {
+                    check_types(vt, child, &format!("{path}.{k}"), out);
+                }
+            }
+        }
+        Value::Array(a) => {
+            if let Some(it) = t.items() {
+                for (i, child) in a.iter().enumerate() {
+                    check_types(it, child, &format!("{path}[{i}]"), out);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Keys that appear twice in one JSON object of `body`, as paths.
 pub fn duplicate_fields(body: &[u8]) -> Vec<String> {
     let mut out = Vec::new();
@@ -443,6 +540,20 @@ mod tests {
             unknown_fields(t, &pod),
             vec![".spec.containers[0].imagee".to_string()]
         );
+    }
+
+    #[test]
+    fn values_of_the_wrong_type_are_named_with_their_path() {
+        let t = root("apps", "v1", "Deployment").unwrap();
+        let d = json!({"metadata": {"name": "d", "labels": {"a": "b"}}, "spec": {"replicas": "three", "paused": null,
+            "template": {"spec": {"containers": [{"name": "c", "ports": [{"containerPort": 80.5}],
+                "resources": {"limits": {"cpu": 1, "memory": "1Gi"}}}]}}}});
+        let e = type_errors(t, &d);
+        assert_eq!(e, vec![
+            "json: cannot unmarshal string into Go struct field spec.replicas of type int32".to_string(),
+            "json: cannot unmarshal number into Go struct field spec.template.spec.containers[0].ports[0].containerPort of type int32".to_string(),
+        ]);
+        assert!(type_errors(t, &json!({"metadata": {"labels": {"a": 1}}})).len() == 1);
     }
 
     #[test]
