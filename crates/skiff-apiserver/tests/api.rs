@@ -599,3 +599,89 @@ async fn values_of_the_wrong_type_are_a_bad_request_and_change_nothing() {
         "Active"
     );
 }
+
+#[tokio::test]
+async fn malformed_requests_get_a_4xx_status_never_a_crash() {
+    let a = api().await;
+    a.post(CMS, cm("c", json!({}))).await;
+    let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+    let bodies: Vec<String> = vec![
+        "".into(),
+        "null".into(),
+        "[]".into(),
+        "\"x\"".into(),
+        "42".into(),
+        r#"{"metadata": "x"}"#.into(),
+        r#"{"metadata": {"name": 5}}"#.into(),
+        r#"{"metadata": {"name": "c", "labels": "x"}}"#.into(),
+        r#"{"metadata": {"name": "c", "labels": {"a": ["b"]}}}"#.into(),
+        r#"{"metadata": {"name": "c", "finalizers": [1, 2]}}"#.into(),
+        r#"{"metadata": {"name": "c", "ownerReferences": {}}}"#.into(),
+        r#"{"data": [1, 2], "metadata": {"name": "c"}}"#.into(),
+        r#"{"apiVersion": 7, "metadata": {"name": "c"}}"#.into(),
+        r#"{"metadata": {"name": "c", "resourceVersion": "abc"}}"#.into(),
+        deep,
+        "{\"metadata\": {\"name\": \"\u{0000}\"}}".into(),
+    ];
+    let paths = [
+        ("POST", CMS.to_string(), "application/json"),
+        ("PUT", format!("{CMS}/c"), "application/json"),
+        ("PATCH", format!("{CMS}/c"), "application/merge-patch+json"),
+        (
+            "PATCH",
+            format!("{CMS}/c"),
+            "application/strategic-merge-patch+json",
+        ),
+        ("PATCH", format!("{CMS}/c"), "application/json-patch+json"),
+        (
+            "PATCH",
+            format!("{CMS}/c?fieldManager=t"),
+            "application/apply-patch+yaml",
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/default/pods".to_string(),
+            "application/json",
+        ),
+        (
+            "POST",
+            "/apis/apps/v1/namespaces/default/deployments".to_string(),
+            "application/json",
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/default/pods/p/binding".to_string(),
+            "application/json",
+        ),
+        (
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews".to_string(),
+            "application/json",
+        ),
+        (
+            "POST",
+            CMS.to_string(),
+            "application/vnd.kubernetes.protobuf",
+        ),
+        ("DELETE", format!("{CMS}/c?dryRun=All"), "application/json"),
+    ];
+    for (method, path, ct) in &paths {
+        for body in &bodies {
+            let r = a.req(method, path, ct, body.clone()).await;
+            assert!(
+                r.status.is_client_error() || r.status.is_success(),
+                "{method} {path} ({ct}) with {:.60} answered {}: {}",
+                body,
+                r.status,
+                r.body
+            );
+            if r.status.is_client_error() {
+                assert_eq!(r.body["kind"], "Status", "{method} {path} {body:.60}");
+            }
+        }
+    }
+    // The configmap is still readable and well formed.
+    let c = a.get(&format!("{CMS}/c")).await;
+    assert_eq!(c.status, StatusCode::OK);
+    assert!(c.body["metadata"]["name"].is_string());
+}
