@@ -556,18 +556,27 @@ fn deleting_a_namespace_empties_and_removes_it() {
 fn watching_with_get_w_shows_changes_as_they_happen() {
     let s = Server::start();
     s.ok_stdin(&["create", "-f", "-"], POD);
-    let watcher = s
+    let out_path = s.dir.path().join("watch.out");
+    let out_file = std::fs::File::create(&out_path).unwrap();
+    let mut watcher = s
         .kubectl_cmd(&["get", "pods", "-w"])
-        .stdout(std::process::Stdio::piped())
+        .stdout(out_file)
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(700));
+    let read = || std::fs::read_to_string(&out_path).unwrap_or_default();
+    let wait_for = |what: &dyn Fn(&str) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !what(&read()) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // The watch has started once it printed the existing pod.
+    wait_for(&|o| o.lines().any(|l| l.starts_with("p1 ")));
     s.ok_stdin(&["create", "-f", "-"], &POD.replace("p1", "p2"));
-    std::thread::sleep(Duration::from_millis(700));
-    let mut watcher = watcher;
+    wait_for(&|o| o.lines().any(|l| l.starts_with("p2 ")));
     let _ = watcher.kill();
-    let out = watcher.wait_with_output().unwrap();
-    let out = text(&out.stdout);
+    let _ = watcher.wait();
+    let out = read();
     assert!(
         out.lines().next().unwrap_or("").starts_with("NAME"),
         "{out}"
