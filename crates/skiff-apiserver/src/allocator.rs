@@ -92,7 +92,13 @@ impl ServiceAllocator {
     }
 
     /// Keeps what an update leaves out; allocates NodePorts it newly needs.
-    pub fn admit_update(&self, cache: &WatchCache, old: &Value, new: &mut Value) -> ApiResult<()> {
+    /// Returns the NodePorts newly allocated, to give back if the update fails.
+    pub fn admit_update(
+        &self,
+        cache: &WatchCache,
+        old: &Value,
+        new: &mut Value,
+    ) -> ApiResult<Vec<u16>> {
         let new_ip = new
             .pointer("/spec/clusterIP")
             .and_then(Value::as_str)
@@ -110,9 +116,41 @@ impl ServiceAllocator {
         }
         self.with(cache, |a| {
             let ports = a.node_ports(new, Some(old))?;
-            a.ports.extend(ports);
-            Ok(())
+            a.ports.extend(ports.iter().copied());
+            Ok(ports)
         })
+    }
+
+    /// Gives back NodePorts allocated for a write that did not happen.
+    pub fn release_ports(&self, ports: &[u16]) {
+        if let Some(a) = self
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            for p in ports {
+                a.ports.remove(p);
+            }
+        }
+    }
+
+    /// After an update: NodePorts the old service had and the new one has not are free.
+    pub fn after_update(&self, old: &Value, new: &Value) {
+        let ports = |v: &Value| -> Vec<u16> {
+            v.pointer("/spec/ports")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p.get("nodePort").and_then(Value::as_u64).map(|n| n as u16))
+                .collect()
+        };
+        let kept = ports(new);
+        let gone: Vec<u16> = ports(old)
+            .into_iter()
+            .filter(|p| !kept.contains(p))
+            .collect();
+        self.release_ports(&gone);
     }
 
     /// Returns a deleted service's ClusterIP and NodePorts.

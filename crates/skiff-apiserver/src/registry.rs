@@ -644,9 +644,34 @@ impl Registry {
         new = prepare_for_update(res, &old, new, sub);
         // Allocations an update leaves out are carried over before validation
         // (as Kubernetes' service registry does).
-        self.admit_update(res, &old, &mut new)?;
+        let fresh = self.admit_update(res, &old, &mut new)?;
+        let result = self
+            .write_admitted(res, name, cur, &old, new, sub, opts, track_fields)
+            .await;
+        if res.kind == "Service" {
+            match &result {
+                Ok(v) if !opts.dry_run => self.services.after_update(&old, v),
+                _ => self.services.release_ports(&fresh),
+            }
+        }
+        result
+    }
+
+    /// The rest of an update, once admission has run.
+    #[allow(clippy::too_many_arguments)]
+    async fn write_admitted(
+        &self,
+        res: &'static ResourceInfo,
+        name: &str,
+        cur: &KeyValue,
+        old: &Value,
+        mut new: Value,
+        sub: Option<&str>,
+        opts: &WriteOptions,
+        track_fields: bool,
+    ) -> Result<Value, WriteError> {
         skiff_core::defaults::apply_defaults(res, &mut new);
-        let mut causes = skiff_core::validation::validate_update(res, &new, &old);
+        let mut causes = skiff_core::validation::validate_update(res, &new, old);
         if sub == Some("status") {
             // Status writes cannot fail on spec problems they did not cause.
             causes.retain(|c| c.field.starts_with("status") || c.field.starts_with("metadata"));
@@ -655,9 +680,9 @@ impl Registry {
             return Err(ApiError::invalid(res.group, res.kind, name, causes).into());
         }
         if track_fields {
-            crate::fieldmanager::record(res, Some(&old), &mut new, &opts.field_manager, sub);
+            crate::fieldmanager::record(res, Some(old), &mut new, &opts.field_manager, sub);
         }
-        if tracks_generation(res) && spec_part(&old) != spec_part(&new) {
+        if tracks_generation(res) && spec_part(old) != spec_part(&new) {
             let g = old
                 .get("metadata")
                 .and_then(|m| m.get("generation"))
@@ -690,8 +715,8 @@ impl Registry {
         // Nothing changed: Kubernetes does not write, and the resourceVersion stays.
         let mut unchanged_check = new.clone();
         object::set_resource_version(&mut unchanged_check, cur.mod_revision);
-        if unchanged_check == old {
-            return Ok(old);
+        if unchanged_check == *old {
+            return Ok(old.clone());
         }
         if opts.dry_run {
             return Ok(new);
@@ -937,11 +962,17 @@ impl Registry {
         Ok(())
     }
 
-    fn admit_update(&self, res: &ResourceInfo, old: &Value, new: &mut Value) -> ApiResult<()> {
+    /// Returns the NodePorts newly allocated for the update.
+    fn admit_update(
+        &self,
+        res: &ResourceInfo,
+        old: &Value,
+        new: &mut Value,
+    ) -> ApiResult<Vec<u16>> {
         if res.kind == "Service" {
-            self.services.admit_update(&self.cache, old, new)?;
+            return self.services.admit_update(&self.cache, old, new);
         }
-        Ok(())
+        Ok(Vec::new())
     }
 
     fn release_admission(&self, res: &ResourceInfo, obj: &Value) {

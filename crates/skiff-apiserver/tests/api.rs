@@ -520,6 +520,25 @@ async fn node_port_services_get_a_port_that_updates_keep() {
         .as_str()
         .unwrap()
         .contains("provided port is already allocated"));
+    // Turning it into a ClusterIP service frees its port.
+    let mut plain = a.get(&format!("{svcs}/np")).await.body;
+    plain["spec"]["type"] = json!("ClusterIP");
+    plain["spec"]["ports"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("nodePort");
+    assert_eq!(
+        a.put(&format!("{svcs}/np"), plain).await.status,
+        StatusCode::OK
+    );
+    let mut taker = json!({"metadata": {"name": "taker"}, "spec": {"type": "NodePort", "ports": [{"port": 82}]}});
+    taker["spec"]["ports"][0]["nodePort"] = json!(port);
+    assert_eq!(
+        a.post(svcs, taker).await.status,
+        StatusCode::CREATED,
+        "the freed port can be taken"
+    );
+    a.delete(&format!("{svcs}/taker")).await;
     a.delete(&format!("{svcs}/np")).await;
     let mut reuse =
         json!({"metadata": {"name": "np3"}, "spec": {"type": "NodePort", "ports": [{"port": 81}]}});
