@@ -540,7 +540,6 @@ async fn resource(
             if sub.is_none()
                 || matches!(sub, Some("status") | Some("scale") | Some("finalize")) =>
         {
-            let sub = if sub == Some("finalize") { None } else { sub };
             let WriteBody {
                 obj,
                 opts,
@@ -551,11 +550,6 @@ async fn resource(
                 Vec::new()
             } else {
                 check_fields(api_res, &body, &obj, opts.field_validation, json_body)?
-            };
-            let obj = if rr.subresource.as_deref() == Some("finalize") {
-                finalize_body(obj)
-            } else {
-                obj
             };
             let obj = if sub == Some("scale") {
                 obj
@@ -734,11 +728,6 @@ async fn patch_converted(
         name,
         ApiError::STALE,
     ))
-}
-
-/// `namespaces/<n>/finalize` replaces `spec.finalizers`; the rest of the body is ignored.
-fn finalize_body(obj: Value) -> Value {
-    obj
 }
 
 /// A merge/strategic/apply patch without its `$` directives, for unknown-field checks.

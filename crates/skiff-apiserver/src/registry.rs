@@ -1179,6 +1179,19 @@ fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Option<&
             // Metadata the status writer may carry along (managedFields are recomputed).
             o
         }
+        Some("finalize") => {
+            // `namespaces/<n>/finalize` changes `spec.finalizers` and nothing else.
+            let mut o = old.clone();
+            let finalizers = new
+                .pointer("/spec/finalizers")
+                .cloned()
+                .unwrap_or(json!([]));
+            if !o.get("spec").map(Value::is_object).unwrap_or(false) {
+                o["spec"] = json!({});
+            }
+            o["spec"]["finalizers"] = finalizers;
+            o
+        }
         _ => {
             let mut n = new;
             if res.has_subresource("status") {

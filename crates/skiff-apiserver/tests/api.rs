@@ -704,3 +704,19 @@ async fn malformed_requests_get_a_4xx_status_never_a_crash() {
     assert_eq!(c.status, StatusCode::OK);
     assert!(c.body["metadata"]["name"].is_string());
 }
+
+#[tokio::test]
+async fn the_finalize_subresource_changes_only_spec_finalizers() {
+    let a = api().await;
+    a.post("/api/v1/namespaces", json!({"metadata": {"name": "f"}}))
+        .await;
+    let mut ns = a.get("/api/v1/namespaces/f").await.body;
+    assert_eq!(ns["spec"]["finalizers"], json!(["kubernetes"]));
+    ns["spec"]["finalizers"] = json!([]);
+    ns["metadata"]["labels"] = json!({"sneaky": "yes"});
+    let r = a.put("/api/v1/namespaces/f/finalize", ns).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let after = a.get("/api/v1/namespaces/f").await.body;
+    assert_eq!(after["spec"]["finalizers"], json!([]));
+    assert!(after["metadata"].get("labels").is_none(), "{after}");
+}
