@@ -1,24 +1,62 @@
 #!/usr/bin/env bash
-# The whole test suite: fetches the real kubectl (scripts/tools.sh), builds
-# skiff, and runs every crate's tests, including the end-to-end tests that
-# drive kubectl and the python client against a running skiff.
+# The whole test suite, from a clean clone: installs what is missing (build
+# tools and python's venv support through apt when run as root; the real
+# kubectl, helm and python client through scripts/tools.sh), builds skiff,
+# and runs every crate's tests — unit, store conformance and crash, API
+# semantics, and the end-to-end tests that drive the real kubectl, helm and
+# python client against a running skiff. Extra arguments go to `cargo test`
+# (e.g. `scripts/test.sh -p skiff-e2e`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
 if ! command -v cargo >/dev/null; then
   echo "cargo is missing: install Rust with rustup (https://rustup.rs) first" >&2
   exit 1
 fi
-if ! command -v cc >/dev/null && [ "$(id -u)" = 0 ]; then
-  apt-get install -y --no-install-recommends build-essential pkg-config >&2
+
+# Debian packages, only those missing, and only as root.
+missing=()
+command -v cc >/dev/null || missing+=(build-essential)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+command -v python3 >/dev/null || missing+=(python3)
+# Debian's python3 makes a virtualenv (tools.sh's fallback) only with ensurepip.
+if ! python3 -c 'import kubernetes' 2>/dev/null && ! python3 -c 'import ensurepip' 2>/dev/null; then
+  missing+=(python3-venv)
 fi
-./scripts/tools.sh >/dev/null
-export SKIFF_KUBECTL="$PWD/.tools/bin/kubectl" SKIFF_HELM="$PWD/.tools/bin/helm"
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "test.sh: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
+      { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; }
+  else
+    echo "test.sh: missing ${missing[*]}: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+# kubectl v1.33.9, helm v4.1.4, python's kubernetes client: SKIFF_KUBECTL=…
+tools="$(./scripts/tools.sh)"
+while IFS= read -r line; do
+  export "${line?}"
+done <<<"$tools"
+
 cargo build -p skiff
+
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace 2>&1 | tee "$log" || status=$?
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
 # One closing line for the whole suite (cargo prints one per test binary).
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } }
-     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+awk '/^test result:/ {
+       for (i = 2; i <= NF; i++) {
+         if ($(i) ~ /^passed;?$/) p += $(i-1)
+         if ($(i) ~ /^failed;?$/) f += $(i-1)
+         if ($(i) ~ /^ignored;?$/) s += $(i-1)
+       }
+     }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$log"
 exit "$status"

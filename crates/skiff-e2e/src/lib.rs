@@ -7,6 +7,7 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The repository root.
@@ -17,18 +18,80 @@ pub fn repo_root() -> PathBuf {
         .expect("repo root")
 }
 
-/// The `skiff` binary built by `cargo build -p skiff`.
+/// The `skiff` binary under test: `$SKIFF_BIN` if set, otherwise the one in
+/// this build's target directory, brought up to date once per test binary
+/// with `cargo build -p skiff` (a no-op when nothing changed), so the tests
+/// never run a stale server.
 pub fn skiff_binary() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target"));
-    let bin = target.join("debug/skiff");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build -p skiff` first (scripts/test.sh does)",
-        bin.display()
-    );
-    bin
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("SKIFF_BIN") {
+            let bin = PathBuf::from(bin);
+            assert!(bin.exists(), "SKIFF_BIN={} does not exist", bin.display());
+            return bin;
+        }
+        // This test executable is TARGET/PROFILE/deps/NAME-HASH; the binary
+        // of the same build is TARGET/PROFILE/skiff.
+        let exe = std::env::current_exe().expect("test executable");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test executable under TARGET/PROFILE/deps")
+            .to_path_buf();
+        let profile = profile_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("debug")
+            .to_string();
+        let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .current_dir(repo_root())
+            .args(["build", "--quiet", "-p", "skiff", "--bin", "skiff"])
+            .arg("--target-dir")
+            .arg(&target_dir);
+        match profile.as_str() {
+            "debug" => {}
+            "release" => {
+                build.arg("--release");
+            }
+            other => {
+                build.args(["--profile", other]);
+            }
+        }
+        let out = build
+            .stdin(Stdio::null())
+            .output()
+            .expect("run cargo build -p skiff");
+        assert!(
+            out.status.success(),
+            "cargo build -p skiff failed:\n{}",
+            text(&out.stderr)
+        );
+        let bin = profile_dir.join("skiff");
+        assert!(
+            bin.exists(),
+            "{} is missing after cargo build",
+            bin.display()
+        );
+        bin
+    })
+    .clone()
+}
+
+/// The python with the `kubernetes` client: `$SKIFF_PYTHON`, the virtualenv
+/// `scripts/tools.sh` makes in `.tools/venv` when the system python lacks
+/// the client, or `python3`.
+pub fn python_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("SKIFF_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = repo_root().join(".tools/venv/bin/python3");
+    if venv.exists() {
+        return venv;
+    }
+    PathBuf::from("python3")
 }
 
 /// The kubectl the tests use: `$SKIFF_KUBECTL` or `.tools/bin/kubectl`.
@@ -71,86 +134,55 @@ pub struct Server {
     pub dir: tempfile::TempDir,
     pub port: u16,
     pub kubeconfig: PathBuf,
+    extra: Vec<String>,
 }
 
 impl Server {
     /// Starts a server with extra flags and waits until it is ready.
     pub fn start_with(extra: &[&str]) -> Server {
         let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
         let kubeconfig = dir.path().join("admin.kubeconfig");
-        let log = std::fs::File::create(dir.path().join("server.log")).expect("log file");
-        let child = Command::new(skiff_binary())
-            .arg("server")
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--write-kubeconfig")
-            .arg(&kubeconfig)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("start skiff server");
-        let server = Server {
-            child,
-            dir,
-            port,
-            kubeconfig,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        // A port found free can be taken by another process before the
+        // server binds it; the server then exits at once and we try another.
+        let mut attempt = 0;
         loop {
-            if server.kubeconfig.exists() {
-                let out = server.kubectl(&["get", "--raw", "/readyz"]);
-                if out.status.success() {
-                    break;
+            attempt += 1;
+            let port = free_port();
+            let mut child = spawn_server(dir.path(), port, &kubeconfig, &extra);
+            match wait_ready(&mut child, dir.path(), &kubeconfig) {
+                Ok(()) => {
+                    return Server {
+                        child,
+                        dir,
+                        port,
+                        kubeconfig,
+                        extra,
+                    }
+                }
+                Err(log) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    if attempt < 3 && log.contains("in use") {
+                        continue;
+                    }
+                    panic!("skiff server did not become ready:\n{log}");
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "skiff did not become ready:\n{}",
-                server.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
         }
-        server
     }
 
     pub fn start() -> Server {
         Server::start_with(&[])
     }
 
-    /// Stops the server and starts it again on the same data dir and port.
+    /// Stops the server and starts it again on the same data dir, port and flags.
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let log = std::fs::OpenOptions::new()
-            .append(true)
-            .open(self.dir.path().join("server.log"))
-            .expect("log");
-        self.child = Command::new(skiff_binary())
-            .arg("server")
-            .arg("--data-dir")
-            .arg(self.dir.path().join("data"))
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{}", self.port))
-            .arg("--write-kubeconfig")
-            .arg(&self.kubeconfig)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("restart skiff server");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.kubectl(&["get", "--raw", "/readyz"]).status.success() {
-            assert!(
-                Instant::now() < deadline,
-                "skiff did not come back:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
+        self.child = spawn_server(self.dir.path(), self.port, &self.kubeconfig, &self.extra);
+        if let Err(log) = wait_ready(&mut self.child, self.dir.path(), &self.kubeconfig) {
+            panic!("skiff server did not come back:\n{log}");
         }
     }
 
@@ -237,6 +269,57 @@ impl Server {
             text(&out.stdout)
         );
         text(&out.stderr)
+    }
+}
+
+/// Starts `skiff server` on `port` with its data in `dir/data`, its log in
+/// `dir/server.log` (appended to, so a restart keeps the earlier log).
+fn spawn_server(dir: &Path, port: u16, kubeconfig: &Path, extra: &[String]) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .expect("server log file");
+    Command::new(skiff_binary())
+        .arg("server")
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--write-kubeconfig")
+        .arg(kubeconfig)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("server log file"))
+        .stderr(log)
+        .spawn()
+        .expect("start skiff server")
+}
+
+/// Waits until `kubectl get --raw /readyz` succeeds; when the process exits
+/// first, or 30 s pass, returns what went wrong with the server's log.
+fn wait_ready(child: &mut Child, dir: &Path, kubeconfig: &Path) -> Result<(), String> {
+    let log = || std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("skiff exited ({status}); its log:\n{}", log()));
+        }
+        if kubeconfig.exists()
+            && Command::new(kubectl_binary())
+                .env("KUBECONFIG", kubeconfig)
+                .args(["get", "--raw", "/readyz"])
+                .output()
+                .expect("run kubectl")
+                .status
+                .success()
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("not ready after 30 s; its log:\n{}", log()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
