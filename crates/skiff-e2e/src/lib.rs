@@ -213,6 +213,23 @@ impl Server {
             .expect("run helm")
     }
 
+    /// Starts kubectl in the background (e.g. `get -w`, `wait`), its stdout
+    /// and stderr going to files; it is killed when the handle is dropped.
+    pub fn kubectl_background(&self, args: &[&str]) -> Background {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let out = self.dir.path().join(format!("bg-{n}.out"));
+        let err = self.dir.path().join(format!("bg-{n}.err"));
+        let child = self
+            .kubectl_cmd(args)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("stdout file"))
+            .stderr(std::fs::File::create(&err).expect("stderr file"))
+            .spawn()
+            .expect("start kubectl");
+        Background { child, out, err }
+    }
+
     /// Runs kubectl and returns its output.
     pub fn kubectl(&self, args: &[&str]) -> Output {
         self.kubectl_cmd(args).output().expect("run kubectl")
@@ -326,6 +343,68 @@ fn wait_ready(child: &mut Child, dir: &Path, kubeconfig: &Path) -> Result<(), St
 impl Drop for Server {
     fn drop(&mut self) {
         // Stop exactly the process this harness started.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A kubectl running in the background.
+pub struct Background {
+    child: Child,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+impl Background {
+    /// What it printed on stdout so far.
+    pub fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    /// What it printed on stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// Waits up to 30 s until its stdout satisfies `what`; panics with what
+    /// it printed otherwise.
+    pub fn wait_for(&self, description: &str, what: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = self.stdout();
+            if what(&out) {
+                return out;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kubectl never printed {description}:\nstdout: {out}\nstderr: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits up to 30 s for it to exit; returns (exit code, stdout, stderr).
+    pub fn finish(mut self) -> (Option<i32>, String, String) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("kubectl status") {
+                return (status.code(), self.stdout(), self.stderr());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kubectl did not exit:\nstdout: {}\nstderr: {}",
+                self.stdout(),
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        // Stop exactly the kubectl this handle started.
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

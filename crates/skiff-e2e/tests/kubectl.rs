@@ -508,21 +508,93 @@ fn delete_by_name_label_all_and_wait() {
         "pod \"p2\" deleted"
     );
     assert_eq!(s.ok(&["get", "pods", "-o", "name"]).trim(), "pod/p3");
-    s.ok(&["delete", "pods", "--all"]);
+    assert_eq!(
+        s.ok(&["delete", "pods", "--all"]).trim(),
+        "pod \"p3\" deleted"
+    );
     assert_eq!(s.ok(&["get", "pods", "-o", "name"]).trim(), "");
     assert_eq!(
         s.ok(&["delete", "configmap", "settings"]).trim(),
         "configmap \"settings\" deleted"
     );
+    let err = s.fails(&["delete", "configmap", "settings"]);
+    assert!(
+        err.contains("Error from server (NotFound): configmaps \"settings\" not found"),
+        "{err}"
+    );
     s.ok_stdin(&["create", "-f", "-"], POD);
-    let waiter = s
-        .kubectl_cmd(&["wait", "--for=delete", "pod/p1", "--timeout=20s"])
-        .spawn()
-        .unwrap();
+    let waiter = s.kubectl_background(&["wait", "--for=delete", "pod/p1", "--timeout=20s"]);
     std::thread::sleep(Duration::from_millis(500));
     s.ok(&["delete", "pod", "p1", "--wait=false"]);
-    let out = waiter.wait_with_output().unwrap();
-    assert!(out.status.success());
+    let (code, out, err) = waiter.finish();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(out.trim(), "pod/p1 condition met");
+}
+
+#[test]
+fn wait_for_a_jsonpath_value() {
+    let s = Server::start();
+    s.ok_stdin(&["create", "-f", "-"], CONFIGMAP);
+    let waiter = s.kubectl_background(&[
+        "wait",
+        "--for=jsonpath={.data.mode}=slow",
+        "configmap/settings",
+        "--timeout=20s",
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    s.ok(&[
+        "patch",
+        "cm",
+        "settings",
+        "-p",
+        r#"{"data":{"mode":"slow"}}"#,
+    ]);
+    let (code, out, err) = waiter.finish();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(out.trim(), "configmap/settings condition met");
+}
+
+#[test]
+fn finalizers_hold_a_deletion_until_removed() {
+    let s = Server::start();
+    let held = "apiVersion: v1
+kind: ConfigMap
+metadata: {name: held, finalizers: [example.com/hold]}
+data: {a: b}
+";
+    s.ok_stdin(&["create", "-f", "-"], held);
+    assert_eq!(
+        s.ok(&["delete", "cm", "held", "--wait=false"]).trim(),
+        "configmap \"held\" deleted"
+    );
+    // Still there, marked for deletion.
+    let out = s.ok(&[
+        "get",
+        "cm",
+        "held",
+        "-o",
+        "jsonpath={.metadata.finalizers[0]} {.metadata.deletionTimestamp}",
+    ]);
+    let (finalizer, ts) = out.split_once(' ').unwrap();
+    assert_eq!(finalizer, "example.com/hold");
+    assert!(ts.ends_with('Z') && ts.len() == 20, "{out}");
+    let waiter = s.kubectl_background(&["wait", "--for=delete", "cm/held", "--timeout=20s"]);
+    std::thread::sleep(Duration::from_millis(500));
+    s.ok(&[
+        "patch",
+        "cm",
+        "held",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+    ]);
+    let (code, out, err) = waiter.finish();
+    assert_eq!(code, Some(0), "{out}{err}");
+    let err = s.fails(&["get", "cm", "held"]);
+    assert!(
+        err.contains("Error from server (NotFound): configmaps \"held\" not found"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -545,47 +617,70 @@ fn deleting_a_namespace_empties_and_removes_it() {
         s.ok(&["get", "cm", "-n", "team-a", "-o", "name"]).trim(),
         ""
     );
-    let err = s.fails(&["-n", "gone", "create", "-f", "-"]);
-    assert!(
-        err.contains("namespaces \"gone\" not found") || err.contains("no objects passed"),
-        "{err}"
+    let out = s.kubectl_stdin(&["-n", "gone", "create", "-f", "-"], CONFIGMAP);
+    assert!(!out.status.success());
+    assert_eq!(
+        text(&out.stderr).trim(),
+        "Error from server (NotFound): error when creating \"STDIN\": namespaces \"gone\" not found"
     );
 }
 
 #[test]
 fn watching_with_get_w_shows_changes_as_they_happen() {
     let s = Server::start();
-    s.ok_stdin(&["create", "-f", "-"], POD);
-    let out_path = s.dir.path().join("watch.out");
-    let out_file = std::fs::File::create(&out_path).unwrap();
-    let mut watcher = s
-        .kubectl_cmd(&["get", "pods", "-w"])
-        .stdout(out_file)
-        .spawn()
-        .unwrap();
-    let read = || std::fs::read_to_string(&out_path).unwrap_or_default();
-    let wait_for = |what: &dyn Fn(&str) -> bool| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while !what(&read()) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    s.ok(&["create", "namespace", "watch"]);
+    s.ok_stdin(&["-n", "watch", "create", "-f", "-"], POD);
+    let w = s.kubectl_background(&["-n", "watch", "get", "pods", "-w"]);
+    let rows = |o: &str, name: &str| {
+        o.lines()
+            .filter(|l| l.split_whitespace().next() == Some(name))
+            .count()
     };
     // The watch has started once it printed the existing pod.
-    wait_for(&|o| o.lines().any(|l| l.starts_with("p1 ")));
-    s.ok_stdin(&["create", "-f", "-"], &POD.replace("p1", "p2"));
-    wait_for(&|o| o.lines().any(|l| l.starts_with("p2 ")));
-    let _ = watcher.kill();
-    let _ = watcher.wait();
-    let out = read();
-    assert!(
-        out.lines().next().unwrap_or("").starts_with("NAME"),
+    w.wait_for("the existing pod p1", |o| rows(o, "p1") == 1);
+    s.ok_stdin(
+        &["-n", "watch", "create", "-f", "-"],
+        &POD.replace("p1", "p2"),
+    );
+    w.wait_for("the new pod p2", |o| rows(o, "p2") == 1);
+    s.ok(&["-n", "watch", "label", "pod", "p1", "seen=yes"]);
+    let out = w.wait_for("a second line for the changed pod p1", |o| {
+        rows(o, "p1") == 2
+    });
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "READY", "STATUS", "RESTARTS", "AGE"],
         "{out}"
     );
-    assert!(out.lines().any(|l| l.starts_with("p1 ")), "{out}");
-    assert!(
-        out.lines().any(|l| l.starts_with("p2 ")),
-        "the new pod appears in the watch: {out}"
-    );
+}
+
+#[test]
+fn watch_events_show_added_modified_and_deleted() {
+    let s = Server::start();
+    s.ok(&["create", "namespace", "events"]);
+    s.ok_stdin(&["-n", "events", "create", "-f", "-"], POD);
+    let w = s.kubectl_background(&["-n", "events", "get", "pods", "-w", "--output-watch-events"]);
+    let has = |o: &str, event: &str, name: &str| {
+        o.lines().any(|l| {
+            let mut f = l.split_whitespace();
+            f.next() == Some(event) && f.next() == Some(name)
+        })
+    };
+    w.wait_for("ADDED p1", |o| has(o, "ADDED", "p1"));
+    s.ok(&["-n", "events", "annotate", "pod", "p1", "note=hi"]);
+    w.wait_for("MODIFIED p1", |o| has(o, "MODIFIED", "p1"));
+    // A pod not bound to a node goes at once.
+    s.ok(&["-n", "events", "delete", "pod", "p1"]);
+    let out = w.wait_for("DELETED p1", |o| has(o, "DELETED", "p1"));
+    assert!(out.starts_with("EVENT "), "{out}");
+    let events: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(events.first(), Some(&"ADDED"), "{out}");
+    assert_eq!(events.last(), Some(&"DELETED"), "{out}");
 }
 
 #[test]
@@ -873,4 +968,583 @@ fn auth_whoami_and_can_i_answer() {
     );
     let list = s.ok(&["auth", "can-i", "--list"]);
     assert!(list.contains("*.*"), "{list}");
+}
+
+#[test]
+fn a_request_without_a_client_certificate_gets_401() {
+    // kubectl itself asks for a user name when its kubeconfig has no
+    // credentials, so this asks over plain HTTPS, trusting the cluster CA.
+    let s = Server::start();
+    let script = r#"
+import base64, json, ssl, sys, urllib.error, urllib.request
+cfg = open(sys.argv[1]).read()
+ca = next(l.split(":", 1)[1].strip() for l in cfg.splitlines()
+          if l.strip().startswith("certificate-authority-data:"))
+ctx = ssl.create_default_context(cadata=base64.b64decode(ca).decode())
+try:
+    urllib.request.urlopen(f"https://127.0.0.1:{sys.argv[2]}/api/v1/namespaces/default/pods", context=ctx)
+    print("200")
+except urllib.error.HTTPError as e:
+    print(e.code, e.headers.get("Content-Type"))
+    print(e.read().decode())
+"#;
+    let out = std::process::Command::new(skiff_e2e::python_binary())
+        .args(["-c", script])
+        .arg(&s.kubeconfig)
+        .arg(s.port.to_string())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let (first, body) = stdout.split_once('\n').unwrap();
+    assert_eq!(first, "401 application/json", "{stdout}");
+    let status: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(status["kind"], "Status", "{body}");
+    assert_eq!(status["status"], "Failure", "{body}");
+    assert_eq!(status["reason"], "Unauthorized", "{body}");
+    assert_eq!(status["code"], 401, "{body}");
+}
+
+#[test]
+fn health_endpoints_and_cluster_info() {
+    let s = Server::start();
+    for path in ["/healthz", "/livez", "/readyz"] {
+        assert_eq!(s.ok(&["get", "--raw", path]), "ok", "{path}");
+    }
+    let info = s.ok(&["cluster-info"]);
+    assert!(
+        info.contains(&format!(
+            "Kubernetes control plane is running at https://127.0.0.1:{}",
+            s.port
+        )),
+        "{info}"
+    );
+    let version: serde_json::Value =
+        serde_json::from_str(&s.ok(&["get", "--raw", "/version"])).unwrap();
+    assert_eq!(version["major"], "1");
+    assert_eq!(version["minor"], "33");
+}
+
+#[test]
+fn what_kubectl_says_about_unknown_types_and_empty_namespaces() {
+    let s = Server::start();
+    let err = s.fails(&["get", "foos"]);
+    assert!(
+        err.contains("error: the server doesn't have a resource type \"foos\""),
+        "{err}"
+    );
+    let out = s.kubectl(&["get", "pods"]);
+    assert!(out.status.success());
+    assert_eq!(text(&out.stdout), "");
+    assert_eq!(
+        text(&out.stderr).trim(),
+        "No resources found in default namespace."
+    );
+    s.ok(&["create", "namespace", "quiet"]);
+    let out = s.kubectl(&["get", "deploy,cm,secrets", "-n", "quiet"]);
+    assert!(out.status.success());
+    assert_eq!(
+        text(&out.stderr).trim(),
+        "No resources found in quiet namespace."
+    );
+}
+
+#[test]
+fn a_stale_replace_is_a_conflict() {
+    let s = Server::start();
+    s.ok_stdin(&["create", "-f", "-"], CONFIGMAP);
+    let old = s.ok(&["get", "cm", "settings", "-o", "yaml"]);
+    s.ok(&["label", "cm", "settings", "changed=yes"]);
+    let out = s.kubectl_stdin(&["replace", "-f", "-"], &old.replace("fast", "slow"));
+    assert!(!out.status.success());
+    assert_eq!(
+        text(&out.stderr).trim(),
+        "Error from server (Conflict): error when replacing \"STDIN\": Operation cannot be fulfilled on configmaps \"settings\": the object has been modified; please apply your changes to the latest version and try again"
+    );
+    assert_eq!(
+        s.ok(&["get", "cm", "settings", "-o", "jsonpath={.data.mode}"]),
+        "fast",
+        "a failed write changes nothing"
+    );
+}
+
+#[test]
+fn paging_custom_columns_and_sorting() {
+    let s = Server::start();
+    s.ok(&["create", "namespace", "many"]);
+    for name in ["e", "c", "a", "d", "b"] {
+        s.ok(&[
+            "-n",
+            "many",
+            "create",
+            "configmap",
+            &format!("cm-{name}"),
+            &format!("--from-literal=letter={name}"),
+        ]);
+    }
+    // kubectl pages through the list two at a time and shows all five.
+    assert_eq!(
+        s.ok(&["-n", "many", "get", "cm", "--chunk-size=2", "-o", "name"])
+            .lines()
+            .collect::<Vec<_>>(),
+        [
+            "configmap/cm-a",
+            "configmap/cm-b",
+            "configmap/cm-c",
+            "configmap/cm-d",
+            "configmap/cm-e"
+        ]
+    );
+    let page: serde_json::Value = serde_json::from_str(&s.ok(&[
+        "get",
+        "--raw",
+        "/api/v1/namespaces/many/configmaps?limit=2",
+    ]))
+    .unwrap();
+    assert_eq!(page["items"].as_array().unwrap().len(), 2);
+    let cont = page["metadata"]["continue"].as_str().unwrap();
+    assert!(!cont.is_empty());
+    assert_eq!(page["metadata"]["remainingItemCount"], 3);
+    let table = s.ok(&[
+        "-n",
+        "many",
+        "get",
+        "cm",
+        "-o",
+        "custom-columns=NAME:.metadata.name,LETTER:.data.letter",
+        "--sort-by=.metadata.creationTimestamp",
+    ]);
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0], ["NAME", "LETTER"]);
+    assert_eq!(rows.len(), 6, "{table}");
+    assert!(rows[1..].iter().any(|r| r == &["cm-e", "e"]), "{table}");
+    let letters = s.ok(&[
+        "-n",
+        "many",
+        "get",
+        "cm",
+        "--sort-by=.data.letter",
+        "-o",
+        "jsonpath={range .items[*]}{.data.letter}{end}",
+    ]);
+    assert_eq!(letters, "abcde");
+}
+
+#[test]
+fn edit_set_image_rollout_restart_and_expose() {
+    let s = Server::start();
+    s.ok(&["create", "namespace", "ops"]);
+    s.ok_stdin(&["-n", "ops", "create", "-f", "-"], CONFIGMAP);
+    let out = s
+        .kubectl_cmd(&["-n", "ops", "edit", "cm", "settings"])
+        .env("KUBE_EDITOR", "sed -i s/fast/slow/")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "configmap/settings edited");
+    assert_eq!(
+        s.ok(&[
+            "-n",
+            "ops",
+            "get",
+            "cm",
+            "settings",
+            "-o",
+            "jsonpath={.data.mode}"
+        ]),
+        "slow"
+    );
+
+    s.ok_stdin(
+        &["-n", "ops", "create", "-f", "-"],
+        &deployment(2, "busybox:1.36"),
+    );
+    assert_eq!(
+        s.ok(&[
+            "-n",
+            "ops",
+            "set",
+            "image",
+            "deployment/web",
+            "httpd=busybox:1.37"
+        ])
+        .trim(),
+        "deployment.apps/web image updated"
+    );
+    assert_eq!(
+        s.ok(&["-n", "ops", "rollout", "restart", "deployment", "web"])
+            .trim(),
+        "deployment.apps/web restarted"
+    );
+    let out = s.ok(&[
+        "-n",
+        "ops",
+        "get",
+        "deploy",
+        "web",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].image} {.metadata.generation}",
+    ]);
+    assert_eq!(out, "busybox:1.37 3");
+    let restarted = s.ok(&[
+        "-n",
+        "ops",
+        "get",
+        "deploy",
+        "web",
+        "-o",
+        r"jsonpath={.spec.template.metadata.annotations.kubectl\.kubernetes\.io/restartedAt}",
+    ]);
+    assert!(restarted.ends_with('Z'), "{restarted}");
+    assert_eq!(
+        s.ok(&[
+            "-n",
+            "ops",
+            "expose",
+            "deployment",
+            "web",
+            "--port=80",
+            "--target-port=8080"
+        ])
+        .trim(),
+        "service/web exposed"
+    );
+    assert_eq!(
+        s.ok(&[
+            "-n",
+            "ops",
+            "get",
+            "svc",
+            "web",
+            "-o",
+            "jsonpath={.spec.selector.app} {.spec.ports[0].port} {.spec.ports[0].targetPort}"
+        ]),
+        "web 80 8080"
+    );
+    let d = s.ok(&["-n", "ops", "describe", "deployment", "web"]);
+    for want in [
+        "Name:                   web",
+        "Namespace:              ops",
+        "Selector:               app=web",
+        "Replicas:               2 desired",
+        "StrategyType:           RollingUpdate",
+        "Image:         busybox:1.37",
+    ] {
+        assert!(d.contains(want), "{want:?} missing from:\n{d}");
+    }
+}
+
+#[test]
+fn server_side_dry_run_changes_nothing() {
+    let s = Server::start();
+    assert_eq!(
+        s.ok_stdin(&["create", "--dry-run=server", "-f", "-"], CONFIGMAP)
+            .trim(),
+        "configmap/settings created (server dry run)"
+    );
+    let err = s.fails(&["get", "cm", "settings"]);
+    assert!(err.contains("(NotFound)"), "{err}");
+    s.ok_stdin(&["create", "-f", "-"], CONFIGMAP);
+    assert_eq!(
+        s.ok(&["delete", "cm", "settings", "--dry-run=server"])
+            .trim(),
+        "configmap \"settings\" deleted (server dry run)"
+    );
+    assert_eq!(
+        s.ok_stdin(
+            &["apply", "--dry-run=server", "-f", "-"],
+            &CONFIGMAP.replace("fast", "slow")
+        )
+        .trim(),
+        "configmap/settings configured (server dry run)"
+    );
+    assert_eq!(
+        s.ok(&["get", "cm", "settings", "-o", "jsonpath={.data.mode}"]),
+        "fast"
+    );
+}
+
+#[test]
+fn generate_name_gives_each_object_its_own_name() {
+    let s = Server::start();
+    let pod = POD.replace("name: p1", "generateName: web-");
+    let mut names = Vec::new();
+    for _ in 0..2 {
+        let out = s.ok_stdin(&["create", "-f", "-"], &pod);
+        let name = out
+            .trim()
+            .strip_prefix("pod/")
+            .and_then(|n| n.strip_suffix(" created"))
+            .unwrap_or_else(|| panic!("{out}"))
+            .to_string();
+        assert!(
+            name.starts_with("web-")
+                && name.len() == 9
+                && name[4..]
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()),
+            "{name}"
+        );
+        names.push(name);
+    }
+    assert_ne!(names[0], names[1]);
+    let listed = s.ok(&["get", "pods", "-o", "name"]);
+    assert_eq!(listed.lines().count(), 2, "{listed}");
+}
+
+#[test]
+fn apply_removes_what_the_manifest_no_longer_has() {
+    let s = Server::start();
+    let v1 = "apiVersion: apps/v1
+kind: Deployment
+metadata: {name: api, labels: {app: api, tier: backend}}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: api}}
+  template:
+    metadata: {labels: {app: api}}
+    spec:
+      containers:
+      - name: main
+        image: busybox:1.36
+        env: [{name: A, value: '1'}, {name: B, value: '2'}]
+        ports: [{containerPort: 80}, {containerPort: 443}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: api-conf}
+data: {a: '1', b: '2'}
+";
+    let v2 = v1
+        .replace(", tier: backend", "")
+        .replace(", {name: B, value: '2'}", "")
+        .replace(", {containerPort: 443}", "")
+        .replace(", b: '2'", "");
+    let dir = s.dir.path();
+    std::fs::write(dir.join("v1.yaml"), v1).unwrap();
+    std::fs::write(dir.join("v2.yaml"), &v2).unwrap();
+    let f1 = dir.join("v1.yaml").to_str().unwrap().to_string();
+    let f2 = dir.join("v2.yaml").to_str().unwrap().to_string();
+    let show = || {
+        s.ok(&[
+            "get",
+            "deploy",
+            "api",
+            "-o",
+            "jsonpath={.metadata.labels} {.spec.template.spec.containers[0].env[*].name} {.spec.template.spec.containers[0].ports[*].containerPort}",
+        ]) + " "
+            + &s.ok(&["get", "cm", "api-conf", "-o", "jsonpath={.data}"])
+    };
+
+    assert_eq!(
+        s.ok(&["apply", "-f", &f1]).lines().collect::<Vec<_>>(),
+        ["deployment.apps/api created", "configmap/api-conf created"]
+    );
+    assert_eq!(
+        show(),
+        r#"{"app":"api","tier":"backend"} A B 80 443 {"a":"1","b":"2"}"#
+    );
+    assert_eq!(
+        s.ok(&["apply", "-f", &f2]).lines().collect::<Vec<_>>(),
+        [
+            "deployment.apps/api configured",
+            "configmap/api-conf configured"
+        ]
+    );
+    assert_eq!(show(), r#"{"app":"api"} A 80 {"a":"1"}"#);
+
+    // The same with server-side apply: fields the manager stops applying go.
+    s.ok(&["apply", "--server-side", "--force-conflicts", "-f", &f1]);
+    assert_eq!(
+        show(),
+        r#"{"app":"api","tier":"backend"} A B 80 443 {"a":"1","b":"2"}"#
+    );
+    assert_eq!(
+        s.ok(&["apply", "--server-side", "-f", &f2])
+            .lines()
+            .collect::<Vec<_>>(),
+        [
+            "deployment.apps/api serverside-applied",
+            "configmap/api-conf serverside-applied"
+        ]
+    );
+    assert_eq!(show(), r#"{"app":"api"} A 80 {"a":"1"}"#);
+
+    assert_eq!(
+        s.ok(&["delete", "-f", &f2]).lines().collect::<Vec<_>>(),
+        [
+            "deployment.apps \"api\" deleted",
+            "configmap \"api-conf\" deleted"
+        ]
+    );
+    assert_eq!(s.ok(&["get", "deploy,cm", "-o", "name"]).trim(), "");
+}
+
+#[test]
+fn more_typed_create_commands() {
+    let s = Server::start();
+    s.ok(&["create", "namespace", "typed"]);
+    s.ok_stdin(
+        &["-n", "typed", "create", "-f", "-"],
+        &deployment(1, "busybox:1.36"),
+    );
+    let ns = |args: &[&str]| {
+        let mut v = vec!["-n", "typed"];
+        v.extend_from_slice(args);
+        s.ok(&v).trim().to_string()
+    };
+    // Each of these sends its object as protobuf, as kubectl does.
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["autoscale", "deployment", "web", "--min=1", "--max=3"],
+            "horizontalpodautoscaler.autoscaling/web autoscaled",
+        ),
+        (
+            &[
+                "create",
+                "role",
+                "reader",
+                "--verb=get,list",
+                "--resource=pods",
+            ],
+            "role.rbac.authorization.k8s.io/reader created",
+        ),
+        (
+            &[
+                "create",
+                "rolebinding",
+                "read",
+                "--role=reader",
+                "--user=bob",
+            ],
+            "rolebinding.rbac.authorization.k8s.io/read created",
+        ),
+        (
+            &[
+                "create",
+                "clusterrole",
+                "viewer",
+                "--verb=get",
+                "--resource=nodes",
+            ],
+            "clusterrole.rbac.authorization.k8s.io/viewer created",
+        ),
+        (
+            &[
+                "create",
+                "clusterrolebinding",
+                "view",
+                "--clusterrole=viewer",
+                "--group=ops",
+            ],
+            "clusterrolebinding.rbac.authorization.k8s.io/view created",
+        ),
+        (
+            &[
+                "create",
+                "poddisruptionbudget",
+                "web",
+                "--selector=app=web",
+                "--min-available=1",
+            ],
+            "poddisruptionbudget.policy/web created",
+        ),
+        (
+            &["create", "quota", "q", "--hard=pods=10"],
+            "resourcequota/q created",
+        ),
+        (
+            &["create", "priorityclass", "high", "--value=1000"],
+            "priorityclass.scheduling.k8s.io/high created",
+        ),
+        (
+            &[
+                "create",
+                "secret",
+                "docker-registry",
+                "reg",
+                "--docker-server=registry.example",
+                "--docker-username=u",
+                "--docker-password=p",
+            ],
+            "secret/reg created",
+        ),
+        (
+            &["create", "service", "nodeport", "np", "--tcp=80:8080"],
+            "service/np created",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (args, want) in cases {
+        let mut v = vec!["-n", "typed"];
+        v.extend_from_slice(args);
+        let out = s.kubectl(&v);
+        let got = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        if !out.status.success() || got.trim() != *want {
+            failures.push(format!(
+                "kubectl {}\n  expected: {want}\n  got: {}",
+                args.join(" "),
+                got.trim()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    assert_eq!(
+        ns(&[
+            "get",
+            "hpa",
+            "web",
+            "-o",
+            "jsonpath={.spec.minReplicas} {.spec.maxReplicas}"
+        ]),
+        "1 3"
+    );
+    assert_eq!(
+        ns(&["get", "secret", "reg", "-o", "jsonpath={.type}"]),
+        "kubernetes.io/dockerconfigjson"
+    );
+    let np = ns(&[
+        "get",
+        "svc",
+        "np",
+        "-o",
+        "jsonpath={.spec.type} {.spec.ports[0].nodePort}",
+    ]);
+    let (kind, port) = np.split_once(' ').unwrap();
+    assert_eq!(kind, "NodePort");
+    let port: u16 = port.parse().unwrap();
+    assert!((30000..=32767).contains(&port), "{np}");
+}
+
+#[test]
+fn size_limits_read_as_on_kubernetes() {
+    let s = Server::start();
+    // A ConfigMap holds at most 1 MiB of data.
+    let big = format!(
+        "{{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"metadata\":{{\"name\":\"big\"}},\"data\":{{\"a\":\"{}\"}}}}",
+        "x".repeat(1_100_000)
+    );
+    let out = s.kubectl_stdin(&["create", "-f", "-"], &big);
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "a 1.1 MB ConfigMap was accepted");
+    assert!(
+        err.contains("The ConfigMap \"big\" is invalid") && err.contains("Too long"),
+        "{err}"
+    );
+    // A request body over 3 MiB is refused before it is read.
+    let huge = big
+        .replace("big", "huge")
+        .replace(&"x".repeat(1_100_000), &"x".repeat(3_200_000));
+    let out = s.kubectl_stdin(&["create", "-f", "-"], &huge);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains(
+            "Error from server (RequestEntityTooLarge): error when creating \"STDIN\": Request entity too large: limit is 3145728"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
 }
