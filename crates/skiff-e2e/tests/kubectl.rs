@@ -1200,6 +1200,28 @@ fn edit_set_image_rollout_restart_and_expose() {
     ]);
     assert!(restarted.ends_with('Z'), "{restarted}");
     assert_eq!(
+        s.ok(&["-n", "ops", "rollout", "pause", "deployment/web"])
+            .trim(),
+        "deployment.apps/web paused"
+    );
+    assert_eq!(
+        s.ok(&[
+            "-n",
+            "ops",
+            "get",
+            "deploy",
+            "web",
+            "-o",
+            "jsonpath={.spec.paused}"
+        ]),
+        "true"
+    );
+    assert_eq!(
+        s.ok(&["-n", "ops", "rollout", "resume", "deployment/web"])
+            .trim(),
+        "deployment.apps/web resumed"
+    );
+    assert_eq!(
         s.ok(&[
             "-n",
             "ops",
@@ -1475,6 +1497,22 @@ fn more_typed_create_commands() {
         (
             &["create", "service", "nodeport", "np", "--tcp=80:8080"],
             "service/np created",
+        ),
+        (
+            &[
+                "create",
+                "cronjob",
+                "tick",
+                "--image=busybox:1.36",
+                "--schedule=*/5 * * * *",
+                "--",
+                "true",
+            ],
+            "cronjob.batch/tick created",
+        ),
+        (
+            &["create", "job", "now", "--from=cronjob/tick"],
+            "job.batch/now created",
         ),
     ];
     let mut failures = Vec::new();
