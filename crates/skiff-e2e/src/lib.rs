@@ -193,8 +193,15 @@ impl Server {
 
     /// A kubectl command bound to this server's admin kubeconfig.
     pub fn kubectl_cmd(&self, args: &[&str]) -> Command {
+        self.kubectl_with(&self.kubeconfig, args)
+    }
+
+    /// A kubectl command bound to another kubeconfig, with this server's
+    /// private home and caches.
+    pub fn kubectl_with(&self, kubeconfig: &Path, args: &[&str]) -> Command {
         let mut c = Command::new(kubectl_binary());
-        c.env("KUBECONFIG", &self.kubeconfig)
+        private_home(&mut c, self.dir.path());
+        c.env("KUBECONFIG", kubeconfig)
             .env_remove("KUBECTL_EXTERNAL_DIFF")
             .args(args);
         c
@@ -203,8 +210,9 @@ impl Server {
     /// Runs helm against this server (its caches and config in the temp dir).
     pub fn helm(&self, args: &[&str]) -> Output {
         let home = self.dir.path().join("helm");
-        Command::new(helm_binary())
-            .env("KUBECONFIG", &self.kubeconfig)
+        let mut c = Command::new(helm_binary());
+        private_home(&mut c, self.dir.path());
+        c.env("KUBECONFIG", &self.kubeconfig)
             .env("HELM_CACHE_HOME", home.join("cache"))
             .env("HELM_CONFIG_HOME", home.join("config"))
             .env("HELM_DATA_HOME", home.join("data"))
@@ -289,6 +297,14 @@ impl Server {
     }
 }
 
+/// Gives a client its own HOME and discovery cache under `dir`: kubectl and
+/// helm cache discovery per host:port in ~/.kube/cache, and a port reused by
+/// a later test's server would otherwise be answered from an earlier one's.
+fn private_home<'a>(c: &'a mut Command, dir: &Path) -> &'a mut Command {
+    c.env("HOME", dir.join("home"))
+        .env("KUBECACHEDIR", dir.join("home/.kube/cache"))
+}
+
 /// Starts `skiff server` on `port` with its data in `dir/data`, its log in
 /// `dir/server.log` (appended to, so a restart keeps the earlier log).
 fn spawn_server(dir: &Path, port: u16, kubeconfig: &Path, extra: &[String]) -> Child {
@@ -323,7 +339,7 @@ fn wait_ready(child: &mut Child, dir: &Path, kubeconfig: &Path) -> Result<(), St
             return Err(format!("skiff exited ({status}); its log:\n{}", log()));
         }
         if kubeconfig.exists()
-            && Command::new(kubectl_binary())
+            && private_home(&mut Command::new(kubectl_binary()), dir)
                 .env("KUBECONFIG", kubeconfig)
                 .args(["get", "--raw", "/readyz"])
                 .output()

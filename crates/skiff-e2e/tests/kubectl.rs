@@ -732,11 +732,7 @@ fn requests_without_credentials_are_unauthorized() {
     );
     let path = s.dir.path().join("anon.kubeconfig");
     std::fs::write(&path, anon).unwrap();
-    let out = std::process::Command::new(skiff_e2e::kubectl_binary())
-        .env("KUBECONFIG", &path)
-        .args(["get", "pods"])
-        .output()
-        .unwrap();
+    let out = s.kubectl_with(&path, &["get", "pods"]).output().unwrap();
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("You must be logged in to the server (the server has asked for the client to provide credentials)"), "{}", text(&out.stderr));
 }
