@@ -1,12 +1,13 @@
 """The official python client against skiff: list, then watch from the
 list's resourceVersion; every later change arrives once and in order; a
 watch resumed after a disconnect continues where it stopped; a watch from a
-compacted revision gets 410 Gone.
+compacted revision gets 410 Gone; a live watch sees changes as they are made.
 
 Usage: watch_test.py KUBECONFIG  (the server must compact every second)
 """
 
 import sys
+import threading
 import time
 
 from kubernetes import client, config, watch
@@ -57,6 +58,18 @@ def main():
     # A watch from the start sees the same five events in the same order.
     again = events(v1, rv0, 5)
     assert [e[:3] for e in again] == [e[:3] for e in part1 + part2], again
+
+    # A live watch sees changes made while it runs, in order.
+    rv_live = v1.list_namespaced_config_map(NS).metadata.resource_version
+    live = []
+    t = threading.Thread(target=lambda: live.extend(events(v1, rv_live, 3, timeout=20)))
+    t.start()
+    time.sleep(0.5)
+    v1.create_namespaced_config_map(NS, cm("c", "1"))
+    v1.patch_namespaced_config_map("c", NS, {"data": {"v": "2"}})
+    v1.delete_namespaced_config_map("c", NS)
+    t.join(30)
+    assert [e[:3] for e in live] == [("ADDED", "c", "1"), ("MODIFIED", "c", "2"), ("DELETED", "c", "2")], live
 
     # After compaction (the server keeps one second), the old revision is gone.
     time.sleep(3.5)
