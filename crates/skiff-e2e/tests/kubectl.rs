@@ -1582,3 +1582,25 @@ fn size_limits_read_as_on_kubernetes() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn every_namespace_carries_its_name_label() {
+    // Kubernetes labels each namespace kubernetes.io/metadata.name=NAME, so
+    // selectors (network policies, namespaceSelector) can pick namespaces.
+    let s = Server::start();
+    let out = s.ok(&["get", "ns", "default", "--show-labels", "--no-headers"]);
+    assert!(out.contains("kubernetes.io/metadata.name=default"), "{out}");
+    s.ok(&["create", "namespace", "team-x"]);
+    assert_eq!(
+        s.ok(&[
+            "get",
+            "ns",
+            "-l",
+            "kubernetes.io/metadata.name=team-x",
+            "-o",
+            "name"
+        ])
+        .trim(),
+        "namespace/team-x"
+    );
+}
