@@ -46,6 +46,32 @@ pub fn skiff_binary() -> PathBuf {
         let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut build = Command::new(cargo);
+        // `cargo test` gives this process the variables of the crate under
+        // test (CARGO_MANIFEST_DIR, CARGO_PKG_*, …). Build scripts that watch
+        // them (ring's does) would see a change and rebuild half the tree,
+        // and the next plain `cargo build` would rebuild it back: the inner
+        // build must see the same environment as a build from the shell.
+        for (name, _) in std::env::vars_os() {
+            let n = name.to_string_lossy();
+            if n.starts_with("CARGO_PKG_")
+                || n.starts_with("CARGO_BIN_EXE_")
+                || n.starts_with("CARGO_CFG_")
+                || matches!(
+                    n.as_ref(),
+                    "CARGO_MANIFEST_DIR"
+                        | "CARGO_MANIFEST_PATH"
+                        | "CARGO_MANIFEST_LINKS"
+                        | "CARGO_CRATE_NAME"
+                        | "CARGO_BIN_NAME"
+                        | "CARGO_PRIMARY_PACKAGE"
+                        | "CARGO_TARGET_TMPDIR"
+                        | "CARGO_RUSTC_CURRENT_DIR"
+                        | "OUT_DIR"
+                )
+            {
+                build.env_remove(&name);
+            }
+        }
         build
             .current_dir(repo_root())
             .args(["build", "--quiet", "-p", "skiff", "--bin", "skiff"])
