@@ -1604,3 +1604,65 @@ fn every_namespace_carries_its_name_label() {
         "namespace/team-x"
     );
 }
+
+#[test]
+fn scale_and_status_subresources_through_kubectl() {
+    let s = Server::start();
+    s.ok_stdin(&["create", "-f", "-"], &deployment(2, "busybox:1.36"));
+    assert_eq!(
+        s.ok(&[
+            "patch",
+            "deploy",
+            "web",
+            "--subresource=scale",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"replicas":4}}"#
+        ])
+        .trim(),
+        "scale.autoscaling/web patched"
+    );
+    assert_eq!(
+        s.ok(&["get", "deploy", "web", "-o", "jsonpath={.spec.replicas}"]),
+        "4"
+    );
+    let table = s.ok(&["get", "deploy", "web", "--subresource=scale"]);
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows[0], ["NAME", "DESIRED", "AVAILABLE", "AGE"], "{table}");
+    assert_eq!(&rows[1][..3], ["web", "4", "0"], "{table}");
+
+    s.ok_stdin(&["create", "-f", "-"], POD);
+    assert_eq!(
+        s.ok(&[
+            "patch",
+            "pod",
+            "p1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Running"}}"#
+        ])
+        .trim(),
+        "pod/p1 patched"
+    );
+    assert_eq!(
+        s.ok(&["get", "pod", "p1", "-o", "jsonpath={.status.phase}"]),
+        "Running"
+    );
+    // The main resource ignores status changes, as on Kubernetes.
+    s.ok(&[
+        "patch",
+        "pod",
+        "p1",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"phase":"Failed"}}"#,
+    ]);
+    assert_eq!(
+        s.ok(&["get", "pod", "p1", "-o", "jsonpath={.status.phase}"]),
+        "Running"
+    );
+}
