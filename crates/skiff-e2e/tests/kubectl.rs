@@ -1666,3 +1666,32 @@ fn scale_and_status_subresources_through_kubectl() {
         "Running"
     );
 }
+
+#[test]
+fn a_job_gets_a_selector_generated_from_its_uid() {
+    // Kubernetes generates a Job's selector (unless manualSelector) from its
+    // uid and labels the pod template to match, so `kubectl get pods -l
+    // job-name=NAME` and `kubectl logs job/NAME` find its pods.
+    let s = Server::start();
+    assert_eq!(
+        s.ok(&[
+            "create",
+            "job",
+            "once",
+            "--image=busybox:1.36",
+            "--",
+            "true"
+        ])
+        .trim(),
+        "job.batch/once created"
+    );
+    let uid = s.ok(&["get", "job", "once", "-o", "jsonpath={.metadata.uid}"]);
+    let out = s.ok(&[
+        "get",
+        "job",
+        "once",
+        "-o",
+        r"jsonpath={.spec.selector.matchLabels.batch\.kubernetes\.io/controller-uid} {.spec.template.metadata.labels.batch\.kubernetes\.io/controller-uid} {.spec.template.metadata.labels.batch\.kubernetes\.io/job-name} {.spec.template.metadata.labels.job-name}",
+    ]);
+    assert_eq!(out, format!("{uid} {uid} once once"));
+}
