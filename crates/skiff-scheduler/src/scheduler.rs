@@ -1,0 +1,932 @@
+//! The scheduling loop: watches feed the cache and the queue; one task pops
+//! pods, runs the profile's plugins against the cache, assumes the pod on
+//! the chosen node and binds asynchronously while the next pod is scheduled.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::cache::Cache;
+use crate::events::Recorder;
+use crate::framework::{
+    ClusterEvent, Code, CycleState, Framework, NodeStatuses, QueuedPod, Status,
+};
+use crate::metrics::Metrics;
+use crate::plugins::default_preemption::{histogram, PdbInfo};
+use crate::queue::{event_helps, SchedulingQueue};
+use crate::types::{NodeInfo, PodInfo, Selector};
+
+/// Priorities of the built-in classes, when they are not API objects.
+const BUILTIN_CLASSES: &[(&str, i32)] = &[
+    ("system-node-critical", 2_000_001_000),
+    ("system-cluster-critical", 2_000_000_000),
+];
+
+/// Kubernetes' adaptive share of nodes to look at: 50% minus 1% per 125
+/// nodes, at least 5%, and at least 100 nodes.
+pub fn num_feasible_nodes_to_find(percentage: Option<i32>, num_nodes: usize) -> usize {
+    const MIN_NODES: usize = 100;
+    if num_nodes < MIN_NODES {
+        return num_nodes;
+    }
+    let pct = match percentage {
+        Some(p) if p > 0 => p as usize,
+        _ => (50usize.saturating_sub(num_nodes / 125)).max(5),
+    };
+    if pct >= 100 {
+        return num_nodes;
+    }
+    (num_nodes * pct / 100).max(MIN_NODES)
+}
+
+/// Why a pod fits nowhere.
+#[derive(Debug, Default)]
+pub struct FitError {
+    pub num_all_nodes: usize,
+    pub statuses: NodeStatuses,
+    pub pre_filter_msg: Option<String>,
+    pub post_filter_msg: Option<String>,
+    pub rejectors: HashSet<&'static str>,
+}
+
+impl FitError {
+    /// kube-scheduler's message: "0/3 nodes are available: 1 node(s) had
+    /// untolerated taint {a: b}, 2 Insufficient cpu. preemption: …".
+    pub fn message(&self) -> String {
+        if self.num_all_nodes == 0 {
+            return "no nodes available to schedule pods".into();
+        }
+        let mut msg = format!("0/{} nodes are available:", self.num_all_nodes);
+        match &self.pre_filter_msg {
+            Some(p) => msg.push_str(&format!(" {p}.")),
+            None => {
+                let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+                for st in self.statuses.values() {
+                    for r in &st.reasons {
+                        *reasons.entry(r.clone()).or_default() += 1;
+                    }
+                }
+                msg.push_str(&format!(" {}.", histogram(&reasons)));
+            }
+        }
+        if let Some(p) = self.post_filter_msg.as_ref().filter(|p| !p.is_empty()) {
+            msg.push(' ');
+            msg.push_str(p);
+        }
+        msg
+    }
+}
+
+pub enum ScheduleOutcome {
+    Fit(String),
+    NoFit(FitError),
+    Error(Status),
+}
+
+/// One scheduling cycle's algorithm (filter, score, select) for `pod`.
+pub fn find_node(
+    fw: &Framework,
+    state: &mut CycleState,
+    pod: &PodInfo,
+    cache: &Cache,
+    next_start: &mut usize,
+    rng: &mut SmallRng,
+) -> ScheduleOutcome {
+    let snap = &cache.snap;
+    let num_all = snap.num_real_nodes();
+    if num_all == 0 {
+        return ScheduleOutcome::NoFit(FitError::default());
+    }
+    let allowed = match fw.run_pre_filter(state, pod, snap) {
+        Ok(a) => a,
+        Err(st) if st.is_rejection() => {
+            let mut fe = FitError {
+                num_all_nodes: num_all,
+                pre_filter_msg: Some(st.message()),
+                ..Default::default()
+            };
+            fe.rejectors.insert(st.plugin);
+            for n in snap.real_nodes() {
+                fe.statuses.insert(n.name.clone(), st.clone());
+            }
+            return ScheduleOutcome::NoFit(fe);
+        }
+        Err(st) => return ScheduleOutcome::Error(st),
+    };
+    let mut statuses = NodeStatuses::new();
+    let mut feasible: Vec<usize> = Vec::new();
+    let total = snap.nodes.len();
+    let to_find = num_feasible_nodes_to_find(fw.percentage_of_nodes_to_score, num_all);
+    let start = if total == 0 { 0 } else { *next_start % total };
+    let mut processed = 0;
+    for k in 0..total {
+        let i = (start + k) % total;
+        let node = &snap.nodes[i];
+        if node.node.is_none() {
+            continue;
+        }
+        processed = k + 1;
+        if let Some(set) = &allowed {
+            if !set.contains(&node.name) {
+                statuses.insert(
+                    node.name.clone(),
+                    Status::unresolvable("node(s) didn't satisfy plugin(s) [NodeAffinity]")
+                        .with_plugin(crate::plugins::node_affinity::NAME),
+                );
+                continue;
+            }
+        }
+        let st = fw.run_filters(state, pod, node, snap);
+        if st.is_success() {
+            feasible.push(i);
+            if feasible.len() >= to_find {
+                break;
+            }
+        } else if st.code == Code::Error {
+            return ScheduleOutcome::Error(st);
+        } else {
+            statuses.insert(node.name.clone(), st);
+        }
+    }
+    if total > 0 {
+        *next_start = (start + processed) % total;
+    }
+    if feasible.is_empty() {
+        let rejectors = statuses.values().map(|s| s.plugin).collect();
+        return ScheduleOutcome::NoFit(FitError {
+            num_all_nodes: num_all,
+            statuses,
+            rejectors,
+            ..Default::default()
+        });
+    }
+    if feasible.len() == 1 {
+        return ScheduleOutcome::Fit(snap.nodes[feasible[0]].name.clone());
+    }
+    let nodes: Vec<&NodeInfo> = feasible.iter().map(|i| &snap.nodes[*i]).collect();
+    let scores = match fw.run_scores(state, pod, &nodes, snap) {
+        Ok(s) => s,
+        Err(st) => return ScheduleOutcome::Error(st),
+    };
+    // The best score; ties broken at random (reservoir sampling).
+    let mut best = 0;
+    let mut ties = 0u32;
+    for (i, s) in scores.iter().enumerate() {
+        if *s > scores[best] {
+            best = i;
+            ties = 1;
+        } else if *s == scores[best] {
+            ties += 1;
+            if rng.random_range(0..ties) == 0 {
+                best = i;
+            }
+        }
+    }
+    ScheduleOutcome::Fit(nodes[best].name.clone())
+}
+
+// ---- the running scheduler -------------------------------------------------------------
+
+#[allow(clippy::large_enum_variant)]
+pub enum Input {
+    Pod(watcher::Event<Pod>),
+    Node(watcher::Event<Node>),
+    Namespace(watcher::Event<Namespace>),
+    PriorityClass(watcher::Event<PriorityClass>),
+    Pdb(watcher::Event<PodDisruptionBudget>),
+    Service(watcher::Event<Service>),
+    BindDone {
+        qp: QueuedPod,
+        node: String,
+        profile: String,
+        status: Status,
+    },
+}
+
+pub struct Scheduler {
+    client: kube::Client,
+    profiles: HashMap<String, Arc<Framework>>,
+    plugin_events: HashMap<&'static str, &'static [ClusterEvent]>,
+    pub cache: Cache,
+    queue: SchedulingQueue,
+    priority_classes: HashMap<String, (i32, bool)>,
+    /// Unbound pods of our profiles we know exist (uid).
+    pending: HashSet<String>,
+    next_start: usize,
+    rng: SmallRng,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    tx: mpsc::UnboundedSender<Input>,
+    rx: mpsc::UnboundedReceiver<Input>,
+    /// Keys seen since a watch (re)started listing, per kind.
+    relist: HashMap<&'static str, HashSet<String>>,
+    synced: HashSet<&'static str>,
+}
+
+fn spawn_watch<K>(
+    api: Api<K>,
+    tx: mpsc::UnboundedSender<Input>,
+    wrap: fn(watcher::Event<K>) -> Input,
+) where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default,
+{
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+        let mut backoff = Duration::from_millis(100);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(ev) => {
+                    backoff = Duration::from_millis(100);
+                    if tx.send(wrap(ev)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, kind = %K::kind(&Default::default()), "watch failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    });
+}
+
+fn uid_of<K: kube::Resource>(o: &K) -> String {
+    let m = o.meta();
+    m.uid.clone().unwrap_or_else(|| {
+        format!(
+            "{}/{}",
+            m.namespace.as_deref().unwrap_or(""),
+            m.name.as_deref().unwrap_or("")
+        )
+    })
+}
+
+fn name_of<K: kube::Resource>(o: &K) -> String {
+    o.meta().name.clone().unwrap_or_default()
+}
+
+fn is_terminal(p: &Pod) -> bool {
+    matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded") | Some("Failed")
+    )
+}
+
+fn node_changes(old: &Node, new: &Node) -> Vec<ClusterEvent> {
+    let mut out = Vec::new();
+    if old.metadata.labels != new.metadata.labels {
+        out.push(ClusterEvent::NodeLabelChange);
+    }
+    let taints = |n: &Node| n.spec.as_ref().and_then(|s| s.taints.clone());
+    if taints(old) != taints(new) {
+        out.push(ClusterEvent::NodeTaintChange);
+    }
+    let unsched = |n: &Node| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false)
+    };
+    if unsched(old) != unsched(new) {
+        out.push(ClusterEvent::NodeSpecUnschedulableChange);
+    }
+    let alloc = |n: &Node| n.status.as_ref().and_then(|s| s.allocatable.clone());
+    if alloc(old) != alloc(new) {
+        out.push(ClusterEvent::NodeAllocatableChange);
+    }
+    out
+}
+
+impl Scheduler {
+    pub fn new(
+        client: kube::Client,
+        profiles: Vec<Arc<Framework>>,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<Scheduler> {
+        let sort = profiles
+            .iter()
+            .find_map(|p| p.queue_sort.clone())
+            .unwrap_or_else(|| Arc::new(crate::plugins::priority_sort::PrioritySort));
+        let mut plugin_events = HashMap::new();
+        for fw in &profiles {
+            for p in fw.all_plugins() {
+                plugin_events.insert(p.name(), p.events());
+            }
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let priority_classes = BUILTIN_CLASSES
+            .iter()
+            .map(|(n, v)| (n.to_string(), (*v, false)))
+            .collect();
+        Ok(Scheduler {
+            recorder: Recorder::start(Some(client.clone()), metrics.clone()),
+            client,
+            profiles: profiles
+                .into_iter()
+                .map(|p| (p.scheduler_name.clone(), p))
+                .collect(),
+            plugin_events,
+            cache: Cache::new(),
+            queue: SchedulingQueue::new(sort),
+            priority_classes,
+            pending: HashSet::new(),
+            next_start: 0,
+            rng: SmallRng::from_os_rng(),
+            metrics,
+            tx,
+            rx,
+            relist: HashMap::new(),
+            synced: HashSet::new(),
+        })
+    }
+
+    fn start_watches(&self) {
+        let c = &self.client;
+        spawn_watch::<Pod>(Api::all(c.clone()), self.tx.clone(), Input::Pod);
+        spawn_watch::<Node>(Api::all(c.clone()), self.tx.clone(), Input::Node);
+        spawn_watch::<Namespace>(Api::all(c.clone()), self.tx.clone(), Input::Namespace);
+        spawn_watch::<PriorityClass>(Api::all(c.clone()), self.tx.clone(), Input::PriorityClass);
+        spawn_watch::<PodDisruptionBudget>(Api::all(c.clone()), self.tx.clone(), Input::Pdb);
+        spawn_watch::<Service>(Api::all(c.clone()), self.tx.clone(), Input::Service);
+    }
+
+    fn priority_of(&self, pod: &Pod) -> i32 {
+        if let Some(p) = PodInfo::spec_priority(pod) {
+            return p;
+        }
+        match pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.priority_class_name.as_deref())
+        {
+            Some(name) if !name.is_empty() => self
+                .priority_classes
+                .get(name)
+                .map(|(v, _)| *v)
+                .unwrap_or(0),
+            _ => self
+                .priority_classes
+                .values()
+                .find(|(_, global)| *global)
+                .map(|(v, _)| *v)
+                .unwrap_or(0),
+        }
+    }
+
+    fn cluster_event(&mut self, ev: ClusterEvent) {
+        let pe = &self.plugin_events;
+        self.queue.on_event(|_, rej| event_helps(ev, rej, pe));
+    }
+
+    // ---- inputs ------------------------------------------------------------------
+
+    fn relist_begin(&mut self, kind: &'static str) {
+        self.relist.insert(kind, HashSet::new());
+    }
+
+    fn relist_seen(&mut self, kind: &'static str, key: String) {
+        if let Some(s) = self.relist.get_mut(kind) {
+            s.insert(key);
+        }
+    }
+
+    fn relist_end(&mut self, kind: &'static str) -> HashSet<String> {
+        self.synced.insert(kind);
+        self.relist.remove(kind).unwrap_or_default()
+    }
+
+    fn handle(&mut self, input: Input) {
+        self.metrics.watch_events.fetch_add(1, Relaxed);
+        match input {
+            Input::Pod(ev) => match ev {
+                watcher::Event::Init => self.relist_begin("pod"),
+                watcher::Event::InitApply(p) => {
+                    self.relist_seen("pod", uid_of(&p));
+                    self.pod_apply(p);
+                }
+                watcher::Event::Apply(p) => self.pod_apply(p),
+                watcher::Event::Delete(p) => self.pod_delete(&uid_of(&p)),
+                watcher::Event::InitDone => {
+                    let seen = self.relist_end("pod");
+                    let gone: Vec<String> = self
+                        .pending
+                        .iter()
+                        .filter(|u| !seen.contains(*u))
+                        .cloned()
+                        .collect();
+                    for u in gone {
+                        self.pod_delete(&u);
+                    }
+                }
+            },
+            Input::Node(ev) => match ev {
+                watcher::Event::Init => self.relist_begin("node"),
+                watcher::Event::InitApply(n) => {
+                    self.relist_seen("node", name_of(&n));
+                    self.node_apply(n);
+                }
+                watcher::Event::Apply(n) => self.node_apply(n),
+                watcher::Event::Delete(n) => self.cache.remove_node(&name_of(&n)),
+                watcher::Event::InitDone => {
+                    let seen = self.relist_end("node");
+                    let gone: Vec<String> = self
+                        .cache
+                        .snap
+                        .real_nodes()
+                        .filter(|n| !seen.contains(&n.name))
+                        .map(|n| n.name.clone())
+                        .collect();
+                    for n in gone {
+                        self.cache.remove_node(&n);
+                    }
+                }
+            },
+            Input::Namespace(ev) => {
+                match ev {
+                    watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                        let labels = n.metadata.labels.clone().unwrap_or_default();
+                        self.cache.set_namespace(name_of(&n), labels);
+                    }
+                    watcher::Event::Delete(n) => self.cache.remove_namespace(&name_of(&n)),
+                    watcher::Event::InitDone => {
+                        self.synced.insert("namespace");
+                    }
+                    watcher::Event::Init => {}
+                }
+                self.cluster_event(ClusterEvent::NamespaceChange);
+            }
+            Input::PriorityClass(ev) => match ev {
+                watcher::Event::Apply(pc) | watcher::Event::InitApply(pc) => {
+                    self.priority_classes
+                        .insert(name_of(&pc), (pc.value, pc.global_default.unwrap_or(false)));
+                }
+                watcher::Event::Delete(pc) => {
+                    let name = name_of(&pc);
+                    self.priority_classes.remove(&name);
+                    if let Some((n, v)) = BUILTIN_CLASSES.iter().find(|(n, _)| *n == name) {
+                        self.priority_classes.insert(n.to_string(), (*v, false));
+                    }
+                }
+                watcher::Event::InitDone => {
+                    self.synced.insert("priorityclass");
+                }
+                watcher::Event::Init => {}
+            },
+            Input::Pdb(ev) => match ev {
+                watcher::Event::Init => self.cache.snap.pdbs.clear(),
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                    let ns = p.metadata.namespace.clone().unwrap_or_default();
+                    let name = name_of(&p);
+                    self.cache
+                        .snap
+                        .pdbs
+                        .retain(|x| !(x.namespace == ns && x.name == name));
+                    let spec = p.spec.as_ref();
+                    let status = p.status.as_ref();
+                    self.cache.snap.pdbs.push(PdbInfo {
+                        namespace: ns,
+                        name,
+                        selector: spec
+                            .and_then(|s| s.selector.as_ref())
+                            .map(|s| Selector::from_label_selector(Some(s)))
+                            .unwrap_or_default(),
+                        disruptions_allowed: status
+                            .map(|s| s.disruptions_allowed as i64)
+                            .unwrap_or(0),
+                        disrupted_pods: status
+                            .and_then(|s| s.disrupted_pods.as_ref())
+                            .map(|m| m.keys().cloned().collect())
+                            .unwrap_or_default(),
+                    });
+                }
+                watcher::Event::Delete(p) => {
+                    let ns = p.metadata.namespace.clone().unwrap_or_default();
+                    let name = name_of(&p);
+                    self.cache
+                        .snap
+                        .pdbs
+                        .retain(|x| !(x.namespace == ns && x.name == name));
+                }
+                watcher::Event::InitDone => {}
+            },
+            Input::Service(ev) => {
+                match ev {
+                    watcher::Event::Init => self.cache.snap.services.clear(),
+                    watcher::Event::Apply(s) | watcher::Event::InitApply(s) => {
+                        let ns = s.metadata.namespace.clone().unwrap_or_default();
+                        let sel = s
+                            .spec
+                            .as_ref()
+                            .and_then(|sp| sp.selector.as_ref())
+                            .filter(|m| !m.is_empty())
+                            .map(Selector::from_map);
+                        let m = self.cache.snap.services.entry(ns).or_default();
+                        match sel {
+                            Some(sel) => {
+                                m.insert(name_of(&s), sel);
+                            }
+                            None => {
+                                m.remove(&name_of(&s));
+                            }
+                        }
+                    }
+                    watcher::Event::Delete(s) => {
+                        let ns = s.metadata.namespace.clone().unwrap_or_default();
+                        if let Some(m) = self.cache.snap.services.get_mut(&ns) {
+                            m.remove(&name_of(&s));
+                        }
+                    }
+                    watcher::Event::InitDone => {}
+                }
+                self.cluster_event(ClusterEvent::ServiceChange);
+            }
+            Input::BindDone {
+                qp,
+                node,
+                profile,
+                status,
+            } => self.bind_done(qp, node, profile, status),
+        }
+    }
+
+    fn pod_apply(&mut self, pod: Pod) {
+        let uid = uid_of(&pod);
+        let node_name = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        if is_terminal(&pod) {
+            self.pod_delete(&uid);
+            return;
+        }
+        let priority = self.priority_of(&pod);
+        if !node_name.is_empty() {
+            self.queue.delete(&uid);
+            self.pending.remove(&uid);
+            let was_known = self.cache.contains_pod(&uid);
+            let was_assumed = self.cache.is_assumed(&uid);
+            self.cache
+                .add_or_update_bound_pod(PodInfo::new(pod, priority));
+            if !was_assumed {
+                self.cluster_event(if was_known {
+                    ClusterEvent::AssignedPodUpdate
+                } else {
+                    ClusterEvent::AssignedPodAdd
+                });
+            }
+            return;
+        }
+        let info = PodInfo::new(pod, priority);
+        if info.terminating || !self.profiles.contains_key(&info.scheduler_name) {
+            self.queue.delete(&uid);
+            self.pending.remove(&uid);
+            return;
+        }
+        self.pending.insert(uid.clone());
+        if self.cache.is_assumed(&uid) {
+            // Being bound; the watch has not caught up yet.
+            return;
+        }
+        self.queue.add_or_update(Arc::new(info));
+    }
+
+    fn pod_delete(&mut self, uid: &str) {
+        self.queue.delete(uid);
+        self.pending.remove(uid);
+        if self.cache.remove_pod(uid).is_some() {
+            self.cluster_event(ClusterEvent::AssignedPodDelete);
+        }
+    }
+
+    fn node_apply(&mut self, node: Node) {
+        let new = node.clone();
+        match self.cache.upsert_node(node) {
+            None => self.cluster_event(ClusterEvent::NodeAdd),
+            Some(old) => {
+                for ev in node_changes(&old, &new) {
+                    self.cluster_event(ev);
+                }
+            }
+        }
+    }
+
+    // ---- scheduling ----------------------------------------------------------------------
+
+    fn schedule_one(&mut self, qp: QueuedPod) {
+        let uid = qp.info.uid.clone();
+        let Some(fw) = self.profiles.get(&qp.info.scheduler_name).cloned() else {
+            self.queue.delete(&uid);
+            return;
+        };
+        if !self.pending.contains(&uid) || self.cache.contains_pod(&uid) {
+            self.queue.done(&uid);
+            return;
+        }
+        let t0 = Instant::now();
+        let mut state = CycleState::default();
+        let outcome = find_node(
+            &fw,
+            &mut state,
+            &qp.info,
+            &self.cache,
+            &mut self.next_start,
+            &mut self.rng,
+        );
+        match outcome {
+            ScheduleOutcome::Fit(node) => {
+                self.cache.assume(qp.info.clone(), &node);
+                let mut st = fw.run_reserve(&mut state, &qp.info, &node);
+                if st.is_success() {
+                    st = fw.run_permit(&state, &qp.info, &node);
+                    if !st.is_success() {
+                        fw.run_unreserve(&mut state, &qp.info, &node);
+                    }
+                }
+                self.metrics.add_algorithm(t0.elapsed());
+                if !st.is_success() {
+                    self.cache.forget(&uid);
+                    self.fail(
+                        &fw,
+                        qp,
+                        st.message(),
+                        st.is_rejection(),
+                        [st.plugin].into(),
+                        None,
+                    );
+                    return;
+                }
+                self.queue.done(&uid);
+                let fut = fw.bind_future(qp.info.clone(), node.clone());
+                let tx = self.tx.clone();
+                let profile = fw.scheduler_name.clone();
+                tokio::spawn(async move {
+                    let status = fut.await;
+                    let _ = tx.send(Input::BindDone {
+                        qp,
+                        node,
+                        profile,
+                        status,
+                    });
+                });
+            }
+            ScheduleOutcome::NoFit(mut fe) => {
+                // PostFilter (preemption).
+                let mut nominated = None;
+                for p in &fw.post_filter {
+                    let Some(pf) = p.as_post_filter() else {
+                        continue;
+                    };
+                    let (res, st) =
+                        pf.post_filter(&fw, &state, &qp.info, &fe.statuses, &self.cache.snap);
+                    if st.is_success() {
+                        if let Some(node) = res.nominated_node.clone() {
+                            self.preempt(&fw, &qp.info, &node, res.victims);
+                            nominated = Some(node);
+                        }
+                        break;
+                    }
+                    fe.post_filter_msg = Some(st.message());
+                    if st.code != Code::Unschedulable {
+                        break;
+                    }
+                }
+                self.metrics.add_algorithm(t0.elapsed());
+                self.metrics.unschedulable.fetch_add(1, Relaxed);
+                let msg = fe.message();
+                let rejectors = std::mem::take(&mut fe.rejectors);
+                self.fail(&fw, qp, msg, true, rejectors, nominated);
+            }
+            ScheduleOutcome::Error(st) => {
+                self.metrics.add_algorithm(t0.elapsed());
+                self.fail(&fw, qp, st.message(), false, HashSet::new(), None);
+            }
+        }
+    }
+
+    /// Records a failed attempt (event + condition) and requeues the pod.
+    fn fail(
+        &mut self,
+        fw: &Framework,
+        qp: QueuedPod,
+        message: String,
+        unschedulable: bool,
+        rejectors: HashSet<&'static str>,
+        nominated: Option<String>,
+    ) {
+        let info = qp.info.clone();
+        self.recorder.pod_event(
+            &info,
+            &fw.scheduler_name,
+            "Warning",
+            "FailedScheduling",
+            "Scheduling",
+            message.clone(),
+        );
+        self.update_condition(
+            &info,
+            &message,
+            if unschedulable {
+                "Unschedulable"
+            } else {
+                "SchedulerError"
+            },
+            nominated,
+        );
+        if unschedulable {
+            self.queue.add_unschedulable(qp, rejectors);
+        } else {
+            self.queue.add_backoff(qp);
+        }
+    }
+
+    fn update_condition(
+        &self,
+        info: &PodInfo,
+        message: &str,
+        reason: &str,
+        nominated: Option<String>,
+    ) {
+        let status = info.pod.status.as_ref();
+        let same = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
+            .is_some_and(|c| {
+                c.status == "False"
+                    && c.reason.as_deref() == Some(reason)
+                    && c.message.as_deref() == Some(message)
+            });
+        let cur_nominated = status.and_then(|s| s.nominated_node_name.clone());
+        if same && (nominated.is_none() || nominated == cur_nominated) {
+            return;
+        }
+        let mut st = json!({"conditions": [{
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": Timestamp::now().to_string(),
+        }]});
+        if let Some(n) = nominated {
+            st["nominatedNodeName"] = json!(n);
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &info.namespace);
+        let name = info.name.clone();
+        tokio::spawn(async move {
+            let patch = Patch::Strategic(json!({"status": st}));
+            if let Err(e) = api
+                .patch_status(&name, &PatchParams::default(), &patch)
+                .await
+            {
+                tracing::debug!(pod = %name, error = %e, "updating PodScheduled failed");
+            }
+        });
+    }
+
+    fn preempt(&self, fw: &Framework, pod: &PodInfo, node: &str, victims: Vec<Arc<PodInfo>>) {
+        for v in &victims {
+            self.recorder.pod_event(
+                v,
+                &fw.scheduler_name,
+                "Normal",
+                "Preempted",
+                "Preempting",
+                format!("Preempted by pod {} on node {node}", pod.uid),
+            );
+        }
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            for v in victims {
+                let api: Api<Pod> = Api::namespaced(client.clone(), &v.namespace);
+                let dp = DeleteParams {
+                    preconditions: Some(kube::api::Preconditions {
+                        uid: Some(v.uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                if let Err(e) = api.delete(&v.name, &dp).await {
+                    tracing::debug!(pod = %v.key, error = %e, "deleting a preemption victim failed");
+                }
+            }
+        });
+    }
+
+    fn bind_done(&mut self, qp: QueuedPod, node: String, profile: String, status: Status) {
+        let fw = self.profiles.get(&profile).cloned();
+        if status.is_success() {
+            self.metrics.scheduled.fetch_add(1, Relaxed);
+            self.recorder.pod_event(
+                &qp.info,
+                &profile,
+                "Normal",
+                "Scheduled",
+                "Binding",
+                format!("Successfully assigned {} to {node}", qp.info.key),
+            );
+            return;
+        }
+        self.metrics.bind_errors.fetch_add(1, Relaxed);
+        let uid = qp.info.uid.clone();
+        self.cache.forget(&uid);
+        if let Some(fw) = fw {
+            fw.run_unreserve(&mut CycleState::default(), &qp.info, &node);
+            if self.pending.contains(&uid) {
+                self.recorder.pod_event(
+                    &qp.info,
+                    &profile,
+                    "Warning",
+                    "FailedScheduling",
+                    "Binding",
+                    format!("Binding rejected: {}", status.message()),
+                );
+                self.queue.add_backoff(qp);
+            }
+        }
+        self.cluster_event(ClusterEvent::AssignedPodDelete);
+    }
+
+    // ---- the loop ----------------------------------------------------------------------------
+
+    fn synced_all(&self) -> bool {
+        ["pod", "node", "namespace", "priorityclass"]
+            .iter()
+            .all(|k| self.synced.contains(k))
+    }
+
+    /// Runs until the inputs end.
+    pub async fn run(mut self) -> anyhow::Result<()> {
+        self.start_watches();
+        let mut last_flush = Instant::now();
+        loop {
+            let t = Instant::now();
+            let mut n = 0;
+            while let Ok(input) = self.rx.try_recv() {
+                self.handle(input);
+                n += 1;
+                if n >= 20_000 {
+                    break;
+                }
+            }
+            if n > 0 {
+                self.metrics
+                    .events_ns
+                    .fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+            }
+            let now = Instant::now();
+            if now.duration_since(last_flush) >= Duration::from_millis(100)
+                || !self.queue.has_active()
+            {
+                self.queue.flush(now);
+                last_flush = now;
+            }
+            let mut did = false;
+            if self.synced_all() {
+                let start = Instant::now();
+                while start.elapsed() < Duration::from_millis(5) {
+                    let Some(qp) = self.queue.pop() else { break };
+                    self.schedule_one(qp);
+                    did = true;
+                }
+            }
+            if did {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            let wake = self
+                .queue
+                .next_backoff()
+                .map(tokio::time::Instant::from_std)
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(1))
+                .min(tokio::time::Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                input = self.rx.recv() => match input {
+                    Some(i) => self.handle(i),
+                    None => anyhow::bail!("the scheduler's inputs ended"),
+                },
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+}
