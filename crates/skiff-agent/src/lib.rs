@@ -1,1 +1,332 @@
-//! The node agent (being built).
+//! The node agent: skiff's kubelet. It registers its Node, renews its Lease,
+//! watches the pods bound to it and drives them to their spec through a
+//! container runtime: containerd over CRI on a real node ([`cri`]), a
+//! simulated runtime on hollow nodes ([`sim`]).
+//!
+//! Fail-static: nothing here stops a container because the API server is
+//! unreachable. Containers of pods that are gone are removed only after a
+//! complete, successful list of the node's pods.
+
+pub mod containerd;
+pub mod cri;
+pub mod hollow;
+pub mod image;
+pub mod inputs;
+pub mod node;
+pub mod pods;
+pub mod probes;
+pub mod runtime;
+pub mod server;
+pub mod sim;
+pub mod spec;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::Api;
+use kube::runtime::watcher;
+use tokio::sync::watch;
+
+use crate::pods::{NodeContext, PodWorker};
+use crate::runtime::Runtime;
+
+/// Settings of a real agent.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub node_name: String,
+    pub data_dir: PathBuf,
+    /// A containerd to use instead of starting one.
+    pub containerd: Option<PathBuf>,
+    /// The address other nodes and the API server reach this node at.
+    pub node_ip: Option<String>,
+    /// Port of the agent's HTTPS endpoint (logs, exec, port-forward).
+    pub port: u16,
+    /// Pod CIDR to use when no controller assigns one.
+    pub pod_cidr: Option<String>,
+    /// PEM of the CA whose client certificates the endpoint accepts.
+    pub client_ca_pem: Option<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The IPv4 address of the interface holding the default route, else
+/// 127.0.0.1.
+pub fn default_node_ip() -> String {
+    let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+    let iface = routes
+        .lines()
+        .skip(1)
+        .find(|l| l.split_whitespace().nth(1) == Some("00000000"))
+        .and_then(|l| l.split_whitespace().next().map(str::to_string));
+    if let Some(iface) = iface {
+        if let Ok(out) = std::process::Command::new("ip")
+            .args(["-4", "-o", "addr", "show", "dev", &iface])
+            .output()
+        {
+            let s = String::from_utf8_lossy(&out.stdout);
+            if let Some(addr) = s.split_whitespace().skip_while(|w| *w != "inet").nth(1) {
+                if let Some((ip, _)) = addr.split_once('/') {
+                    return ip.to_string();
+                }
+            }
+        }
+    }
+    "127.0.0.1".into()
+}
+
+/// A name for the node's bridge, unique per data dir (several agents on one
+/// machine in tests), within the kernel's 15 characters.
+fn bridge_name(data_dir: &std::path::Path) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, data_dir.to_string_lossy().as_bytes());
+    let hex: String = d.as_ref()[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("skf{hex}")
+}
+
+/// Prepares the node (containerd, images, pod network) and returns the
+/// runtime. Progress lines go to `progress`.
+pub async fn prepare_runtime(
+    options: &AgentOptions,
+    tasks: &mut tokio::task::JoinSet<()>,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Arc<cri::Cri>> {
+    std::fs::create_dir_all(&options.data_dir)?;
+    let socket = match &options.containerd {
+        Some(s) => s.clone(),
+        None => {
+            let layout = containerd::Layout::new(&options.data_dir);
+            let t = std::time::Instant::now();
+            containerd::ensure_running(&layout, image::PAUSE_IMAGE).await?;
+            progress(&format!(
+                "containerd ready ({} ms)",
+                t.elapsed().as_millis()
+            ));
+            tasks.spawn(containerd::supervise(
+                layout,
+                image::PAUSE_IMAGE.to_string(),
+            ));
+            containerd::Layout::new(&options.data_dir).socket()
+        }
+    };
+    let cri = Arc::new(cri::Cri::connect(&socket).await?);
+    let t = std::time::Instant::now();
+    if cri.image_present(image::PAUSE_IMAGE).await?.is_none() {
+        let scratch = options.data_dir.join("tmp");
+        image::import_bytes(&socket, &scratch, "pause.tar", &image::pause_archive()?)
+            .context("importing skiff's pause image")?;
+        progress(&format!(
+            "pause image imported ({} ms)",
+            t.elapsed().as_millis()
+        ));
+    }
+    Ok(cri)
+}
+
+/// Writes the CNI config of the node once its pod CIDR is known (set by
+/// the node IPAM controller, or `--pod-cidr`).
+async fn configure_network(client: &kube::Client, options: &AgentOptions) -> Result<String> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut warned = false;
+    let cidr = loop {
+        if let Some(node) = nodes.get_opt(&options.node_name).await? {
+            if let Some(c) = node.spec.and_then(|s| s.pod_cidr) {
+                break c;
+            }
+        }
+        if !warned {
+            tracing::info!(node = options.node_name, "waiting for the node's podCIDR");
+            warned = true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let conf_dir = match &options.containerd {
+        Some(_) => options.data_dir.join("cni"),
+        None => containerd::Layout::new(&options.data_dir).cni_conf_dir(),
+    };
+    std::fs::create_dir_all(&conf_dir)?;
+    let conflist = containerd::cni_conflist(
+        &bridge_name(&options.data_dir),
+        &cidr,
+        &options.data_dir.join("cni-ipam"),
+    );
+    std::fs::write(conf_dir.join("10-skiff.conflist"), conflist)?;
+    Ok(cidr)
+}
+
+/// Runs a real agent until an unrecoverable error.
+pub async fn run(
+    client: kube::Client,
+    options: AgentOptions,
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<()> {
+    // Every loop of the agent lives in this set: when `run` ends or is
+    // cancelled, they stop with it (the containers do not).
+    let mut tasks = tokio::task::JoinSet::new();
+    let cri = prepare_runtime(&options, &mut tasks, progress).await?;
+    let runtime: Arc<dyn Runtime> = cri.clone();
+    let version = runtime.version().await?;
+    let node_ip = options.node_ip.clone().unwrap_or_else(default_node_ip);
+    let endpoint = server::Endpoint::bind(&options, runtime.clone()).await?;
+    let port = endpoint.port();
+    let mut facts = node::NodeFacts::of_this_machine(
+        &options.node_name,
+        &options.data_dir,
+        node_ip.clone(),
+        port,
+        version,
+    );
+    facts.labels = options.labels.clone();
+    facts.pod_cidr = options.pod_cidr.clone();
+    let t = std::time::Instant::now();
+    let node = node::register(&client, &facts).await?;
+    progress(&format!(
+        "node {} registered ({} ms)",
+        options.node_name,
+        t.elapsed().as_millis()
+    ));
+    let cidr = configure_network(&client, &options).await?;
+    progress(&format!("pod network {cidr} configured"));
+    let uid = node.metadata.uid.clone().unwrap_or_default();
+    tasks.spawn(node::renew_lease_forever(
+        client.clone(),
+        options.node_name.clone(),
+        uid,
+        Duration::from_secs(10),
+    ));
+    tasks.spawn(node::report_status_forever(
+        client.clone(),
+        facts.clone(),
+        Duration::from_secs(60),
+    ));
+    tasks.spawn(endpoint.serve());
+    let mut allocatable = BTreeMap::new();
+    allocatable.insert("cpu".to_string(), facts.cpu.parse().unwrap_or(1.0));
+    let ctx = Arc::new(NodeContext {
+        client: client.clone(),
+        runtime,
+        node_name: options.node_name.clone(),
+        host_ip: node_ip,
+        data_dir: options.data_dir.clone(),
+        allocatable,
+        events: true,
+        resync: Duration::from_secs(1),
+    });
+    let r = manage_pods(ctx).await;
+    tasks.abort_all();
+    r
+}
+
+/// Watches the pods bound to the node and keeps one worker per pod.
+pub async fn manage_pods(ctx: Arc<NodeContext>) -> Result<()> {
+    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node_name));
+    let mut stream = watcher(pods, config).boxed();
+    let mut workers: HashMap<String, watch::Sender<Option<Arc<Pod>>>> = HashMap::new();
+    let mut listing: Option<HashSet<String>> = None;
+    let mut swept = false;
+    while let Some(ev) = stream.next().await {
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(e) => {
+                // The API server is unreachable or the watch broke: keep
+                // everything running and try again.
+                tracing::debug!(node = ctx.node_name, error = %e, "pod watch error");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        match ev {
+            watcher::Event::Init => listing = Some(HashSet::new()),
+            watcher::Event::InitApply(pod) | watcher::Event::Apply(pod) => {
+                let uid = spec::uid(&pod).to_string();
+                if let Some(l) = listing.as_mut() {
+                    l.insert(uid.clone());
+                }
+                let pod = Arc::new(pod);
+                match workers.get(&uid) {
+                    Some(tx) if !tx.is_closed() => {
+                        let _ = tx.send(Some(pod));
+                    }
+                    _ => {
+                        let (tx, rx) = watch::channel(Some(pod));
+                        workers.insert(uid.clone(), tx);
+                        tokio::spawn(pod_loop(ctx.clone(), uid, rx));
+                    }
+                }
+            }
+            watcher::Event::Delete(pod) => {
+                let uid = spec::uid(&pod).to_string();
+                if let Some(tx) = workers.remove(&uid) {
+                    let _ = tx.send(None);
+                }
+            }
+            watcher::Event::InitDone => {
+                let seen = listing.take().unwrap_or_default();
+                workers.retain(|uid, tx| {
+                    if seen.contains(uid) {
+                        true
+                    } else {
+                        let _ = tx.send(None);
+                        false
+                    }
+                });
+                if !swept {
+                    swept = true;
+                    sweep_orphans(&ctx, &seen).await;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes sandboxes of pods that no longer exist (after a complete list).
+async fn sweep_orphans(ctx: &Arc<NodeContext>, live: &HashSet<String>) {
+    let Ok(sandboxes) = ctx.runtime.list_sandboxes(None).await else {
+        return;
+    };
+    let mut gone = HashSet::new();
+    for sb in sandboxes {
+        let uid = sb
+            .labels
+            .get(runtime::LABEL_POD_UID)
+            .cloned()
+            .unwrap_or_default();
+        if !uid.is_empty() && !live.contains(&uid) {
+            gone.insert(uid);
+        }
+    }
+    for uid in gone {
+        tracing::info!(
+            node = ctx.node_name,
+            pod_uid = uid,
+            "removing containers of a pod that no longer exists"
+        );
+        PodWorker::new(ctx.clone()).cleanup(&uid).await;
+    }
+}
+
+async fn pod_loop(ctx: Arc<NodeContext>, uid: String, mut rx: watch::Receiver<Option<Arc<Pod>>>) {
+    let mut worker = PodWorker::new(ctx.clone());
+    loop {
+        let pod = rx.borrow_and_update().clone();
+        let Some(pod) = pod else {
+            worker.cleanup(&uid).await;
+            return;
+        };
+        let wait = worker.sync(&pod).await;
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    // The manager dropped this pod's channel without a
+                    // verdict (it is shutting down): leave everything.
+                    return;
+                }
+            }
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}

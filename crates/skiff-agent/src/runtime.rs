@@ -1,0 +1,64 @@
+//! The container runtime as the agent sees it: CRI v1's operations, behind a
+//! trait so that the real path (containerd over gRPC, [`crate::cri`]) and the
+//! simulated one of hollow nodes ([`crate::sim`]) share the pod logic.
+//! The messages are CRI's own types.
+
+use async_trait::async_trait;
+pub use k8s_cri::v1 as cri;
+
+/// A container runtime speaking CRI's vocabulary.
+#[async_trait]
+pub trait Runtime: Send + Sync + 'static {
+    /// `<name>://<version>`, as `containerRuntimeVersion` shows it.
+    async fn version(&self) -> anyhow::Result<String>;
+    /// The image's id if it is present locally.
+    async fn image_present(&self, image: &str) -> anyhow::Result<Option<String>>;
+    /// Pulls an image; returns its id.
+    async fn pull_image(&self, image: &str) -> anyhow::Result<String>;
+    async fn run_sandbox(&self, config: &cri::PodSandboxConfig) -> anyhow::Result<String>;
+    async fn sandbox_status(&self, id: &str) -> anyhow::Result<Option<cri::PodSandboxStatus>>;
+    async fn stop_sandbox(&self, id: &str) -> anyhow::Result<()>;
+    async fn remove_sandbox(&self, id: &str) -> anyhow::Result<()>;
+    /// Sandboxes, all or those of one pod (by uid).
+    async fn list_sandboxes(&self, pod_uid: Option<&str>) -> anyhow::Result<Vec<cri::PodSandbox>>;
+    async fn create_container(
+        &self,
+        sandbox: &str,
+        config: &cri::ContainerConfig,
+        sandbox_config: &cri::PodSandboxConfig,
+    ) -> anyhow::Result<String>;
+    async fn start_container(&self, id: &str) -> anyhow::Result<()>;
+    async fn stop_container(&self, id: &str, timeout_seconds: i64) -> anyhow::Result<()>;
+    async fn remove_container(&self, id: &str) -> anyhow::Result<()>;
+    /// Containers, all or those of one pod (by uid).
+    async fn list_containers(&self, pod_uid: Option<&str>) -> anyhow::Result<Vec<cri::Container>>;
+    async fn container_status(&self, id: &str) -> anyhow::Result<Option<cri::ContainerStatus>>;
+    /// Runs a command in a container; (exit code, stdout, stderr).
+    async fn exec_sync(
+        &self,
+        id: &str,
+        cmd: Vec<String>,
+        timeout_seconds: i64,
+    ) -> anyhow::Result<(i32, Vec<u8>, Vec<u8>)>;
+    /// The runtime's streaming URL for an exec session.
+    async fn exec(&self, req: cri::ExecRequest) -> anyhow::Result<String>;
+    /// The runtime's streaming URL for an attach session.
+    async fn attach(&self, req: cri::AttachRequest) -> anyhow::Result<String>;
+    /// The runtime's streaming URL for port forwarding into a sandbox.
+    async fn port_forward(&self, sandbox: &str, ports: Vec<i32>) -> anyhow::Result<String>;
+    /// Whether this runtime runs real processes (false for hollow nodes).
+    fn is_real(&self) -> bool {
+        true
+    }
+}
+
+/// Labels the agent puts on sandboxes and containers so it can find them
+/// again after a restart.
+pub const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
+pub const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
+pub const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+pub const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
+/// Annotation on a container: the pod's terminationGracePeriod and hash of
+/// the container's spec, so a changed spec is noticed after a restart too.
+pub const ANNOTATION_SPEC_HASH: &str = "io.skiff.container.hash";
+pub const ANNOTATION_INIT: &str = "io.skiff.container.init";

@@ -1,0 +1,622 @@
+//! The agent's HTTPS endpoint, which the API server calls for `kubectl
+//! logs`, `exec`, `attach` and `port-forward` (kubelet's paths). Only a
+//! client certificate of the cluster CA with the API server's kubelet-client
+//! name is accepted.
+//!
+//! Logs are read from the CRI log files. Exec, attach and port-forward are
+//! handed to the runtime's streaming server: the agent asks CRI for a
+//! session URL and relays the client's upgrade request (WebSocket or SPDY)
+//! to it, then copies bytes both ways.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncSeekExt};
+
+use crate::runtime::{cri, Runtime, LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE};
+use crate::AgentOptions;
+
+/// The common name of the API server's client certificate.
+pub const APISERVER_CLIENT_CN: &str = "kube-apiserver-kubelet-client";
+
+struct Ctx {
+    runtime: Arc<dyn Runtime>,
+}
+
+/// A bound, not yet serving, endpoint.
+pub struct Endpoint {
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+}
+
+impl Endpoint {
+    pub async fn bind(options: &AgentOptions, runtime: Arc<dyn Runtime>) -> Result<Endpoint> {
+        let listener = tokio::net::TcpListener::bind(("0.0.0.0", options.port))
+            .await
+            .with_context(|| {
+                format!("listening on port {} for the agent endpoint", options.port)
+            })?;
+        let tls = Arc::new(tls_config(options)?);
+        let router = router(Arc::new(Ctx { runtime }));
+        Ok(Endpoint {
+            listener,
+            tls,
+            router,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
+    }
+
+    pub async fn serve(self) {
+        let acceptor = tokio_rustls::TlsAcceptor::from(self.tls.clone());
+        loop {
+            let Ok((tcp, _)) = self.listener.accept().await else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            let router = self.router.clone();
+            tokio::spawn(async move {
+                let Ok(Ok(tls)) =
+                    tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
+                else {
+                    return;
+                };
+                let allowed = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| common_name(c.as_ref()).as_deref() == Some(APISERVER_CLIENT_CN))
+                    .unwrap_or(false);
+                if !allowed {
+                    return;
+                }
+                let service = hyper_util::service::TowerToHyperService::new(router);
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection_with_upgrades(TokioIo::new(tls), service)
+                .await;
+            });
+        }
+    }
+}
+
+fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let cn = cert
+        .subject()
+        .iter_common_name()
+        .next()?
+        .as_str()
+        .ok()?
+        .to_string();
+    Some(cn)
+}
+
+fn tls_config(options: &AgentOptions) -> Result<rustls::ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut names = vec!["localhost".to_string(), options.node_name.clone()];
+    if let Some(ip) = &options.node_ip {
+        names.push(ip.clone());
+    }
+    names.push("127.0.0.1".into());
+    let key = rcgen::KeyPair::generate()?;
+    let params = rcgen::CertificateParams::new(names)?;
+    let cert = params.self_signed(&key)?;
+    let cert_der = rustls_pki_types::CertificateDer::from(cert.der().to_vec());
+    let key_der = rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der())
+        .map_err(|e| anyhow::anyhow!("agent key: {e}"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    let ca_pem = options
+        .client_ca_pem
+        .clone()
+        .context("the agent endpoint needs the cluster CA to check the API server's certificate")?;
+    for c in rustls_pki_types::pem::PemObject::pem_slice_iter(ca_pem.as_bytes()) {
+        let c: rustls_pki_types::CertificateDer<'static> =
+            c.map_err(|e| anyhow::anyhow!("cluster CA: {e:?}"))?;
+        roots.add(c)?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| anyhow::anyhow!("client verifier: {e}"))?;
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(vec![cert_der], key_der)?;
+    Ok(config)
+}
+
+fn router(ctx: Arc<Ctx>) -> Router {
+    Router::new()
+        .route("/containerLogs/{ns}/{pod}/{container}", get(logs))
+        .route("/exec/{ns}/{pod}/{container}", any(exec))
+        .route("/attach/{ns}/{pod}/{container}", any(attach))
+        .route("/portForward/{ns}/{pod}", any(port_forward))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(ctx)
+}
+
+fn status(code: StatusCode, message: String) -> Response {
+    (code, message).into_response()
+}
+
+/// The containers of a pod's container name, newest first.
+async fn instances(
+    rt: &dyn Runtime,
+    ns: &str,
+    pod: &str,
+    container: &str,
+) -> Result<Vec<cri::Container>> {
+    let mut v: Vec<cri::Container> = rt
+        .list_containers(None)
+        .await?
+        .into_iter()
+        .filter(|c| {
+            c.labels.get(LABEL_POD_NAMESPACE).map(String::as_str) == Some(ns)
+                && c.labels.get(LABEL_POD_NAME).map(String::as_str) == Some(pod)
+                && c.labels.get(LABEL_CONTAINER_NAME).map(String::as_str) == Some(container)
+        })
+        .collect();
+    v.sort_by_key(|c| {
+        std::cmp::Reverse((
+            c.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
+            c.created_at,
+        ))
+    });
+    Ok(v)
+}
+
+/// One parsed line of a CRI log file.
+struct LogLine {
+    time: String,
+    content: String,
+    partial: bool,
+}
+
+fn parse_line(line: &str) -> Option<LogLine> {
+    let mut parts = line.splitn(4, ' ');
+    let time = parts.next()?.to_string();
+    let _stream = parts.next()?;
+    let tag = parts.next()?;
+    let content = parts.next().unwrap_or("").to_string();
+    Some(LogLine {
+        time,
+        content,
+        partial: tag == "P",
+    })
+}
+
+fn render(l: &LogLine, timestamps: bool) -> String {
+    let mut s = String::new();
+    if timestamps {
+        s.push_str(&l.time);
+        s.push(' ');
+    }
+    s.push_str(&l.content);
+    if !l.partial {
+        s.push('\n');
+    }
+    s
+}
+
+fn since_filter(q: &HashMap<String, String>) -> Option<k8s_openapi::jiff::Timestamp> {
+    if let Some(t) = q.get("sinceTime") {
+        return t.parse().ok();
+    }
+    let secs: i64 = q.get("sinceSeconds")?.parse().ok()?;
+    Some(k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(secs))
+}
+
+async fn logs(
+    State(ctx): State<Arc<Ctx>>,
+    Path((ns, pod, container)): Path<(String, String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let flag = |k: &str| q.get(k).map(|v| v == "true" || v == "1").unwrap_or(false);
+    let previous = flag("previous");
+    let follow = flag("follow") && !previous;
+    let timestamps = flag("timestamps");
+    let tail: Option<usize> = q.get("tailLines").and_then(|v| v.parse().ok());
+    let limit: Option<usize> = q.get("limitBytes").and_then(|v| v.parse().ok());
+    let since = since_filter(&q);
+    let list = match instances(ctx.runtime.as_ref(), &ns, &pod, &container).await {
+        Ok(l) => l,
+        Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let chosen = if previous { list.get(1) } else { list.first() };
+    let Some(chosen) = chosen.cloned() else {
+        let msg = if previous {
+            format!("previous terminated container \"{container}\" in pod \"{pod}\" not found")
+        } else {
+            format!(
+                "container \"{container}\" in pod \"{pod}\" is waiting to start: ContainerCreating"
+            )
+        };
+        return status(StatusCode::BAD_REQUEST, msg);
+    };
+    let st = match ctx.runtime.container_status(&chosen.id).await {
+        Ok(Some(s)) => s,
+        _ => {
+            return status(
+                StatusCode::NOT_FOUND,
+                format!("container {container} not found"),
+            )
+        }
+    };
+    let path = PathBuf::from(&st.log_path);
+    let runtime = ctx.runtime.clone();
+    let id = chosen.id.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(16);
+    tokio::spawn(async move {
+        let mut sent = 0usize;
+        let mut send = |s: String| {
+            let mut b = s.into_bytes();
+            if let Some(limit) = limit {
+                if sent >= limit {
+                    return None;
+                }
+                b.truncate(limit - sent);
+            }
+            sent += b.len();
+            Some(bytes::Bytes::from(b))
+        };
+        let keep = |l: &LogLine| match since {
+            Some(t) => l
+                .time
+                .parse::<k8s_openapi::jiff::Timestamp>()
+                .map(|lt| lt >= t)
+                .unwrap_or(true),
+            None => true,
+        };
+        let Ok(mut file) = tokio::fs::File::open(&path).await else {
+            return;
+        };
+        let mut content = String::new();
+        if file.read_to_string(&mut content).await.is_err() {
+            return;
+        }
+        let mut lines: Vec<LogLine> = content
+            .lines()
+            .filter_map(parse_line)
+            .filter(keep)
+            .collect();
+        if let Some(n) = tail {
+            let skip = lines.len().saturating_sub(n);
+            lines.drain(..skip);
+        }
+        for l in &lines {
+            let Some(b) = send(render(l, timestamps)) else {
+                return;
+            };
+            if tx.send(Ok(b)).await.is_err() {
+                return;
+            }
+        }
+        if !follow {
+            return;
+        }
+        let mut pos = content.len() as u64;
+        let mut pending = String::new();
+        loop {
+            let running = matches!(
+                runtime.container_status(&id).await,
+                Ok(Some(s)) if s.state == cri::ContainerState::ContainerRunning as i32
+            );
+            let Ok(mut f) = tokio::fs::File::open(&path).await else {
+                return;
+            };
+            if f.seek(std::io::SeekFrom::Start(pos)).await.is_err() {
+                return;
+            }
+            let mut reader = tokio::io::BufReader::new(f);
+            loop {
+                let mut line = String::new();
+                match reader.read_line(&mut line).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        pos += n as u64;
+                        pending.push_str(&line);
+                        if pending.ends_with('\n') {
+                            let full = std::mem::take(&mut pending);
+                            if let Some(l) = parse_line(full.trim_end_matches('\n')) {
+                                let Some(b) = send(render(&l, timestamps)) else {
+                                    return;
+                                };
+                                if tx.send(Ok(b)).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            if !running {
+                return;
+            }
+            if tx.is_closed() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    Response::builder()
+        .header("content-type", "text/plain")
+        .body(Body::from_stream(tokio_stream_from(rx)))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, std::io::Error>>,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::io::Error>> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+fn query_all(req: &Request) -> Vec<(String, String)> {
+    let q = req.uri().query().unwrap_or("");
+    url_pairs(q)
+}
+
+fn url_pairs(q: &str) -> Vec<(String, String)> {
+    q.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let h = std::str::from_utf8(&b[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                match h {
+                    Some(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn flag_of(pairs: &[(String, String)], k: &str) -> bool {
+    pairs
+        .iter()
+        .any(|(key, v)| key == k && (v == "true" || v == "1"))
+}
+
+async fn exec(
+    State(ctx): State<Arc<Ctx>>,
+    Path((ns, pod, container)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    let q = query_all(&req);
+    let list = match instances(ctx.runtime.as_ref(), &ns, &pod, &container).await {
+        Ok(l) => l,
+        Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let Some(c) = list.first() else {
+        return status(
+            StatusCode::NOT_FOUND,
+            format!("container {container} not found in pod {pod}"),
+        );
+    };
+    let cmd: Vec<String> = q
+        .iter()
+        .filter(|(k, _)| k == "command")
+        .map(|(_, v)| v.clone())
+        .collect();
+    let r = cri::ExecRequest {
+        container_id: c.id.clone(),
+        cmd,
+        tty: flag_of(&q, "tty"),
+        stdin: flag_of(&q, "stdin") || flag_of(&q, "input"),
+        stdout: flag_of(&q, "stdout") || flag_of(&q, "output"),
+        stderr: flag_of(&q, "stderr") || flag_of(&q, "error"),
+    };
+    match ctx.runtime.exec(r).await {
+        Ok(url) => relay(url, req).await,
+        Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn attach(
+    State(ctx): State<Arc<Ctx>>,
+    Path((ns, pod, container)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    let q = query_all(&req);
+    let list = match instances(ctx.runtime.as_ref(), &ns, &pod, &container).await {
+        Ok(l) => l,
+        Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let Some(c) = list.first() else {
+        return status(
+            StatusCode::NOT_FOUND,
+            format!("container {container} not found in pod {pod}"),
+        );
+    };
+    let r = cri::AttachRequest {
+        container_id: c.id.clone(),
+        tty: flag_of(&q, "tty"),
+        stdin: flag_of(&q, "stdin") || flag_of(&q, "input"),
+        stdout: flag_of(&q, "stdout") || flag_of(&q, "output"),
+        stderr: flag_of(&q, "stderr") || flag_of(&q, "error"),
+    };
+    match ctx.runtime.attach(r).await {
+        Ok(url) => relay(url, req).await,
+        Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn port_forward(
+    State(ctx): State<Arc<Ctx>>,
+    Path((ns, pod)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    let q = query_all(&req);
+    let sandboxes = match ctx.runtime.list_sandboxes(None).await {
+        Ok(s) => s,
+        Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let Some(sb) = sandboxes
+        .iter()
+        .filter(|s| {
+            s.state == cri::PodSandboxState::SandboxReady as i32
+                && s.labels.get(LABEL_POD_NAMESPACE).map(String::as_str) == Some(ns.as_str())
+                && s.labels.get(LABEL_POD_NAME).map(String::as_str) == Some(pod.as_str())
+        })
+        .max_by_key(|s| s.created_at)
+    else {
+        return status(
+            StatusCode::NOT_FOUND,
+            format!("pod {ns}/{pod} has no running sandbox"),
+        );
+    };
+    let ports: Vec<i32> = q
+        .iter()
+        .filter(|(k, _)| k == "port")
+        .filter_map(|(_, v)| v.parse().ok())
+        .collect();
+    match ctx.runtime.port_forward(&sb.id, ports).await {
+        Ok(url) => relay(url, req).await,
+        Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// Sends the client's (upgrade) request to the runtime's streaming URL; on
+/// 101 joins the two upgraded connections.
+async fn relay(url: String, mut req: Request) -> Response {
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("bad streaming URL {url}"),
+        );
+    };
+    let host = uri.host().unwrap_or("127.0.0.1").to_string();
+    let port = uri.port_u16().unwrap_or(80);
+    let path = uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    let client_upgrade = hyper::upgrade::on(&mut req);
+    let tcp = match tokio::net::TcpStream::connect((host.as_str(), port)).await {
+        Ok(t) => t,
+        Err(e) => {
+            return status(
+                StatusCode::BAD_GATEWAY,
+                format!("connecting to the runtime's streaming server: {e}"),
+            )
+        }
+    };
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await {
+        Ok(x) => x,
+        Err(e) => return status(StatusCode::BAD_GATEWAY, e.to_string()),
+    };
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let mut out = http::Request::builder()
+        .method(req.method().clone())
+        .uri(path);
+    let headers: &HeaderMap = req.headers();
+    for (k, v) in headers {
+        if k == http::header::HOST {
+            continue;
+        }
+        out = out.header(k, v);
+    }
+    out = out.header(http::header::HOST, format!("{host}:{port}"));
+    let Ok(out) = out.body(http_body_util::Empty::<bytes::Bytes>::new()) else {
+        return status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "building the relay request".into(),
+        );
+    };
+    let mut resp = match sender.send_request(out).await {
+        Ok(r) => r,
+        Err(e) => return status(StatusCode::BAD_GATEWAY, e.to_string()),
+    };
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        let (parts, body) = resp.into_parts();
+        return Response::from_parts(parts, Body::new(body));
+    }
+    let runtime_upgrade = hyper::upgrade::on(&mut resp);
+    tokio::spawn(async move {
+        let (Ok(a), Ok(b)) = (client_upgrade.await, runtime_upgrade.await) else {
+            return;
+        };
+        let mut a = TokioIo::new(a);
+        let mut b = TokioIo::new(b);
+        let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+    });
+    let mut builder = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
+    for (k, v) in resp.headers() {
+        builder = builder.header(k, v);
+    }
+    builder
+        .body(Body::empty())
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cri_log_lines_render_with_and_without_timestamps_and_partials_join() {
+        let full = parse_line("2026-01-01T00:00:00.000000001Z stdout F hello world").unwrap();
+        assert_eq!(render(&full, false), "hello world\n");
+        assert_eq!(
+            render(&full, true),
+            "2026-01-01T00:00:00.000000001Z hello world\n"
+        );
+        let part = parse_line("2026-01-01T00:00:00Z stderr P abc").unwrap();
+        assert_eq!(render(&part, false), "abc");
+        let empty = parse_line("2026-01-01T00:00:00Z stdout F").unwrap();
+        assert_eq!(render(&empty, false), "\n");
+    }
+
+    #[test]
+    fn repeated_command_parameters_keep_their_order_and_decode() {
+        let q = url_pairs("command=sh&command=-c&command=echo+hi%21&stdin=true");
+        let cmd: Vec<_> = q
+            .iter()
+            .filter(|(k, _)| k == "command")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(cmd, ["sh", "-c", "echo hi!"]);
+        assert!(flag_of(&q, "stdin"));
+        assert!(!flag_of(&q, "tty"));
+    }
+}

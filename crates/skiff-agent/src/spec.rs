@@ -1,0 +1,366 @@
+//! Turning a Pod's spec into CRI configs: the sandbox (hostname, DNS, port
+//! mappings, labels), and each container (command with `$(VAR)` expansion,
+//! env from values, fields, resources, ConfigMaps and Secrets, mounts,
+//! resources and security context).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::runtime::{
+    cri, ANNOTATION_INIT, ANNOTATION_SPEC_HASH, LABEL_CONTAINER_NAME, LABEL_POD_NAME,
+    LABEL_POD_NAMESPACE, LABEL_POD_UID,
+};
+
+pub fn uid(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or("")
+}
+pub fn name(pod: &Pod) -> &str {
+    pod.metadata.name.as_deref().unwrap_or("")
+}
+pub fn namespace(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or("default")
+}
+
+/// The directory CRI writes a pod's container logs under.
+pub fn log_dir(logs_root: &Path, pod: &Pod) -> std::path::PathBuf {
+    logs_root.join(format!("{}_{}_{}", namespace(pod), name(pod), uid(pod)))
+}
+
+/// The sandbox config of a pod (attempt: how many sandboxes it had before).
+pub fn sandbox_config(pod: &Pod, attempt: u32, logs_root: &Path) -> cri::PodSandboxConfig {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let mut labels: HashMap<String, String> = pod
+        .metadata
+        .labels
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    labels.insert(LABEL_POD_UID.into(), uid(pod).into());
+    labels.insert(LABEL_POD_NAME.into(), name(pod).into());
+    labels.insert(LABEL_POD_NAMESPACE.into(), namespace(pod).into());
+    let annotations: HashMap<String, String> = pod
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let host_network = spec.host_network.unwrap_or(false);
+    let hostname = if host_network {
+        String::new()
+    } else {
+        spec.hostname
+            .clone()
+            .unwrap_or_else(|| name(pod).to_string())
+    };
+    let mut port_mappings = vec![];
+    for c in &spec.containers {
+        for p in c.ports.iter().flatten() {
+            if let Some(hp) = p.host_port.filter(|h| *h > 0) {
+                let protocol = match p.protocol.as_deref() {
+                    Some("UDP") => cri::Protocol::Udp,
+                    Some("SCTP") => cri::Protocol::Sctp,
+                    _ => cri::Protocol::Tcp,
+                };
+                port_mappings.push(cri::PortMapping {
+                    protocol: protocol as i32,
+                    container_port: p.container_port,
+                    host_port: hp,
+                    host_ip: p.host_ip.clone().unwrap_or_default(),
+                });
+            }
+        }
+    }
+    let dns_config = spec.dns_config.as_ref().map(|d| cri::DnsConfig {
+        servers: d.nameservers.clone().unwrap_or_default(),
+        searches: d.searches.clone().unwrap_or_default(),
+        options: d
+            .options
+            .iter()
+            .flatten()
+            .map(|o| match &o.value {
+                Some(v) => format!("{}:{v}", o.name.clone().unwrap_or_default()),
+                None => o.name.clone().unwrap_or_default(),
+            })
+            .collect(),
+    });
+    let privileged = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .any(|c| {
+            c.security_context
+                .as_ref()
+                .and_then(|s| s.privileged)
+                .unwrap_or(false)
+        });
+    let ns_mode = |host: bool| {
+        if host {
+            cri::NamespaceMode::Node as i32
+        } else {
+            cri::NamespaceMode::Pod as i32
+        }
+    };
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: name(pod).into(),
+            uid: uid(pod).into(),
+            namespace: namespace(pod).into(),
+            attempt,
+        }),
+        hostname,
+        log_directory: log_dir(logs_root, pod).to_string_lossy().into_owned(),
+        dns_config,
+        port_mappings,
+        labels,
+        annotations,
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(cri::NamespaceOption {
+                    network: ns_mode(host_network),
+                    pid: if spec.host_pid.unwrap_or(false) {
+                        cri::NamespaceMode::Node as i32
+                    } else if spec.share_process_namespace.unwrap_or(false) {
+                        cri::NamespaceMode::Pod as i32
+                    } else {
+                        cri::NamespaceMode::Container as i32
+                    },
+                    ipc: ns_mode(spec.host_ipc.unwrap_or(false)),
+                    ..Default::default()
+                }),
+                privileged,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Parses a Kubernetes quantity into a number in base units (cores for cpu,
+/// bytes for memory). None if it does not parse.
+pub fn quantity(q: &Quantity) -> Option<f64> {
+    skiff_core::validation::parse_quantity(&q.0)
+        .ok()
+        .map(|q| q.value)
+}
+
+/// A container's resource settings for CRI: cpu shares from the request,
+/// CFS quota from the limit, the memory limit.
+pub fn resources(c: &Container) -> cri::LinuxContainerResources {
+    let res = c.resources.clone().unwrap_or_default();
+    let req = res.requests.unwrap_or_default();
+    let lim = res.limits.unwrap_or_default();
+    let cpu_req = req.get("cpu").or(lim.get("cpu")).and_then(quantity);
+    let cpu_lim = lim.get("cpu").and_then(quantity);
+    let mem_lim = lim.get("memory").and_then(quantity);
+    let shares = match cpu_req {
+        Some(cores) => ((cores * 1024.0).round() as i64).max(2),
+        None => 2,
+    };
+    let (quota, period) = match cpu_lim {
+        Some(cores) => (((cores * 100_000.0).round() as i64).max(1000), 100_000),
+        None => (0, 0),
+    };
+    cri::LinuxContainerResources {
+        cpu_shares: shares,
+        cpu_quota: quota,
+        cpu_period: period,
+        memory_limit_in_bytes: mem_lim.map(|b| b as i64).unwrap_or(0),
+        ..Default::default()
+    }
+}
+
+/// Expands `$(VAR)` references as Kubernetes does: `$$` escapes, unknown
+/// references stay as written.
+pub fn expand(s: &str, env: &BTreeMap<String, String>) -> String {
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'$' && i + 1 < b.len() {
+            if b[i + 1] == b'$' {
+                out.push('$');
+                i += 2;
+                continue;
+            }
+            if b[i + 1] == b'(' {
+                if let Some(end) = s[i + 2..].find(')') {
+                    let name = &s[i + 2..i + 2 + end];
+                    if let Some(v) = env.get(name) {
+                        out.push_str(v);
+                    } else {
+                        out.push_str(&s[i..i + 3 + end]);
+                    }
+                    i += 3 + end;
+                    continue;
+                }
+            }
+        }
+        let ch = s[i..].chars().next().unwrap_or('\u{fffd}');
+        out.push(ch);
+        i += ch.len_utf8();
+    }
+    out
+}
+
+/// Everything a container config needs that comes from outside the pod.
+pub struct ContainerInputs<'a> {
+    pub env: Vec<(String, String)>,
+    pub mounts: Vec<cri::Mount>,
+    pub image: &'a str,
+    pub attempt: u32,
+    pub init: bool,
+    pub spec_hash: String,
+}
+
+pub fn container_config(
+    pod: &Pod,
+    c: &Container,
+    inputs: ContainerInputs<'_>,
+) -> cri::ContainerConfig {
+    let env_map: BTreeMap<String, String> = inputs.env.iter().cloned().collect();
+    let command: Vec<String> = c
+        .command
+        .iter()
+        .flatten()
+        .map(|s| expand(s, &env_map))
+        .collect();
+    let args: Vec<String> = c
+        .args
+        .iter()
+        .flatten()
+        .map(|s| expand(s, &env_map))
+        .collect();
+    let sc = c.security_context.clone().unwrap_or_default();
+    let psc = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.clone())
+        .unwrap_or_default();
+    let run_as_user = sc.run_as_user.or(psc.run_as_user);
+    let run_as_group = sc.run_as_group.or(psc.run_as_group);
+    let caps = sc.capabilities.clone().unwrap_or_default();
+    let mut labels = HashMap::new();
+    labels.insert(LABEL_POD_UID.to_string(), uid(pod).to_string());
+    labels.insert(LABEL_POD_NAME.to_string(), name(pod).to_string());
+    labels.insert(LABEL_POD_NAMESPACE.to_string(), namespace(pod).to_string());
+    labels.insert(LABEL_CONTAINER_NAME.to_string(), c.name.clone());
+    let mut annotations: HashMap<String, String> = pod
+        .metadata
+        .annotations
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    annotations.insert(ANNOTATION_SPEC_HASH.into(), inputs.spec_hash);
+    if inputs.init {
+        annotations.insert(ANNOTATION_INIT.into(), "true".into());
+    }
+    cri::ContainerConfig {
+        metadata: Some(cri::ContainerMetadata {
+            name: c.name.clone(),
+            attempt: inputs.attempt,
+        }),
+        image: Some(cri::ImageSpec {
+            image: inputs.image.to_string(),
+            ..Default::default()
+        }),
+        command,
+        args,
+        working_dir: c.working_dir.clone().unwrap_or_default(),
+        envs: inputs
+            .env
+            .iter()
+            .map(|(k, v)| cri::KeyValue {
+                key: k.clone(),
+                value: v.clone(),
+            })
+            .collect(),
+        mounts: inputs.mounts,
+        labels,
+        annotations,
+        log_path: format!("{}/{}.log", c.name, inputs.attempt),
+        stdin: c.stdin.unwrap_or(false),
+        stdin_once: c.stdin_once.unwrap_or(false),
+        tty: c.tty.unwrap_or(false),
+        linux: Some(cri::LinuxContainerConfig {
+            resources: Some(resources(c)),
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                capabilities: Some(cri::Capability {
+                    add_capabilities: caps.add.unwrap_or_default(),
+                    drop_capabilities: caps.drop.unwrap_or_default(),
+                    ..Default::default()
+                }),
+                privileged: sc.privileged.unwrap_or(false),
+                run_as_user: run_as_user.map(|u| cri::Int64Value { value: u }),
+                run_as_group: run_as_group.map(|g| cri::Int64Value { value: g }),
+                readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
+                supplemental_groups: psc.supplemental_groups.clone().unwrap_or_default(),
+                no_new_privs: sc.allow_privilege_escalation == Some(false),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A stable hash of a container's spec: a change means the container must
+/// be replaced.
+pub fn spec_hash(c: &Container) -> String {
+    let bytes = serde_json::to_vec(c).unwrap_or_default();
+    let d = ring::digest::digest(&ring::digest::SHA256, &bytes);
+    d.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn variable_references_expand_and_unknown_ones_stay_as_written() {
+        let e = env(&[("A", "x"), ("B", "y")]);
+        assert_eq!(expand("$(A)-$(B)", &e), "x-y");
+        assert_eq!(expand("$(C)", &e), "$(C)");
+        assert_eq!(expand("$$(A)", &e), "$(A)");
+        assert_eq!(expand("cost $5", &e), "cost $5");
+        assert_eq!(expand("$(A", &e), "$(A");
+        assert_eq!(expand("é$(A)", &e), "éx");
+    }
+
+    #[test]
+    fn cpu_requests_become_shares_and_limits_become_a_cfs_quota() {
+        let c: Container = serde_json::from_value(serde_json::json!({
+            "name": "c",
+            "resources": {"requests": {"cpu": "250m"}, "limits": {"cpu": "500m", "memory": "64Mi"}}
+        }))
+        .unwrap();
+        let r = resources(&c);
+        assert_eq!(r.cpu_shares, 256);
+        assert_eq!(r.cpu_quota, 50_000);
+        assert_eq!(r.cpu_period, 100_000);
+        assert_eq!(r.memory_limit_in_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn a_container_without_resources_gets_minimal_shares_and_no_limits() {
+        let c: Container = serde_json::from_value(serde_json::json!({"name": "c"})).unwrap();
+        let r = resources(&c);
+        assert_eq!(
+            (r.cpu_shares, r.cpu_quota, r.memory_limit_in_bytes),
+            (2, 0, 0)
+        );
+    }
+}
