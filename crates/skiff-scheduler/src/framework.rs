@@ -435,6 +435,39 @@ impl Framework {
         Status::success()
     }
 
+    /// Runs the filters as Kubernetes does when pods are nominated to the
+    /// node: with the nominated pods of at least this pod's priority
+    /// counted, and (if that passes) without them.
+    pub fn run_filters_with_nominated(
+        &self,
+        state: &CycleState,
+        pod: &PodInfo,
+        node: &NodeInfo,
+        snap: &Snapshot,
+    ) -> Status {
+        let Some(nominated) = snap.nominated.get(&node.name) else {
+            return self.run_filters(state, pod, node, snap);
+        };
+        let relevant: Vec<&Arc<PodInfo>> = nominated
+            .iter()
+            .filter(|p| p.uid != pod.uid && p.priority >= pod.priority)
+            .collect();
+        if relevant.is_empty() {
+            return self.run_filters(state, pod, node, snap);
+        }
+        let mut st = state.clone();
+        let mut n = node.clone();
+        for p in relevant {
+            n.add_pod((*p).clone());
+            self.run_pre_filter_add_pod(&mut st, pod, p, &n, snap);
+        }
+        let with = self.run_filters(&st, pod, &n, snap);
+        if !with.is_success() {
+            return with;
+        }
+        self.run_filters(state, pod, node, snap)
+    }
+
     pub fn run_pre_filter_add_pod(
         &self,
         state: &mut CycleState,

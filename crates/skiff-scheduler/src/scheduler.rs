@@ -149,7 +149,7 @@ pub fn find_node(
                 continue;
             }
         }
-        let st = fw.run_filters(state, pod, node, snap);
+        let st = fw.run_filters_with_nominated(state, pod, node, snap);
         if st.is_success() {
             feasible.push(i);
             if feasible.len() >= to_find {
@@ -234,6 +234,8 @@ pub struct Scheduler {
     /// Keys seen since a watch (re)started listing, per kind.
     relist: HashMap<&'static str, HashSet<String>>,
     synced: HashSet<&'static str>,
+    /// Pods nominated by preemption: uid → node.
+    nominated: HashMap<String, String>,
 }
 
 fn spawn_watch<K>(
@@ -358,6 +360,7 @@ impl Scheduler {
             rx,
             relist: HashMap::new(),
             synced: HashSet::new(),
+            nominated: HashMap::new(),
         })
     }
 
@@ -391,6 +394,28 @@ impl Scheduler {
                 .find(|(_, global)| *global)
                 .map(|(v, _)| *v)
                 .unwrap_or(0),
+        }
+    }
+
+    fn nominate(&mut self, info: &Arc<PodInfo>, node: &str) {
+        self.clear_nomination(&info.uid);
+        self.nominated.insert(info.uid.clone(), node.to_string());
+        self.cache
+            .snap
+            .nominated
+            .entry(node.to_string())
+            .or_default()
+            .push(info.clone());
+    }
+
+    fn clear_nomination(&mut self, uid: &str) {
+        if let Some(node) = self.nominated.remove(uid) {
+            if let Some(list) = self.cache.snap.nominated.get_mut(&node) {
+                list.retain(|p| p.uid != uid);
+                if list.is_empty() {
+                    self.cache.snap.nominated.remove(&node);
+                }
+            }
         }
     }
 
@@ -585,6 +610,7 @@ impl Scheduler {
         if !node_name.is_empty() {
             self.queue.delete(&uid);
             self.pending.remove(&uid);
+            self.clear_nomination(&uid);
             let was_known = self.cache.contains_pod(&uid);
             let was_assumed = self.cache.is_assumed(&uid);
             self.cache
@@ -605,16 +631,28 @@ impl Scheduler {
             return;
         }
         self.pending.insert(uid.clone());
+        let info = Arc::new(info);
+        let nominated = info
+            .pod
+            .status
+            .as_ref()
+            .and_then(|s| s.nominated_node_name.clone())
+            .filter(|n| !n.is_empty());
+        match nominated {
+            Some(n) => self.nominate(&info, &n),
+            None => self.clear_nomination(&uid),
+        }
         if self.cache.is_assumed(&uid) {
             // Being bound; the watch has not caught up yet.
             return;
         }
-        self.queue.add_or_update(Arc::new(info));
+        self.queue.add_or_update(info);
     }
 
     fn pod_delete(&mut self, uid: &str) {
         self.queue.delete(uid);
         self.pending.remove(uid);
+        self.clear_nomination(uid);
         if self.cache.remove_pod(uid).is_some() {
             self.cluster_event(ClusterEvent::AssignedPodDelete);
         }
@@ -656,6 +694,7 @@ impl Scheduler {
         );
         match outcome {
             ScheduleOutcome::Fit(node) => {
+                self.clear_nomination(&uid);
                 self.cache.assume(qp.info.clone(), &node);
                 let mut st = fw.run_reserve(&mut state, &qp.info, &node);
                 if st.is_success() {
@@ -702,6 +741,7 @@ impl Scheduler {
                         pf.post_filter(&fw, &state, &qp.info, &fe.statuses, &self.cache.snap);
                     if st.is_success() {
                         if let Some(node) = res.nominated_node.clone() {
+                            self.nominate(&qp.info, &node);
                             self.preempt(&fw, &qp.info, &node, res.victims);
                             nominated = Some(node);
                         }
@@ -870,9 +910,7 @@ impl Scheduler {
     // ---- the loop ----------------------------------------------------------------------------
 
     fn synced_all(&self) -> bool {
-        ["pod", "node", "namespace", "priorityclass"]
-            .iter()
-            .all(|k| self.synced.contains(k))
+        ["pod", "node"].iter().all(|k| self.synced.contains(k))
     }
 
     /// Runs until the inputs end.

@@ -1,0 +1,460 @@
+//! The scheduler against a real in-process API server: what a user sees
+//! (spec.nodeName, events, the PodScheduled condition) for each feature.
+
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use skiff_kube::testing::TestCluster;
+use skiff_scheduler::testing::{NodeBuilder, PodBuilder};
+
+struct Env {
+    _cluster: TestCluster,
+    client: kube::Client,
+    _task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(config: Option<&str>) -> Env {
+    let cluster = TestCluster::start().await.unwrap();
+    let client = cluster.client("test");
+    let dir = tempfile::tempdir().unwrap();
+    let config_file = config.map(|c| {
+        let p = dir.path().join("config.yaml");
+        std::fs::write(&p, c).unwrap();
+        p
+    });
+    let opts = skiff_scheduler::Options {
+        config_file,
+        metrics: None,
+    };
+    let task = tokio::spawn(skiff_scheduler::run(cluster.client("scheduler"), opts));
+    Env {
+        _cluster: cluster,
+        client,
+        _task: task,
+        _dir: dir,
+    }
+}
+
+impl Env {
+    async fn node(&self, n: NodeBuilder) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        api.create(&PostParams::default(), &n.build())
+            .await
+            .unwrap();
+    }
+    async fn pod(&self, p: PodBuilder) {
+        self.pods()
+            .create(&PostParams::default(), &p.for_api().build())
+            .await
+            .unwrap();
+    }
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+    async fn node_of(&self, name: &str) -> Option<String> {
+        self.pods()
+            .get(name)
+            .await
+            .ok()
+            .and_then(|p| p.spec.and_then(|s| s.node_name))
+    }
+    /// Waits until the pod is bound; its node.
+    async fn bound(&self, name: &str) -> String {
+        eventually(Duration::from_secs(10), || async {
+            self.node_of(name).await
+        })
+        .await
+        .unwrap_or_else(|| panic!("pod {name} was not scheduled"))
+    }
+    /// The message of the pod's newest FailedScheduling event, once there is one.
+    async fn failed_message(&self, name: &str) -> String {
+        eventually(Duration::from_secs(10), || async {
+            let evs: Api<Event> = Api::namespaced(self.client.clone(), "default");
+            let list = evs.list(&ListParams::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .filter(|e| {
+                    e.involved_object.name.as_deref() == Some(name)
+                        && e.reason.as_deref() == Some("FailedScheduling")
+                })
+                .max_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0))
+                .and_then(|e| e.message)
+        })
+        .await
+        .unwrap_or_else(|| panic!("no FailedScheduling event for {name}"))
+    }
+}
+
+async fn eventually<T, F, Fut>(timeout: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let end = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() > end {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn small(name: &str, cpu: &str) -> NodeBuilder {
+    NodeBuilder::new(name)
+        .label("kubernetes.io/hostname", name)
+        .allocatable("cpu", cpu)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_fits_is_bound_with_a_scheduled_event_and_one_that_does_not_stays_pending_with_the_reason(
+) {
+    let env = start(None).await;
+    env.node(small("n1", "2")).await;
+    env.node(small("n2", "2")).await;
+    env.pod(PodBuilder::new("fits").request("cpu", "1500m"))
+        .await;
+    let node = env.bound("fits").await;
+    assert!(node == "n1" || node == "n2");
+
+    let evs: Api<Event> = Api::namespaced(env.client.clone(), "default");
+    let scheduled = eventually(Duration::from_secs(5), || async {
+        evs.list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("Scheduled"))
+    })
+    .await
+    .expect("a Scheduled event");
+    assert_eq!(
+        scheduled.message.as_deref(),
+        Some(format!("Successfully assigned default/fits to {node}").as_str())
+    );
+    assert_eq!(scheduled.type_.as_deref(), Some("Normal"));
+    assert_eq!(scheduled.involved_object.kind.as_deref(), Some("Pod"));
+    assert_eq!(
+        scheduled.source.and_then(|s| s.component).as_deref(),
+        Some("default-scheduler")
+    );
+    let bound = env.pods().get("fits").await.unwrap();
+    let cond = bound.status.unwrap().conditions.unwrap();
+    assert!(cond
+        .iter()
+        .any(|c| c.type_ == "PodScheduled" && c.status == "True"));
+
+    env.pod(PodBuilder::new("too-big").request("cpu", "3"))
+        .await;
+    let msg = env.failed_message("too-big").await;
+    assert_eq!(
+        msg,
+        "0/2 nodes are available: 2 Insufficient cpu. preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod."
+    );
+    let cond = eventually(Duration::from_secs(5), || async {
+        let p = env.pods().get("too-big").await.ok()?;
+        p.status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+    })
+    .await
+    .expect("PodScheduled=False");
+    assert_eq!(cond.reason.as_deref(), Some("Unschedulable"));
+    assert_eq!(cond.message.as_deref(), Some(msg.as_str()));
+    assert_eq!(env.node_of("too-big").await, None);
+
+    // A bigger node arrives: the pending pod is retried and placed there.
+    env.node(small("big", "8")).await;
+    assert_eq!(env.bound("too-big").await, "big");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_selector_picks_the_labelled_node() {
+    let env = start(None).await;
+    env.node(small("hdd", "4").label("disk", "hdd")).await;
+    env.node(small("ssd", "4").label("disk", "ssd")).await;
+    for i in 0..4 {
+        env.pod(PodBuilder::new(&format!("p{i}")).node_selector("disk", "ssd"))
+            .await;
+    }
+    for i in 0..4 {
+        assert_eq!(env.bound(&format!("p{i}")).await, "ssd");
+    }
+    env.pod(PodBuilder::new("nowhere").node_selector("disk", "nvme"))
+        .await;
+    let msg = env.failed_message("nowhere").await;
+    assert!(
+        msg.starts_with(
+            "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."
+        ),
+        "{msg}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anti_affinity_spreads_replicas_over_hosts_and_affinity_joins_them() {
+    let env = start(None).await;
+    for n in ["n1", "n2", "n3"] {
+        env.node(small(n, "4")).await;
+    }
+    let anti = json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}});
+    for i in 0..3 {
+        env.pod(
+            PodBuilder::new(&format!("web{i}"))
+                .label("app", "web")
+                .affinity(anti.clone()),
+        )
+        .await;
+    }
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        nodes.push(env.bound(&format!("web{i}")).await);
+    }
+    nodes.sort();
+    assert_eq!(nodes, vec!["n1", "n2", "n3"]);
+    env.pod(
+        PodBuilder::new("web3")
+            .label("app", "web")
+            .affinity(anti.clone()),
+    )
+    .await;
+    let msg = env.failed_message("web3").await;
+    // The placed replicas' own anti-affinity is checked first, as in Kubernetes.
+    assert!(
+        msg.starts_with(
+            "0/3 nodes are available: 3 node(s) didn't satisfy existing pods anti-affinity rules."
+        ),
+        "{msg}"
+    );
+
+    let web1_node = env.node_of("web1").await.unwrap();
+    env.pod(PodBuilder::new("sidecar").affinity(json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}})))
+        .await;
+    let n = env.bound("sidecar").await;
+    assert!(nodes.contains(&n));
+    let _ = web1_node;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taints_keep_out_pods_that_do_not_tolerate_them() {
+    let env = start(None).await;
+    env.node(small("tainted", "4").taint("node-role", "x", "NoSchedule"))
+        .await;
+    env.pod(PodBuilder::new("plain")).await;
+    let msg = env.failed_message("plain").await;
+    assert_eq!(msg, "0/1 nodes are available: 1 node(s) had untolerated taint {node-role: x}. preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling.");
+    env.pod(PodBuilder::new("tolerant").toleration("node-role", "Equal", "x", "NoSchedule"))
+        .await;
+    assert_eq!(env.bound("tolerant").await, "tainted");
+    assert_eq!(env.node_of("plain").await, None);
+    env.node(small("clean", "4")).await;
+    assert_eq!(env.bound("plain").await, "clean");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topology_spread_balances_pods_over_zones() {
+    let env = start(None).await;
+    for (n, z) in [("a1", "a"), ("a2", "a"), ("a3", "a"), ("b1", "b")] {
+        env.node(small(n, "4").label("topology.kubernetes.io/zone", z))
+            .await;
+    }
+    let spread = json!({"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+        "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "s"}}});
+    let mut per_zone = std::collections::HashMap::<char, usize>::new();
+    for i in 0..6 {
+        let name = format!("s{i}");
+        env.pod(
+            PodBuilder::new(&name)
+                .label("app", "s")
+                .spread(spread.clone()),
+        )
+        .await;
+        // One at a time, so each placement sees the previous ones.
+        let node = env.bound(&name).await;
+        *per_zone.entry(node.chars().next().unwrap()).or_default() += 1;
+    }
+    assert_eq!(per_zone.get(&'a'), Some(&3));
+    assert_eq!(per_zone.get(&'b'), Some(&3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pods_cannot_share_a_host_port_on_one_node() {
+    let env = start(None).await;
+    env.node(small("only", "4")).await;
+    env.pod(PodBuilder::new("first").host_port("", "TCP", 8080))
+        .await;
+    assert_eq!(env.bound("first").await, "only");
+    env.pod(PodBuilder::new("second").host_port("", "TCP", 8080))
+        .await;
+    let msg = env.failed_message("second").await;
+    assert!(
+        msg.starts_with("0/1 nodes are available: 1 node(s) didn't have free ports for the requested pod ports."),
+        "{msg}"
+    );
+    // Another protocol on the same port is fine.
+    env.pod(PodBuilder::new("udp").host_port("", "UDP", 8080))
+        .await;
+    assert_eq!(env.bound("udp").await, "only");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_priority_pod_preempts_a_lower_priority_one() {
+    let env = start(None).await;
+    let pcs: Api<PriorityClass> = Api::all(env.client.clone());
+    for (name, value) in [("low", 10), ("high", 1000)] {
+        let pc: PriorityClass = serde_json::from_value(json!({
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value}))
+        .unwrap();
+        pcs.create(&PostParams::default(), &pc).await.unwrap();
+    }
+    env.node(small("n1", "1")).await;
+    env.pod(
+        PodBuilder::new("victim")
+            .priority_class("low")
+            .grace_period(0)
+            .request("cpu", "800m"),
+    )
+    .await;
+    assert_eq!(env.bound("victim").await, "n1");
+    env.pod(
+        PodBuilder::new("polite")
+            .priority_class("high")
+            .preemption_never()
+            .request("cpu", "800m"),
+    )
+    .await;
+    let msg = env.failed_message("polite").await;
+    assert!(
+        msg.ends_with("not eligible due to preemptionPolicy=Never."),
+        "{msg}"
+    );
+    assert!(env.pods().get("victim").await.is_ok());
+
+    env.pod(
+        PodBuilder::new("boss")
+            .priority_class("high")
+            .request("cpu", "800m"),
+    )
+    .await;
+    let nominated = eventually(Duration::from_secs(10), || async {
+        let p = env.pods().get("boss").await.ok()?;
+        if p.spec.as_ref()?.node_name.is_some() {
+            return Some("bound".to_string());
+        }
+        p.status?.nominated_node_name
+    })
+    .await;
+    if env.node_of("boss").await.is_none() {
+        let m = env.failed_message("boss").await;
+        let v = env.pods().get("victim").await;
+        eprintln!(
+            "boss: {m}\nvictim: {:?}",
+            v.map(|v| (v.metadata.deletion_timestamp, v.spec.unwrap().priority))
+        );
+    }
+    assert!(nominated.is_some());
+    assert_eq!(env.bound("boss").await, "n1");
+    let gone = eventually(Duration::from_secs(5), || async {
+        env.pods().get("victim").await.err().map(|_| ())
+    })
+    .await;
+    assert!(gone.is_some(), "the victim was not deleted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cordoned_node_takes_no_new_pods_until_uncordoned() {
+    let env = start(None).await;
+    env.node(small("n1", "4").unschedulable(true)).await;
+    env.pod(PodBuilder::new("waiting")).await;
+    let msg = env.failed_message("waiting").await;
+    assert!(
+        msg.starts_with("0/1 nodes are available: 1 node(s) were unschedulable."),
+        "{msg}"
+    );
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": null}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(env.bound("waiting").await, "n1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_profile_binds_only_its_own_pods_and_unknown_scheduler_names_are_left_alone() {
+    let config = r#"
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: default-scheduler
+- schedulerName: bin-packer
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: MostAllocated
+"#;
+    let env = start(Some(config)).await;
+    env.node(small("n1", "4")).await;
+    env.node(small("n2", "4")).await;
+    env.pod(
+        PodBuilder::new("packed-0")
+            .scheduler_name("bin-packer")
+            .request("cpu", "1"),
+    )
+    .await;
+    let first = env.bound("packed-0").await;
+    for i in 1..3 {
+        let name = format!("packed-{i}");
+        env.pod(
+            PodBuilder::new(&name)
+                .scheduler_name("bin-packer")
+                .request("cpu", "1"),
+        )
+        .await;
+        // MostAllocated keeps filling the same node.
+        assert_eq!(env.bound(&name).await, first);
+    }
+    env.pod(PodBuilder::new("elsewhere").scheduler_name("someone-else"))
+        .await;
+    env.pod(PodBuilder::new("normal")).await;
+    env.bound("normal").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(env.node_of("elsewhere").await, None);
+    let evs: Api<Event> = Api::namespaced(env.client.clone(), "default");
+    let about: Vec<_> = evs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some("elsewhere"))
+        .collect();
+    assert!(about.is_empty(), "{about:?}");
+    let packed_event = evs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|e| e.involved_object.name.as_deref() == Some("packed-0"))
+        .unwrap();
+    assert_eq!(
+        packed_event.source.and_then(|s| s.component).as_deref(),
+        Some("bin-packer")
+    );
+}
