@@ -161,12 +161,83 @@ pub struct Server {
     pub port: u16,
     pub kubeconfig: PathBuf,
     extra: Vec<String>,
+    /// `server`, or `up` for a whole single-node cluster with real
+    /// containers.
+    mode: &'static str,
 }
 
 impl Server {
     /// Starts a server with extra flags and waits until it is ready.
     pub fn start_with(extra: &[&str]) -> Server {
-        let dir = tempfile::tempdir().expect("temp dir");
+        Server::launch("server", extra)
+    }
+
+    /// Runs `skiff up` (server, scheduler, controllers and an agent with its
+    /// own containerd, all in the test's temp dir), waits for the node to be
+    /// Ready and imports the busybox test image ([`BUSYBOX`]).
+    pub fn up() -> Server {
+        // A /16 of its own per cluster, so bridges of concurrent tests differ.
+        let n = std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64 ^ rand_u64();
+        let cidr = format!("10.{}.0.0/16", 100 + n % 100);
+        let s = Server::launch(
+            "up",
+            &[
+                "--agent-port",
+                "0",
+                "--node-name",
+                "e2e-node",
+                "--cluster-cidr",
+                &cidr,
+            ],
+        );
+        let archive = busybox_archive();
+        let out = Command::new(skiff_binary())
+            .args(["image", "import"])
+            .arg(&archive)
+            .arg("--data-dir")
+            .arg(s.dir.path().join("data"))
+            .output()
+            .expect("run skiff image import");
+        assert!(
+            out.status.success(),
+            "importing busybox: {}",
+            text(&out.stderr)
+        );
+        s
+    }
+
+    /// Kills skiff with SIGKILL, as a crash would (containers stay).
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts skiff again after [`Server::kill9`].
+    pub fn start_again(&mut self) {
+        let expect = ups(self.dir.path()) + 1;
+        self.child = spawn_server(
+            self.mode,
+            self.dir.path(),
+            self.port,
+            &self.kubeconfig,
+            &self.extra,
+        );
+        if let Err(log) = wait_ready(
+            self.mode,
+            expect,
+            &mut self.child,
+            self.dir.path(),
+            &self.kubeconfig,
+        ) {
+            panic!("skiff did not come back:\n{log}");
+        }
+    }
+
+    fn launch(mode: &'static str, extra: &[&str]) -> Server {
+        let dir = tempfile::Builder::new()
+            .prefix("skf")
+            .tempdir_in("/tmp")
+            .expect("temp dir");
         let kubeconfig = dir.path().join("admin.kubeconfig");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         // A port found free can be taken by another process before the
@@ -175,8 +246,9 @@ impl Server {
         loop {
             attempt += 1;
             let port = free_port();
-            let mut child = spawn_server(dir.path(), port, &kubeconfig, &extra);
-            match wait_ready(&mut child, dir.path(), &kubeconfig) {
+            let expect = ups(dir.path()) + 1;
+            let mut child = spawn_server(mode, dir.path(), port, &kubeconfig, &extra);
+            match wait_ready(mode, expect, &mut child, dir.path(), &kubeconfig) {
                 Ok(()) => {
                     return Server {
                         child,
@@ -184,6 +256,7 @@ impl Server {
                         port,
                         kubeconfig,
                         extra,
+                        mode,
                     }
                 }
                 Err(log) => {
@@ -206,8 +279,21 @@ impl Server {
     pub fn restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.child = spawn_server(self.dir.path(), self.port, &self.kubeconfig, &self.extra);
-        if let Err(log) = wait_ready(&mut self.child, self.dir.path(), &self.kubeconfig) {
+        let expect = ups(self.dir.path()) + 1;
+        self.child = spawn_server(
+            self.mode,
+            self.dir.path(),
+            self.port,
+            &self.kubeconfig,
+            &self.extra,
+        );
+        if let Err(log) = wait_ready(
+            self.mode,
+            expect,
+            &mut self.child,
+            self.dir.path(),
+            &self.kubeconfig,
+        ) {
             panic!("skiff server did not come back:\n{log}");
         }
     }
@@ -333,14 +419,14 @@ fn private_home<'a>(c: &'a mut Command, dir: &Path) -> &'a mut Command {
 
 /// Starts `skiff server` on `port` with its data in `dir/data`, its log in
 /// `dir/server.log` (appended to, so a restart keeps the earlier log).
-fn spawn_server(dir: &Path, port: u16, kubeconfig: &Path, extra: &[String]) -> Child {
+fn spawn_server(mode: &str, dir: &Path, port: u16, kubeconfig: &Path, extra: &[String]) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("server.log"))
         .expect("server log file");
     Command::new(skiff_binary())
-        .arg("server")
+        .arg(mode)
         .arg("--data-dir")
         .arg(dir.join("data"))
         .arg("--listen")
@@ -357,14 +443,25 @@ fn spawn_server(dir: &Path, port: u16, kubeconfig: &Path, extra: &[String]) -> C
 
 /// Waits until `kubectl get --raw /readyz` succeeds; when the process exits
 /// first, or 30 s pass, returns what went wrong with the server's log.
-fn wait_ready(child: &mut Child, dir: &Path, kubeconfig: &Path) -> Result<(), String> {
+fn wait_ready(
+    mode: &str,
+    expect: usize,
+    child: &mut Child,
+    dir: &Path,
+    kubeconfig: &Path,
+) -> Result<(), String> {
     let log = || std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(if mode == "up" { 60 } else { 30 });
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             return Err(format!("skiff exited ({status}); its log:\n{}", log()));
         }
-        if kubeconfig.exists()
+        if mode == "up" {
+            // `skiff up` says so once the node is Ready.
+            if log().matches("skiff is up").count() >= expect {
+                return Ok(());
+            }
+        } else if kubeconfig.exists()
             && private_home(&mut Command::new(kubectl_binary()), dir)
                 .env("KUBECONFIG", kubeconfig)
                 .args(["get", "--raw", "/readyz"])
@@ -387,7 +484,56 @@ impl Drop for Server {
         // Stop exactly the process this harness started.
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if self.mode == "up" {
+            // And what it left running on purpose (fail-static): the pods'
+            // containers and the containerd of this test's data dir.
+            let _ = Command::new(skiff_binary())
+                .args(["down", "--purge", "--data-dir"])
+                .arg(self.dir.path().join("data"))
+                .output();
+        }
     }
+}
+
+/// How many times `skiff up` has said it is up in this dir's log.
+fn ups(dir: &Path) -> usize {
+    std::fs::read_to_string(dir.join("server.log"))
+        .unwrap_or_default()
+        .matches("skiff is up")
+        .count()
+}
+
+/// The busybox test image the e2e tests run.
+pub const BUSYBOX: &str = "skiff.local/busybox:1";
+
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut b);
+    }
+    u64::from_le_bytes(b)
+}
+
+/// The busybox image archive, built once per test process from Debian's
+/// busybox-static.
+fn busybox_archive() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let path =
+            std::env::temp_dir().join(format!("skiff-e2e-busybox-{}.tar", std::process::id()));
+        let out = Command::new(skiff_binary())
+            .args(["image", "build-busybox", "--output"])
+            .arg(&path)
+            .output()
+            .expect("run skiff image build-busybox");
+        assert!(
+            out.status.success(),
+            "building the busybox image (apt-get install busybox-static): {}",
+            text(&out.stderr)
+        );
+        path
+    })
+    .clone()
 }
 
 /// A kubectl running in the background.

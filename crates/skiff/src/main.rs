@@ -23,8 +23,25 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the API server on its embedded store.
+    /// Run the API server on its embedded store, with the scheduler and the
+    /// controller manager.
     Server(ServerArgs),
+    /// Run a node agent (real containers through containerd, or hollow
+    /// nodes with --simulate).
+    Agent(AgentArgs),
+    /// Run a single-node cluster in one process: server, scheduler,
+    /// controllers and an agent.
+    Up(UpArgs),
+    /// Stop what `skiff up` left running (containers, containerd); with
+    /// --purge also remove its data.
+    Down(DownArgs),
+    /// Run the scheduler alone against a cluster.
+    Scheduler(SchedulerArgs),
+    /// Run the controller manager alone against a cluster.
+    ControllerManager(ControllerManagerArgs),
+    /// Images without a registry.
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// Print skiff's version.
     Version,
 }
@@ -47,12 +64,128 @@ struct ServerArgs {
     /// ClusterIP range for services.
     #[arg(long, default_value = "10.43.0.0/16")]
     service_cidr: String,
+    /// Pod addresses: each node gets a /24 of this range.
+    #[arg(long, default_value = "10.42.0.0/16")]
+    cluster_cidr: String,
+    /// Do not run the scheduler in this process.
+    #[arg(long)]
+    disable_scheduler: bool,
+    /// Do not run the controller manager in this process.
+    #[arg(long)]
+    disable_controllers: bool,
     /// Seconds of history kept for watches (Kubernetes keeps 5 minutes).
     #[arg(long, default_value_t = 300, hide = true)]
     compact_keep: u64,
     /// Seconds between compactions.
     #[arg(long, default_value_t = 60, hide = true)]
     compact_every: u64,
+}
+
+#[derive(Args, Clone)]
+struct NodeArgs {
+    /// The node's name (default: this machine's hostname).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Use this containerd socket instead of running one for the agent.
+    #[arg(long)]
+    containerd: Option<PathBuf>,
+    /// The node's address (default: the address of the default route).
+    #[arg(long)]
+    node_ip: Option<String>,
+    /// Port of the agent's HTTPS endpoint (0: any free port).
+    #[arg(long, default_value_t = 10250)]
+    agent_port: u16,
+    /// Pod CIDR of this node when no controller assigns one.
+    #[arg(long)]
+    pod_cidr: Option<String>,
+    /// Labels for the Node (key=value, repeatable).
+    #[arg(long = "node-label")]
+    node_labels: Vec<String>,
+}
+
+#[derive(Args, Clone)]
+struct AgentArgs {
+    /// Kubeconfig of the cluster to join.
+    #[arg(long)]
+    kubeconfig: PathBuf,
+    /// Where the agent keeps its containerd, logs and volumes.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    node: NodeArgs,
+    /// Run hollow nodes (simulated runtime) instead of a real one.
+    #[arg(long)]
+    simulate: bool,
+    /// With --simulate: how many nodes (named NODE-NAME-0 …).
+    #[arg(long, default_value_t = 1)]
+    nodes: u32,
+    /// With --simulate: how long a container takes to start, in ms.
+    #[arg(long, default_value_t = 0)]
+    start_delay_ms: u64,
+}
+
+#[derive(Args, Clone)]
+struct UpArgs {
+    #[command(flatten)]
+    server: ServerArgs,
+    #[command(flatten)]
+    node: NodeArgs,
+}
+
+#[derive(Args, Clone)]
+struct DownArgs {
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Also remove the data directory (store, certificates, images).
+    #[arg(long)]
+    purge: bool,
+}
+
+#[derive(Args, Clone)]
+struct SchedulerArgs {
+    #[arg(long)]
+    kubeconfig: PathBuf,
+    /// A KubeSchedulerConfiguration file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Args, Clone)]
+struct ControllerManagerArgs {
+    #[arg(long)]
+    kubeconfig: PathBuf,
+    /// Pod addresses: each node gets a /24 of this range.
+    #[arg(long, default_value = "10.42.0.0/16")]
+    cluster_cidr: String,
+}
+
+#[derive(Subcommand)]
+enum ImageCommand {
+    /// Load a docker-archive or OCI archive into the node's containerd.
+    Import {
+        file: PathBuf,
+        /// The data dir of the agent whose containerd gets the image.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// A containerd socket instead.
+        #[arg(long)]
+        containerd: Option<PathBuf>,
+    },
+    /// Build the busybox test image from a static busybox (Debian's
+    /// busybox-static) as a docker-archive.
+    BuildBusybox {
+        #[arg(long, default_value = "/bin/busybox")]
+        busybox: PathBuf,
+        #[arg(long, default_value = skiff_agent::image::BUSYBOX_IMAGE)]
+        tag: String,
+        #[arg(long, short)]
+        output: PathBuf,
+    },
+    /// Write skiff's pause image as a docker-archive.
+    BuildPause {
+        #[arg(long, short)]
+        output: PathBuf,
+    },
 }
 
 fn default_data_dir() -> PathBuf {
@@ -86,11 +219,19 @@ fn parse_cidr(s: &str) -> Result<(std::net::Ipv4Addr, u8)> {
     Ok((ip, bits))
 }
 
-async fn server(args: ServerArgs) -> Result<()> {
+/// A started API server: its router, PKI and where clients find it.
+struct Started {
+    api: skiff_apiserver::ApiServer,
+    pki: skiff_apiserver::tls::Pki,
+    listener: tokio::net::TcpListener,
+    kubeconfig_path: PathBuf,
+    data_dir: PathBuf,
+}
+
+async fn start_server(args: &ServerArgs) -> Result<Started> {
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
-    let started = std::time::Instant::now();
     let pki = skiff_apiserver::tls::Pki::load_or_create(&data_dir.join("pki"), &args.tls_san)?;
     let store = skiff_store::RedbStore::open(&data_dir.join("store.redb"), Default::default())
         .with_context(|| format!("opening the store in {}", data_dir.display()))?;
@@ -130,23 +271,402 @@ async fn server(args: ServerArgs) -> Result<()> {
         &pki.admin,
     );
     skiff_apiserver::tls::write_secret_file(&kubeconfig_path, &kubeconfig)?;
-    let tls = pki.server_config()?;
-    tracing::info!(%addr, kubeconfig = %kubeconfig_path.display(), elapsed_ms = started.elapsed().as_millis() as u64, "serving");
-    eprintln!(
-        "skiff: serving https://{advertise} (kubeconfig: {})",
-        kubeconfig_path.display()
-    );
-    let shutdown = async {
+    Ok(Started {
+        api,
+        pki,
+        listener,
+        kubeconfig_path,
+        data_dir,
+    })
+}
+
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    async {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
         }
+    }
+}
+
+fn identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}_{}", host.trim(), uuid_like())
+}
+
+fn uuid_like() -> String {
+    format!(
+        "{:016x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+            ^ (std::process::id() as u64) << 32
+    )
+}
+
+/// Runs the scheduler and the controller manager on `client`, each behind
+/// its own leader election, until one of them fails.
+fn spawn_control_loops(
+    client: kube::Client,
+    scheduler: bool,
+    controllers: bool,
+    cluster_cidr: &str,
+    root_ca: Option<String>,
+) {
+    let id = identity();
+    if scheduler {
+        let c = client.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            let r = skiff_kube::leader::run_elected(
+                c.clone(),
+                "kube-scheduler",
+                &id,
+                Default::default(),
+                skiff_scheduler::run(c, Default::default()),
+            )
+            .await;
+            if let Err(e) = r {
+                tracing::error!(error = %e, "the scheduler stopped");
+                eprintln!("skiff: the scheduler stopped: {e:#}");
+                std::process::exit(1);
+            }
+        });
+    }
+    if controllers {
+        let c = client.clone();
+        let options = controller_options(cluster_cidr, root_ca);
+        tokio::spawn(async move {
+            let r = skiff_kube::leader::run_elected(
+                c.clone(),
+                "kube-controller-manager",
+                &id,
+                Default::default(),
+                skiff_controllers::run(c, options),
+            )
+            .await;
+            if let Err(e) = r {
+                tracing::error!(error = %e, "the controller manager stopped");
+                eprintln!("skiff: the controller manager stopped: {e:#}");
+                std::process::exit(1);
+            }
+        });
+    }
+}
+
+fn controller_options(cluster_cidr: &str, root_ca: Option<String>) -> skiff_controllers::Options {
+    let _ = (cluster_cidr, &root_ca);
+    skiff_controllers::Options::default()
+}
+
+async fn server(args: ServerArgs) -> Result<()> {
+    let started = std::time::Instant::now();
+    let s = start_server(&args).await?;
+    let tls = s.pki.server_config()?;
+    let addr = s.listener.local_addr()?;
+    spawn_control_loops(
+        skiff_kube::in_process(&s.api, "kube-controller-manager"),
+        !args.disable_scheduler,
+        !args.disable_controllers,
+        &args.cluster_cidr,
+        Some(s.pki.ca.cert_pem.clone()),
+    );
+    tracing::info!(%addr, kubeconfig = %s.kubeconfig_path.display(), elapsed_ms = started.elapsed().as_millis() as u64, "serving");
+    eprintln!(
+        "skiff: serving https://{addr} (kubeconfig: {})",
+        s.kubeconfig_path.display()
+    );
+    let shutdown = async {
+        shutdown_signal().await;
         eprintln!("skiff: shutting down");
     };
-    skiff_apiserver::serve::serve_tls(listener, tls, api.router(), shutdown).await;
+    skiff_apiserver::serve::serve_tls(s.listener, tls, s.api.router(), shutdown).await;
     Ok(())
+}
+
+fn parse_labels(pairs: &[String]) -> Result<std::collections::BTreeMap<String, String>> {
+    pairs
+        .iter()
+        .map(|p| {
+            p.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .with_context(|| format!("a node label looks like key=value, not {p:?}"))
+        })
+        .collect()
+}
+
+fn hostname() -> String {
+    let h = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let h = h.trim().to_lowercase();
+    if h.is_empty() {
+        "skiff-node".into()
+    } else {
+        h
+    }
+}
+
+fn agent_options(
+    node: &NodeArgs,
+    data_dir: PathBuf,
+    ca_pem: Option<String>,
+) -> Result<skiff_agent::AgentOptions> {
+    Ok(skiff_agent::AgentOptions {
+        node_name: node.node_name.clone().unwrap_or_else(hostname),
+        data_dir,
+        containerd: node.containerd.clone(),
+        node_ip: node.node_ip.clone(),
+        port: node.agent_port,
+        pod_cidr: node.pod_cidr.clone(),
+        client_ca_pem: ca_pem,
+        labels: parse_labels(&node.node_labels)?,
+    })
+}
+
+fn ca_from_kubeconfig(path: &std::path::Path) -> Result<Option<String>> {
+    let kc = kube::config::Kubeconfig::read_from(path)?;
+    let Some(cluster) = kc.clusters.first().and_then(|c| c.cluster.clone()) else {
+        return Ok(None);
+    };
+    if let Some(data) = cluster.certificate_authority_data {
+        use base64::Engine;
+        let pem = base64::engine::general_purpose::STANDARD.decode(data.trim())?;
+        return Ok(Some(String::from_utf8(pem)?));
+    }
+    if let Some(file) = cluster.certificate_authority {
+        return Ok(Some(std::fs::read_to_string(file)?));
+    }
+    Ok(None)
+}
+
+async fn agent(args: AgentArgs) -> Result<()> {
+    let client = skiff_kube::client_from_kubeconfig(&args.kubeconfig).await?;
+    if args.simulate {
+        let options = skiff_agent::hollow::HollowOptions {
+            nodes: args.nodes,
+            prefix: args
+                .node
+                .node_name
+                .clone()
+                .unwrap_or_else(|| "hollow".into()),
+            start_delay: Duration::from_millis(args.start_delay_ms),
+            ..Default::default()
+        };
+        eprintln!(
+            "skiff: running {} hollow node(s) {}-0…",
+            options.nodes, options.prefix
+        );
+        tokio::select! {
+            r = skiff_agent::hollow::run(client, options) => return r,
+            _ = shutdown_signal() => return Ok(()),
+        }
+    }
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| default_data_dir().join("agent"));
+    let options = agent_options(&args.node, data_dir, ca_from_kubeconfig(&args.kubeconfig)?)?;
+    let t0 = std::time::Instant::now();
+    let progress = move |m: &str| eprintln!("[{:6.2}s] {m}", t0.elapsed().as_secs_f64());
+    tokio::select! {
+        r = skiff_agent::run(client, options, &progress) => r,
+        _ = shutdown_signal() => {
+            eprintln!("skiff: agent stopping; containers keep running");
+            Ok(())
+        }
+    }
+}
+
+async fn up(args: UpArgs) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    let progress = move |m: &str| eprintln!("[{:6.2}s] {m}", t0.elapsed().as_secs_f64());
+    let s = start_server(&args.server).await?;
+    let addr = s.listener.local_addr()?;
+    progress(&format!(
+        "API server on https://{addr}, store in {}",
+        s.data_dir.display()
+    ));
+    let tls = s.pki.server_config()?;
+    let router = s.api.router();
+    let listener = s.listener;
+    tokio::spawn(async move {
+        skiff_apiserver::serve::serve_tls(listener, tls, router, std::future::pending()).await;
+    });
+    spawn_control_loops(
+        skiff_kube::in_process(&s.api, "kube-controller-manager"),
+        !args.server.disable_scheduler,
+        !args.server.disable_controllers,
+        &args.server.cluster_cidr,
+        Some(s.pki.ca.cert_pem.clone()),
+    );
+    progress("scheduler and controllers started");
+    let mut node = args.node.clone();
+    if node.pod_cidr.is_none() {
+        // The single node of `skiff up` takes the first /24 of the cluster
+        // CIDR, as the node IPAM controller would give it.
+        node.pod_cidr = Some(first_subnet(&args.server.cluster_cidr));
+    }
+    let options = agent_options(
+        &node,
+        s.data_dir.join("agent"),
+        Some(s.pki.ca.cert_pem.clone()),
+    )?;
+    let node_name = options.node_name.clone();
+    let client = skiff_kube::in_process(&s.api, &format!("node:{node_name}"));
+    let agent_client = client.clone();
+    let agent =
+        tokio::spawn(async move { skiff_agent::run(agent_client, options, &progress).await });
+    // Wait for the node to be Ready.
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let ready = async {
+        loop {
+            if let Ok(Some(n)) = nodes.get_opt(&node_name).await {
+                let is_ready = n
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                let has_cidr = n.spec.and_then(|s| s.pod_cidr).is_some();
+                if is_ready && has_cidr {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        _ = ready => {}
+        r = agent => {
+            return match r {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e.context("the agent stopped")),
+                Err(e) => Err(anyhow::anyhow!("the agent failed: {e}")),
+            };
+        }
+    }
+    progress(&format!("node {node_name} Ready"));
+    eprintln!(
+        "skiff is up. Use it with:\n  export KUBECONFIG={}\n  kubectl get nodes\nCtrl-C stops skiff; containers keep running until `skiff down`.",
+        s.kubeconfig_path.display()
+    );
+    shutdown_signal().await;
+    eprintln!("skiff: stopping (containers keep running; `skiff down` stops them)");
+    Ok(())
+}
+
+fn first_subnet(cluster_cidr: &str) -> String {
+    let ip = cluster_cidr.split('/').next().unwrap_or("10.42.0.0");
+    let parts: Vec<&str> = ip.split('.').collect();
+    if parts.len() == 4 {
+        format!("{}.{}.0.0/24", parts[0], parts[1])
+    } else {
+        "10.42.0.0/24".into()
+    }
+}
+
+async fn down(args: DownArgs) -> Result<()> {
+    let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    let layout = skiff_agent::containerd::Layout::new(&data_dir.join("agent"));
+    if layout.socket().exists() {
+        if let Ok(cri) = skiff_agent::cri::Cri::connect(&layout.socket()).await {
+            use skiff_agent::runtime::Runtime;
+            let sandboxes = cri.list_sandboxes(None).await.unwrap_or_default();
+            for sb in &sandboxes {
+                let _ = cri.stop_sandbox(&sb.id).await;
+                let _ = cri.remove_sandbox(&sb.id).await;
+            }
+            eprintln!("skiff: removed {} pod sandbox(es)", sandboxes.len());
+        }
+        skiff_agent::containerd::stop(&layout)?;
+        eprintln!("skiff: stopped containerd");
+    }
+    let pods = data_dir.join("agent").join("pods");
+    skiff_agent::inputs::unmount_all(&pods);
+    if args.purge {
+        // Mounts under the containerd root (overlay snapshots) go with it.
+        skiff_agent::inputs::unmount_all(&data_dir);
+        std::fs::remove_dir_all(&data_dir)
+            .or_else(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
+            .with_context(|| format!("removing {}", data_dir.display()))?;
+        eprintln!("skiff: removed {}", data_dir.display());
+    }
+    Ok(())
+}
+
+async fn image(cmd: ImageCommand) -> Result<()> {
+    match cmd {
+        ImageCommand::Import {
+            file,
+            data_dir,
+            containerd,
+        } => {
+            let socket = match containerd {
+                Some(s) => s,
+                None => {
+                    let d = data_dir.unwrap_or_else(default_data_dir);
+                    // `skiff up` keeps the agent under DATA/agent.
+                    let nested = skiff_agent::containerd::Layout::new(&d.join("agent")).socket();
+                    if nested.exists() {
+                        nested
+                    } else {
+                        skiff_agent::containerd::Layout::new(&d).socket()
+                    }
+                }
+            };
+            skiff_agent::image::import(&socket, &file)?;
+            eprintln!("skiff: imported {}", file.display());
+            Ok(())
+        }
+        ImageCommand::BuildBusybox {
+            busybox,
+            tag,
+            output,
+        } => {
+            std::fs::write(
+                &output,
+                skiff_agent::image::busybox_archive(&busybox, &tag)?,
+            )?;
+            eprintln!("skiff: wrote {tag} to {}", output.display());
+            Ok(())
+        }
+        ImageCommand::BuildPause { output } => {
+            std::fs::write(&output, skiff_agent::image::pause_archive()?)?;
+            Ok(())
+        }
+    }
+}
+
+async fn scheduler(args: SchedulerArgs) -> Result<()> {
+    let client = skiff_kube::client_from_kubeconfig(&args.kubeconfig).await?;
+    let options = skiff_scheduler::Options {
+        config_file: args.config.clone(),
+        ..Default::default()
+    };
+    let id = identity();
+    tokio::select! {
+        r = skiff_kube::leader::run_elected(client.clone(), "kube-scheduler", &id, Default::default(), skiff_scheduler::run(client, options)) => r,
+        _ = shutdown_signal() => Ok(()),
+    }
+}
+
+async fn controller_manager(args: ControllerManagerArgs) -> Result<()> {
+    let client = skiff_kube::client_from_kubeconfig(&args.kubeconfig).await?;
+    let ca = ca_from_kubeconfig(&args.kubeconfig)?;
+    let options = controller_options(&args.cluster_cidr, ca);
+    let id = identity();
+    tokio::select! {
+        r = skiff_kube::leader::run_elected(client.clone(), "kube-controller-manager", &id, Default::default(), skiff_controllers::run(client, options)) => r,
+        _ = shutdown_signal() => Ok(()),
+    }
 }
 
 fn main() -> Result<()> {
@@ -157,17 +677,25 @@ fn main() -> Result<()> {
                 .unwrap_or_else(|_| "warn,skiff=info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let rt = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    };
     match cli.command {
         Command::Version => {
             println!("skiff {} (Kubernetes API v1.33)", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        Command::Server(args) => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            rt.block_on(server(args))
-        }
+        Command::Server(args) => rt()?.block_on(server(args)),
+        Command::Agent(args) => rt()?.block_on(agent(args)),
+        Command::Up(args) => rt()?.block_on(up(args)),
+        Command::Down(args) => rt()?.block_on(down(args)),
+        Command::Scheduler(args) => rt()?.block_on(scheduler(args)),
+        Command::ControllerManager(args) => rt()?.block_on(controller_manager(args)),
+        Command::Image(cmd) => rt()?.block_on(image(cmd)),
     }
 }

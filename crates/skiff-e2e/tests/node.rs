@@ -1,0 +1,325 @@
+//! A real single-node cluster (`skiff up`: server, scheduler, controllers,
+//! an agent over a private containerd) driven with the real kubectl: pods
+//! run as containers with their own IPs, logs, exec and port-forward work,
+//! restarts back off, probes act, OOM kills are reported, graceful deletion
+//! runs preStop, and killing skiff leaves containers running for the next
+//! start to adopt.
+
+use std::time::{Duration, Instant};
+
+use skiff_e2e::{Server, BUSYBOX};
+
+fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> Option<String>) -> String {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn jsonpath(s: &Server, pod: &str, path: &str) -> String {
+    let out = s.kubectl(&["get", "pod", pod, "-o", &format!("jsonpath={path}")]);
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn wait_running(s: &Server, pod: &str) -> String {
+    wait_until(&format!("pod {pod} Running"), 120, || {
+        let phase = jsonpath(s, pod, "{.status.phase}");
+        let ip = jsonpath(s, pod, "{.status.podIP}");
+        (phase == "Running" && !ip.is_empty()).then_some(ip)
+    })
+}
+
+fn http(ip: &str, port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut c) = std::net::TcpStream::connect_timeout(
+        &format!("{ip}:{port}").parse().unwrap(),
+        Duration::from_secs(2),
+    ) else {
+        return String::new();
+    };
+    let _ = c.set_read_timeout(Some(Duration::from_secs(3)));
+    let _ = c.write_all(format!("GET {path} HTTP/1.0\r\nHost: {ip}\r\n\r\n").as_bytes());
+    let mut out = String::new();
+    let _ = c.read_to_string(&mut out);
+    out
+}
+
+#[test]
+fn a_pod_runs_with_an_ip_that_answers_and_kubectl_logs_and_exec_work() {
+    let s = Server::up();
+    s.ok(&["run", "web", "--image", BUSYBOX, "--image-pull-policy=IfNotPresent", "--", "sh", "-c",
+        "echo started; mkdir -p /www; echo hello-skiff > /www/index.html; exec httpd -f -p 8080 -h /www"]);
+    let ip = wait_running(&s, "web");
+    let resp = wait_until("HTTP from the pod", 30, || {
+        let r = http(&ip, 8080, "/index.html");
+        r.contains("hello-skiff").then_some(r)
+    });
+    assert!(
+        resp.starts_with("HTTP/1.0 200") || resp.starts_with("HTTP/1.1 200"),
+        "{resp}"
+    );
+    let node = jsonpath(&s, "web", "{.spec.nodeName}");
+    assert_eq!(node, "e2e-node");
+    let wide = s.ok(&["get", "pods", "-o", "wide"]);
+    assert!(wide.contains(&ip) && wide.contains("Running"), "{wide}");
+
+    let logs = wait_until("logs", 20, || {
+        let out = s.kubectl(&["logs", "web"]);
+        let t = String::from_utf8_lossy(&out.stdout).to_string();
+        t.contains("started").then_some(t)
+    });
+    assert_eq!(logs.trim(), "started");
+    let out = s.ok(&["exec", "web", "--", "cat", "/www/index.html"]);
+    assert_eq!(out.trim(), "hello-skiff");
+    let out = s.ok(&["exec", "web", "--", "sh", "-c", "echo $HOSTNAME"]);
+    assert_eq!(out.trim(), "web");
+}
+
+#[test]
+fn logs_follow_streams_new_lines_and_port_forward_reaches_the_pod() {
+    let s = Server::up();
+    s.ok(&[
+        "run",
+        "ticker",
+        "--image",
+        BUSYBOX,
+        "--image-pull-policy=IfNotPresent",
+        "--",
+        "sh",
+        "-c",
+        "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.3; done",
+    ]);
+    s.ok(&[
+        "run",
+        "web",
+        "--image",
+        BUSYBOX,
+        "--image-pull-policy=IfNotPresent",
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /www; echo forwarded > /www/index.html; exec httpd -f -p 8080 -h /www",
+    ]);
+    wait_running(&s, "ticker");
+    wait_running(&s, "web");
+    let bg = s.kubectl_background(&["logs", "-f", "ticker"]);
+    bg.wait_for("followed lines", |out| out.contains("tick 5"));
+    let tail = s.ok(&["logs", "ticker", "--tail", "1"]);
+    assert_eq!(tail.lines().count(), 1, "{tail}");
+    assert!(tail.starts_with("tick "), "{tail}");
+
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let pf = s.kubectl_background(&["port-forward", "pod/web", &format!("{port}:8080")]);
+    pf.wait_for("port-forward ready", |out| out.contains("Forwarding from"));
+    let resp = wait_until("HTTP through port-forward", 20, || {
+        let r = http("127.0.0.1", port, "/index.html");
+        r.contains("forwarded").then_some(r)
+    });
+    assert!(resp.contains("200"), "{resp}");
+}
+
+#[test]
+fn restarts_back_off_probes_act_and_oom_kills_are_reported() {
+    let s = Server::up();
+    s.ok_stdin(&["apply", "-f", "-"], &format!(r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: crash}}
+spec:
+  containers:
+  - {{name: c, image: {BUSYBOX}, imagePullPolicy: IfNotPresent, command: [sh, -c, "echo dying; exit 2"]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: sick}}
+spec:
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: [sh, -c, "touch /tmp/healthy; sleep 3600"]
+    livenessProbe: {{exec: {{command: [cat, /tmp/healthy]}}, periodSeconds: 1, failureThreshold: 1}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: flip}}
+spec:
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: [sleep, "3600"]
+    readinessProbe: {{exec: {{command: [cat, /tmp/ready]}}, periodSeconds: 1}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: hog}}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: [sh, -c, "x=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa; while true; do x=$x$x; done"]
+    resources: {{limits: {{memory: 32Mi}}}}
+"#));
+    // Crash loop, with the delay growing.
+    let status = wait_until("CrashLoopBackOff", 120, || {
+        let out = s.ok(&["get", "pod", "crash"]);
+        (out.contains("CrashLoopBackOff")
+            && jsonpath(&s, "crash", "{.status.containerStatuses[0].restartCount}") != "0")
+            .then_some(out)
+    });
+    assert!(status.contains("crash"), "{status}");
+    let msg = jsonpath(
+        &s,
+        "crash",
+        "{.status.containerStatuses[0].state.waiting.message}",
+    );
+    assert!(
+        msg.contains("back-off") && msg.contains("restarting failed container=c"),
+        "{msg}"
+    );
+    let last = jsonpath(
+        &s,
+        "crash",
+        "{.status.containerStatuses[0].lastState.terminated.exitCode}",
+    );
+    assert_eq!(last, "2");
+    let prev = s.ok(&["logs", "crash", "--previous"]);
+    assert_eq!(prev.trim(), "dying");
+
+    // Liveness: breaking the probe restarts the container.
+    wait_running(&s, "sick");
+    s.ok(&["exec", "sick", "--", "rm", "/tmp/healthy"]);
+    wait_until("a liveness restart", 60, || {
+        (jsonpath(&s, "sick", "{.status.containerStatuses[0].restartCount}") != "0")
+            .then_some(String::new())
+    });
+    let events = s.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=sick",
+    ]);
+    assert!(
+        events.contains("Unhealthy") && events.contains("Liveness probe failed"),
+        "{events}"
+    );
+
+    // Readiness flips the Ready condition both ways.
+    wait_running(&s, "flip");
+    assert_eq!(
+        jsonpath(
+            &s,
+            "flip",
+            "{.status.conditions[?(@.type==\"Ready\")].status}"
+        ),
+        "False"
+    );
+    s.ok(&["exec", "flip", "--", "touch", "/tmp/ready"]);
+    wait_until("Ready=True", 30, || {
+        (jsonpath(
+            &s,
+            "flip",
+            "{.status.conditions[?(@.type==\"Ready\")].status}",
+        ) == "True")
+            .then_some(String::new())
+    });
+    s.ok(&["exec", "flip", "--", "rm", "/tmp/ready"]);
+    wait_until("Ready=False", 30, || {
+        (jsonpath(
+            &s,
+            "flip",
+            "{.status.conditions[?(@.type==\"Ready\")].status}",
+        ) == "False")
+            .then_some(String::new())
+    });
+
+    // The memory hog is OOMKilled.
+    let reason = wait_until("OOMKilled", 60, || {
+        let r = jsonpath(
+            &s,
+            "hog",
+            "{.status.containerStatuses[0].state.terminated.reason}",
+        );
+        (!r.is_empty()).then_some(r)
+    });
+    assert_eq!(reason, "OOMKilled");
+    assert_eq!(jsonpath(&s, "hog", "{.status.phase}"), "Failed");
+}
+
+#[test]
+fn graceful_delete_runs_prestop_and_kill_9_of_skiff_leaves_containers_running_for_adoption() {
+    let mut s = Server::up();
+    s.ok_stdin(&["apply", "-f", "-"], &format!(r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: web}}
+spec:
+  containers:
+  - {{name: c, image: {BUSYBOX}, imagePullPolicy: IfNotPresent, command: [sh, -c, "mkdir -p /www; echo alive > /www/index.html; exec httpd -f -p 8080 -h /www"]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: polite}}
+spec:
+  terminationGracePeriodSeconds: 3
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: [sh, -c, "trap '' TERM; echo started; sleep 3600"]
+    lifecycle:
+      preStop:
+        exec: {{command: [sh, -c, "echo prestop-ran > /proc/1/fd/1"]}}
+"#));
+    let ip = wait_running(&s, "web");
+    wait_running(&s, "polite");
+    let id = jsonpath(&s, "web", "{.status.containerStatuses[0].containerID}");
+
+    // Graceful deletion: preStop runs, the container ignores SIGTERM and is
+    // killed when the 3 s grace period ends; then the pod is gone.
+    let t = Instant::now();
+    s.ok(&["delete", "pod", "polite", "--wait=true"]);
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_secs(2),
+        "deleted after {took:?}, before the grace period"
+    );
+    assert!(took < Duration::from_secs(30), "deletion took {took:?}");
+    let events = s.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=polite",
+    ]);
+    assert!(events.contains("Killing"), "{events}");
+
+    // kill -9: the container keeps serving while skiff is down.
+    s.kill9();
+    assert!(
+        http(&ip, 8080, "/index.html").contains("alive"),
+        "the pod died with skiff"
+    );
+    s.start_again();
+    std::thread::sleep(Duration::from_secs(3));
+    wait_running(&s, "web");
+    assert_eq!(
+        jsonpath(&s, "web", "{.status.containerStatuses[0].containerID}"),
+        id,
+        "the container was replaced"
+    );
+    assert_eq!(
+        jsonpath(&s, "web", "{.status.containerStatuses[0].restartCount}"),
+        "0"
+    );
+    assert!(http(&ip, 8080, "/index.html").contains("alive"));
+}
