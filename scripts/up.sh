@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Builds skiff (release) and runs its API server on this machine, with its
-# data (store, certificates, admin kubeconfig) in /var/lib/skiff as root or
-# ~/.skiff otherwise ($SKIFF_DATA_DIR overrides), on 127.0.0.1:6443
-# ($SKIFF_LISTEN overrides). Once it answers, prints how to use it with
-# kubectl. Runs in the foreground: Ctrl-C stops it; the data stays, and the
-# next start picks it up.
+# Brings up a single-node skiff cluster on this machine and runs a demo
+# workload on it: installs what is missing (as root: containerd, runc, the
+# CNI plugins, busybox-static for the demo image, a C toolchain and protoc
+# for the build), builds skiff (release), starts `skiff up` (API server,
+# scheduler, controllers and a node agent with its own containerd; data in
+# /var/lib/skiff, $SKIFF_DATA_DIR overrides; API on 127.0.0.1:6443,
+# $SKIFF_LISTEN overrides), then creates a Deployment of two busybox httpd
+# pods and checks that their pod IPs answer HTTP.
+#
+# Runs in the foreground: Ctrl-C stops skiff (the containers keep running,
+# as on a real node); `skiff down --purge` removes them and the data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,57 +20,101 @@ if ! command -v cargo >/dev/null; then
   echo "cargo is missing: install Rust with rustup (https://rustup.rs) first" >&2
   exit 1
 fi
-if [ "$(id -u)" = 0 ]; then
-  data="${SKIFF_DATA_DIR:-/var/lib/skiff}"
-  missing=()
-  command -v cc >/dev/null || missing+=(build-essential)
-  command -v pkg-config >/dev/null || missing+=(pkg-config)
-  if [ "${#missing[@]}" -gt 0 ]; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  fi
-else
-  data="${SKIFF_DATA_DIR:-$HOME/.skiff}"
-  if ! command -v cc >/dev/null; then
-    echo "a C compiler is missing: sudo apt-get install build-essential pkg-config" >&2
-    exit 1
-  fi
+if [ "$(id -u)" != 0 ]; then
+  echo "up.sh runs containers, which needs root: sudo $0" >&2
+  exit 1
 fi
+missing=()
+command -v cc >/dev/null || missing+=(build-essential)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+command -v protoc >/dev/null || missing+=(protobuf-compiler)
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+[ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 && ldd /bin/busybox 2>&1 | grep -q "not a dynamic" || missing+=(busybox-static)
+command -v ip >/dev/null || missing+=(iproute2)
+command -v mount >/dev/null || missing+=(mount)
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "up.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+data="${SKIFF_DATA_DIR:-/var/lib/skiff}"
 listen="${SKIFF_LISTEN:-127.0.0.1:6443}"
 
 cargo build --release -p skiff
+skiff="$PWD/target/release/skiff"
 
 # The real kubectl v1.33 in .tools/bin (a machine's own kubectl works too).
 kubectl=kubectl
 if ./scripts/tools.sh >/dev/null; then
   kubectl="$PWD/.tools/bin/kubectl"
-else
-  echo "up.sh: could not fetch kubectl into .tools/bin; use your own kubectl" >&2
+elif ! command -v kubectl >/dev/null; then
+  echo "up.sh: could not fetch kubectl into .tools/bin" >&2
+  exit 1
 fi
 
-./target/release/skiff server --data-dir "$data" --listen "$listen" &
+mkdir -p "$data"
+log="$data/up.log"
+: >"$log"
+"$skiff" up --data-dir "$data" --listen "$listen" > >(tee -a "$log") 2>&1 &
 pid=$!
 trap 'kill "$pid" 2>/dev/null || true' INT TERM
-kubeconfig="$data/admin.kubeconfig"
-for _ in $(seq 300); do
+for _ in $(seq 600); do
   if ! kill -0 "$pid" 2>/dev/null; then
     wait "$pid" || true
-    echo "up.sh: skiff server exited; is $listen already in use?" >&2
+    echo "up.sh: skiff up exited; is $listen already in use? (see $log)" >&2
     exit 1
   fi
-  if [ -f "$kubeconfig" ] && KUBECONFIG="$kubeconfig" "$kubectl" get --raw /readyz >/dev/null 2>&1; then
-    break
-  fi
+  grep -q "skiff is up" "$log" && break
   sleep 0.1
+done
+grep -q "skiff is up" "$log" || { echo "up.sh: skiff did not come up (see $log)" >&2; exit 1; }
+export KUBECONFIG="$data/admin.kubeconfig"
+
+# The demo image: busybox from Debian's busybox-static, built by skiff.
+"$skiff" image build-busybox --output "$data/busybox.tar" >/dev/null
+"$skiff" image import "$data/busybox.tar" --data-dir "$data" >/dev/null
+
+"$kubectl" apply -f - <<'YAML'
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: demo
+  labels: {app: demo}
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: demo}
+  template:
+    metadata:
+      labels: {app: demo}
+    spec:
+      containers:
+      - name: httpd
+        image: skiff.local/busybox:1
+        imagePullPolicy: IfNotPresent
+        command: [sh, -c, 'mkdir -p /www && echo "hello from $HOSTNAME" > /www/index.html && exec httpd -f -p 8080 -h /www']
+        ports: [{containerPort: 8080}]
+        readinessProbe: {httpGet: {path: /index.html, port: 8080}, periodSeconds: 2}
+YAML
+"$kubectl" rollout status deployment/demo --timeout=120s
+"$kubectl" get pods -l app=demo -o wide
+for ip in $("$kubectl" get pods -l app=demo -o jsonpath='{.items[*].status.podIP}'); do
+  printf 'http://%s:8080/ answers: ' "$ip"
+  busybox wget -qO- "http://$ip:8080/index.html"
 done
 cat <<EOF
 
-skiff is up on https://$listen (data in $data). In another shell:
+skiff is up on https://$listen (data in $data), with the demo Deployment running.
+In another shell:
 
-  export KUBECONFIG=$kubeconfig
-  $kubectl get ns
+  export KUBECONFIG=$KUBECONFIG
+  $kubectl get pods -o wide
 
-Ctrl-C here stops it.
+Ctrl-C here stops skiff (containers keep running); then
+  $skiff down --purge --data-dir $data
+removes them and the data.
 EOF
 wait "$pid"
