@@ -80,7 +80,7 @@ pub fn default_node_ip() -> String {
 
 /// A name for the node's bridge, unique per data dir (several agents on one
 /// machine in tests), within the kernel's 15 characters.
-fn bridge_name(data_dir: &std::path::Path) -> String {
+pub fn bridge_name(data_dir: &std::path::Path) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, data_dir.to_string_lossy().as_bytes());
     let hex: String = d.as_ref()[..4].iter().map(|b| format!("{b:02x}")).collect();
     format!("skf{hex}")

@@ -582,6 +582,10 @@ async fn down(args: DownArgs) -> Result<()> {
         }
         skiff_agent::containerd::stop(&layout)?;
         eprintln!("skiff: stopped containerd");
+        let bridge = skiff_agent::bridge_name(&data_dir.join("agent"));
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &bridge])
+            .output();
     }
     let pods = data_dir.join("agent").join("pods");
     skiff_agent::inputs::unmount_all(&pods);
