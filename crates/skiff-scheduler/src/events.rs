@@ -16,10 +16,12 @@ use tokio::sync::mpsc;
 use crate::metrics::Metrics;
 use crate::types::PodInfo;
 
-/// How many events may wait to be written.
-pub const QUEUE: usize = 4096;
-/// How many event writes run at once.
-pub const CONCURRENCY: usize = 16;
+/// How many events may wait to be written (beyond: dropped, as client-go's
+/// broadcaster does when it is backed up).
+pub const QUEUE: usize = 65_536;
+/// How many event writes run at once: few, so that events never compete
+/// hard with bindings; a burst is written out behind the binds.
+pub const CONCURRENCY: usize = 4;
 
 #[derive(Clone)]
 pub struct Recorder {

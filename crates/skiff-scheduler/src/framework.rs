@@ -413,6 +413,33 @@ impl Framework {
         Ok(allowed)
     }
 
+    /// The filters that run for this cycle (those whose PreFilter did not
+    /// ask to be skipped), looked up once per cycle instead of per node.
+    pub fn active_filters(&self, state: &CycleState) -> Vec<(&'static str, &dyn FilterPlugin)> {
+        self.filter
+            .iter()
+            .filter(|p| !state.skip_filter.contains(p.name()))
+            .filter_map(|p| p.as_filter().map(|f| (p.name(), f)))
+            .collect()
+    }
+
+    /// Runs `filters` on one node; the first failure wins.
+    pub fn run_filter_list(
+        filters: &[(&'static str, &dyn FilterPlugin)],
+        state: &CycleState,
+        pod: &PodInfo,
+        node: &NodeInfo,
+        snap: &Snapshot,
+    ) -> Status {
+        for (name, f) in filters {
+            let st = f.filter(state, pod, node, snap);
+            if !st.is_success() {
+                return st.with_plugin(name);
+            }
+        }
+        Status::success()
+    }
+
     /// Runs Filter plugins on one node; the first failure wins.
     pub fn run_filters(
         &self,
@@ -440,20 +467,24 @@ impl Framework {
     /// counted, and (if that passes) without them.
     pub fn run_filters_with_nominated(
         &self,
+        filters: &[(&'static str, &dyn FilterPlugin)],
         state: &CycleState,
         pod: &PodInfo,
         node: &NodeInfo,
         snap: &Snapshot,
     ) -> Status {
+        if snap.nominated.is_empty() {
+            return Self::run_filter_list(filters, state, pod, node, snap);
+        }
         let Some(nominated) = snap.nominated.get(&node.name) else {
-            return self.run_filters(state, pod, node, snap);
+            return Self::run_filter_list(filters, state, pod, node, snap);
         };
         let relevant: Vec<&Arc<PodInfo>> = nominated
             .iter()
             .filter(|p| p.uid != pod.uid && p.priority >= pod.priority)
             .collect();
         if relevant.is_empty() {
-            return self.run_filters(state, pod, node, snap);
+            return Self::run_filter_list(filters, state, pod, node, snap);
         }
         let mut st = state.clone();
         let mut n = node.clone();
@@ -465,7 +496,7 @@ impl Framework {
         if !with.is_success() {
             return with;
         }
-        self.run_filters(state, pod, node, snap)
+        Self::run_filter_list(filters, state, pod, node, snap)
     }
 
     pub fn run_pre_filter_add_pod(

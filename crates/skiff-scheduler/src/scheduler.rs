@@ -126,6 +126,7 @@ pub fn find_node(
         }
         Err(st) => return ScheduleOutcome::Error(st),
     };
+    let filters = fw.active_filters(state);
     let mut statuses = NodeStatuses::new();
     let mut feasible: Vec<usize> = Vec::new();
     let total = snap.nodes.len();
@@ -149,7 +150,7 @@ pub fn find_node(
                 continue;
             }
         }
-        let st = fw.run_filters_with_nominated(state, pod, node, snap);
+        let st = fw.run_filters_with_nominated(&filters, state, pod, node, snap);
         if st.is_success() {
             feasible.push(i);
             if feasible.len() >= to_find {

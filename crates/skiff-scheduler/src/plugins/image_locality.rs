@@ -27,6 +27,9 @@ impl Plugin for ImageLocality {
 
 impl ScorePlugin for ImageLocality {
     fn score(&self, _: &CycleState, pod: &PodInfo, node: &NodeInfo, snap: &Snapshot) -> i64 {
+        if node.images.is_empty() {
+            return 0;
+        }
         let Some(spec) = pod.pod.spec.as_ref() else {
             return 0;
         };
