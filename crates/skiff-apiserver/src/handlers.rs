@@ -28,6 +28,8 @@ pub struct AppState {
     /// `host:port` clients reach the server at (for `/api`'s serverAddressByClientCIDRs).
     pub advertise: String,
     pub ready: std::sync::atomic::AtomicBool,
+    /// TLS client settings for reaching node agents (logs, exec, …).
+    pub kubelet_tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 type Resp = Response<Body>;
@@ -73,6 +75,19 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request<Body>) -> R
     let path = req.uri().path().to_string();
     if req.extensions().get::<Identity>().is_none() && !auth::is_public(&path) {
         return error_response(&ApiError::unauthorized());
+    }
+    if let Some((ns, pod, sub)) = crate::nodeproxy::parse(&path) {
+        let method = req.method().clone();
+        let allowed = match sub {
+            "log" => method == Method::GET,
+            _ => method == Method::GET || method == Method::POST,
+        };
+        if allowed {
+            return match crate::nodeproxy::proxy(&state, req, &ns, &pod, sub).await {
+                Ok(r) => r,
+                Err(e) => error_response(&e),
+            };
+        }
     }
     match route(&state, req).await {
         Ok(r) => r,

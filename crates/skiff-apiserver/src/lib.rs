@@ -16,6 +16,7 @@ pub mod fieldmanager;
 pub mod handlers;
 pub mod lifecycle;
 pub mod negotiate;
+pub mod nodeproxy;
 pub mod object;
 pub mod registry;
 pub mod request;
@@ -44,6 +45,9 @@ pub struct Config {
     pub compact_keep: Duration,
     pub compact_every: Duration,
     pub registry: RegistryConfig,
+    /// The client certificate and key (PEM) the server presents to node
+    /// agents for logs, exec, attach and port-forward.
+    pub kubelet_client: Option<(String, String)>,
 }
 
 impl Default for Config {
@@ -53,6 +57,7 @@ impl Default for Config {
             compact_keep: Duration::from_secs(300),
             compact_every: Duration::from_secs(60),
             registry: RegistryConfig::default(),
+            kubelet_client: None,
         }
     }
 }
@@ -81,6 +86,10 @@ impl ApiServer {
             registry,
             advertise: config.advertise.clone(),
             ready: AtomicBool::new(true),
+            kubelet_tls: match &config.kubelet_client {
+                Some((cert, key)) => Some(Arc::new(nodeproxy::client_config(cert, key)?)),
+                None => None,
+            },
         });
         Ok(ApiServer { state })
     }

@@ -27,6 +27,8 @@ pub struct Pki {
     pub ca: CertPair,
     pub serving: CertPair,
     pub admin: CertPair,
+    /// The API server's client certificate towards node agents.
+    pub kubelet_client: CertPair,
 }
 
 fn validity(params: &mut CertificateParams, days: i64) {
@@ -159,6 +161,21 @@ impl Pki {
                 a
             }
         };
+        let kubelet_client = match read_pair(dir, "kubelet-client") {
+            Some(k) => k,
+            None => {
+                let k = issue(
+                    &ca,
+                    "kube-apiserver-kubelet-client",
+                    &["system:masters"],
+                    &[],
+                    true,
+                    3650,
+                )?;
+                write_pair(dir, "kubelet-client", &k)?;
+                k
+            }
+        };
         let mut sans: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
         sans.push("kubernetes".into());
         sans.push("kubernetes.default".into());
@@ -182,6 +199,7 @@ impl Pki {
             ca,
             serving,
             admin,
+            kubelet_client,
         })
     }
 

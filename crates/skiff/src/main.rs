@@ -258,6 +258,10 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         registry: skiff_apiserver::registry::RegistryConfig {
             service_cidr: parse_cidr(&args.service_cidr)?,
         },
+        kubelet_client: Some((
+            pki.kubelet_client.cert_pem.clone(),
+            pki.kubelet_client.key_pem.clone(),
+        )),
     };
     let api = skiff_apiserver::ApiServer::start(store, config).await?;
     let kubeconfig_path = args

@@ -1,0 +1,365 @@
+//! `pods/log`, `pods/exec`, `pods/attach` and `pods/portforward`: proxied to
+//! the agent of the pod's node, as kube-apiserver proxies to the kubelet.
+//! The server resolves the pod, its node and the container, then forwards
+//! the request to the agent's HTTPS endpoint with the server's
+//! kubelet-client certificate. A connection upgrade (WebSocket or SPDY, as
+//! kubectl speaks them) is passed through: once the agent answers 101, bytes
+//! are copied both ways untouched.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use http::{header, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use skiff_core::error::ApiError;
+use skiff_core::resources;
+
+use crate::handlers::AppState;
+
+/// Which pod subresource a path names, if it is one this module serves:
+/// (namespace, pod, subresource).
+pub fn parse(path: &str) -> Option<(String, String, &'static str)> {
+    let rest = path.strip_prefix("/api/v1/namespaces/")?;
+    let mut parts = rest.trim_end_matches('/').split('/');
+    let ns = parts.next()?;
+    if parts.next()? != "pods" {
+        return None;
+    }
+    let pod = parts.next()?;
+    let sub = match parts.next()? {
+        "log" => "log",
+        "exec" => "exec",
+        "attach" => "attach",
+        "portforward" => "portforward",
+        _ => return None,
+    };
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((ns.to_string(), pod.to_string(), sub))
+}
+
+/// A TLS client for agents: presents the kubelet-client certificate and,
+/// as kube-apiserver does when no kubelet CA is configured, does not check
+/// the agent's self-signed serving certificate.
+pub fn client_config(cert_pem: &str, key_pem: &str) -> anyhow::Result<rustls::ClientConfig> {
+    use rustls_pki_types::pem::PemObject;
+    let certs: Vec<rustls_pki_types::CertificateDer<'static>> =
+        rustls_pki_types::CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(|e| anyhow::anyhow!("kubelet client certificate: {e:?}"))?;
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+        .map_err(|e| anyhow::anyhow!("kubelet client key: {e:?}"))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+        .with_client_auth_cert(certs, key)?;
+    Ok(config)
+}
+
+#[derive(Debug)]
+struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls_pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls_pki_types::CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls_pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn s<'a>(v: &'a Value, ptr: &str) -> &'a str {
+    v.pointer(ptr).and_then(Value::as_str).unwrap_or("")
+}
+
+/// The container a request is for: the one named, else the pod's only
+/// container or its default-container annotation.
+fn container_of(pod: &Value, name: &str, asked: Option<&str>) -> Result<String, ApiError> {
+    let names: Vec<String> = [
+        "/spec/containers",
+        "/spec/initContainers",
+        "/spec/ephemeralContainers",
+    ]
+    .iter()
+    .filter_map(|p| pod.pointer(p).and_then(Value::as_array))
+    .flatten()
+    .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_string))
+    .collect();
+    if let Some(c) = asked.filter(|c| !c.is_empty()) {
+        if names.iter().any(|n| n == c) {
+            return Ok(c.to_string());
+        }
+        return Err(ApiError::bad_request(format!(
+            "container {c} is not valid for pod {name}"
+        )));
+    }
+    let annotated = s(
+        pod,
+        "/metadata/annotations/kubectl.kubernetes.io~1default-container",
+    );
+    if !annotated.is_empty() {
+        return Ok(annotated.to_string());
+    }
+    let main: Vec<&str> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c.get("name").and_then(Value::as_str))
+                .collect()
+        })
+        .unwrap_or_default();
+    match main.as_slice() {
+        [one] => Ok(one.to_string()),
+        _ => Err(ApiError::bad_request(format!(
+            "a container name must be specified for pod {name}, choose one of: [{}]",
+            main.join(" ")
+        ))),
+    }
+}
+
+/// The query string without `container` (the agent takes it in the path).
+fn forward_query(query: Option<&str>) -> String {
+    query
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("container="))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+fn query_value(query: Option<&str>, key: &str) -> Option<String> {
+    query?.split('&').find_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        (k == key).then(|| v.replace("%2F", "/"))
+    })
+}
+
+pub async fn proxy(
+    state: &Arc<AppState>,
+    mut req: Request<Body>,
+    ns: &str,
+    pod_name: &str,
+    sub: &str,
+) -> Result<Response<Body>, ApiError> {
+    let pods = resources::lookup("", "v1", "pods").expect("pods");
+    let nodes = resources::lookup("", "v1", "nodes").expect("nodes");
+    let pod = state.registry.get(pods, Some(ns), pod_name).await?;
+    let node_name = s(&pod, "/spec/nodeName");
+    if node_name.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "pod {pod_name} does not have a host assigned"
+        )));
+    }
+    let query = req.uri().query().map(str::to_string);
+    let target_path = if sub == "portforward" {
+        format!("/portForward/{ns}/{pod_name}")
+    } else {
+        let container = container_of(
+            &pod,
+            pod_name,
+            query_value(query.as_deref(), "container").as_deref(),
+        )?;
+        let prefix = match sub {
+            "log" => "containerLogs",
+            "exec" => "exec",
+            _ => "attach",
+        };
+        format!("/{prefix}/{ns}/{pod_name}/{container}")
+    };
+    let node = state.registry.get(nodes, None, node_name).await?;
+    let addresses = node
+        .pointer("/status/addresses")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let address = ["InternalIP", "ExternalIP", "Hostname"]
+        .iter()
+        .find_map(|t| {
+            addresses
+                .iter()
+                .find(|a| s(a, "/type") == *t)
+                .map(|a| s(a, "/address").to_string())
+        })
+        .unwrap_or_default();
+    let port = node
+        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    if address.is_empty() || port == 0 {
+        return Err(ApiError::new(
+            503,
+            "ServiceUnavailable",
+            format!("node {node_name} has no reachable agent endpoint"),
+        ));
+    }
+    let Some(tls) = state.kubelet_tls.clone() else {
+        return Err(ApiError::new(
+            503,
+            "ServiceUnavailable",
+            "this API server has no client certificate for node agents".to_string(),
+        ));
+    };
+    let q = forward_query(query.as_deref());
+    let uri = if q.is_empty() {
+        target_path
+    } else {
+        format!("{target_path}?{q}")
+    };
+
+    let connect_err =
+        |e: String| ApiError::new(502, "InternalError", format!("error dialing backend: {e}"));
+    let tcp = tokio::net::TcpStream::connect((address.as_str(), port as u16))
+        .await
+        .map_err(|e| connect_err(e.to_string()))?;
+    let server_name = rustls_pki_types::ServerName::try_from(address.clone())
+        .map_err(|e| connect_err(e.to_string()))?;
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(server_name, tcp)
+        .await
+        .map_err(|e| connect_err(e.to_string()))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| connect_err(e.to_string()))?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let upgrading = req.headers().contains_key(header::UPGRADE);
+    let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut req));
+    let mut out = Request::builder().method(req.method().clone()).uri(&uri);
+    for (k, v) in req.headers() {
+        if k == header::HOST || k == header::AUTHORIZATION || k == header::CONTENT_LENGTH {
+            continue;
+        }
+        out = out.header(k, v);
+    }
+    out = out.header(header::HOST, format!("{address}:{port}"));
+    let out = out
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(|e| connect_err(e.to_string()))?;
+    let mut resp = sender
+        .send_request(out)
+        .await
+        .map_err(|e| connect_err(e.to_string()))?;
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_upgrade) = client_upgrade else {
+            return Err(connect_err("the agent upgraded a plain request".into()));
+        };
+        let agent_upgrade = hyper::upgrade::on(&mut resp);
+        tokio::spawn(async move {
+            let (Ok(a), Ok(b)) = (client_upgrade.await, agent_upgrade.await) else {
+                return;
+            };
+            let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(a), &mut TokioIo::new(b)).await;
+        });
+        let mut builder = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
+        for (k, v) in resp.headers() {
+            builder = builder.header(k, v);
+        }
+        return builder
+            .body(Body::empty())
+            .map_err(|e| connect_err(e.to_string()));
+    }
+    let status = resp.status();
+    if !status.is_success() {
+        // The agent's plain-text error becomes a Status with its code.
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .map(|b| String::from_utf8_lossy(&b.to_bytes()).trim().to_string())
+            .unwrap_or_default();
+        let reason = match status.as_u16() {
+            400 => "BadRequest",
+            404 => "NotFound",
+            _ => "InternalError",
+        };
+        return Err(ApiError::new(status.as_u16(), reason, body));
+    }
+    let (parts, body) = resp.into_parts();
+    let mut builder = Response::builder().status(parts.status);
+    if let Some(ct) = parts.headers.get(header::CONTENT_TYPE) {
+        builder = builder.header(header::CONTENT_TYPE, ct);
+    }
+    builder
+        .body(Body::new(body))
+        .map_err(|e| connect_err(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_the_streaming_pod_subresources_are_proxied() {
+        assert_eq!(
+            parse("/api/v1/namespaces/default/pods/web/log"),
+            Some(("default".into(), "web".into(), "log"))
+        );
+        assert_eq!(
+            parse("/api/v1/namespaces/a/pods/b/exec").map(|p| p.2),
+            Some("exec")
+        );
+        assert_eq!(parse("/api/v1/namespaces/a/pods/b/status"), None);
+        assert_eq!(parse("/api/v1/namespaces/a/pods/b"), None);
+        assert_eq!(parse("/api/v1/namespaces/a/services/b/log"), None);
+    }
+
+    #[test]
+    fn the_default_container_is_the_only_one_or_the_annotated_one() {
+        let one = json!({"spec": {"containers": [{"name": "a"}]}});
+        assert_eq!(container_of(&one, "p", None).unwrap(), "a");
+        let two = json!({"spec": {"containers": [{"name": "a"}, {"name": "b"}]}});
+        let err = container_of(&two, "p", None).unwrap_err();
+        assert!(format!("{err:?}")
+            .contains("a container name must be specified for pod p, choose one of: [a b]"));
+        let annotated = json!({"metadata": {"annotations": {"kubectl.kubernetes.io/default-container": "b"}}, "spec": {"containers": [{"name": "a"}, {"name": "b"}]}});
+        assert_eq!(container_of(&annotated, "p", None).unwrap(), "b");
+        assert!(container_of(&one, "p", Some("zzz")).is_err());
+    }
+
+    #[test]
+    fn the_container_parameter_moves_into_the_path() {
+        assert_eq!(
+            forward_query(Some("container=a&follow=true&tailLines=5")),
+            "follow=true&tailLines=5"
+        );
+        assert_eq!(forward_query(None), "");
+    }
+}
