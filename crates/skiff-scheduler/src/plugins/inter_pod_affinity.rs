@@ -72,8 +72,17 @@ pub struct TopologyCounts(HashMap<String, HashMap<String, i64>>);
 
 impl TopologyCounts {
     fn add(&mut self, key: &str, value: &str, n: i64) {
+        // Look up before allocating: most adds hit existing entries.
+        if let Some(m) = self.0.get_mut(key) {
+            if let Some(c) = m.get_mut(value) {
+                *c += n;
+            } else {
+                m.insert(value.to_string(), n);
+            }
+            return;
+        }
         let m = self.0.entry(key.to_string()).or_default();
-        *m.entry(value.to_string()).or_insert(0) += n;
+        m.insert(value.to_string(), n);
     }
     fn get(&self, key: &str, value: &str) -> i64 {
         self.0
