@@ -627,7 +627,10 @@ fn deleting_a_namespace_empties_and_removes_it() {
 
 #[test]
 fn watching_with_get_w_shows_changes_as_they_happen() {
-    let s = Server::start();
+    // Without a scheduler, the only changes to the pods are the test's own
+    // (a scheduler would add a PodScheduled condition to these unplaceable
+    // pods, another row each).
+    let s = Server::start_with(&["--disable-scheduler", "--disable-controllers"]);
     s.ok(&["create", "namespace", "watch"]);
     s.ok_stdin(&["-n", "watch", "create", "-f", "-"], POD);
     let w = s.kubectl_background(&["-n", "watch", "get", "pods", "-w"]);

@@ -323,3 +323,152 @@ spec:
     );
     assert!(http(&ip, 8080, "/index.html").contains("alive"));
 }
+
+#[test]
+fn init_containers_run_first_and_volumes_env_and_security_context_hold_inside() {
+    let s = Server::up();
+    s.ok(&[
+        "create",
+        "configmap",
+        "settings",
+        "--from-literal=mode=fast",
+        "--from-literal=level=3",
+    ]);
+    s.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "token",
+        "--from-literal=value=abc123",
+    ]);
+    s.ok_stdin(&["apply", "-f", "-"], &format!(r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: full
+  labels: {{tier: demo}}
+spec:
+  initContainers:
+  - {{name: prepare, image: {BUSYBOX}, imagePullPolicy: IfNotPresent, command: [sh, -c, "echo from-init > /work/init.txt"],
+     volumeMounts: [{{name: work, mountPath: /work}}]}}
+  containers:
+  - name: main
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: [sleep, "3600"]
+    securityContext: {{runAsUser: 1234, runAsGroup: 4321}}
+    resources: {{requests: {{cpu: 100m, memory: 16Mi}}, limits: {{cpu: 200m, memory: 64Mi}}}}
+    env:
+    - {{name: MY_NODE, valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}}}
+    - {{name: MY_IP, valueFrom: {{fieldRef: {{fieldPath: status.podIP}}}}}}
+    - {{name: MEM_LIMIT_MI, valueFrom: {{resourceFieldRef: {{resource: limits.memory, divisor: 1Mi}}}}}}
+    envFrom:
+    - {{configMapRef: {{name: settings}}, prefix: CFG_}}
+    volumeMounts:
+    - {{name: work, mountPath: /work}}
+    - {{name: scratch, mountPath: /scratch}}
+    - {{name: info, mountPath: /info}}
+    - {{name: token, mountPath: /token, readOnly: true}}
+  volumes:
+  - {{name: work, emptyDir: {{}}}}
+  - {{name: scratch, emptyDir: {{medium: Memory}}}}
+  - name: info
+    downwardAPI:
+      items:
+      - {{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}
+      - {{path: name, fieldRef: {{fieldPath: metadata.name}}}}
+  - {{name: token, secret: {{secretName: token, items: [{{key: value, path: t}}]}}}}
+"#));
+    let ip = wait_running(&s, "full");
+    let init = jsonpath(
+        &s,
+        "full",
+        "{.status.initContainerStatuses[0].state.terminated.reason}",
+    );
+    assert_eq!(init, "Completed");
+    assert_eq!(
+        s.ok(&["exec", "full", "--", "cat", "/work/init.txt"])
+            .trim(),
+        "from-init"
+    );
+    assert_eq!(s.ok(&["exec", "full", "--", "id", "-u"]).trim(), "1234");
+    assert_eq!(s.ok(&["exec", "full", "--", "id", "-g"]).trim(), "4321");
+    let env = s.ok(&["exec", "full", "--", "env"]);
+    assert!(env.contains("MY_NODE=e2e-node"), "{env}");
+    assert!(env.contains(&format!("MY_IP={ip}")), "{env}");
+    assert!(env.contains("MEM_LIMIT_MI=64"), "{env}");
+    assert!(
+        env.contains("CFG_mode=fast") && env.contains("CFG_level=3"),
+        "{env}"
+    );
+    assert_eq!(
+        s.ok(&["exec", "full", "--", "cat", "/info/name"]).trim(),
+        "full"
+    );
+    assert_eq!(
+        s.ok(&["exec", "full", "--", "cat", "/info/labels"]).trim(),
+        "tier=\"demo\""
+    );
+    assert_eq!(
+        s.ok(&["exec", "full", "--", "cat", "/token/t"]).trim(),
+        "abc123"
+    );
+    let mounts = s.ok(&["exec", "full", "--", "cat", "/proc/mounts"]);
+    assert!(
+        mounts
+            .lines()
+            .any(|l| l.contains(" /scratch ") && l.starts_with("tmpfs")),
+        "{mounts}"
+    );
+    let ro = s.kubectl(&["exec", "full", "--", "touch", "/token/x"]);
+    assert!(!ro.status.success(), "a readOnly mount was writable");
+    assert_eq!(jsonpath(&s, "full", "{.status.qosClass}"), "Burstable");
+    // stdin reaches the command.
+    let echoed = s.ok_stdin(&["exec", "-i", "full", "--", "cat"], "through stdin\n");
+    assert_eq!(echoed.trim(), "through stdin");
+}
+
+#[test]
+fn hollow_nodes_from_the_cli_join_a_cluster_and_run_pods() {
+    let s = Server::start();
+    let mut agent = std::process::Command::new(skiff_e2e::skiff_binary())
+        .args([
+            "agent",
+            "--simulate",
+            "--nodes",
+            "3",
+            "--node-name",
+            "hollow",
+            "--kubeconfig",
+        ])
+        .arg(&s.kubeconfig)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start skiff agent --simulate");
+    let nodes = wait_until("3 Ready hollow nodes", 30, || {
+        let out = s.ok(&["get", "nodes"]);
+        (out.matches(" Ready ").count() == 3).then_some(out)
+    });
+    assert!(
+        nodes.contains("hollow-0") && nodes.contains("hollow-2"),
+        "{nodes}"
+    );
+    s.ok(&[
+        "run",
+        "sim",
+        "--image",
+        "pause",
+        "--restart=Never",
+        "--annotations=skiff.io/simulate-run-seconds=1",
+    ]);
+    let phase = wait_until("the pod to succeed", 30, || {
+        let p = jsonpath(&s, "sim", "{.status.phase}");
+        (p == "Succeeded").then_some(p)
+    });
+    assert_eq!(phase, "Succeeded");
+    assert!(jsonpath(&s, "sim", "{.spec.nodeName}").starts_with("hollow-"));
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
