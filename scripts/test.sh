@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, from a clean clone: installs what is missing (build
-# tools and python's venv support through apt when run as root; the real
+# The whole test suite, from a clean clone, as root (the node tests run real
+# containers): installs what is missing (build tools, protoc, containerd,
+# runc, CNI plugins, busybox-static and python's venv support through apt; the real
 # kubectl, helm and python client through scripts/tools.sh), builds skiff,
 # and runs every crate's tests — unit, store conformance and crash, API
 # semantics, and the end-to-end tests that drive the real kubectl, helm and
@@ -22,6 +23,14 @@ missing=()
 command -v cc >/dev/null || missing+=(build-essential)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
 command -v python3 >/dev/null || missing+=(python3)
+command -v protoc >/dev/null || missing+=(protobuf-compiler)
+# Real containers: containerd, runc, the CNI plugins, and busybox-static
+# for the test image.
+command -v containerd >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+ldd /bin/busybox 2>&1 | grep -q "not a dynamic" || missing+=(busybox-static)
+command -v ip >/dev/null || missing+=(iproute2)
 # Debian's python3 makes a virtualenv (tools.sh's fallback) only with ensurepip.
 if ! python3 -c 'import kubernetes' 2>/dev/null && ! python3 -c 'import ensurepip' 2>/dev/null; then
   missing+=(python3-venv)
