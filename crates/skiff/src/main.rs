@@ -362,8 +362,11 @@ fn spawn_control_loops(
 }
 
 fn controller_options(cluster_cidr: &str, root_ca: Option<String>) -> skiff_controllers::Options {
-    let _ = (cluster_cidr, &root_ca);
-    skiff_controllers::Options::default()
+    skiff_controllers::Options {
+        root_ca_pem: root_ca,
+        cluster_cidr: cluster_cidr.to_string(),
+        ..Default::default()
+    }
 }
 
 async fn server(args: ServerArgs) -> Result<()> {
