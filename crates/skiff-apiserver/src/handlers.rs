@@ -766,6 +766,9 @@ fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<Delete
     };
     o.grace_period_seconds = q.int("gracePeriodSeconds")?;
     o.propagation_policy = q.get("propagationPolicy").map(str::to_string);
+    if o.propagation_policy.is_none() && q.get("orphanDependents") == Some("true") {
+        o.propagation_policy = Some("Orphan".into());
+    }
     if !body.is_empty() {
         let ct = headers
             .get(header::CONTENT_TYPE)
@@ -784,6 +787,8 @@ fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<Delete
         }
         if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
             o.propagation_policy = Some(p.to_string());
+        } else if v.get("orphanDependents").and_then(Value::as_bool) == Some(true) {
+            o.propagation_policy = Some("Orphan".into());
         }
         if let Some(u) = v.pointer("/preconditions/uid").and_then(Value::as_str) {
             o.precondition_uid = Some(u.to_string());

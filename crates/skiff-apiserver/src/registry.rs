@@ -27,6 +27,11 @@ pub enum FieldValidation {
     Strict,
 }
 
+/// Kinds whose foreground/orphan deletion the garbage collector completes
+/// (it tracks their dependents); for other kinds those policies act as
+/// Background.
+const GC_OWNER_KINDS: &[&str] = &["Deployment", "ReplicaSet", "Job"];
+
 /// Options every write carries.
 #[derive(Debug, Clone)]
 pub struct WriteOptions {
@@ -787,6 +792,28 @@ impl Registry {
             } else {
                 0
             };
+            // Foreground and orphan deletion of the kinds whose dependents
+            // the garbage collector tracks: a finalizer it removes once the
+            // dependents are deleted (foreground) or released (orphan).
+            let gc_finalizer = match opts.propagation_policy.as_deref() {
+                Some("Foreground") => Some(("foregroundDeletion", "orphan")),
+                Some("Orphan") => Some(("orphan", "foregroundDeletion")),
+                _ => None,
+            };
+            if let Some((add, drop)) = gc_finalizer {
+                if GC_OWNER_KINDS.contains(&res.kind)
+                    && meta_str(&obj, "deletionTimestamp").is_empty()
+                {
+                    let m = metadata_mut(&mut obj);
+                    let list = m.entry("finalizers").or_insert_with(|| json!([]));
+                    if let Some(a) = list.as_array_mut() {
+                        a.retain(|f| f != drop);
+                        if !a.iter().any(|f| f == add) {
+                            a.push(json!(add));
+                        }
+                    }
+                }
+            }
             let has_finalizers = !object::finalizers(&obj).is_empty();
             let is_namespace = res.kind == "Namespace";
             let already_deleting = !meta_str(&obj, "deletionTimestamp").is_empty();

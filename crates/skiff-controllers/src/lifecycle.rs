@@ -176,6 +176,12 @@ pub async fn gc_pass(client: &kube::Client, c: &Caches) {
                     .filter(|r| r.uid != uid)
                     .cloned()
                     .collect();
+                // An empty list is removed, as Kubernetes omits it.
+                let refs = if refs.is_empty() {
+                    Value::Null
+                } else {
+                    json!(refs)
+                };
                 let patch = json!({"metadata": {"ownerReferences": refs}});
                 let _ = patch_any(client, dk, &ns, d.name.as_deref().unwrap_or(""), &patch).await;
             }
@@ -214,6 +220,11 @@ pub async fn gc_pass(client: &kube::Client, c: &Caches) {
         };
         if let Some(f) = done {
             let rest: Vec<String> = finalizers.into_iter().filter(|x| x != f).collect();
+            let rest = if rest.is_empty() {
+                Value::Null
+            } else {
+                json!(rest)
+            };
             let patch = json!({"metadata": {"finalizers": rest}});
             let _ = patch_any(client, &kind, &ns, m.name.as_deref().unwrap_or(""), &patch).await;
         }

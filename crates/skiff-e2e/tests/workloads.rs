@@ -1,0 +1,368 @@
+//! Workload controllers through the real kubectl, on hollow nodes (`skiff
+//! agent --simulate`): Deployments roll and roll back without dropping
+//! below their availability bound, cascading deletion in each mode, Jobs
+//! that complete and fail, and a controller manager killed mid-rollout that
+//! finishes it after a restart with exactly the right pods.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use skiff_e2e::{skiff_binary, Server};
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn hollow(s: &Server, nodes: u32) -> Proc {
+    let child = Command::new(skiff_binary())
+        .args([
+            "agent",
+            "--simulate",
+            "--nodes",
+            &nodes.to_string(),
+            "--node-name",
+            "hollow",
+            "--start-delay-ms",
+            "100",
+            "--kubeconfig",
+        ])
+        .arg(&s.kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start hollow nodes");
+    wait_until("hollow nodes Ready", 30, || {
+        let out = s.ok(&["get", "nodes", "--no-headers"]);
+        (out.matches(" Ready ").count() == nodes as usize).then_some(())
+    });
+    Proc(child)
+}
+
+fn controller_manager(s: &Server) -> Proc {
+    Proc(
+        Command::new(skiff_binary())
+            .args(["controller-manager", "--kubeconfig"])
+            .arg(&s.kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the controller manager"),
+    )
+}
+
+fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn get(s: &Server, args: &[&str]) -> String {
+    String::from_utf8_lossy(&s.kubectl(args).stdout)
+        .trim()
+        .to_string()
+}
+
+fn running_pods(s: &Server, selector: &str) -> Vec<String> {
+    get(s, &["get", "pods", "-l", selector, "--field-selector=status.phase=Running", "-o", "jsonpath={range .items[?(@.metadata.deletionTimestamp)]}{end}{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{\"\\n\"}{end}"])
+        .lines()
+        .filter(|l| l.split_whitespace().count() == 1)
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn a_deployment_scales_rolls_out_without_dropping_below_its_bound_and_rolls_back() {
+    let s = Server::start();
+    let _nodes = hollow(&s, 3);
+    s.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=pause:1",
+        "--replicas=4",
+    ]);
+    s.ok(&[
+        "patch",
+        "deployment",
+        "web",
+        "-p",
+        r#"{"spec":{"strategy":{"rollingUpdate":{"maxSurge":1,"maxUnavailable":1}}}}"#,
+    ]);
+    s.ok(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+    assert_eq!(running_pods(&s, "app=web").len(), 4);
+    s.ok(&["scale", "deployment", "web", "--replicas=6"]);
+    s.ok(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+    assert_eq!(
+        get(
+            &s,
+            &[
+                "get",
+                "deployment",
+                "web",
+                "-o",
+                "jsonpath={.status.availableReplicas}"
+            ]
+        ),
+        "6"
+    );
+
+    // Watch availability through the rollout: never below 6 - maxUnavailable.
+    let w = s.kubectl_background(&[
+        "get",
+        "deployment",
+        "web",
+        "-w",
+        "-o",
+        "jsonpath={.status.availableReplicas}/{.status.updatedReplicas}{\"\\n\"}",
+    ]);
+    w.wait_for("the watch to start", |o| o.contains("6/"));
+    s.ok(&["set", "image", "deployment/web", "pause=pause:2"]);
+    s.ok(&["rollout", "status", "deployment/web", "--timeout=90s"]);
+    let seen = w.wait_for("the last update", |o| {
+        o.lines().any(|l| l.trim() == "6/6") && o.lines().count() > 2
+    });
+    for l in seen.lines() {
+        let avail: i32 = l
+            .split('/')
+            .next()
+            .unwrap_or("0")
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        assert!(
+            avail >= 5,
+            "availability dropped to {avail} during the rollout:\n{seen}"
+        );
+    }
+    let images = get(
+        &s,
+        &[
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "-o",
+            "jsonpath={.items[*].spec.containers[0].image}",
+        ],
+    );
+    wait_until("only new pods", 30, || {
+        let images = get(
+            &s,
+            &[
+                "get",
+                "pods",
+                "-l",
+                "app=web",
+                "-o",
+                "jsonpath={.items[*].spec.containers[0].image}",
+            ],
+        );
+        (!images.contains("pause:1")).then_some(())
+    });
+    assert!(images.contains("pause:2"), "{images}");
+    let rs = get(&s, &["get", "rs", "-l", "app=web", "--no-headers"]);
+    assert_eq!(rs.lines().count(), 2, "{rs}");
+    let history = s.ok(&["rollout", "history", "deployment/web"]);
+    assert!(
+        history.contains("1 ") && history.contains("2 "),
+        "{history}"
+    );
+
+    s.ok(&["rollout", "undo", "deployment/web"]);
+    s.ok(&["rollout", "status", "deployment/web", "--timeout=90s"]);
+    wait_until("the old image back", 30, || {
+        let images = get(
+            &s,
+            &[
+                "get",
+                "pods",
+                "-l",
+                "app=web",
+                "-o",
+                "jsonpath={.items[*].spec.containers[0].image}",
+            ],
+        );
+        (!images.contains("pause:2") && images.split_whitespace().count() == 6).then_some(())
+    });
+    let events = s.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.kind=Deployment",
+    ]);
+    assert!(events.contains("ScalingReplicaSet"), "{events}");
+}
+
+#[test]
+fn cascading_deletion_in_background_foreground_and_orphan_modes() {
+    let s = Server::start();
+    let _nodes = hollow(&s, 2);
+    for d in ["bg", "fg", "orph"] {
+        s.ok(&["create", "deployment", d, "--image=pause", "--replicas=2"]);
+    }
+    for d in ["bg", "fg", "orph"] {
+        s.ok(&[
+            "rollout",
+            "status",
+            &format!("deployment/{d}"),
+            "--timeout=60s",
+        ]);
+    }
+    s.ok(&["delete", "deployment", "bg"]);
+    s.ok(&["delete", "deployment", "fg", "--cascade=foreground"]);
+    s.ok(&["delete", "deployment", "orph", "--cascade=orphan"]);
+    wait_until("background and foreground dependents gone", 60, || {
+        let pods = get(&s, &["get", "pods", "-o", "name"]);
+        let rs = get(&s, &["get", "rs", "-o", "name"]);
+        (!pods.contains("/bg-")
+            && !pods.contains("/fg-")
+            && !rs.contains("/bg-")
+            && !rs.contains("/fg-"))
+        .then_some(())
+    });
+    assert!(
+        s.kubectl(&["get", "deployment", "fg"]).status.code() != Some(0),
+        "the foreground owner stayed"
+    );
+    let rs = get(
+        &s,
+        &[
+            "get",
+            "rs",
+            "-l",
+            "app=orph",
+            "-o",
+            "jsonpath={.items[*].metadata.ownerReferences}",
+        ],
+    );
+    assert_eq!(rs, "", "the orphaned ReplicaSet still has its owner");
+    assert_eq!(running_pods(&s, "app=orph").len(), 2);
+}
+
+#[test]
+fn a_job_completes_and_another_fails_after_its_backoff_limit() {
+    let s = Server::start();
+    let _nodes = hollow(&s, 2);
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        r#"
+apiVersion: batch/v1
+kind: Job
+metadata: {name: ok}
+spec:
+  completions: 3
+  parallelism: 2
+  template:
+    metadata: {annotations: {skiff.io/simulate-run-seconds: "1"}}
+    spec:
+      restartPolicy: Never
+      containers: [{name: c, image: pause}]
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: bad}
+spec:
+  backoffLimit: 1
+  template:
+    metadata: {annotations: {skiff.io/simulate-run-seconds: "1", skiff.io/simulate-exit-code: "1"}}
+    spec:
+      restartPolicy: Never
+      containers: [{name: c, image: pause}]
+"#,
+    );
+    s.ok(&[
+        "wait",
+        "--for=condition=complete",
+        "job/ok",
+        "--timeout=60s",
+    ]);
+    assert_eq!(
+        get(
+            &s,
+            &["get", "job", "ok", "-o", "jsonpath={.status.succeeded}"]
+        ),
+        "3"
+    );
+    s.ok(&["wait", "--for=condition=failed", "job/bad", "--timeout=60s"]);
+    assert_eq!(
+        get(
+            &s,
+            &["get", "job", "bad", "-o", "jsonpath={.status.failed}"]
+        ),
+        "2"
+    );
+    let reason = get(
+        &s,
+        &[
+            "get",
+            "job",
+            "bad",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Failed\")].reason}",
+        ],
+    );
+    assert_eq!(reason, "BackoffLimitExceeded");
+    let table = s.ok(&["get", "jobs"]);
+    assert!(table.contains("ok") && table.contains("3/3"), "{table}");
+}
+
+#[test]
+fn a_controller_manager_killed_mid_rollout_finishes_it_with_exactly_the_right_pods() {
+    let s = Server::start_with(&["--disable-controllers"]);
+    let _nodes = hollow(&s, 3);
+    let cm = controller_manager(&s);
+    s.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=pause:1",
+        "--replicas=8",
+    ]);
+    s.ok(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+    s.ok(&["set", "image", "deployment/web", "pause=pause:2"]);
+    wait_until("the rollout to be under way", 30, || {
+        let u = get(
+            &s,
+            &[
+                "get",
+                "deployment",
+                "web",
+                "-o",
+                "jsonpath={.status.updatedReplicas}",
+            ],
+        );
+        (u.parse::<i32>().unwrap_or(0) > 0).then_some(())
+    });
+    drop(cm);
+    std::thread::sleep(Duration::from_secs(1));
+    let _cm = controller_manager(&s);
+    s.ok(&["rollout", "status", "deployment/web", "--timeout=90s"]);
+    let pods = wait_until("8 pods of the new template and nothing else", 30, || {
+        let all = get(
+            &s,
+            &[
+                "get",
+                "pods",
+                "-l",
+                "app=web",
+                "-o",
+                "jsonpath={range .items[*]}{.spec.containers[0].image}{\"\\n\"}{end}",
+            ],
+        );
+        let lines: Vec<&str> = all.lines().collect();
+        (lines.len() == 8 && lines.iter().all(|l| *l == "pause:2")).then_some(all)
+    });
+    assert_eq!(pods.lines().count(), 8);
+}
