@@ -533,7 +533,10 @@ async fn resource(
                 }
             }
             let list = json!({"kind": res.list_kind(), "apiVersion": res.api_version(), "metadata": {"resourceVersion": reg.cache.revision().to_string()}, "items": gone});
-            Ok(json_response(200, &list))
+            Ok(add_warnings(
+                json_response(200, &list),
+                &delete_warnings(res, &dopts),
+            ))
         }
         // ---- one object
         (&Method::GET, Some(name), None) => {
@@ -652,7 +655,8 @@ async fn resource(
         (&Method::DELETE, Some(name), None) => {
             let (headers, body) = read_body(req).await?;
             let dopts = delete_options(&q, &headers, &body)?;
-            match reg.delete(res, ns, name, &dopts).await? {
+            let warnings = delete_warnings(res, &dopts);
+            let r = match reg.delete(res, ns, name, &dopts).await? {
                 Deleted::Pending(obj) => {
                     render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
                 }
@@ -670,7 +674,8 @@ async fn resource(
                         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}),
                     ))
                 }
-            }
+            };
+            r.map(|r| add_warnings(r, &warnings))
         }
         (_, _, Some(sub))
             if matches!(
@@ -759,6 +764,19 @@ fn strip_directives(v: &Value) -> Value {
     }
 }
 
+/// batch/v1 Jobs orphan their pods when a delete names no policy, and
+/// Kubernetes says so.
+fn delete_warnings(res: &ResourceInfo, o: &DeleteOptions) -> Vec<String> {
+    if res.group == "batch"
+        && res.kind == "Job"
+        && o.propagation_policy.is_none()
+        && o.orphan_dependents.is_none()
+    {
+        return vec!["child pods are preserved by default when jobs are deleted; set propagationPolicy=Background to remove them or set propagationPolicy=Orphan to suppress this warning".into()];
+    }
+    Vec::new()
+}
+
 fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<DeleteOptions, ApiError> {
     let mut o = DeleteOptions {
         dry_run: q.dry_run()?,
@@ -766,9 +784,16 @@ fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<Delete
     };
     o.grace_period_seconds = q.int("gracePeriodSeconds")?;
     o.propagation_policy = q.get("propagationPolicy").map(str::to_string);
-    if o.propagation_policy.is_none() && q.get("orphanDependents") == Some("true") {
-        o.propagation_policy = Some("Orphan".into());
-    }
+    o.orphan_dependents = match q.get("orphanDependents") {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(v) => {
+            return Err(ApiError::bad_request(format!(
+                "orphanDependents: invalid boolean value {v:?}"
+            )))
+        }
+    };
     if !body.is_empty() {
         let ct = headers
             .get(header::CONTENT_TYPE)
@@ -787,8 +812,9 @@ fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<Delete
         }
         if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
             o.propagation_policy = Some(p.to_string());
-        } else if v.get("orphanDependents").and_then(Value::as_bool) == Some(true) {
-            o.propagation_policy = Some("Orphan".into());
+        }
+        if let Some(b) = v.get("orphanDependents").and_then(Value::as_bool) {
+            o.orphan_dependents = Some(b);
         }
         if let Some(u) = v.pointer("/preconditions/uid").and_then(Value::as_str) {
             o.precondition_uid = Some(u.to_string());
@@ -804,6 +830,18 @@ fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<Delete
                 o.dry_run = true;
             }
         }
+    }
+    if let (Some(p), Some(_)) = (&o.propagation_policy, o.orphan_dependents) {
+        return Err(ApiError::invalid(
+            "",
+            "DeleteOptions",
+            "",
+            vec![skiff_core::Cause::invalid(
+                "propagationPolicy",
+                &json!(p),
+                "orphanDependents and deletionPropagation cannot be both set",
+            )],
+        ));
     }
     if let Some(p) = &o.propagation_policy {
         if !matches!(p.as_str(), "Orphan" | "Background" | "Foreground") {

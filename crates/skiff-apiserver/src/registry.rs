@@ -27,11 +27,6 @@ pub enum FieldValidation {
     Strict,
 }
 
-/// Kinds whose foreground/orphan deletion the garbage collector completes
-/// (it tracks their dependents); for other kinds those policies act as
-/// Background.
-const GC_OWNER_KINDS: &[&str] = &["Deployment", "ReplicaSet", "Job"];
-
 /// Options every write carries.
 #[derive(Debug, Clone)]
 pub struct WriteOptions {
@@ -69,6 +64,8 @@ pub struct DeleteOptions {
     pub precondition_uid: Option<String>,
     pub precondition_resource_version: Option<String>,
     pub propagation_policy: Option<String>,
+    /// The deprecated `orphanDependents`; it wins over `propagationPolicy`.
+    pub orphan_dependents: Option<bool>,
     pub dry_run: bool,
 }
 
@@ -792,52 +789,48 @@ impl Registry {
             } else {
                 0
             };
-            // Foreground and orphan deletion of the kinds whose dependents
-            // the garbage collector tracks: a finalizer it removes once the
-            // dependents are deleted (foreground) or released (orphan).
-            let gc_finalizer = match opts.propagation_policy.as_deref() {
-                Some("Foreground") => Some(("foregroundDeletion", "orphan")),
-                Some("Orphan") => Some(("orphan", "foregroundDeletion")),
-                _ => None,
-            };
-            if let Some((add, drop)) = gc_finalizer {
-                if GC_OWNER_KINDS.contains(&res.kind)
-                    && meta_str(&obj, "deletionTimestamp").is_empty()
-                {
-                    let m = metadata_mut(&mut obj);
-                    let list = m.entry("finalizers").or_insert_with(|| json!([]));
-                    if let Some(a) = list.as_array_mut() {
-                        a.retain(|f| f != drop);
-                        if !a.iter().any(|f| f == add) {
-                            a.push(json!(add));
-                        }
-                    }
-                }
-            }
-            let has_finalizers = !object::finalizers(&obj).is_empty();
             let is_namespace = res.kind == "Namespace";
             let already_deleting = !meta_str(&obj, "deletionTimestamp").is_empty();
-            if has_finalizers || grace > 0 || is_namespace {
-                let prior_grace = obj
-                    .pointer("/metadata/deletionGracePeriodSeconds")
-                    .and_then(Value::as_i64);
-                if already_deleting && prior_grace.map(|p| grace >= p).unwrap_or(true) {
-                    return Ok(Deleted::Pending(obj));
-                }
+            let prior_grace = obj
+                .pointer("/metadata/deletionGracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            // Graceful deletion under way (`BeforeDelete`): only a shorter
+            // grace period changes anything, and finalizers stay as they are.
+            if already_deleting && prior_grace > 0 && grace >= prior_grace {
+                return Ok(Deleted::Pending(obj));
+            }
+            // The garbage collector's finalizers, as the options, the
+            // object's own finalizers and the kind's default say.
+            let before = object::finalizers(&obj);
+            let after = gc_finalizers(res, &before, opts);
+            if after != before {
+                metadata_mut(&mut obj).insert("finalizers".into(), json!(after));
+            }
+            let has_finalizers = !after.is_empty();
+            let graceful = grace > 0 || (is_namespace && !already_deleting);
+            if has_finalizers || graceful || is_namespace {
                 {
                     let m = metadata_mut(&mut obj);
-                    m.insert("deletionTimestamp".into(), json!(object::rfc3339_in(grace)));
-                    m.insert("deletionGracePeriodSeconds".into(), json!(grace));
-                    if tracks_generation(res) {
-                        let g = m.get("generation").and_then(Value::as_i64).unwrap_or(0);
-                        m.insert("generation".into(), json!(g + 1));
+                    if graceful || !already_deleting {
+                        m.insert("deletionTimestamp".into(), json!(object::rfc3339_in(grace)));
+                        if tracks_generation(res) {
+                            let g = m.get("generation").and_then(Value::as_i64).unwrap_or(0);
+                            m.insert("generation".into(), json!(g + 1));
+                        }
                     }
+                    m.insert("deletionGracePeriodSeconds".into(), json!(grace));
                 }
                 if is_namespace {
                     obj["status"]["phase"] = json!("Terminating");
                 }
                 if opts.dry_run {
                     return Ok(Deleted::Pending(obj));
+                }
+                let mut unchanged = obj.clone();
+                object::set_resource_version(&mut unchanged, cur.mod_revision);
+                if unchanged == decode(&cur)? {
+                    return Ok(Deleted::Pending(unchanged));
                 }
                 match self
                     .store
@@ -1054,6 +1047,64 @@ pub enum WriteError {
 impl From<ApiError> for WriteError {
     fn from(e: ApiError) -> Self {
         WriteError::Api(e)
+    }
+}
+
+/// Kinds whose dependents are orphaned when a delete names no policy
+/// (`DefaultGarbageCollectionPolicy`: batch/v1 Jobs and v1
+/// ReplicationControllers, for backward compatibility).
+pub fn orphans_by_default(res: &ResourceInfo) -> bool {
+    (res.group == "batch" && res.kind == "Job")
+        || (res.group.is_empty() && res.kind == "ReplicationController")
+}
+
+/// The finalizers an object has after a delete with `opts`, as Kubernetes'
+/// generic store sets them for the garbage collector: `orphan` and
+/// `foregroundDeletion` follow the options first, then the finalizers the
+/// object already has, then the kind's default; other finalizers stay.
+pub fn gc_finalizers(res: &ResourceInfo, current: &[String], opts: &DeleteOptions) -> Vec<String> {
+    const ORPHAN: &str = "orphan";
+    const FOREGROUND: &str = "foregroundDeletion";
+    let from_finalizers = || {
+        current.iter().find_map(|f| match f.as_str() {
+            ORPHAN => Some(true),
+            FOREGROUND => Some(false),
+            _ => None,
+        })
+    };
+    let policy = opts.propagation_policy.as_deref();
+    let orphan = match (opts.orphan_dependents, policy) {
+        (Some(o), _) => o,
+        (None, Some("Orphan")) => true,
+        (None, Some("Background" | "Foreground")) => false,
+        _ => from_finalizers().unwrap_or_else(|| orphans_by_default(res)),
+    };
+    let foreground = match (opts.orphan_dependents, policy) {
+        (Some(_), _) => false,
+        (None, Some("Foreground")) => true,
+        (None, Some("Background" | "Orphan")) => false,
+        _ => from_finalizers() == Some(false),
+    };
+    let mut out: Vec<String> = current
+        .iter()
+        .filter(|f| *f != ORPHAN && *f != FOREGROUND)
+        .cloned()
+        .collect();
+    if orphan {
+        out.push(ORPHAN.into());
+    }
+    if foreground {
+        out.push(FOREGROUND.into());
+    }
+    // The same set in another order is no change.
+    let mut a = out.clone();
+    let mut b = current.to_vec();
+    a.sort();
+    b.sort();
+    if a == b {
+        current.to_vec()
+    } else {
+        out
     }
 }
 

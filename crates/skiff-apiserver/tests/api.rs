@@ -720,3 +720,179 @@ async fn the_finalize_subresource_changes_only_spec_finalizers() {
     assert_eq!(after["spec"]["finalizers"], json!([]));
     assert!(after["metadata"].get("labels").is_none(), "{after}");
 }
+
+fn deployment(name: &str) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "i:1"}]}}}})
+}
+
+fn finalizers_of(v: &Value) -> Value {
+    v["metadata"]["finalizers"].clone()
+}
+
+#[tokio::test]
+async fn delete_propagation_sets_the_garbage_collectors_finalizers() {
+    let a = api().await;
+    let deps = "/apis/apps/v1/namespaces/default/deployments";
+    assert_eq!(
+        a.post(deps, deployment("fg")).await.status,
+        StatusCode::CREATED
+    );
+    // Foreground: the object stays, marked for deletion, until the garbage
+    // collector removes `foregroundDeletion`.
+    let d = a
+        .delete(&format!("{deps}/fg?propagationPolicy=Foreground"))
+        .await;
+    assert_eq!(d.status, StatusCode::OK, "{}", d.body);
+    assert_eq!(
+        d.body["kind"], "Deployment",
+        "the pending object is returned"
+    );
+    assert_eq!(finalizers_of(&d.body), json!(["foregroundDeletion"]));
+    let held = a.get(&format!("{deps}/fg")).await.body;
+    assert!(held["metadata"]["deletionTimestamp"].is_string(), "{held}");
+    assert_eq!(held["metadata"]["deletionGracePeriodSeconds"], 0);
+    assert_eq!(finalizers_of(&held), json!(["foregroundDeletion"]));
+    // The same delete again changes nothing.
+    let again = a
+        .delete(&format!("{deps}/fg?propagationPolicy=Foreground"))
+        .await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(
+        again.body["metadata"]["resourceVersion"],
+        held["metadata"]["resourceVersion"]
+    );
+    // A second delete with another policy swaps the finalizer.
+    let o = a
+        .delete(&format!("{deps}/fg?propagationPolicy=Orphan"))
+        .await;
+    assert_eq!(o.status, StatusCode::OK);
+    assert_eq!(finalizers_of(&o.body), json!(["orphan"]));
+    assert_eq!(
+        o.body["metadata"]["deletionTimestamp"], held["metadata"]["deletionTimestamp"],
+        "the deletion timestamp stays"
+    );
+    // Background leaves no finalizer, so the object goes at once.
+    let b = a
+        .delete(&format!("{deps}/fg?propagationPolicy=Background"))
+        .await;
+    assert_eq!(b.status, StatusCode::OK);
+    assert_eq!(b.body["kind"], "Status", "{}", b.body);
+    assert_eq!(
+        a.get(&format!("{deps}/fg")).await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    // Background (the default for most kinds) deletes at once.
+    a.post(deps, deployment("bg")).await;
+    assert_eq!(a.delete(&format!("{deps}/bg")).await.status, StatusCode::OK);
+    assert_eq!(
+        a.get(&format!("{deps}/bg")).await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn gc_finalizers_join_other_finalizers_and_orphan_dependents_is_honoured() {
+    let a = api().await;
+    let mut c = cm("held", json!({}));
+    c["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    a.post(CMS, c).await;
+    let d = a
+        .req(
+            "DELETE",
+            &format!("{CMS}/held"),
+            "application/json",
+            r#"{"kind":"DeleteOptions","apiVersion":"v1","propagationPolicy":"Foreground"}"#,
+        )
+        .await;
+    assert_eq!(d.status, StatusCode::OK);
+    assert_eq!(
+        finalizers_of(&d.body),
+        json!(["example.com/hold", "foregroundDeletion"])
+    );
+    // Its own finalizer released, the object still waits for the collector.
+    let mut released = a.get(&format!("{CMS}/held")).await.body;
+    released["metadata"]["finalizers"] = json!(["foregroundDeletion"]);
+    assert_eq!(
+        a.put(&format!("{CMS}/held"), released).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(a.get(&format!("{CMS}/held")).await.status, StatusCode::OK);
+
+    // The deprecated orphanDependents, as a query parameter and in the body.
+    a.post(CMS, cm("o1", json!({}))).await;
+    let o = a.delete(&format!("{CMS}/o1?orphanDependents=true")).await;
+    assert_eq!(finalizers_of(&o.body), json!(["orphan"]));
+    a.post(CMS, cm("o2", json!({}))).await;
+    let o = a
+        .req(
+            "DELETE",
+            &format!("{CMS}/o2"),
+            "application/json",
+            r#"{"orphanDependents":true}"#,
+        )
+        .await;
+    assert_eq!(finalizers_of(&o.body), json!(["orphan"]));
+    // orphanDependents=false overrides the orphan finalizer: gone.
+    let gone = a.delete(&format!("{CMS}/o2?orphanDependents=false")).await;
+    assert_eq!(gone.status, StatusCode::OK);
+    assert_eq!(
+        a.get(&format!("{CMS}/o2")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    // Both at once is invalid.
+    let both = a
+        .delete(&format!(
+            "{CMS}/o1?orphanDependents=true&propagationPolicy=Orphan"
+        ))
+        .await;
+    assert_eq!(
+        both.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        both.body
+    );
+    assert!(both.body["message"]
+        .as_str()
+        .unwrap()
+        .contains("orphanDependents and deletionPropagation cannot be both set"));
+    let bad = a
+        .delete(&format!("{CMS}/o1?propagationPolicy=Sideways"))
+        .await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[tokio::test]
+async fn batch_v1_jobs_orphan_their_pods_by_default_and_warn() {
+    let a = api().await;
+    let jobs = "/apis/batch/v1/namespaces/default/jobs";
+    let job = |n: &str| {
+        json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": n},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i:1"}]}}}})
+    };
+    assert_eq!(a.post(jobs, job("j1")).await.status, StatusCode::CREATED);
+    let d = a.delete(&format!("{jobs}/j1")).await;
+    assert_eq!(d.status, StatusCode::OK);
+    let warning = d
+        .headers
+        .get("warning")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    assert!(
+        warning.contains("child pods are preserved by default when jobs are deleted"),
+        "{warning}"
+    );
+    assert_eq!(finalizers_of(&d.body), json!(["orphan"]));
+    a.post(jobs, job("j2")).await;
+    let d = a
+        .delete(&format!("{jobs}/j2?propagationPolicy=Background"))
+        .await;
+    assert!(d.headers.get("warning").is_none());
+    assert_eq!(
+        a.get(&format!("{jobs}/j2")).await.status,
+        StatusCode::NOT_FOUND
+    );
+}
