@@ -878,11 +878,43 @@ impl Registry {
                 vec![Cause::required("target.name")],
             ));
         }
+        let kind = binding
+            .pointer("/target/kind")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if !kind.is_empty() && kind != "Node" {
+            return Err(ApiError::invalid(
+                "",
+                "Binding",
+                name,
+                vec![Cause::not_supported(
+                    "target.kind",
+                    &json!(kind),
+                    &["Node", "<empty>"],
+                )],
+            ));
+        }
+        let wanted_uid = binding
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         loop {
             let Some(cur) = self.get_kv(res, Some(ns), name).await? else {
                 return Err(ApiError::not_found("", "pods", name));
             };
             let mut pod = decode(&cur)?;
+            if !wanted_uid.is_empty() && wanted_uid != meta_str(&pod, "uid") {
+                return Err(ApiError::conflict(
+                    "",
+                    "pods",
+                    name,
+                    &format!(
+                        "Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: {}",
+                        meta_str(&pod, "uid")
+                    ),
+                ));
+            }
             if !meta_str(&pod, "deletionTimestamp").is_empty() {
                 return Err(ApiError::conflict(
                     "",

@@ -409,7 +409,18 @@ async fn bound_pods_wait_for_their_node_and_binding_happens_once() {
     assert_eq!(again.status, StatusCode::CONFLICT);
     let p = a.get(&format!("{pods}/bound")).await.body;
     assert_eq!(p["spec"]["nodeName"], "n1");
-    assert_eq!(p["status"]["conditions"][0]["type"], "PodScheduled");
+    let scheduled = &p["status"]["conditions"][0];
+    assert_eq!(scheduled["type"], "PodScheduled");
+    assert_eq!(scheduled["status"], "True");
+    assert!(scheduled["lastTransitionTime"].is_string(), "{p}");
+    let wrong_kind =
+        json!({"metadata": {"name": "bound"}, "target": {"kind": "Pod", "name": "n1"}});
+    assert_eq!(
+        a.post(&format!("{pods}/bound/binding"), wrong_kind)
+            .await
+            .status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
     let d = a.delete(&format!("{pods}/bound")).await;
     assert_eq!(d.status, StatusCode::OK);
     let pending = a.get(&format!("{pods}/bound")).await.body;
