@@ -29,7 +29,7 @@ command -v protoc >/dev/null || missing+=(protobuf-compiler)
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
-ldd /bin/busybox 2>&1 | grep -q "not a dynamic" || missing+=(busybox-static)
+{ [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || missing+=(busybox-static)
 command -v ip >/dev/null || missing+=(iproute2)
 # Debian's python3 makes a virtualenv (tools.sh's fallback) only with ensurepip.
 if ! python3 -c 'import kubernetes' 2>/dev/null && ! python3 -c 'import ensurepip' 2>/dev/null; then

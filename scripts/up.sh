@@ -31,7 +31,7 @@ command -v protoc >/dev/null || missing+=(protobuf-compiler)
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
-[ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 && ldd /bin/busybox 2>&1 | grep -q "not a dynamic" || missing+=(busybox-static)
+{ [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || missing+=(busybox-static)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v mount >/dev/null || missing+=(mount)
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -35,12 +35,15 @@ use kube::Resource;
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Controllers to run (empty: all). Names: replicaset, deployment, job,
-    /// garbagecollector, serviceaccount, nodeipam, endpoints.
+    /// garbagecollector, serviceaccount, nodeipam, endpoints, nodelifecycle.
     pub controllers: Vec<String>,
     /// The cluster CA, published as `kube-root-ca.crt` in every namespace.
     pub root_ca_pem: Option<String>,
     /// Pod addresses; each node gets a /24.
     pub cluster_cidr: String,
+    /// How long a node may go without renewing its Lease before it is
+    /// marked Unknown and tainted unreachable.
+    pub node_monitor_grace_period: Duration,
 }
 
 impl Default for Options {
@@ -49,6 +52,7 @@ impl Default for Options {
             controllers: vec![],
             root_ca_pem: None,
             cluster_cidr: "10.42.0.0/16".into(),
+            node_monitor_grace_period: Duration::from_secs(50),
         }
     }
 }
@@ -107,6 +111,13 @@ pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
         services: cache(Api::<Service>::all(client.clone()), &mut tasks),
         nodes: cache(Api::<Node>::all(client.clone()), &mut tasks),
     });
+    let leases = cache(
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+            client.clone(),
+            "kube-node-lease",
+        ),
+        &mut tasks,
+    );
     for ready in [
         caches.pods.wait_until_ready().await,
         caches.replicasets.wait_until_ready().await,
@@ -170,6 +181,7 @@ pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
         let sa = on("serviceaccount");
         let ipam = on("nodeipam");
         let eps = on("endpoints");
+        let lifecycle_on = on("nodelifecycle");
         let m = m.clone();
         tasks.spawn(async move {
             let mut defaulted: HashSet<String> = HashSet::new();
@@ -194,6 +206,15 @@ pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
                 }
                 if eps {
                     lifecycle::endpoints_pass(&client, &caches, &mut endpoints).await;
+                }
+                if lifecycle_on {
+                    lifecycle::node_lifecycle_pass(
+                        &client,
+                        &caches,
+                        &leases,
+                        options.node_monitor_grace_period,
+                    )
+                    .await;
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }

@@ -546,3 +546,202 @@ where
 pub fn labels_of(meta: &ObjectMeta) -> BTreeMap<String, String> {
     meta.labels.clone().unwrap_or_default()
 }
+
+const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+const NOT_READY: &str = "node.kubernetes.io/not-ready";
+
+/// The node lifecycle controller's pass: a node whose Lease has not been
+/// renewed within `grace` gets its conditions set to Unknown and the
+/// `unreachable` NoExecute taint (`not-ready` when it reports Ready=False);
+/// the taints go when the node is healthy again. Pods on a tainted node
+/// that do not tolerate the taint are evicted at once, those that tolerate
+/// it for `tolerationSeconds` once that time has passed.
+pub async fn node_lifecycle_pass(
+    client: &kube::Client,
+    c: &Caches,
+    leases: &Store<k8s_openapi::api::coordination::v1::Lease>,
+    grace: std::time::Duration,
+) {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    let mut tainted: HashMap<String, Vec<k8s_openapi::api::core::v1::Taint>> = HashMap::new();
+    for n in c.nodes.state() {
+        let name = n.name_any();
+        let lease = leases
+            .state()
+            .into_iter()
+            .find(|l| l.name_any() == name && l.namespace().as_deref() == Some("kube-node-lease"));
+        let renewed = lease
+            .as_ref()
+            .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0))
+            .or_else(|| n.metadata.creation_timestamp.as_ref().map(|t| t.0))
+            .unwrap_or(now);
+        let stale =
+            renewed + k8s_openapi::jiff::SignedDuration::try_from(grace).unwrap_or_default() < now;
+        let conditions = n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let ready = conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status.clone())
+            .unwrap_or_default();
+        let want_taint = if stale {
+            Some(UNREACHABLE)
+        } else if ready == "False" {
+            Some(NOT_READY)
+        } else {
+            None
+        };
+        if stale && ready != "Unknown" {
+            let conds: Vec<Value> = conditions
+                .iter()
+                .map(|c| {
+                    json!({
+                        "type": c.type_, "status": "Unknown", "reason": "NodeStatusUnknown",
+                        "message": "Kubelet stopped posting node status.",
+                        "lastHeartbeatTime": c.last_heartbeat_time.as_ref().map(|t| t.0.to_string()),
+                        "lastTransitionTime": now.to_string(),
+                    })
+                })
+                .collect();
+            let _ = nodes_api
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"status": {"conditions": conds}})),
+                )
+                .await;
+            tracing::info!(
+                node = name,
+                "node stopped renewing its lease; marked Unknown"
+            );
+        }
+        let mut taints = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        let has = |key: &str, taints: &Vec<k8s_openapi::api::core::v1::Taint>| {
+            taints
+                .iter()
+                .any(|t| t.key == key && t.effect == "NoExecute")
+        };
+        let mut changed = false;
+        for key in [UNREACHABLE, NOT_READY] {
+            let want = want_taint == Some(key);
+            if want && !has(key, &taints) {
+                taints.push(k8s_openapi::api::core::v1::Taint {
+                    key: key.into(),
+                    effect: "NoExecute".into(),
+                    time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now)),
+                    value: None,
+                });
+                changed = true;
+            } else if !want && has(key, &taints) {
+                taints.retain(|t| !(t.key == key && t.effect == "NoExecute"));
+                changed = true;
+            }
+        }
+        if changed {
+            let t = if taints.is_empty() {
+                Value::Null
+            } else {
+                json!(taints)
+            };
+            let _ = nodes_api
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": {"taints": t}})),
+                )
+                .await;
+        }
+        let no_exec: Vec<_> = taints
+            .into_iter()
+            .filter(|t| t.effect == "NoExecute")
+            .collect();
+        if !no_exec.is_empty() {
+            tainted.insert(name, no_exec);
+        }
+    }
+    if tainted.is_empty() {
+        return;
+    }
+    for p in c.pods.state() {
+        let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        let Some(taints) = tainted.get(&node) else {
+            continue;
+        };
+        if common::is_terminating(&p.metadata) || !common::pod_is_active(&p) {
+            continue;
+        }
+        let tolerations = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.tolerations.clone())
+            .unwrap_or_default();
+        let mut evict_at: Option<k8s_openapi::jiff::Timestamp> = None;
+        let mut never = true;
+        for t in taints {
+            let tol = tolerations.iter().find(|tol| {
+                let key_ok = tol.key.as_deref().map(|k| k == t.key).unwrap_or(true)
+                    || tol.key.as_deref() == Some("");
+                let effect_ok = tol
+                    .effect
+                    .as_deref()
+                    .map(|e| e.is_empty() || e == t.effect)
+                    .unwrap_or(true);
+                let op_ok = match tol.operator.as_deref() {
+                    Some("Exists") => true,
+                    _ => tol.value.as_deref().unwrap_or("") == t.value.as_deref().unwrap_or(""),
+                };
+                key_ok && effect_ok && op_ok
+            });
+            let added = t.time_added.as_ref().map(|x| x.0).unwrap_or(now);
+            match tol {
+                None => {
+                    evict_at = Some(now);
+                    never = false;
+                }
+                Some(tol) => {
+                    if let Some(secs) = tol.toleration_seconds {
+                        let at = added + k8s_openapi::jiff::SignedDuration::from_secs(secs.max(0));
+                        evict_at = Some(evict_at.map(|e| e.min(at)).unwrap_or(at));
+                        never = false;
+                    }
+                }
+            }
+        }
+        if never {
+            continue;
+        }
+        if evict_at.map(|t| t <= now).unwrap_or(false) {
+            let ns = p.namespace().unwrap_or_default();
+            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: p.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            if api.delete(&p.name_any(), &dp).await.is_ok() {
+                let involved = json!({"apiVersion": "v1", "kind": "Pod", "name": p.name_any(), "namespace": ns, "uid": p.metadata.uid});
+                common::event(
+                    client,
+                    "taint-eviction-controller",
+                    involved,
+                    &ns,
+                    "Normal",
+                    "TaintManagerEviction",
+                    format!("Marking for deletion Pod {ns}/{}", p.name_any()),
+                );
+            }
+        }
+    }
+}

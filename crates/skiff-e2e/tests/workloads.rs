@@ -366,3 +366,133 @@ fn a_controller_manager_killed_mid_rollout_finishes_it_with_exactly_the_right_po
     });
     assert_eq!(pods.lines().count(), 8);
 }
+
+#[test]
+fn a_node_that_stops_renewing_its_lease_is_tainted_and_its_pods_move_elsewhere() {
+    let s = Server::start_with(&["--node-monitor-grace-period", "4"]);
+    // Two sets of hollow nodes in two processes: "a" will go away.
+    let a = Proc(
+        Command::new(skiff_binary())
+            .args([
+                "agent",
+                "--simulate",
+                "--nodes",
+                "1",
+                "--node-name",
+                "a",
+                "--kubeconfig",
+            ])
+            .arg(&s.kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start hollow node a"),
+    );
+    wait_until("node a-0 Ready", 30, || {
+        s.ok(&["get", "nodes", "--no-headers"])
+            .contains(" Ready ")
+            .then_some(())
+    });
+    s.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=pause",
+        "--replicas=3",
+    ]);
+    s.ok(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+    let on_a = get(
+        &s,
+        &[
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "-o",
+            "jsonpath={.items[*].spec.nodeName}",
+        ],
+    );
+    assert_eq!(
+        on_a.split_whitespace().filter(|n| *n == "a-0").count(),
+        3,
+        "{on_a}"
+    );
+    let _b = hollow_named(&s, "b");
+    drop(a);
+    // The node goes Unknown and gets the unreachable taint.
+    wait_until("node a-0 NotReady with the unreachable taint", 60, || {
+        let ready = get(
+            &s,
+            &[
+                "get",
+                "node",
+                "a-0",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ],
+        );
+        let taints = get(
+            &s,
+            &["get", "node", "a-0", "-o", "jsonpath={.spec.taints[*].key}"],
+        );
+        (ready == "Unknown" && taints.contains("node.kubernetes.io/unreachable")).then_some(())
+    });
+    let nodes = s.ok(&["get", "nodes"]);
+    assert!(
+        nodes
+            .lines()
+            .any(|l| l.starts_with("a-0") && l.contains("NotReady")),
+        "{nodes}"
+    );
+    // Its pods are evicted and replaced on node b-0.
+    wait_until("3 running pods on b-0", 60, || {
+        let out = get(
+            &s,
+            &[
+                "get",
+                "pods",
+                "-l",
+                "app=web",
+                "--field-selector=spec.nodeName=b-0,status.phase=Running",
+                "-o",
+                "name",
+            ],
+        );
+        (out.lines().count() == 3).then_some(())
+    });
+}
+
+fn hollow_named(s: &Server, prefix: &str) -> Proc {
+    let child = Command::new(skiff_binary())
+        .args([
+            "agent",
+            "--simulate",
+            "--nodes",
+            "1",
+            "--node-name",
+            prefix,
+            "--kubeconfig",
+        ])
+        .arg(&s.kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start hollow node");
+    let name = format!("{prefix}-0");
+    wait_until("the new node Ready", 30, || {
+        let ready = get(
+            s,
+            &[
+                "get",
+                "node",
+                &name,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ],
+        );
+        (ready == "True").then_some(())
+    });
+    Proc(child)
+}

@@ -73,6 +73,10 @@ struct ServerArgs {
     /// Do not run the controller manager in this process.
     #[arg(long)]
     disable_controllers: bool,
+    /// Seconds a node may go without renewing its Lease before it is
+    /// marked Unknown and its pods are evicted.
+    #[arg(long, default_value_t = 50)]
+    node_monitor_grace_period: u64,
     /// Seconds of history kept for watches (Kubernetes keeps 5 minutes).
     #[arg(long, default_value_t = 300, hide = true)]
     compact_keep: u64,
@@ -157,6 +161,10 @@ struct ControllerManagerArgs {
     /// Pod addresses: each node gets a /24 of this range.
     #[arg(long, default_value = "10.42.0.0/16")]
     cluster_cidr: String,
+    /// Seconds a node may go without renewing its Lease before it is
+    /// marked Unknown and its pods are evicted.
+    #[arg(long, default_value_t = 50)]
+    node_monitor_grace_period: u64,
 }
 
 #[derive(Subcommand)]
@@ -319,6 +327,7 @@ fn spawn_control_loops(
     controllers: bool,
     cluster_cidr: &str,
     root_ca: Option<String>,
+    grace: u64,
 ) {
     let id = identity();
     if scheduler {
@@ -342,7 +351,7 @@ fn spawn_control_loops(
     }
     if controllers {
         let c = client.clone();
-        let options = controller_options(cluster_cidr, root_ca);
+        let options = controller_options(cluster_cidr, root_ca, grace);
         tokio::spawn(async move {
             let r = skiff_kube::leader::run_elected(
                 c.clone(),
@@ -361,10 +370,15 @@ fn spawn_control_loops(
     }
 }
 
-fn controller_options(cluster_cidr: &str, root_ca: Option<String>) -> skiff_controllers::Options {
+fn controller_options(
+    cluster_cidr: &str,
+    root_ca: Option<String>,
+    grace: u64,
+) -> skiff_controllers::Options {
     skiff_controllers::Options {
         root_ca_pem: root_ca,
         cluster_cidr: cluster_cidr.to_string(),
+        node_monitor_grace_period: Duration::from_secs(grace.max(1)),
         ..Default::default()
     }
 }
@@ -380,6 +394,7 @@ async fn server(args: ServerArgs) -> Result<()> {
         !args.disable_controllers,
         &args.cluster_cidr,
         Some(s.pki.ca.cert_pem.clone()),
+        args.node_monitor_grace_period,
     );
     tracing::info!(%addr, kubeconfig = %s.kubeconfig_path.display(), elapsed_ms = started.elapsed().as_millis() as u64, "serving");
     eprintln!(
@@ -507,6 +522,7 @@ async fn up(args: UpArgs) -> Result<()> {
         !args.server.disable_controllers,
         &args.server.cluster_cidr,
         Some(s.pki.ca.cert_pem.clone()),
+        args.server.node_monitor_grace_period,
     );
     progress("scheduler and controllers started");
     let mut node = args.node.clone();
@@ -672,7 +688,7 @@ async fn scheduler(args: SchedulerArgs) -> Result<()> {
 async fn controller_manager(args: ControllerManagerArgs) -> Result<()> {
     let client = skiff_kube::client_from_kubeconfig(&args.kubeconfig).await?;
     let ca = ca_from_kubeconfig(&args.kubeconfig)?;
-    let options = controller_options(&args.cluster_cidr, ca);
+    let options = controller_options(&args.cluster_cidr, ca, args.node_monitor_grace_period);
     let id = identity();
     tokio::select! {
         r = skiff_kube::leader::run_elected(client.clone(), "kube-controller-manager", &id, Default::default(), skiff_controllers::run(client, options)) => r,
