@@ -10,6 +10,7 @@
 // causes); errors are the slow path, so returning it unboxed is deliberate.
 #![allow(clippy::result_large_err)]
 
+pub mod admission;
 pub mod allocator;
 pub mod auth;
 pub mod fieldmanager;

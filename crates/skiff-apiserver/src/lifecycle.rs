@@ -1,5 +1,5 @@
-//! Loops the API server runs for itself: the built-in namespaces and the
-//! `kubernetes` service at first start, namespace finalization (emptying a
+//! Loops the API server runs for itself: the built-in namespaces, the
+//! system PriorityClasses and the `kubernetes` service at first start, namespace finalization (emptying a
 //! terminating namespace, then removing it), and store compaction.
 
 use std::collections::VecDeque;
@@ -28,6 +28,17 @@ pub async fn bootstrap(reg: &Registry) -> Result<(), ApiError> {
     for name in SYSTEM_NAMESPACES {
         let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
         match reg.create(ns, None, obj, &opts).await {
+            Ok(_) => {}
+            Err(e) if e.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let pc =
+        resources::lookup("scheduling.k8s.io", "v1", "priorityclasses").expect("priorityclasses");
+    for (name, value, description) in skiff_core::admission::SYSTEM_PRIORITY_CLASSES {
+        let obj = json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": name}, "value": value, "description": description});
+        match reg.create(pc, None, obj, &opts).await {
             Ok(_) => {}
             Err(e) if e.code == 409 => {}
             Err(e) => return Err(e),

@@ -390,6 +390,7 @@ impl Registry {
         }
         self.prepare_for_create(res, &mut obj);
         skiff_core::defaults::apply_defaults(res, &mut obj);
+        crate::admission::mutate_create(self, res, ns, &mut obj).await?;
         for attempt in 0..8 {
             if generate {
                 let prefix = meta_str(&obj, "generateName").to_string();
@@ -407,6 +408,7 @@ impl Registry {
             } else {
                 std::mem::take(&mut obj)
             };
+            let charges = crate::admission::check_quota(self, res, ns, &obj).await?;
             self.admit_create(res, &mut obj, opts.dry_run)?;
             crate::fieldmanager::record(res, None, &mut obj, &opts.field_manager, None);
             if opts.dry_run {
@@ -417,6 +419,9 @@ impl Registry {
                 Ok(kv) => {
                     // The stored object is exactly `obj`; no need to decode it again.
                     object::set_resource_version(&mut obj, kv.mod_revision);
+                    if !charges.is_empty() {
+                        crate::admission::record_charges(self, ns, charges).await;
+                    }
                     return Ok(obj);
                 }
                 Err(skiff_store::Error::AlreadyExists(_)) if generate && attempt < 7 => {

@@ -907,3 +907,189 @@ async fn batch_v1_jobs_orphan_their_pods_by_default_and_warn() {
         StatusCode::NOT_FOUND
     );
 }
+
+const PODS: &str = "/api/v1/namespaces/default/pods";
+
+fn pod_with(name: &str, resources: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "i:1", "resources": resources}]}})
+}
+
+fn message(r: &Resp) -> String {
+    r.body["message"].as_str().unwrap_or("").to_string()
+}
+
+#[tokio::test]
+async fn pods_get_a_service_account_default_tolerations_and_a_priority() {
+    let a = api().await;
+    let p = a.post(PODS, pod_with("p", json!({}))).await;
+    assert_eq!(p.status, StatusCode::CREATED, "{}", p.body);
+    let spec = &p.body["spec"];
+    assert_eq!(spec["serviceAccountName"], "default");
+    assert_eq!(spec["priority"], 0);
+    assert_eq!(spec["preemptionPolicy"], "PreemptLowerPriority");
+    assert_eq!(
+        spec["tolerations"],
+        json!([
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+        ])
+    );
+    // A pod that tolerates one keeps its own.
+    let mut own = pod_with("own", json!({}));
+    own["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10}]);
+    let t = a.post(PODS, own).await.body["spec"]["tolerations"].clone();
+    assert_eq!(t.as_array().unwrap().len(), 2);
+    assert_eq!(t[0]["tolerationSeconds"], 10);
+
+    // Priority classes: built-in, user-defined, the global default, unknown.
+    let pcs = "/apis/scheduling.k8s.io/v1/priorityclasses";
+    let listed = a.get(pcs).await.body;
+    let names: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"system-node-critical"), "{names:?}");
+    let mut crit = pod_with("crit", json!({}));
+    crit["spec"]["priorityClassName"] = json!("system-cluster-critical");
+    assert_eq!(
+        a.post(PODS, crit).await.body["spec"]["priority"],
+        2_000_000_000
+    );
+    let mut unknown = pod_with("unknown", json!({}));
+    unknown["spec"]["priorityClassName"] = json!("nope");
+    let r = a.post(PODS, unknown).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert_eq!(r.body["reason"], "Forbidden");
+    assert_eq!(
+        message(&r),
+        "pods \"unknown\" is forbidden: no PriorityClass with name nope was found"
+    );
+    let pc = |n: &str, v: i64, d: bool| json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": n}, "value": v, "globalDefault": d});
+    assert_eq!(
+        a.post(pcs, pc("everyone", 42, true)).await.status,
+        StatusCode::CREATED
+    );
+    let second = a.post(pcs, pc("another", 7, true)).await;
+    assert_eq!(second.status, StatusCode::FORBIDDEN);
+    assert!(message(&second).contains(
+        "PriorityClass everyone is already marked as default. Only one default can exist"
+    ));
+    let d = a.post(PODS, pod_with("dflt", json!({}))).await.body;
+    assert_eq!(d["spec"]["priority"], 42);
+    assert_eq!(d["spec"]["priorityClassName"], "everyone");
+}
+
+#[tokio::test]
+async fn limit_ranges_default_and_bound_container_resources() {
+    let a = api().await;
+    let lr = json!({"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "lr"},
+        "spec": {"limits": [{"type": "Container",
+            "default": {"cpu": "500m", "memory": "256Mi"},
+            "defaultRequest": {"cpu": "100m"},
+            "min": {"cpu": "50m"}, "max": {"cpu": "1"}, "maxLimitRequestRatio": {"cpu": "10"}}]}});
+    let created = a.post("/api/v1/namespaces/default/limitranges", lr).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    // The stored LimitRange shows Kubernetes' item defaults.
+    assert_eq!(
+        created.body["spec"]["limits"][0]["defaultRequest"]["memory"],
+        "256Mi"
+    );
+    let p = a.post(PODS, pod_with("d", json!({}))).await;
+    assert_eq!(p.status, StatusCode::CREATED, "{}", p.body);
+    let r = &p.body["spec"]["containers"][0]["resources"];
+    assert_eq!(r["limits"], json!({"cpu": "500m", "memory": "256Mi"}));
+    assert_eq!(r["requests"], json!({"cpu": "100m", "memory": "256Mi"}));
+    assert!(
+        p.body["metadata"]["annotations"]["kubernetes.io/limit-ranger"]
+            .as_str()
+            .unwrap()
+            .starts_with("LimitRanger plugin set: ")
+    );
+    assert_eq!(p.body["status"]["qosClass"], "Burstable");
+    let big = a
+        .post(PODS, pod_with("big", json!({"limits": {"cpu": "2"}})))
+        .await;
+    assert_eq!(big.status, StatusCode::FORBIDDEN, "{}", big.body);
+    assert_eq!(
+        message(&big),
+        "pods \"big\" is forbidden: maximum cpu usage per Container is 1, but limit is 2"
+    );
+    let small = a
+        .post(
+            PODS,
+            pod_with(
+                "small",
+                json!({"requests": {"cpu": "10m"}, "limits": {"cpu": "500m"}}),
+            ),
+        )
+        .await;
+    assert_eq!(small.status, StatusCode::FORBIDDEN);
+    assert!(
+        message(&small).contains("minimum cpu usage per Container is 50m, but request is 10m"),
+        "{}",
+        message(&small)
+    );
+    assert_eq!(
+        a.get(&format!("{PODS}/big")).await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn resource_quotas_refuse_what_exceeds_them() {
+    let a = api().await;
+    let quotas = "/api/v1/namespaces/default/resourcequotas";
+    let q = json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q"},
+        "spec": {"hard": {"pods": "2", "requests.cpu": "1", "configmaps": "1"}}});
+    let created = a.post(quotas, q).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    assert_eq!(created.body["status"]["used"]["pods"], "0");
+    // A pod without a cpu request cannot be counted.
+    let none = a.post(PODS, pod_with("none", json!({}))).await;
+    assert_eq!(none.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        message(&none),
+        "pods \"none\" is forbidden: failed quota: q: must specify requests.cpu for: c"
+    );
+    let cpu = |n: &str, c: &str| pod_with(n, json!({"requests": {"cpu": c}}));
+    assert_eq!(
+        a.post(PODS, cpu("a", "600m")).await.status,
+        StatusCode::CREATED
+    );
+    let over = a.post(PODS, cpu("b", "500m")).await;
+    assert_eq!(over.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        message(&over),
+        "pods \"b\" is forbidden: exceeded quota: q, requested: requests.cpu=500m, used: requests.cpu=600m, limited: requests.cpu=1"
+    );
+    assert_eq!(
+        a.post(PODS, cpu("b", "400m")).await.status,
+        StatusCode::CREATED
+    );
+    let third = a.post(PODS, cpu("c", "1m")).await;
+    assert_eq!(third.status, StatusCode::FORBIDDEN);
+    assert!(message(&third).contains("exceeded quota: q, requested: pods=1,requests.cpu=1m, used: pods=2,requests.cpu=1, limited: pods=2,requests.cpu=1"), "{}", message(&third));
+    // The quota's status shows the usage.
+    let q = a.get(&format!("{quotas}/q")).await.body;
+    assert_eq!(q["status"]["used"]["pods"], "2", "{q}");
+    assert_eq!(q["status"]["used"]["requests.cpu"], "1");
+    // Deleting frees room (usage is counted from the objects).
+    a.delete(&format!("{PODS}/a")).await;
+    assert_eq!(
+        a.post(PODS, cpu("c", "1m")).await.status,
+        StatusCode::CREATED
+    );
+    // Object counts.
+    assert_eq!(
+        a.post(CMS, cm("one", json!({}))).await.status,
+        StatusCode::CREATED
+    );
+    let two = a.post(CMS, cm("two", json!({}))).await;
+    assert_eq!(two.status, StatusCode::FORBIDDEN);
+    assert!(message(&two).contains(
+        "exceeded quota: q, requested: configmaps=1, used: configmaps=1, limited: configmaps=1"
+    ));
+}

@@ -29,6 +29,7 @@ pub fn apply_defaults(res: &ResourceInfo, obj_v: &mut Value) {
         ("", "Pod") => {
             if let Some(spec) = obj_v.get_mut("spec") {
                 pod_spec(spec);
+                requests_from_limits(spec);
             }
             pod_status(obj_v);
         }
@@ -162,12 +163,53 @@ pub fn apply_defaults(res: &ResourceInfo, obj_v: &mut Value) {
                 set_default(status, "phase", json!("Pending"));
             }
         }
+        ("", "LimitRange") => {
+            if let Some(items) = obj_v
+                .pointer_mut("/spec/limits")
+                .and_then(Value::as_array_mut)
+            {
+                items
+                    .iter_mut()
+                    .for_each(crate::admission::limit_range_item_defaults);
+            }
+        }
         ("scheduling.k8s.io", "PriorityClass") => {
             if let Some(m) = obj_v.as_object_mut() {
                 set_default(m, "preemptionPolicy", json!("PreemptLowerPriority"));
             }
         }
         _ => {}
+    }
+}
+
+/// A pod's containers with a limit but no request for a resource request
+/// their limit (pods only, not templates).
+fn requests_from_limits(spec: &mut Value) {
+    for list in ["containers", "initContainers"] {
+        let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) else {
+            continue;
+        };
+        for c in cs.iter_mut() {
+            let Some(res) = c.get_mut("resources").and_then(Value::as_object_mut) else {
+                continue;
+            };
+            let Some(limits) = res
+                .get("limits")
+                .and_then(Value::as_object)
+                .filter(|l| !l.is_empty())
+                .cloned()
+            else {
+                continue;
+            };
+            let req = res.entry("requests").or_insert_with(|| json!({}));
+            if !req.is_object() {
+                *req = json!({});
+            }
+            let req = req.as_object_mut().expect("object");
+            for (k, v) in limits {
+                req.entry(k).or_insert(v);
+            }
+        }
     }
 }
 

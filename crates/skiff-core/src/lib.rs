@@ -8,6 +8,7 @@
 // causes); errors are the slow path, so returning it unboxed is deliberate.
 #![allow(clippy::result_large_err)]
 
+pub mod admission;
 pub mod convert;
 pub mod defaults;
 pub mod discovery;
