@@ -652,6 +652,36 @@ async fn resource(
                 &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
             ))
         }
+        (&Method::POST, Some(name), Some("eviction")) if res.kind == "Pod" => {
+            let (headers, body) = read_body(req).await?;
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let eviction = if ct
+                .as_deref()
+                .unwrap_or("")
+                .starts_with("application/vnd.kubernetes.protobuf")
+            {
+                let t = skiff_core::schema::root("policy", "v1", "Eviction")
+                    .ok_or_else(|| ApiError::internal("no Eviction schema"))?;
+                skiff_core::protobuf::decode(&body, t, "policy/v1", "Eviction")?
+            } else {
+                serde_json::from_slice::<Value>(&body)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding Eviction: {e}")))?
+            };
+            let json_ct = HeaderMap::new();
+            let dopts_body = match eviction.get("deleteOptions") {
+                Some(d) if d.is_object() => Bytes::from(d.to_string()),
+                _ => Bytes::new(),
+            };
+            let dopts = delete_options(&q, &json_ct, &dopts_body)?;
+            crate::eviction::evict(reg, ns.unwrap_or(""), name, &eviction, &dopts).await?;
+            Ok(json_response(
+                201,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+            ))
+        }
         (&Method::DELETE, Some(name), None) => {
             let (headers, body) = read_body(req).await?;
             let dopts = delete_options(&q, &headers, &body)?;

@@ -13,6 +13,7 @@
 pub mod admission;
 pub mod allocator;
 pub mod auth;
+pub mod eviction;
 pub mod fieldmanager;
 pub mod handlers;
 pub mod lifecycle;

@@ -1093,3 +1093,88 @@ async fn resource_quotas_refuse_what_exceeds_them() {
         "exceeded quota: q, requested: configmaps=1, used: configmaps=1, limited: configmaps=1"
     ));
 }
+
+async fn running(a: &Api, name: &str) {
+    let mut p = pod_with(name, json!({}));
+    p["metadata"]["labels"] = json!({"app": "web"});
+    assert_eq!(a.post(PODS, p).await.status, StatusCode::CREATED);
+    let mut st = a.get(&format!("{PODS}/{name}")).await.body;
+    st["status"]["phase"] = json!("Running");
+    st["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+    let r = a.put(&format!("{PODS}/{name}/status"), st).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
+async fn evict(a: &Api, name: &str) -> Resp {
+    let body = json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": "default"}, "deleteOptions": {"gracePeriodSeconds": 0}});
+    a.post(&format!("{PODS}/{name}/eviction"), body).await
+}
+
+async fn set_allowed(a: &Api, n: i64) {
+    let pdbs = "/apis/policy/v1/namespaces/default/poddisruptionbudgets";
+    let mut cur = a.get(&format!("{pdbs}/web")).await.body;
+    cur["status"] = json!({"observedGeneration": 1, "disruptionsAllowed": n, "currentHealthy": 2, "desiredHealthy": 1, "expectedPods": 2});
+    let r = a.put(&format!("{pdbs}/web/status"), cur).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
+#[tokio::test]
+async fn eviction_respects_the_pods_disruption_budget() {
+    let a = api().await;
+    let pdbs = "/apis/policy/v1/namespaces/default/poddisruptionbudgets";
+    // No budget: the pod goes.
+    running(&a, "free").await;
+    assert_eq!(evict(&a, "free").await.status, StatusCode::CREATED);
+    assert_eq!(
+        a.get(&format!("{PODS}/free")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(evict(&a, "free").await.status, StatusCode::NOT_FOUND);
+
+    let pdb = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}});
+    let created = a.post(pdbs, pdb).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    running(&a, "w1").await;
+    running(&a, "w2").await;
+    // Not yet processed by the disruption controller: refused.
+    let r = evict(&a, "w1").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.body);
+    set_allowed(&a, 0).await;
+    let r = evict(&a, "w1").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.body["reason"], "TooManyRequests");
+    assert_eq!(
+        message(&r),
+        "Cannot evict pod as it would violate the pod's disruption budget."
+    );
+    assert_eq!(r.body["details"]["causes"][0]["reason"], "DisruptionBudget");
+    assert_eq!(
+        r.body["details"]["causes"][0]["message"],
+        "The disruption budget web needs 1 healthy pods and has 2 currently"
+    );
+    assert_eq!(a.get(&format!("{PODS}/w1")).await.status, StatusCode::OK);
+    // One disruption allowed: the first eviction takes it, the second waits.
+    set_allowed(&a, 1).await;
+    assert_eq!(evict(&a, "w1").await.status, StatusCode::CREATED);
+    assert_eq!(
+        a.get(&format!("{PODS}/w1")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let status = a.get(&format!("{pdbs}/web")).await.body["status"].clone();
+    assert_eq!(status["disruptionsAllowed"], 0, "{status}");
+    assert!(status["disruptedPods"]["w1"].is_string(), "{status}");
+    assert_eq!(evict(&a, "w2").await.status, StatusCode::TOO_MANY_REQUESTS);
+    // A pod that is not running goes without a budget check.
+    let mut pending = pod_with("pending", json!({}));
+    pending["metadata"]["labels"] = json!({"app": "web"});
+    a.post(PODS, pending).await;
+    assert_eq!(evict(&a, "pending").await.status, StatusCode::CREATED);
+    // Two budgets over one pod: Kubernetes refuses with 500.
+    let second = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "again"},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}});
+    a.post(pdbs, second).await;
+    let r = evict(&a, "w2").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(message(&r).contains("more than one PodDisruptionBudget"));
+}

@@ -61,6 +61,7 @@ const FIELDS: &[(&str, &str)] = &[
     ("Binding", "1 metadata,2 target"),
     ("DeleteOptions", "1 *gracePeriodSeconds,2 preconditions,3 *orphanDependents,4 propagationPolicy,5 dryRun"),
     ("Preconditions", "1 uid,2 resourceVersion"),
+    ("Eviction", "1 metadata,2 deleteOptions"),
     ("SelfSubjectReview", "1 metadata,2 status"),
     ("SelfSubjectAccessReview", "1 metadata,2 spec,3 status"),
     ("SelfSubjectAccessReviewSpec", "1 resourceAttributes,2 nonResourceAttributes"),
