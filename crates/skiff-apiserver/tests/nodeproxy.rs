@@ -1,0 +1,378 @@
+//! `pods/log|exec|attach|portforward` proxied to the agent of the pod's
+//! node, against a fake agent (a small HTTPS endpoint standing in for the
+//! remote kubelet): the path and query it receives, the client certificate
+//! the API server presents, log streaming, and a WebSocket upgrade
+//! relayed byte for byte.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use skiff_apiserver::tls::Pki;
+use skiff_store::{RedbStore, Store};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Notify;
+use tower::ServiceExt;
+
+#[derive(Default)]
+struct Seen {
+    /// (path?query, client certificate user, upgrade header)
+    requests: Vec<(String, String, String)>,
+}
+
+/// A fake agent: containerLogs streams two lines (the second only after
+/// `release` is notified), exec/attach/portForward upgrade and echo.
+async fn fake_agent(pki: &Pki, seen: Arc<Mutex<Seen>>, release: Arc<Notify>) -> u16 {
+    let tls = tokio_rustls::TlsAcceptor::from(pki.server_config().unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let tls = tls.clone();
+            let seen = seen.clone();
+            let release = release.clone();
+            tokio::spawn(async move {
+                let Ok(stream) = tls.accept(tcp).await else {
+                    return;
+                };
+                let user = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(|c| skiff_apiserver::tls::identity_from_cert(c))
+                    .map(|(u, _)| u)
+                    .unwrap_or_default();
+                let svc =
+                    hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+                        let seen = seen.clone();
+                        let release = release.clone();
+                        let user = user.clone();
+                        async move {
+                            let upgrade = req
+                                .headers()
+                                .get("upgrade")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_string();
+                            let pq = req
+                                .uri()
+                                .path_and_query()
+                                .map(|p| p.to_string())
+                                .unwrap_or_default();
+                            seen.lock()
+                                .unwrap()
+                                .requests
+                                .push((pq.clone(), user, upgrade.clone()));
+                            let resp: Response<Body> = if pq.starts_with("/containerLogs/") {
+                                let (tx, rx) = tokio::sync::mpsc::channel::<
+                                    Result<hyper::body::Frame<Bytes>, Infallible>,
+                                >(2);
+                                tokio::spawn(async move {
+                                    let _ = tx
+                                        .send(Ok(hyper::body::Frame::data(Bytes::from(
+                                            "first line\n",
+                                        ))))
+                                        .await;
+                                    release.notified().await;
+                                    let _ = tx
+                                        .send(Ok(hyper::body::Frame::data(Bytes::from(
+                                            "second line\n",
+                                        ))))
+                                        .await;
+                                });
+                                let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+                                Response::builder()
+                                    .header("content-type", "text/plain")
+                                    .body(Body::new(http_body_util::StreamBody::new(stream)))
+                                    .unwrap()
+                            } else if !upgrade.is_empty() {
+                                let protocol = req
+                                    .headers()
+                                    .get("sec-websocket-protocol")
+                                    .and_then(|v| v.to_str().ok())
+                                    .and_then(|v| v.split(',').next())
+                                    .unwrap_or("")
+                                    .trim()
+                                    .to_string();
+                                let on = hyper::upgrade::on(&mut req);
+                                tokio::spawn(async move {
+                                    let Ok(up) = on.await else { return };
+                                    let mut io = TokioIo::new(up);
+                                    let mut buf = [0u8; 1024];
+                                    // Echo every byte back, prefixed once.
+                                    let _ = io.write_all(b"agent:").await;
+                                    loop {
+                                        match io.read(&mut buf).await {
+                                            Ok(0) | Err(_) => return,
+                                            Ok(n) => {
+                                                if io.write_all(&buf[..n]).await.is_err() {
+                                                    return;
+                                                }
+                                            }
+                                        }
+                                    }
+                                });
+                                Response::builder()
+                                    .status(StatusCode::SWITCHING_PROTOCOLS)
+                                    .header("connection", "Upgrade")
+                                    .header("upgrade", upgrade)
+                                    .header("sec-websocket-protocol", protocol)
+                                    .body(Body::empty())
+                                    .unwrap()
+                            } else {
+                                Response::builder()
+                                    .status(StatusCode::NOT_FOUND)
+                                    .body(Body::from("no such container"))
+                                    .unwrap()
+                            };
+                            Ok::<_, Infallible>(resp)
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+struct Cluster {
+    router: axum::Router,
+    seen: Arc<Mutex<Seen>>,
+    release: Arc<Notify>,
+    _dir: tempfile::TempDir,
+}
+
+async fn cluster() -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::load_or_create(&dir.path().join("pki"), &[]).unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let release = Arc::new(Notify::new());
+    let port = fake_agent(&pki, seen.clone(), release.clone()).await;
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let config = skiff_apiserver::Config {
+        kubelet_client: Some((
+            pki.kubelet_client.cert_pem.clone(),
+            pki.kubelet_client.key_pem.clone(),
+        )),
+        ..Default::default()
+    };
+    let server = skiff_apiserver::ApiServer::start(store, config)
+        .await
+        .unwrap();
+    let router = server.in_process_router("test");
+    let c = Cluster {
+        router,
+        seen,
+        release,
+        _dir: dir,
+    };
+    c.post(
+        "/api/v1/nodes",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+            "status": {"addresses": [{"type": "Hostname", "address": "n1.invalid"}, {"type": "InternalIP", "address": "127.0.0.1"}],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}}),
+    )
+    .await;
+    c.post(
+        "/api/v1/namespaces/default/pods",
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "app", "image": "i:1"}]}}),
+    )
+    .await;
+    c.post(
+        "/api/v1/namespaces/default/pods",
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "two"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "a", "image": "i:1"}, {"name": "b", "image": "i:1"}]}}),
+    )
+    .await;
+    c.post(
+        "/api/v1/namespaces/default/pods",
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "unbound"},
+            "spec": {"containers": [{"name": "a", "image": "i:1"}]}}),
+    )
+    .await;
+    c
+}
+
+impl Cluster {
+    async fn post(&self, path: &str, v: Value) {
+        let r = Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(Body::from(v.to_string()))
+            .unwrap();
+        let resp = self.router.clone().oneshot(r).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::CREATED, "{path}");
+    }
+    async fn get(&self, path: &str) -> Response<Body> {
+        let r = Request::builder().uri(path).body(Body::empty()).unwrap();
+        self.router.clone().oneshot(r).await.unwrap()
+    }
+    fn last_request(&self) -> (String, String, String) {
+        self.seen.lock().unwrap().requests.last().cloned().unwrap()
+    }
+}
+
+async fn status_of(r: Response<Body>) -> (StatusCode, Value) {
+    let code = r.status();
+    let b = r.into_body().collect().await.unwrap().to_bytes();
+    (code, serde_json::from_slice(&b).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn logs_stream_from_the_agent_of_the_pods_node() {
+    let c = cluster().await;
+    let r = c
+        .get("/api/v1/namespaces/default/pods/web/log?follow=true&tailLines=5&timestamps=true")
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let mut body = r.into_body();
+    // The first line arrives while the agent still holds the second.
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("the first line is streamed before the log ends")
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert_eq!(first, Bytes::from("first line\n"));
+    let (path, user, _) = c.last_request();
+    assert_eq!(
+        path,
+        "/containerLogs/default/web/app?follow=true&tailLines=5&timestamps=true"
+    );
+    assert_eq!(user, "kube-apiserver-kubelet-client");
+    c.release.notify_one();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest, Bytes::from("second line\n"));
+}
+
+#[tokio::test]
+async fn containers_are_resolved_as_kubernetes_does() {
+    let c = cluster().await;
+    let (code, s) = status_of(c.get("/api/v1/namespaces/default/pods/two/log").await).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        s["message"],
+        "a container name must be specified for pod two, choose one of: [a b]"
+    );
+    let r = c
+        .get("/api/v1/namespaces/default/pods/two/log?container=b&previous=true")
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        c.last_request().0,
+        "/containerLogs/default/two/b?previous=true"
+    );
+    let (code, _) = status_of(c.get("/api/v1/namespaces/default/pods/ghost/log").await).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    let (code, s) = status_of(c.get("/api/v1/namespaces/default/pods/unbound/log").await).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not have a host assigned"),
+        "{s}"
+    );
+}
+
+/// Serves the router on a socket (upgrades need a real connection).
+async fn serve(router: axum::Router) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    port
+}
+
+async fn read_head(s: &mut tokio::net::TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = s.read(&mut b).await.unwrap();
+        assert_eq!(
+            n,
+            1,
+            "connection closed in the response head: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(b[0]);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+#[tokio::test]
+async fn exec_and_portforward_upgrades_are_relayed_byte_for_byte() {
+    let c = cluster().await;
+    let port = serve(c.router.clone()).await;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(
+        b"GET /api/v1/namespaces/default/pods/web/exec?command=sh&command=-c&command=echo%20hi&stdin=true&stdout=true&tty=false HTTP/1.1\r\n\
+Host: localhost\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: v5.channel.k8s.io, v4.channel.k8s.io\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let head = read_head(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("sec-websocket-protocol: v5.channel.k8s.io"),
+        "{head}"
+    );
+    let (path, user, upgrade) = c.last_request();
+    assert_eq!(
+        path,
+        "/exec/default/web/app?command=sh&command=-c&command=echo%20hi&stdin=true&stdout=true&tty=false"
+    );
+    assert_eq!(user, "kube-apiserver-kubelet-client");
+    assert_eq!(upgrade, "websocket");
+    // Bytes both ways, untouched (including ones that are not UTF-8).
+    let sent = [0x82u8, 0x03, 0x00, b'h', 0xff];
+    s.write_all(&sent).await.unwrap();
+    let mut got = vec![0u8; 6 + sent.len()];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got[..6], b"agent:");
+    assert_eq!(&got[6..], &sent);
+
+    // Port forwarding over SPDY: same relay, to the pod-level path.
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(
+        b"POST /api/v1/namespaces/default/pods/web/portforward?ports=8080 HTTP/1.1\r\n\
+Host: localhost\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: portforward.k8s.io\r\nContent-Length: 0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let head = read_head(&mut s).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert_eq!(c.last_request().0, "/portForward/default/web?ports=8080");
+    assert_eq!(c.last_request().2, "SPDY/3.1");
+    s.write_all(b"ping").await.unwrap();
+    let mut got = [0u8; 10];
+    s.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"agent:ping");
+}
