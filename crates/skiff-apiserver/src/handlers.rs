@@ -626,7 +626,23 @@ async fn resource(
         }
         (&Method::GET, Some(name), Some("scale")) => {
             let obj = reg.get(res, ns, name).await?;
-            Ok(json_response(200, &crate::registry::to_scale(&obj)?))
+            let scale = crate::registry::to_scale(&obj)?;
+            match output {
+                Output::Table { v1beta1 } => Ok(json_response(
+                    200,
+                    &table_of(
+                        ("autoscaling", "Scale"),
+                        std::slice::from_ref(&scale),
+                        v1beta1,
+                        None,
+                        None,
+                        None,
+                        true,
+                        "Metadata",
+                    ),
+                )),
+                _ => Ok(json_response(200, &scale)),
+            }
         }
         (&Method::POST, Some(name), Some("binding")) => {
             let (headers, body) = read_body(req).await?;
@@ -959,8 +975,33 @@ pub fn table(
     with_columns: bool,
     include: &str,
 ) -> Value {
+    table_of(
+        (res.group, res.kind),
+        objs,
+        v1beta1,
+        rv,
+        cont,
+        remaining,
+        with_columns,
+        include,
+    )
+}
+
+/// [`table`] for a kind by group and name (also kinds without a resource
+/// of their own, as the `Scale` of the scale subresource).
+#[allow(clippy::too_many_arguments)]
+pub fn table_of(
+    (group, kind): (&str, &str),
+    objs: &[Value],
+    v1beta1: bool,
+    rv: Option<i64>,
+    cont: Option<&str>,
+    remaining: Option<i64>,
+    with_columns: bool,
+    include: &str,
+) -> Value {
     let now = chrono::Utc::now();
-    let cols = skiff_core::table::columns(res.group, res.kind);
+    let cols = skiff_core::table::columns(group, kind);
     let rows: Vec<Value> = objs
         .iter()
         .map(|o| {
@@ -969,7 +1010,8 @@ pub fn table(
                 "Object" => o.clone(),
                 _ => partial_metadata(o, v1beta1),
             };
-            let mut row = json!({"cells": skiff_core::table::cells(res.group, res.kind, o, now), "object": object});
+            let mut row =
+                json!({"cells": skiff_core::table::cells(group, kind, o, now), "object": object});
             if object_is_null(&row) {
                 row.as_object_mut().map(|m| m.remove("object"));
             }

@@ -398,6 +398,7 @@ impl Registry {
                 metadata_mut(&mut obj).insert("name".into(), json!(name));
             }
             let name = meta_str(&obj, "name").to_string();
+            named_defaults(res, &mut obj);
             let causes = skiff_core::validation::validate_create(res, &obj);
             if !causes.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, &name, causes));
@@ -1349,7 +1350,78 @@ fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Option<&
         }
     }
     // Finalizers may not be added to an object being deleted... but may be removed.
+    if res.kind == "Namespace" {
+        name_label(&mut out);
+    }
     out
+}
+
+/// A namespace carries `kubernetes.io/metadata.name=<name>`, always.
+fn name_label(obj: &mut Value) {
+    let name = meta_str(obj, "name").to_string();
+    if name.is_empty() {
+        return;
+    }
+    let m = metadata_mut(obj);
+    let labels = m.entry("labels").or_insert_with(|| json!({}));
+    if !labels.is_object() {
+        *labels = json!({});
+    }
+    if let Some(l) = labels.as_object_mut() {
+        l.insert("kubernetes.io/metadata.name".into(), json!(name));
+    }
+}
+
+/// Defaults that need the object's final name and uid: the namespace name
+/// label, and a Job's generated selector and pod template labels (unless
+/// `manualSelector`), as Kubernetes' strategies set them on create.
+fn named_defaults(res: &ResourceInfo, obj: &mut Value) {
+    match (res.group, res.kind) {
+        ("", "Namespace") => name_label(obj),
+        ("batch", "Job") => {
+            if obj.pointer("/spec/manualSelector").and_then(Value::as_bool) == Some(true) {
+                return;
+            }
+            let name = meta_str(obj, "name").to_string();
+            let uid = meta_str(obj, "uid").to_string();
+            let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+                return;
+            };
+            let template = spec.entry("template").or_insert_with(|| json!({}));
+            if let Some(t) = template.as_object_mut() {
+                let meta = t.entry("metadata").or_insert_with(|| json!({}));
+                if let Some(meta) = meta.as_object_mut() {
+                    let labels = meta.entry("labels").or_insert_with(|| json!({}));
+                    if !labels.is_object() {
+                        *labels = json!({});
+                    }
+                    if let Some(l) = labels.as_object_mut() {
+                        for k in ["job-name", "batch.kubernetes.io/job-name"] {
+                            l.entry(k).or_insert_with(|| json!(name));
+                        }
+                        for k in ["controller-uid", "batch.kubernetes.io/controller-uid"] {
+                            l.entry(k).or_insert_with(|| json!(uid));
+                        }
+                    }
+                }
+            }
+            let selector = spec.entry("selector").or_insert_with(|| json!({}));
+            if !selector.is_object() {
+                *selector = json!({});
+            }
+            if let Some(sel) = selector.as_object_mut() {
+                let ml = sel.entry("matchLabels").or_insert_with(|| json!({}));
+                if !ml.is_object() {
+                    *ml = json!({});
+                }
+                if let Some(ml) = ml.as_object_mut() {
+                    ml.entry("batch.kubernetes.io/controller-uid")
+                        .or_insert_with(|| json!(uid));
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The `Scale` view (autoscaling/v1) of a scalable object.

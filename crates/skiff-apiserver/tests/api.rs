@@ -729,7 +729,11 @@ async fn the_finalize_subresource_changes_only_spec_finalizers() {
     assert_eq!(r.status, StatusCode::OK);
     let after = a.get("/api/v1/namespaces/f").await.body;
     assert_eq!(after["spec"]["finalizers"], json!([]));
-    assert!(after["metadata"].get("labels").is_none(), "{after}");
+    assert_eq!(
+        after["metadata"]["labels"],
+        json!({"kubernetes.io/metadata.name": "f"}),
+        "{after}"
+    );
 }
 
 fn deployment(name: &str) -> Value {
@@ -1177,4 +1181,120 @@ async fn eviction_respects_the_pods_disruption_budget() {
     let r = evict(&a, "w2").await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert!(message(&r).contains("more than one PodDisruptionBudget"));
+}
+
+#[tokio::test]
+async fn namespaces_carry_their_name_label_which_cannot_change() {
+    let a = api().await;
+    let d = a.get("/api/v1/namespaces/default").await.body;
+    assert_eq!(
+        d["metadata"]["labels"]["kubernetes.io/metadata.name"],
+        "default"
+    );
+    let created = a
+        .post("/api/v1/namespaces", json!({"metadata": {"name": "team", "labels": {"kubernetes.io/metadata.name": "other"}}}))
+        .await;
+    assert_eq!(
+        created.body["metadata"]["labels"]["kubernetes.io/metadata.name"],
+        "team"
+    );
+    let mut ns = created.body.clone();
+    ns["metadata"]["labels"] = json!({"a": "b"});
+    let updated = a.put("/api/v1/namespaces/team", ns).await;
+    assert_eq!(updated.status, StatusCode::OK);
+    assert_eq!(
+        updated.body["metadata"]["labels"],
+        json!({"a": "b", "kubernetes.io/metadata.name": "team"})
+    );
+}
+
+#[tokio::test]
+async fn jobs_get_a_selector_generated_from_their_uid() {
+    let a = api().await;
+    let jobs = "/apis/batch/v1/namespaces/default/jobs";
+    let job = json!({"metadata": {"name": "once"}, "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i:1"}]}}}});
+    let j = a.post(jobs, job).await;
+    assert_eq!(j.status, StatusCode::CREATED, "{}", j.body);
+    let uid = j.body["metadata"]["uid"].as_str().unwrap();
+    assert_eq!(
+        j.body["spec"]["selector"],
+        json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
+    );
+    assert_eq!(
+        j.body["spec"]["template"]["metadata"]["labels"],
+        json!({"job-name": "once", "batch.kubernetes.io/job-name": "once", "controller-uid": uid, "batch.kubernetes.io/controller-uid": uid})
+    );
+    let manual = json!({"metadata": {"name": "manual"}, "spec": {"manualSelector": true, "selector": {"matchLabels": {"x": "y"}},
+        "template": {"metadata": {"labels": {"x": "y"}}, "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i:1"}]}}}});
+    let m = a.post(jobs, manual).await.body;
+    assert_eq!(m["spec"]["selector"], json!({"matchLabels": {"x": "y"}}));
+    assert_eq!(
+        m["spec"]["template"]["metadata"]["labels"],
+        json!({"x": "y"})
+    );
+}
+
+#[tokio::test]
+async fn configmaps_and_secrets_hold_at_most_1_mib() {
+    let a = api().await;
+    let mut big = cm("big", json!({}));
+    big["data"] = json!({"a": "x".repeat(1024 * 1024 + 1)});
+    let r = a.post(CMS, big).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        message(&r),
+        "ConfigMap \"big\" is invalid: []: Too long: must have at most 1048576 bytes"
+    );
+    let mut fits = cm("fits", json!({}));
+    fits["data"] = json!({"a": "x".repeat(1024 * 1024)});
+    assert_eq!(a.post(CMS, fits).await.status, StatusCode::CREATED);
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(vec![0u8; 1024 * 1024 + 1]);
+    let s = json!({"metadata": {"name": "s"}, "data": {"k": b64}});
+    let r = a.post("/api/v1/namespaces/default/secrets", s).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        message(&r),
+        "Secret \"s\" is invalid: data: Too long: must have at most 1048576 bytes"
+    );
+}
+
+#[tokio::test]
+async fn the_scale_subresource_answers_a_table_request() {
+    let a = api().await;
+    let deps = "/apis/apps/v1/namespaces/default/deployments";
+    let mut d = deployment("web");
+    d["spec"]["replicas"] = json!(4);
+    a.post(deps, d).await;
+    let r = a
+        .req(
+            "GET",
+            &format!("{deps}/web/scale"),
+            "application/json",
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.body["kind"], "Scale");
+    let req = Request::builder()
+        .uri(format!("{deps}/web/scale"))
+        .header(
+            "accept",
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+        )
+        .body(Body::empty())
+        .unwrap();
+    let resp = a.router.clone().oneshot(req).await.unwrap();
+    let t: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(t["kind"], "Table");
+    let names: Vec<&str> = t["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["Name", "Desired", "Available", "Age"]);
+    assert_eq!(t["rows"][0]["cells"][0], "web");
+    assert_eq!(t["rows"][0]["cells"][1], 4);
+    assert_eq!(t["rows"][0]["cells"][2], 0);
 }

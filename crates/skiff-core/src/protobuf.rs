@@ -44,7 +44,8 @@ const FIELDS: &[(&str, &str)] = &[
     ("ServicePort", "1 name,2 protocol,3 port,4 targetPort,5 nodePort,6 appProtocol"),
     ("Pod", "1 metadata,2 spec,3 status"),
     ("PodTemplateSpec", "1 metadata,2 spec"),
-    ("PodSpec", "1 volumes,2 containers,3 restartPolicy,4 *terminationGracePeriodSeconds,5 *activeDeadlineSeconds,6 dnsPolicy,7 nodeSelector,8 serviceAccountName,9 serviceAccount,10 nodeName,11 hostNetwork,12 hostPID,13 hostIPC,16 hostname,17 subdomain,19 schedulerName,20 initContainers,21 *automountServiceAccountToken,24 priorityClassName,25 *priority,29 runtimeClassName,30 *enableServiceLinks,31 preemptionPolicy"),
+    ("PodSpec", "1 volumes,2 containers,3 restartPolicy,4 *terminationGracePeriodSeconds,5 *activeDeadlineSeconds,6 dnsPolicy,7 nodeSelector,8 serviceAccountName,9 serviceAccount,10 nodeName,11 hostNetwork,12 hostPID,13 hostIPC,16 hostname,17 subdomain,19 schedulerName,20 initContainers,21 *automountServiceAccountToken,22 tolerations,24 priorityClassName,25 *priority,29 runtimeClassName,30 *enableServiceLinks,31 preemptionPolicy"),
+    ("Toleration", "1 key,2 operator,3 value,4 effect,5 *tolerationSeconds"),
     ("Container", "1 name,2 image,3 command,4 args,5 workingDir,6 ports,7 env,8 resources,13 terminationMessagePath,14 imagePullPolicy,16 stdin,17 stdinOnce,18 tty,20 terminationMessagePolicy"),
     ("ContainerPort", "1 name,2 hostPort,3 containerPort,4 protocol,5 hostIP"),
     ("EnvVar", "1 name,2 value"),
@@ -54,11 +55,36 @@ const FIELDS: &[(&str, &str)] = &[
     ("RollingUpdateDeployment", "1 maxUnavailable,2 maxSurge"),
     ("DeploymentSpec", "1 *replicas,2 selector,3 template,4 strategy,5 minReadySeconds,6 *revisionHistoryLimit,7 paused,9 *progressDeadlineSeconds"),
     ("Job", "1 metadata,2 spec,3 status"),
-    ("JobSpec", "1 *parallelism,2 *completions,3 *activeDeadlineSeconds,4 selector,5 *manualSelector,6 template,7 *backoffLimit,8 *ttlSecondsAfterFinished,9 completionMode,10 *suspend"),
+    ("JobSpec", "1 *parallelism,2 *completions,3 *activeDeadlineSeconds,4 selector,5 *manualSelector,6 template,7 *backoffLimit,8 *ttlSecondsAfterFinished,9 completionMode,10 *suspend,12 *backoffLimitPerIndex,13 *maxFailedIndexes,14 podReplacementPolicy,15 managedBy"),
     ("CronJob", "1 metadata,2 spec,3 status"),
     ("CronJobSpec", "1 schedule,2 *startingDeadlineSeconds,3 concurrencyPolicy,4 *suspend,5 jobTemplate,6 *successfulJobsHistoryLimit,7 *failedJobsHistoryLimit,8 timeZone"),
     ("JobTemplateSpec", "1 metadata,2 spec"),
     ("Binding", "1 metadata,2 target"),
+    ("Role", "1 metadata,2 rules"),
+    ("ClusterRole", "1 metadata,2 rules,3 aggregationRule"),
+    ("AggregationRule", "1 clusterRoleSelectors"),
+    ("PolicyRule", "1 verbs,2 apiGroups,3 resources,4 resourceNames,5 nonResourceURLs"),
+    ("RoleBinding", "1 metadata,2 subjects,3 roleRef"),
+    ("ClusterRoleBinding", "1 metadata,2 subjects,3 roleRef"),
+    ("Subject", "1 kind,2 apiGroup,3 name,4 namespace"),
+    ("RoleRef", "1 apiGroup,2 kind,3 name"),
+    ("HorizontalPodAutoscaler", "1 metadata,2 spec,3 status"),
+    ("HorizontalPodAutoscalerSpec", "1 scaleTargetRef,2 *minReplicas,3 maxReplicas,4 *targetCPUUtilizationPercentage"),
+    ("autoscaling.v2.HorizontalPodAutoscalerSpec", "1 scaleTargetRef,2 *minReplicas,3 maxReplicas,4 metrics,5 behavior"),
+    ("autoscaling.v2.MetricSpec", "1 type,4 resource"),
+    ("autoscaling.v2.ResourceMetricSource", "1 name,2 target"),
+    ("MetricTarget", "1 type,2 value,3 averageValue,4 *averageUtilization"),
+    ("CrossVersionObjectReference", "1 kind,2 name,3 apiVersion"),
+    ("PodDisruptionBudget", "1 metadata,2 spec,3 status"),
+    ("PodDisruptionBudgetSpec", "1 minAvailable,2 selector,3 maxUnavailable,4 unhealthyPodEvictionPolicy"),
+    ("ResourceQuota", "1 metadata,2 spec,3 status"),
+    ("ResourceQuotaSpec", "1 hard,2 scopes,3 scopeSelector"),
+    ("ScopeSelector", "1 matchExpressions"),
+    ("ScopedResourceSelectorRequirement", "1 scopeName,2 operator,3 values"),
+    ("LimitRange", "1 metadata,2 spec"),
+    ("LimitRangeSpec", "1 limits"),
+    ("LimitRangeItem", "1 type,2 max,3 min,4 default,5 defaultRequest,6 maxLimitRequestRatio"),
+    ("PriorityClass", "1 metadata,2 value,3 globalDefault,4 description,5 preemptionPolicy"),
     ("DeleteOptions", "1 *gracePeriodSeconds,2 preconditions,3 *orphanDependents,4 propagationPolicy,5 dryRun"),
     ("Preconditions", "1 uid,2 resourceVersion"),
     ("Eviction", "1 metadata,2 deleteOptions"),
@@ -83,10 +109,16 @@ fn field_number(short: &str, name: &str) -> Option<u64> {
     })
 }
 
-/// The JSON name of a field and whether it is a pointer field.
+/// The JSON name of a field and whether it is a pointer field. A
+/// message numbered differently in two versions has its later version's
+/// table under `group.version.Kind`.
 fn field_name(definition: &str, number: u64) -> Option<(&'static str, bool)> {
     let short = definition.rsplit('.').next().unwrap_or(definition);
-    let (_, list) = FIELDS.iter().find(|(d, _)| *d == short)?;
+    let versioned = definition.strip_prefix("io.k8s.api.").unwrap_or("");
+    let (_, list) = FIELDS
+        .iter()
+        .find(|(d, _)| *d == versioned)
+        .or_else(|| FIELDS.iter().find(|(d, _)| *d == short))?;
     list.split(',').find_map(|e| {
         let (n, name) = e.split_once(' ')?;
         (n.parse::<u64>().ok()? == number).then(|| match name.strip_prefix('*') {
@@ -428,6 +460,69 @@ mod tests {
         let spec = vec![key(1, 0), 3];
         let d = message(&ld(2, &spec), root("apps", "v1", "Deployment").unwrap()).unwrap();
         assert_eq!(d["spec"]["replicas"], 3);
+    }
+
+    #[test]
+    fn versions_numbered_differently_each_use_their_table() {
+        // autoscaling/v1: field 4 of the spec is targetCPUUtilizationPercentage.
+        let spec_v1 = [
+            ld(1, &[ld(1, b"Deployment"), ld(2, b"web")].concat()),
+            vec![key(3, 0), 3, key(4, 0), 80],
+        ]
+        .concat();
+        let v1 = message(
+            &ld(2, &spec_v1),
+            root("autoscaling", "v1", "HorizontalPodAutoscaler").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v1["spec"]["targetCPUUtilizationPercentage"], 80);
+        assert_eq!(v1["spec"]["scaleTargetRef"]["name"], "web");
+        // autoscaling/v2: field 4 is the metrics list.
+        let target = [ld(1, b"Utilization"), vec![key(4, 0), 70]].concat();
+        let metric = [
+            ld(1, b"Resource"),
+            ld(4, &[ld(1, b"cpu"), ld(2, &target)].concat()),
+        ]
+        .concat();
+        let spec_v2 = [vec![key(3, 0), 5], ld(4, &metric)].concat();
+        let v2 = message(
+            &ld(2, &spec_v2),
+            root("autoscaling", "v2", "HorizontalPodAutoscaler").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            v2["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"],
+            70
+        );
+        // rbac/v1 RoleBinding.
+        let rb = [
+            ld(
+                2,
+                &[
+                    ld(1, b"User"),
+                    ld(2, b"rbac.authorization.k8s.io"),
+                    ld(3, b"bob"),
+                ]
+                .concat(),
+            ),
+            ld(
+                3,
+                &[
+                    ld(1, b"rbac.authorization.k8s.io"),
+                    ld(2, b"Role"),
+                    ld(3, b"reader"),
+                ]
+                .concat(),
+            ),
+        ]
+        .concat();
+        let v = message(
+            &rb,
+            root("rbac.authorization.k8s.io", "v1", "RoleBinding").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(v["subjects"][0]["name"], "bob");
+        assert_eq!(v["roleRef"]["kind"], "Role");
     }
 
     #[test]

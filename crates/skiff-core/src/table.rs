@@ -48,6 +48,11 @@ pub fn columns(group: &str, kind: &str) -> Vec<Column> {
             col("Nominated Node", "string", 1),
             col("Readiness Gates", "string", 1),
         ]),
+        ("autoscaling", "Scale") => c.extend([
+            col("Desired", "integer", 0),
+            col("Available", "integer", 0),
+            AGE,
+        ]),
         ("apps", "Deployment") => c.extend([
             col("Ready", "string", 0),
             col("Up-to-date", "integer", 0),
@@ -467,6 +472,12 @@ pub fn cells(group: &str, kind: &str, obj: &Value, now: DateTime<Utc>) -> Vec<Va
     let created = json!(age(obj, "/metadata/creationTimestamp", now));
     match (group, kind) {
         ("", "Pod") => pod_cells(obj, now),
+        ("autoscaling", "Scale") => vec![
+            name,
+            json!(i(obj, "/spec/replicas")),
+            json!(i(obj, "/status/replicas")),
+            created,
+        ],
         ("apps", "Deployment") => {
             let (c, im) = containers_images(obj, "/spec/template/spec");
             vec![

@@ -204,7 +204,8 @@ fn validate_kind(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
             );
         }
         ("", "Service") => service(obj, &mut c),
-        ("", "ConfigMap") | ("", "Secret") => data_keys(obj, &mut c),
+        ("", "ConfigMap") => data_keys(obj, false, &mut c),
+        ("", "Secret") => data_keys(obj, true, &mut c),
         _ => {}
     }
     c
@@ -558,7 +559,11 @@ fn service(obj: &Value, c: &mut Vec<Cause>) {
     }
 }
 
-fn data_keys(obj: &Value, c: &mut Vec<Cause>) {
+/// The most a ConfigMap's or Secret's data may hold (`MaxSecretSize`).
+pub const MAX_DATA_SIZE: usize = 1024 * 1024;
+
+fn data_keys(obj: &Value, secret: bool, c: &mut Vec<Cause>) {
+    use base64::Engine;
     let mut total = 0usize;
     for field in ["data", "binaryData", "stringData"] {
         if let Some(m) = obj.get(field).and_then(Value::as_object) {
@@ -572,15 +577,26 @@ fn data_keys(obj: &Value, c: &mut Vec<Cause>) {
                 if !ok {
                     c.push(Cause::invalid(format!("{field}[{k}]"), &json!(k), "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"));
                 }
-                total += v.as_str().map(str::len).unwrap_or(0);
+                let text = v.as_str().unwrap_or("");
+                // Bytes travel base64-encoded; their size is the decoded one.
+                let base64_bytes = field == "binaryData" || (secret && field == "data");
+                total += if base64_bytes {
+                    base64::engine::general_purpose::STANDARD
+                        .decode(text)
+                        .map(|b| b.len())
+                        .unwrap_or(text.len() * 3 / 4)
+                } else {
+                    text.len()
+                };
             }
         }
     }
-    if total > 1024 * 1024 * 4 / 3 + 16 {
+    if total > MAX_DATA_SIZE {
+        // A Secret names its data; a ConfigMap the whole object (`[]`).
         c.push(Cause::new(
             "FieldValueTooLong",
-            "data",
-            "Too long: must have at most 1048576 bytes",
+            if secret { "data" } else { "[]" },
+            format!("Too long: must have at most {MAX_DATA_SIZE} bytes"),
         ));
     }
 }

@@ -1490,7 +1490,6 @@ fn typed_create_of_secrets_services_and_cronjobs() {
 }
 
 #[test]
-#[ignore = "server: protobuf bodies of these kinds are refused with 415 (field N not supported); kubectl sends protobuf for them"]
 fn typed_create_of_rbac_hpa_pdb_quota_priorityclass_and_job_from_cronjob() {
     let s = Server::start();
     s.ok(&["create", "namespace", "typed"]);
@@ -1609,7 +1608,6 @@ fn typed_create_of_rbac_hpa_pdb_quota_priorityclass_and_job_from_cronjob() {
 }
 
 #[test]
-#[ignore = "server: a ConfigMap over 1 MiB is accepted"]
 fn a_configmap_over_1_mib_is_invalid() {
     let s = Server::start();
     let big = format!(
@@ -1644,7 +1642,6 @@ fn a_request_body_over_3_mib_is_refused() {
 }
 
 #[test]
-#[ignore = "server: namespaces get no kubernetes.io/metadata.name label"]
 fn every_namespace_carries_its_name_label() {
     // Kubernetes labels each namespace kubernetes.io/metadata.name=NAME, so
     // selectors (network policies, namespaceSelector) can pick namespaces.
@@ -1721,7 +1718,6 @@ fn scale_and_status_subresources_through_kubectl() {
 }
 
 #[test]
-#[ignore = "server: a Job gets no generated selector or template labels"]
 fn a_job_gets_a_selector_generated_from_its_uid() {
     // Kubernetes generates a Job's selector (unless manualSelector) from its
     // uid and labels the pod template to match, so `kubectl get pods -l
@@ -1751,7 +1747,6 @@ fn a_job_gets_a_selector_generated_from_its_uid() {
 }
 
 #[test]
-#[ignore = "server: the scale subresource answers kubectl's Table request with NAME AGE only"]
 fn get_subresource_scale_shows_desired_and_available() {
     let s = Server::start();
     s.ok_stdin(&["create", "-f", "-"], &deployment(4, "busybox:1.36"));
@@ -1762,4 +1757,174 @@ fn get_subresource_scale_shows_desired_and_available() {
         .collect();
     assert_eq!(rows[0], ["NAME", "DESIRED", "AVAILABLE", "AGE"], "{table}");
     assert_eq!(&rows[1][..3], ["web", "4", "0"], "{table}");
+}
+
+#[test]
+fn admission_defaults_priorities_limit_ranges_and_quotas() {
+    let s = Server::start();
+    s.ok(&["create", "namespace", "adm"]);
+    s.ok_stdin(&["-n", "adm", "create", "-f", "-"], POD);
+    // ServiceAccount, DefaultTolerationSeconds and Priority admission.
+    assert_eq!(
+        s.ok(&[
+            "-n",
+            "adm",
+            "get",
+            "pod",
+            "p1",
+            "-o",
+            "jsonpath={.spec.serviceAccountName} {.spec.priority} {.spec.tolerations[*].key} {.spec.tolerations[*].tolerationSeconds}"
+        ]),
+        "default 0 node.kubernetes.io/not-ready node.kubernetes.io/unreachable 300 300"
+    );
+    let out = s.ok(&["get", "priorityclasses", "--no-headers"]);
+    assert!(
+        out.contains("system-node-critical") && out.contains("2000001000"),
+        "{out}"
+    );
+    let err = s.fails(&[
+        "-n",
+        "adm",
+        "run",
+        "vip",
+        "--image=busybox:1.36",
+        "--overrides={\"spec\":{\"priorityClassName\":\"gold\"}}",
+    ]);
+    assert!(
+        err.contains("Error from server (Forbidden)")
+            && err.contains("pods \"vip\" is forbidden: no PriorityClass with name gold was found"),
+        "{err}"
+    );
+    // LimitRange: defaults, then bounds.
+    s.ok_stdin(
+        &["-n", "adm", "create", "-f", "-"],
+        "apiVersion: v1
+kind: LimitRange
+metadata: {name: limits}
+spec:
+  limits:
+  - type: Container
+    default: {cpu: 200m, memory: 64Mi}
+    defaultRequest: {cpu: 100m}
+    max: {cpu: '1'}
+",
+    );
+    s.ok(&["-n", "adm", "run", "sized", "--image=busybox:1.36"]);
+    assert_eq!(
+        s.ok(&[
+            "-n",
+            "adm",
+            "get",
+            "pod",
+            "sized",
+            "-o",
+            "jsonpath={.spec.containers[0].resources.requests.cpu} {.spec.containers[0].resources.limits.cpu} {.spec.containers[0].resources.limits.memory}"
+        ]),
+        "100m 200m 64Mi"
+    );
+    let err = s.fails(&[
+        "-n",
+        "adm",
+        "run",
+        "huge",
+        "--image=busybox:1.36",
+        "--overrides={\"spec\":{\"containers\":[{\"name\":\"huge\",\"image\":\"busybox:1.36\",\"resources\":{\"limits\":{\"cpu\":\"2\"}}}]}}",
+    ]);
+    assert!(
+        err.contains(
+            "pods \"huge\" is forbidden: maximum cpu usage per Container is 1, but limit is 2"
+        ),
+        "{err}"
+    );
+    // ResourceQuota: counted (p1 and sized), then refused.
+    s.ok(&[
+        "-n",
+        "adm",
+        "create",
+        "quota",
+        "q",
+        "--hard=pods=2,requests.cpu=1",
+    ]);
+    assert_eq!(
+        s.ok(&[
+            "-n",
+            "adm",
+            "get",
+            "quota",
+            "q",
+            "-o",
+            "jsonpath={.status.used.pods}"
+        ]),
+        "2"
+    );
+    let err = s.fails(&["-n", "adm", "run", "one-too-many", "--image=busybox:1.36"]);
+    assert!(
+        err.contains("pods \"one-too-many\" is forbidden: exceeded quota: q, requested: pods=1, used: pods=2, limited: pods=2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn drain_evicts_through_the_disruption_budget() {
+    let s = Server::start();
+    s.ok_stdin(
+        &["create", "-f", "-"],
+        "apiVersion: v1
+kind: Node
+metadata: {name: n1}
+",
+    );
+    for name in ["a", "b"] {
+        s.ok_stdin(
+            &["create", "-f", "-"],
+            &format!(
+                "apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, labels: {{app: web}}}}
+spec:
+  nodeName: n1
+  containers: [{{name: c, image: busybox:1.36}}]
+"
+            ),
+        );
+    }
+    // b runs, and a budget that allows no disruption covers it.
+    s.ok(&[
+        "patch",
+        "pod",
+        "b",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}"#,
+    ]);
+    s.ok(&[
+        "create",
+        "poddisruptionbudget",
+        "web",
+        "--selector=app=web",
+        "--min-available=1",
+    ]);
+    let out = s.kubectl(&["drain", "n1", "--force", "--grace-period=0", "--timeout=6s"]);
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success(), "{all}");
+    assert!(all.contains("node/n1 cordoned"), "{all}");
+    assert!(all.contains("evicting pod default/a"), "{all}");
+    assert!(
+        all.contains("Cannot evict pod as it would violate the pod's disruption budget."),
+        "{all}"
+    );
+    // a (pending) went; b stays.
+    assert_eq!(s.ok(&["get", "pods", "-o", "name"]).trim(), "pod/b");
+    // Without the budget, drain completes.
+    s.ok(&["delete", "pdb", "web"]);
+    let out = s.ok(&[
+        "drain",
+        "n1",
+        "--force",
+        "--grace-period=0",
+        "--timeout=20s",
+    ]);
+    assert!(out.contains("node/n1 drained"), "{out}");
+    assert_eq!(s.ok(&["get", "pods", "-o", "name"]).trim(), "");
 }
