@@ -1,7 +1,6 @@
 //! What the controllers share: label selector matching, owner references,
-//! pod readiness, a cache of the cluster's objects fed by watches,
-//! expectations (what a controller has asked for and not yet seen), events,
-//! and per-controller metrics.
+//! adoption and release, pod readiness and availability, expectations
+//! (what a controller has asked for and not yet seen), error helpers.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -9,7 +8,11 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use kube::api::{Api, Patch, PatchParams};
+use kube::Resource;
 use serde_json::json;
+
+use crate::framework::Queue;
 
 /// Whether `labels` satisfy a LabelSelector (an empty selector matches
 /// everything, as Kubernetes' LabelSelectorAsSelector does).
@@ -118,15 +121,18 @@ pub fn pod_available(p: &Pod, min_ready_seconds: i32, now: k8s_openapi::jiff::Ti
 }
 
 /// What a controller asked the API for and has not yet seen in its cache,
-/// so a second reconcile does not create or delete the same pods again.
-/// Entries expire (a lost watch event must not block a controller forever).
+/// so a second reconcile does not create or delete the same pods again
+/// (Kubernetes' ControllerExpectations): creations are counted before they
+/// are sent and lowered as the watch shows new pods (or a create fails);
+/// deletions are tracked by name. Entries expire, so a lost watch event
+/// cannot block a controller forever.
 #[derive(Default)]
 pub struct Expectations {
     inner: Mutex<HashMap<String, Pending>>,
 }
 
 struct Pending {
-    adds: HashSet<String>,
+    adds: i64,
     deletes: HashSet<String>,
     since: Instant,
 }
@@ -134,36 +140,50 @@ struct Pending {
 const EXPECTATION_TTL: Duration = Duration::from_secs(30);
 
 impl Expectations {
-    pub fn expect_add(&self, key: &str, name: &str) {
+    fn with(&self, key: &str, f: impl FnOnce(&mut Pending)) {
         let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let p = m.entry(key.to_string()).or_insert_with(|| Pending {
-            adds: HashSet::new(),
+            adds: 0,
             deletes: HashSet::new(),
             since: Instant::now(),
         });
-        p.adds.insert(name.to_string());
-        p.since = Instant::now();
+        f(p);
     }
+    /// Before sending `n` creations for `key`.
+    pub fn expect_creations(&self, key: &str, n: usize) {
+        self.with(key, |p| {
+            p.adds += n as i64;
+            p.since = Instant::now();
+        });
+    }
+    /// A creation was seen in the cache, or failed.
+    pub fn creation_observed(&self, key: &str) {
+        let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = m.get_mut(key) {
+            p.adds = (p.adds - 1).max(0);
+        }
+    }
+    /// Before deleting `name` for `key`.
     pub fn expect_delete(&self, key: &str, name: &str) {
-        let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let p = m.entry(key.to_string()).or_insert_with(|| Pending {
-            adds: HashSet::new(),
-            deletes: HashSet::new(),
-            since: Instant::now(),
+        self.with(key, |p| {
+            p.deletes.insert(name.to_string());
+            p.since = Instant::now();
         });
-        p.deletes.insert(name.to_string());
-        p.since = Instant::now();
     }
-    /// Whether everything expected for `key` is visible (`present` tells
-    /// whether a name is in the cache now).
-    pub fn satisfied(&self, key: &str, present: impl Fn(&str) -> bool) -> bool {
+    /// A deletion was seen in the cache (or the delete failed).
+    pub fn deletion_observed(&self, key: &str, name: &str) {
         let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(p) = m.get_mut(key) else {
+        if let Some(p) = m.get_mut(key) {
+            p.deletes.remove(name);
+        }
+    }
+    /// Whether everything expected for `key` has been seen (or expired).
+    pub fn satisfied(&self, key: &str) -> bool {
+        let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(p) = m.get(key) else {
             return true;
         };
-        p.adds.retain(|n| !present(n));
-        p.deletes.retain(|n| present(n));
-        if (p.adds.is_empty() && p.deletes.is_empty()) || p.since.elapsed() > EXPECTATION_TTL {
+        if (p.adds <= 0 && p.deletes.is_empty()) || p.since.elapsed() > EXPECTATION_TTL {
             m.remove(key);
             return true;
         }
@@ -175,109 +195,234 @@ impl Expectations {
             .unwrap_or_else(|e| e.into_inner())
             .remove(key);
     }
-}
-
-/// Per-controller counters, shown by [`crate::metrics_text`].
-#[derive(Default)]
-pub struct Metrics {
-    inner: Mutex<BTreeMap<String, Counters>>,
-}
-
-#[derive(Default, Clone)]
-struct Counters {
-    reconciles: u64,
-    errors: u64,
-    seconds: f64,
-    queue: i64,
-}
-
-impl Metrics {
-    pub fn record(&self, controller: &str, ok: bool, took: Duration) {
-        let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let c = m.entry(controller.to_string()).or_default();
-        c.reconciles += 1;
-        if !ok {
-            c.errors += 1;
+    /// Lowers the expectations of the controller (of `kind`) of a pod
+    /// from a cache change.
+    pub fn observe_pod_change(&self, kind: &str, old: Option<&Pod>, new: Option<&Pod>) {
+        let p = match (old, new) {
+            (_, Some(p)) | (Some(p), None) => p,
+            (None, None) => return,
+        };
+        let Some(r) = controller_of(&p.metadata) else {
+            return;
+        };
+        if r.kind != kind {
+            return;
         }
-        c.seconds += took.as_secs_f64();
-    }
-    pub fn queue_depth(&self, controller: &str, depth: i64) {
-        let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        m.entry(controller.to_string()).or_default().queue = depth;
-    }
-    pub fn text(&self) -> String {
-        let m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = String::new();
-        out.push_str("# HELP skiff_controller_reconciles_total Reconciles run, per controller.\n# TYPE skiff_controller_reconciles_total counter\n");
-        for (k, c) in m.iter() {
-            out.push_str(&format!(
-                "skiff_controller_reconciles_total{{controller=\"{k}\"}} {}\n",
-                c.reconciles
-            ));
+        let key = format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or(""),
+            r.name
+        );
+        let name = p.metadata.name.as_deref().unwrap_or("");
+        match (old, new) {
+            (None, Some(n)) => {
+                self.creation_observed(&key);
+                if is_terminating(&n.metadata) {
+                    self.deletion_observed(&key, name);
+                }
+            }
+            (Some(_), None) => self.deletion_observed(&key, name),
+            (Some(o), Some(n)) => {
+                if !is_terminating(&o.metadata) && is_terminating(&n.metadata) {
+                    self.deletion_observed(&key, name);
+                }
+            }
+            (None, None) => {}
         }
-        out.push_str("# HELP skiff_controller_reconcile_errors_total Reconciles that failed.\n# TYPE skiff_controller_reconcile_errors_total counter\n");
-        for (k, c) in m.iter() {
-            out.push_str(&format!(
-                "skiff_controller_reconcile_errors_total{{controller=\"{k}\"}} {}\n",
-                c.errors
-            ));
-        }
-        out.push_str("# HELP skiff_controller_reconcile_seconds_total Time spent reconciling.\n# TYPE skiff_controller_reconcile_seconds_total counter\n");
-        for (k, c) in m.iter() {
-            out.push_str(&format!(
-                "skiff_controller_reconcile_seconds_total{{controller=\"{k}\"}} {:.6}\n",
-                c.seconds
-            ));
-        }
-        out.push_str("# HELP skiff_controller_queue_depth Objects waiting to be reconciled.\n# TYPE skiff_controller_queue_depth gauge\n");
-        for (k, c) in m.iter() {
-            out.push_str(&format!(
-                "skiff_controller_queue_depth{{controller=\"{k}\"}} {}\n",
-                c.queue
-            ));
-        }
-        out
     }
 }
 
-/// Records a core/v1 Event about an object, in the background.
-pub fn event(
-    client: &kube::Client,
-    component: &str,
-    involved: serde_json::Value,
-    namespace: &str,
-    type_: &str,
-    reason: &str,
-    message: String,
-) {
-    let client = client.clone();
-    let ns = namespace.to_string();
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let name = involved["name"].as_str().unwrap_or("object").to_string();
-    let ev = json!({
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": format!("{name}."), "namespace": ns},
-        "involvedObject": involved,
-        "reason": reason,
-        "message": message,
-        "type": type_,
-        "source": {"component": component},
-        "reportingComponent": component,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    });
-    tokio::spawn(async move {
-        let api: kube::Api<k8s_openapi::api::core::v1::Event> = kube::Api::namespaced(client, &ns);
-        if let Ok(ev) = serde_json::from_value(ev) {
-            let _ = api.create(&Default::default(), &ev).await;
-        }
-    });
+/// Whether an API error is a 404.
+pub fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(a) if a.code == 404)
 }
 
-/// A shared handle to a controller's context.
-pub type Shared<T> = Arc<T>;
+/// Whether an API error is a 409 (conflict or already exists).
+pub fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(a) if a.code == 409)
+}
+
+/// Queues the controller of `meta` when it is of `kind`.
+pub fn enqueue_controller(queue: &Queue, kind: &str, meta: &ObjectMeta) {
+    if let Some(r) = controller_of(meta) {
+        if r.kind == kind {
+            match meta.namespace.as_deref() {
+                Some(ns) if !ns.is_empty() => queue.add(format!("{ns}/{}", r.name)),
+                _ => queue.add(r.name.clone()),
+            }
+        }
+    }
+}
+
+/// The phase of a pod ("" when unknown).
+pub fn phase(p: &Pod) -> &str {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+/// Whether a pod is assigned to a node.
+pub fn is_scheduled(p: &Pod) -> bool {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .map(|n| !n.is_empty())
+        .unwrap_or(false)
+}
+
+/// Adopts matching orphans and releases owned objects whose labels no
+/// longer match, returning what `owner` controls afterwards (what the
+/// ControllerRefManager of Kubernetes does, over a cache).
+pub async fn claim<K>(
+    api_for: impl Fn(&str) -> Api<K>,
+    owner: &ObjectMeta,
+    owner_api_version: &str,
+    owner_kind: &str,
+    matches: impl Fn(&BTreeMap<String, String>) -> bool,
+    owned: Vec<Arc<K>>,
+    orphans: Vec<Arc<K>>,
+) -> Vec<Arc<K>>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let uid = owner.uid.clone().unwrap_or_default();
+    let mut out = vec![];
+    let empty = BTreeMap::new();
+    for o in owned {
+        let m = o.meta();
+        if controller_of(m).map(|r| r.uid != uid).unwrap_or(true) {
+            continue;
+        }
+        if matches(m.labels.as_ref().unwrap_or(&empty)) {
+            out.push(o);
+            continue;
+        }
+        if is_terminating(m) {
+            continue;
+        }
+        // Release: keep the other owners, drop ours.
+        let refs: Vec<OwnerReference> = m
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|r| r.uid != uid)
+            .cloned()
+            .collect();
+        let refs = if refs.is_empty() {
+            serde_json::Value::Null
+        } else {
+            json!(refs)
+        };
+        let patch = json!({"metadata": {"ownerReferences": refs, "uid": m.uid}});
+        let ns = m.namespace.clone().unwrap_or_default();
+        let name = m.name.clone().unwrap_or_default();
+        if let Err(e) = api_for(&ns)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::debug!(name, error = %e, "releasing failed");
+        }
+    }
+    if is_terminating(owner) {
+        return out;
+    }
+    for o in orphans {
+        let m = o.meta();
+        if controller_of(m).is_some()
+            || is_terminating(m)
+            || !matches(m.labels.as_ref().unwrap_or(&empty))
+        {
+            continue;
+        }
+        let mut refs: Vec<OwnerReference> = m.owner_references.clone().unwrap_or_default();
+        refs.push(controller_ref(owner_api_version, owner_kind, owner));
+        let patch = json!({"metadata": {"ownerReferences": refs, "uid": m.uid}});
+        let ns = m.namespace.clone().unwrap_or_default();
+        let name = m.name.clone().unwrap_or_default();
+        match api_for(&ns)
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(adopted) => out.push(Arc::new(adopted)),
+            Err(e) => tracing::debug!(name, error = %e, "adoption failed"),
+        }
+    }
+    out
+}
+
+/// A string-or-int (`5`, `"25%"`) resolved against `total`, rounding up
+/// or down; a malformed value is an error.
+pub fn scaled_value(
+    v: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString,
+    total: i32,
+    round_up: bool,
+) -> Result<i32, String> {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    match v {
+        IntOrString::Int(i) => Ok(*i),
+        IntOrString::String(s) => {
+            let Some(p) = s.strip_suffix('%') else {
+                return Err(format!("invalid value for IntOrString: {s:?}"));
+            };
+            let pct: i64 = p
+                .parse()
+                .map_err(|_| format!("invalid value for IntOrString: {s:?}"))?;
+            let x = pct * total as i64;
+            let r = if round_up {
+                (x + 99).div_euclid(100)
+            } else {
+                x.div_euclid(100)
+            };
+            Ok(r.clamp(i32::MIN as i64, i32::MAX as i64) as i32)
+        }
+    }
+}
+
+/// A merge patch of `status` through the status subresource; a vanished
+/// object is not an error.
+pub async fn patch_status<K>(
+    api: &Api<K>,
+    name: &str,
+    status: serde_json::Value,
+) -> Result<(), crate::Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": status })),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Now, as the API's timestamps.
+pub fn now() -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::now()
+}
+
+/// `t + secs` seconds.
+pub fn plus(t: k8s_openapi::jiff::Timestamp, secs: i64) -> k8s_openapi::jiff::Timestamp {
+    t.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
+        .unwrap_or(t)
+}
+
+/// How long from now until `t` (zero if past).
+pub fn until(t: k8s_openapi::jiff::Timestamp) -> Duration {
+    let d = t.duration_since(now());
+    if d.is_negative() {
+        Duration::ZERO
+    } else {
+        Duration::try_from(d).unwrap_or(Duration::ZERO)
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -315,13 +460,32 @@ mod tests {
     }
 
     #[test]
-    fn expectations_hold_until_the_cache_shows_the_change_or_they_expire() {
+    fn expectations_hold_until_the_cache_shows_the_change() {
         let e = Expectations::default();
-        e.expect_add("ns/rs", "rs-abc");
-        assert!(!e.satisfied("ns/rs", |_| false));
-        assert!(e.satisfied("ns/rs", |n| n == "rs-abc"));
+        e.expect_creations("ns/rs", 2);
+        assert!(!e.satisfied("ns/rs"));
+        e.creation_observed("ns/rs");
+        assert!(!e.satisfied("ns/rs"));
+        e.creation_observed("ns/rs");
+        assert!(e.satisfied("ns/rs"));
         e.expect_delete("ns/rs", "rs-old");
-        assert!(!e.satisfied("ns/rs", |n| n == "rs-old"));
-        assert!(e.satisfied("ns/rs", |_| false));
+        assert!(!e.satisfied("ns/rs"));
+        e.deletion_observed("ns/rs", "rs-old");
+        assert!(e.satisfied("ns/rs"));
+    }
+
+    #[test]
+    fn a_pod_watch_event_lowers_its_controllers_expectations() {
+        let e = Expectations::default();
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "rs-a", "namespace": "ns",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u", "controller": true}]}})).unwrap();
+        e.expect_creations("ns/rs", 1);
+        e.observe_pod_change("Job", None, Some(&pod));
+        assert!(!e.satisfied("ns/rs"), "another kind's pod does not count");
+        e.observe_pod_change("ReplicaSet", None, Some(&pod));
+        assert!(e.satisfied("ns/rs"));
+        e.expect_delete("ns/rs", "rs-a");
+        e.observe_pod_change("ReplicaSet", Some(&pod), None);
+        assert!(e.satisfied("ns/rs"));
     }
 }

@@ -6,47 +6,73 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
-use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
 use serde_json::json;
 
 use crate::common::{self, Expectations};
-use crate::Error;
+use crate::framework::{self, Next, Queue};
+use crate::{Ctx, Error};
 
-pub struct Ctx {
-    pub client: kube::Client,
-    pub pods: Store<Pod>,
-    pub expectations: Expectations,
-    pub metrics: Arc<common::Metrics>,
+const COMPONENT: &str = "job-controller";
+
+pub struct State {
+    expectations: Expectations,
+}
+
+pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
+    let queue = Queue::new("job");
+    let st = Arc::new(State {
+        expectations: Expectations::default(),
+    });
+    let q = queue.clone();
+    ctx.caches.jobs.on_change(move |_, new| {
+        if let Some(j) = new {
+            q.add(framework::key_of(&j.metadata));
+        }
+    });
+    let q = queue.clone();
+    let st2 = st.clone();
+    ctx.caches.pods.on_change(move |old, new| {
+        st2.expectations.observe_pod_change("Job", old, new);
+        for p in [old, new].into_iter().flatten() {
+            common::enqueue_controller(&q, "Job", &p.metadata);
+        }
+    });
+    let c = ctx.clone();
+    framework::spawn_workers(
+        tasks,
+        queue.clone(),
+        ctx.options.workers,
+        ctx.ready(),
+        move |key| {
+            let c = c.clone();
+            let st = st.clone();
+            async move { reconcile(&c, &st, &key).await }
+        },
+    );
+    framework::spawn_resync(
+        tasks,
+        queue,
+        ctx.caches.jobs.clone(),
+        Duration::from_secs(60),
+    );
 }
 
 const INDEX: &str = "batch.kubernetes.io/job-completion-index";
 
-fn phase(p: &Pod) -> &str {
-    p.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("")
-}
+use common::phase;
 
 fn index_of(p: &Pod) -> Option<i32> {
     p.annotations().get(INDEX).and_then(|v| v.parse().ok())
 }
 
-pub async fn reconcile(job: Arc<Job>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let t = Instant::now();
-    let r = reconcile_inner(&job, &ctx).await;
-    ctx.metrics.record("job", r.is_ok(), t.elapsed());
-    r
-}
-
-fn finished(job: &Job) -> Option<&str> {
+/// The finished condition of a Job ("Complete" or "Failed"), if any.
+pub fn finished(job: &Job) -> Option<&str> {
     job.status
         .as_ref()?
         .conditions
@@ -58,19 +84,21 @@ fn finished(job: &Job) -> Option<&str> {
         })
 }
 
-async fn reconcile_inner(job: &Job, ctx: &Ctx) -> Result<Action, Error> {
+async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {
+    let Some(job) = ctx.caches.jobs.get(key) else {
+        st.expectations.forget(key);
+        return Ok(None);
+    };
+    let job: &Job = &job;
     if common::is_terminating(&job.metadata) {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
     let ns = job.namespace().unwrap_or_default();
     let name = job.name_any();
-    let key = format!("{ns}/{name}");
     let uid = job.metadata.uid.clone().unwrap_or_default();
     let spec = job.spec.clone().unwrap_or_default();
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let involved =
-        json!({"apiVersion": "batch/v1", "kind": "Job", "name": name, "namespace": ns, "uid": uid});
     let now = k8s_openapi::jiff::Timestamp::now();
 
     if let Some(done) = finished(job) {
@@ -97,28 +125,26 @@ async fn reconcile_inner(job: &Job, ctx: &Ctx) -> Result<Action, Error> {
                     ..Default::default()
                 };
                 let _ = jobs.delete(&name, &dp).await;
-                return Ok(Action::await_change());
+                return Ok(None);
             }
-            let wait = expire.duration_since(now).as_secs().max(1) as u64;
-            return Ok(Action::requeue(Duration::from_secs(wait)));
+            return Ok(Some(common::until(expire).max(Duration::from_millis(100))));
         }
-        return Ok(Action::await_change());
+        return Ok(None);
     }
 
     let all: Vec<Arc<Pod>> = ctx
+        .caches
         .pods
-        .state()
+        .owned_by(&uid)
         .into_iter()
-        .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()))
         .filter(|p| {
             common::controller_of(&p.metadata)
                 .map(|r| r.uid == uid)
                 .unwrap_or(false)
         })
         .collect();
-    let present = |n: &str| all.iter().any(|p| p.metadata.name.as_deref() == Some(n));
-    if !ctx.expectations.satisfied(&key, present) {
-        return Ok(Action::requeue(Duration::from_millis(500)));
+    if !st.expectations.satisfied(key) {
+        return Ok(Some(Duration::from_secs(1)));
     }
     let succeeded_pods: Vec<&Arc<Pod>> = all.iter().filter(|p| phase(p) == "Succeeded").collect();
     let failed = all.iter().filter(|p| phase(p) == "Failed").count() as i32;
@@ -169,14 +195,13 @@ async fn reconcile_inner(job: &Job, ctx: &Ctx) -> Result<Action, Error> {
     if active_count > want_active {
         for p in active.iter().take((active_count - want_active) as usize) {
             let dp = DeleteParams::default();
-            if pods_api.delete(&p.name_any(), &dp).await.is_ok() {
-                ctx.expectations.expect_delete(&key, &p.name_any());
-                common::event(
-                    &ctx.client,
-                    "job-controller",
-                    involved.clone(),
-                    &ns,
-                    "Normal",
+            st.expectations.expect_delete(key, &p.name_any());
+            if pods_api.delete(&p.name_any(), &dp).await.is_err() {
+                st.expectations.deletion_observed(key, &p.name_any());
+            } else {
+                ctx.events.normal(
+                    COMPONENT,
+                    job,
                     "SuccessfulDelete",
                     format!("Deleted pod: {}", p.name_any()),
                 );
@@ -187,7 +212,9 @@ async fn reconcile_inner(job: &Job, ctx: &Ctx) -> Result<Action, Error> {
         let active_indexes: BTreeSet<i32> = active.iter().filter_map(|p| index_of(p)).collect();
         let mut free_indexes = (0..completions)
             .filter(|i| !succeeded_indexes.contains(i) && !active_indexes.contains(i));
-        for _ in 0..(want_active - active_count) {
+        let n = (want_active - active_count) as usize;
+        st.expectations.expect_creations(key, n);
+        for k in 0..n {
             let mut meta = template.metadata.clone().unwrap_or_default();
             meta.name = None;
             meta.generate_name = Some(format!("{name}-"));
@@ -204,7 +231,12 @@ async fn reconcile_inner(job: &Job, ctx: &Ctx) -> Result<Action, Error> {
             )]);
             let mut pod_spec = template.spec.clone().unwrap_or_default();
             if indexed {
-                let Some(i) = free_indexes.next() else { break };
+                let Some(i) = free_indexes.next() else {
+                    for _ in k..n {
+                        st.expectations.creation_observed(key);
+                    }
+                    break;
+                };
                 meta.annotations
                     .get_or_insert_with(Default::default)
                     .insert(INDEX.into(), i.to_string());
@@ -242,24 +274,20 @@ async fn reconcile_inner(job: &Job, ctx: &Ctx) -> Result<Action, Error> {
             };
             match pods_api.create(&PostParams::default(), &pod).await {
                 Ok(p) => {
-                    ctx.expectations.expect_add(&key, &p.name_any());
-                    common::event(
-                        &ctx.client,
-                        "job-controller",
-                        involved.clone(),
-                        &ns,
-                        "Normal",
+                    ctx.events.normal(
+                        COMPONENT,
+                        job,
                         "SuccessfulCreate",
                         format!("Created pod: {}", p.name_any()),
                     );
                 }
                 Err(e) => {
-                    common::event(
-                        &ctx.client,
-                        "job-controller",
-                        involved.clone(),
-                        &ns,
-                        "Warning",
+                    for _ in k..n {
+                        st.expectations.creation_observed(key);
+                    }
+                    ctx.events.warning(
+                        COMPONENT,
+                        job,
                         "FailedCreate",
                         format!("Error creating: {e}"),
                     );
@@ -283,26 +311,12 @@ async fn reconcile_inner(job: &Job, ctx: &Ctx) -> Result<Action, Error> {
     let has = |conds: &Vec<serde_json::Value>, t: &str| conds.iter().any(|c| c["type"] == t);
     if suspended && !has(&conditions, "Suspended") {
         conditions.push(json!({"type": "Suspended", "status": "True", "reason": "JobSuspended", "message": "Job suspended", "lastProbeTime": now.to_string(), "lastTransitionTime": now.to_string()}));
-        common::event(
-            &ctx.client,
-            "job-controller",
-            involved.clone(),
-            &ns,
-            "Normal",
-            "Suspended",
-            "Job suspended".into(),
-        );
+        ctx.events
+            .normal(COMPONENT, job, "Suspended", "Job suspended".into());
     } else if !suspended && has(&conditions, "Suspended") {
         conditions.retain(|c| c["type"] != "Suspended");
-        common::event(
-            &ctx.client,
-            "job-controller",
-            involved.clone(),
-            &ns,
-            "Normal",
-            "Resumed",
-            "Job resumed".into(),
-        );
+        ctx.events
+            .normal(COMPONENT, job, "Resumed", "Job resumed".into());
     }
     let mut completion_time = None;
     if let Some((reason, msg)) = &failure {
@@ -311,15 +325,7 @@ async fn reconcile_inner(job: &Job, ctx: &Ctx) -> Result<Action, Error> {
         }
         if active_count == 0 && !has(&conditions, "Failed") {
             conditions.push(cond("Failed", reason, msg));
-            common::event(
-                &ctx.client,
-                "job-controller",
-                involved.clone(),
-                &ns,
-                "Warning",
-                reason,
-                msg.clone(),
-            );
+            ctx.events.warning(COMPONENT, job, reason, msg.clone());
         }
     } else if complete {
         if !has(&conditions, "SuccessCriteriaMet") {
@@ -336,15 +342,8 @@ async fn reconcile_inner(job: &Job, ctx: &Ctx) -> Result<Action, Error> {
                 "Reached expected number of succeeded pods",
             ));
             completion_time = Some(now.to_string());
-            common::event(
-                &ctx.client,
-                "job-controller",
-                involved.clone(),
-                &ns,
-                "Normal",
-                "Completed",
-                "Job completed".into(),
-            );
+            ctx.events
+                .normal(COMPONENT, job, "Completed", "Job completed".into());
         }
     }
     let mut status = json!({
@@ -388,7 +387,7 @@ async fn reconcile_inner(job: &Job, ctx: &Ctx) -> Result<Action, Error> {
             .await
         {
             Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Action::await_change()),
+            Err(e) if common::is_not_found(&e) => return Ok(None),
             Err(e) => return Err(e.into()),
         }
     }
@@ -398,16 +397,8 @@ async fn reconcile_inner(job: &Job, ctx: &Ctx) -> Result<Action, Error> {
                 .duration_since(now)
                 .as_secs()
                 .max(1) as u64;
-            Action::requeue(Duration::from_secs(left.min(30)))
+            Some(Duration::from_secs(left.min(30)))
         }
-        _ => Action::requeue(Duration::from_secs(30)),
+        _ => None,
     })
-}
-
-pub fn owner_of(p: &Pod) -> Option<ObjectRef<Job>> {
-    let r = common::controller_of(&p.metadata)?;
-    if r.kind != "Job" {
-        return None;
-    }
-    Some(ObjectRef::new(&r.name).within(p.metadata.namespace.as_deref().unwrap_or("default")))
 }

@@ -1,49 +1,71 @@
-//! The controller manager: level-triggered reconcile loops over watches
-//! (kube-runtime's reflectors and controllers). Each can be stopped at any
-//! moment and resumes from what it observes: decisions come from the
-//! caches, and expectations keep a controller from acting twice on a change
-//! its cache has not shown yet.
+//! The controller manager: level-triggered reconcile loops over watches.
+//! Every controller can be stopped at any moment and resumes from what it
+//! observes: decisions come from the informer caches (one watch per kind,
+//! shared by all controllers), expectations keep a controller from acting
+//! twice on a change its cache has not shown yet, and names are
+//! deterministic where Kubernetes makes them so.
 //!
-//! Controllers: ReplicaSet, Deployment, Job; the garbage collector,
-//! ServiceAccount and `kube-root-ca.crt` per namespace, node pod-CIDR
-//! allocation, Endpoints and EndpointSlices. Namespace deletion is done by
-//! the API server itself.
+//! `framework` holds the caches, work queues and workers; `events` the
+//! Event recorder; `metrics` the Prometheus text; one module per
+//! controller. Namespace deletion is done by the API server itself.
 
 pub mod common;
+// TODO pub mod cron;
+// TODO pub mod cronjob;
+// TODO pub mod daemonset;
 pub mod deployment;
+// TODO pub mod disruption;
+pub mod endpoints;
+pub mod events;
+pub mod framework;
+pub mod gc;
 pub mod job;
-pub mod lifecycle;
+pub mod metrics;
+pub mod namespaces;
+pub mod nodes;
+// TODO pub mod podgc;
 pub mod replicaset;
+// TODO pub mod resourcequota;
+// TODO pub mod statefulset;
 
-use std::collections::{HashMap, HashSet};
-use std::fmt::Debug;
-use std::hash::Hash;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::apps::v1::{
+    ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet,
+};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, PersistentVolumeClaim, Pod, ReplicationController, ResourceQuota, Service,
+};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::Resource;
+
+use framework::Cache;
 
 /// Options of the controller manager.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Controllers to run (empty: all). Names: replicaset, deployment, job,
-    /// garbagecollector, serviceaccount, nodeipam, endpoints, nodelifecycle.
+    /// Controllers to run, as kube-controller-manager's `--controllers`:
+    /// empty or `*` means all, a name enables one, `-name` disables one.
+    /// Names: replicaset, replicationcontroller, deployment, job, cronjob,
+    /// daemonset, statefulset, garbagecollector, serviceaccount,
+    /// root-ca-cert-publisher, nodeipam, nodelifecycle, endpoints,
+    /// endpointslice, disruption, podgc, resourcequota.
     pub controllers: Vec<String>,
     /// The cluster CA, published as `kube-root-ca.crt` in every namespace.
     pub root_ca_pem: Option<String>,
-    /// Pod addresses; each node gets a /24.
+    /// Pod addresses; each node gets a /24 of it.
     pub cluster_cidr: String,
     /// How long a node may go without renewing its Lease before it is
     /// marked Unknown and tainted unreachable.
     pub node_monitor_grace_period: Duration,
+    /// Terminated pods kept before the pod GC deletes the oldest.
+    pub terminated_pod_gc_threshold: usize,
+    /// Concurrent reconciles per workload controller.
+    pub workers: usize,
 }
 
 impl Default for Options {
@@ -53,7 +75,42 @@ impl Default for Options {
             root_ca_pem: None,
             cluster_cidr: "10.42.0.0/16".into(),
             node_monitor_grace_period: Duration::from_secs(50),
+            terminated_pod_gc_threshold: 12500,
+            workers: 8,
         }
+    }
+}
+
+/// All controller names, in the order they start.
+pub const CONTROLLERS: &[&str] = &[
+    "replicaset",
+    "replicationcontroller",
+    "deployment",
+    "job",
+    "cronjob",
+    "daemonset",
+    "statefulset",
+    "garbagecollector",
+    "serviceaccount",
+    "root-ca-cert-publisher",
+    "nodeipam",
+    "nodelifecycle",
+    "endpoints",
+    "endpointslice",
+    "disruption",
+    "podgc",
+    "resourcequota",
+];
+
+impl Options {
+    /// Whether controller `name` runs under these options.
+    pub fn enabled(&self, name: &str) -> bool {
+        if self.controllers.iter().any(|c| c == &format!("-{name}")) {
+            return false;
+        }
+        self.controllers.is_empty()
+            || self.controllers.iter().any(|c| c == name || c == "*")
+            || self.controllers.iter().all(|c| c.starts_with('-'))
     }
 }
 
@@ -64,165 +121,201 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("encoding: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Other(String),
 }
 
-fn metrics() -> &'static Arc<common::Metrics> {
-    static M: OnceLock<Arc<common::Metrics>> = OnceLock::new();
-    M.get_or_init(Default::default)
+/// The informer caches the controllers share (one watch per kind).
+pub struct Caches {
+    pub pods: Arc<Cache<Pod>>,
+    pub replicasets: Arc<Cache<ReplicaSet>>,
+    pub replication_controllers: Arc<Cache<ReplicationController>>,
+    pub deployments: Arc<Cache<Deployment>>,
+    pub jobs: Arc<Cache<Job>>,
+    pub cronjobs: Arc<Cache<CronJob>>,
+    pub daemonsets: Arc<Cache<DaemonSet>>,
+    pub statefulsets: Arc<Cache<StatefulSet>>,
+    pub controller_revisions: Arc<Cache<ControllerRevision>>,
+    pub pvcs: Arc<Cache<PersistentVolumeClaim>>,
+    pub pdbs: Arc<Cache<PodDisruptionBudget>>,
+    pub namespaces: Arc<Cache<Namespace>>,
+    pub services: Arc<Cache<Service>>,
+    pub endpoint_slices: Arc<Cache<EndpointSlice>>,
+    pub nodes: Arc<Cache<Node>>,
+    pub leases: Arc<Cache<Lease>>,
+    pub resource_quotas: Arc<Cache<ResourceQuota>>,
+}
+
+impl Caches {
+    fn new() -> Caches {
+        Caches {
+            pods: Cache::new(),
+            replicasets: Cache::new(),
+            replication_controllers: Cache::new(),
+            deployments: Cache::new(),
+            jobs: Cache::new(),
+            cronjobs: Cache::new(),
+            daemonsets: Cache::new(),
+            statefulsets: Cache::new(),
+            controller_revisions: Cache::new(),
+            pvcs: Cache::new(),
+            pdbs: Cache::new(),
+            namespaces: Cache::new(),
+            services: Cache::new(),
+            endpoint_slices: Cache::new(),
+            nodes: Cache::new(),
+            leases: Cache::new(),
+            resource_quotas: Cache::new(),
+        }
+    }
+
+    fn start(&self, client: &kube::Client, tasks: &mut tokio::task::JoinSet<()>) {
+        let c = || client.clone();
+        self.pods.start(Api::all(c()), tasks);
+        self.replicasets.start(Api::all(c()), tasks);
+        self.replication_controllers.start(Api::all(c()), tasks);
+        self.deployments.start(Api::all(c()), tasks);
+        self.jobs.start(Api::all(c()), tasks);
+        self.cronjobs.start(Api::all(c()), tasks);
+        self.daemonsets.start(Api::all(c()), tasks);
+        self.statefulsets.start(Api::all(c()), tasks);
+        self.controller_revisions.start(Api::all(c()), tasks);
+        self.pvcs.start(Api::all(c()), tasks);
+        self.pdbs.start(Api::all(c()), tasks);
+        self.namespaces.start(Api::all(c()), tasks);
+        self.services.start(Api::all(c()), tasks);
+        self.endpoint_slices.start(Api::all(c()), tasks);
+        self.nodes.start(Api::all(c()), tasks);
+        self.leases
+            .start(Api::namespaced(c(), "kube-node-lease"), tasks);
+        self.resource_quotas.start(Api::all(c()), tasks);
+    }
+
+    /// Waits until every cache has its first list.
+    pub async fn ready(&self) {
+        self.pods.ready().await;
+        self.replicasets.ready().await;
+        self.replication_controllers.ready().await;
+        self.deployments.ready().await;
+        self.jobs.ready().await;
+        self.cronjobs.ready().await;
+        self.daemonsets.ready().await;
+        self.statefulsets.ready().await;
+        self.controller_revisions.ready().await;
+        self.pvcs.ready().await;
+        self.pdbs.ready().await;
+        self.namespaces.ready().await;
+        self.services.ready().await;
+        self.endpoint_slices.ready().await;
+        self.nodes.ready().await;
+        self.leases.ready().await;
+        self.resource_quotas.ready().await;
+    }
+}
+
+/// What every controller gets.
+pub struct Ctx {
+    pub client: kube::Client,
+    pub caches: Caches,
+    pub events: events::Recorder,
+    pub options: Options,
+}
+
+impl Ctx {
+    /// A future that resolves once the caches are listed.
+    pub fn ready(self: &Arc<Self>) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let me = self.clone();
+        async move { me.caches.ready().await }
+    }
 }
 
 /// The controllers' metrics in Prometheus' text format.
 pub fn metrics_text() -> String {
-    metrics().text()
+    metrics::text()
 }
 
-fn cache<K>(api: Api<K>, tasks: &mut tokio::task::JoinSet<()>) -> Store<K>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone,
-{
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
-    );
-    tasks.spawn(async move {
-        stream.for_each(|_| async {}).await;
-    });
-    reader
-}
-
-/// Retries a failed reconcile after a few seconds.
-fn retry<K, C>(_obj: Arc<K>, err: &Error, _ctx: Arc<C>) -> Action {
-    tracing::debug!(error = %err, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(2))
-}
-
-/// Runs every controller until an unrecoverable error.
+/// Runs every enabled controller until one stops (which is a bug: they
+/// retry errors forever) or the future is dropped.
 pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
-    let on = |n: &str| options.controllers.is_empty() || options.controllers.iter().any(|c| c == n);
     let mut tasks = tokio::task::JoinSet::new();
-    let caches = Arc::new(lifecycle::Caches {
-        pods: cache(Api::<Pod>::all(client.clone()), &mut tasks),
-        replicasets: cache(Api::<ReplicaSet>::all(client.clone()), &mut tasks),
-        deployments: cache(Api::<Deployment>::all(client.clone()), &mut tasks),
-        jobs: cache(Api::<Job>::all(client.clone()), &mut tasks),
-        namespaces: cache(Api::<Namespace>::all(client.clone()), &mut tasks),
-        services: cache(Api::<Service>::all(client.clone()), &mut tasks),
-        nodes: cache(Api::<Node>::all(client.clone()), &mut tasks),
+    let events = events::Recorder::new(client.clone(), &mut tasks);
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        caches: Caches::new(),
+        events,
+        options: options.clone(),
     });
-    let leases = cache(
-        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
-            client.clone(),
-            "kube-node-lease",
-        ),
-        &mut tasks,
-    );
-    for ready in [
-        caches.pods.wait_until_ready().await,
-        caches.replicasets.wait_until_ready().await,
-        caches.deployments.wait_until_ready().await,
-        caches.jobs.wait_until_ready().await,
-    ] {
-        ready.map_err(|e| anyhow::anyhow!("waiting for the caches: {e}"))?;
-    }
-    let m = metrics().clone();
+    let on = |n: &str| options.enabled(n);
+    let t = &mut tasks;
     if on("replicaset") {
-        let ctx = Arc::new(replicaset::Ctx {
-            client: client.clone(),
-            pods: caches.pods.clone(),
-            expectations: Default::default(),
-            metrics: m.clone(),
-        });
-        let c = Controller::new(
-            Api::<ReplicaSet>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .owns(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .run(replicaset::reconcile, retry, ctx);
-        tasks.spawn(async move { c.for_each(|_| async {}).await });
+        replicaset::register(&ctx, t, replicaset::Flavor::ReplicaSet);
+    }
+    if on("replicationcontroller") {
+        replicaset::register(&ctx, t, replicaset::Flavor::ReplicationController);
     }
     if on("deployment") {
-        let ctx = Arc::new(deployment::Ctx {
-            client: client.clone(),
-            replicasets: caches.replicasets.clone(),
-            pods: caches.pods.clone(),
-            metrics: m.clone(),
-        });
-        let c = Controller::new(
-            Api::<Deployment>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .owns(
-            Api::<ReplicaSet>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .run(deployment::reconcile, retry, ctx);
-        tasks.spawn(async move { c.for_each(|_| async {}).await });
+        deployment::register(&ctx, t);
     }
     if on("job") {
-        let ctx = Arc::new(job::Ctx {
-            client: client.clone(),
-            pods: caches.pods.clone(),
-            expectations: Default::default(),
-            metrics: m.clone(),
-        });
-        let c = Controller::new(Api::<Job>::all(client.clone()), watcher::Config::default())
-            .owns(Api::<Pod>::all(client.clone()), watcher::Config::default())
-            .run(job::reconcile, retry, ctx);
-        tasks.spawn(async move { c.for_each(|_| async {}).await });
+        job::register(&ctx, t);
     }
-    // The sweeps: cheap passes over the caches, once a second.
-    {
-        let client = client.clone();
-        let caches = caches.clone();
-        let options = options.clone();
-        let gc = on("garbagecollector");
-        let sa = on("serviceaccount");
-        let ipam = on("nodeipam");
-        let eps = on("endpoints");
-        let lifecycle_on = on("nodelifecycle");
-        let m = m.clone();
-        tasks.spawn(async move {
-            let mut defaulted: HashSet<String> = HashSet::new();
-            let mut endpoints: HashMap<String, serde_json::Value> = HashMap::new();
-            loop {
-                let t = std::time::Instant::now();
-                if gc {
-                    lifecycle::gc_pass(&client, &caches).await;
-                    m.record("garbagecollector", true, t.elapsed());
-                }
-                if sa {
-                    lifecycle::namespace_defaults_pass(
-                        &client,
-                        &caches,
-                        options.root_ca_pem.as_deref(),
-                        &mut defaulted,
-                    )
-                    .await;
-                }
-                if ipam {
-                    lifecycle::node_ipam_pass(&client, &caches, &options.cluster_cidr).await;
-                }
-                if eps {
-                    lifecycle::endpoints_pass(&client, &caches, &mut endpoints).await;
-                }
-                if lifecycle_on {
-                    lifecycle::node_lifecycle_pass(
-                        &client,
-                        &caches,
-                        &leases,
-                        options.node_monitor_grace_period,
-                    )
-                    .await;
-                }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
+    //    if on("cronjob") {
+    //        cronjob::register(&ctx, t);
+    //    }
+    //    if on("daemonset") {
+    //        daemonset::register(&ctx, t);
+    //    }
+    //    if on("statefulset") {
+    //        statefulset::register(&ctx, t);
+    //    }
+    if on("garbagecollector") {
+        gc::register(&ctx, t);
     }
-    // The controllers run until the process ends; if one stops, report it.
+    if on("serviceaccount") || on("root-ca-cert-publisher") {
+        namespaces::register(&ctx, t, on("serviceaccount"), on("root-ca-cert-publisher"));
+    }
+    if on("nodeipam") {
+        nodes::register_ipam(&ctx, t);
+    }
+    if on("nodelifecycle") {
+        nodes::register_lifecycle(&ctx, t);
+    }
+    if on("endpoints") || on("endpointslice") {
+        endpoints::register(&ctx, t, on("endpoints"), on("endpointslice"));
+    }
+    //    if on("disruption") {
+    //        disruption::register(&ctx, t);
+    //    }
+    //    if on("podgc") {
+    //        podgc::register(&ctx, t);
+    //    }
+    //    if on("resourcequota") {
+    //        resourcequota::register(&ctx, t);
+    //    }
+    ctx.caches.start(&client, t);
     match tasks.join_next().await {
         Some(Err(e)) if e.is_panic() => anyhow::bail!("a controller panicked: {e}"),
         _ => anyhow::bail!("a controller stopped"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controllers_are_chosen_like_kube_controller_managers_flag() {
+        let o = |v: &[&str]| Options {
+            controllers: v.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        assert!(o(&[]).enabled("job"));
+        assert!(o(&["*"]).enabled("job"));
+        assert!(o(&["*", "-job"]).enabled("deployment"));
+        assert!(!o(&["*", "-job"]).enabled("job"));
+        assert!(!o(&["-job"]).enabled("job"));
+        assert!(o(&["-job"]).enabled("cronjob"));
+        assert!(o(&["job"]).enabled("job"));
+        assert!(!o(&["job"]).enabled("deployment"));
     }
 }

@@ -1,0 +1,406 @@
+//! The garbage collector. Once a second it sweeps the caches:
+//! - a dependent whose owners are all gone (absent, or present with another
+//!   uid) is deleted in the background, after a live look-up confirms that
+//!   no owner exists (the caches of different kinds may lag each other);
+//! - an owner being deleted with the `foregroundDeletion` finalizer has its
+//!   dependents deleted (in the foreground too, so chains cascade), and the
+//!   finalizer removed once no dependent with blockOwnerDeletion remains;
+//! - an owner being deleted with the `orphan` finalizer has its owner
+//!   reference removed from every dependent, then the finalizer removed.
+//!
+//! Dependents are objects of the kinds the controller manager caches;
+//! owners of other kinds (custom resources included) are looked up through
+//! discovery and a live GET.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+    Preconditions, PropagationPolicy,
+};
+use kube::Resource;
+use serde_json::{json, Value};
+
+use crate::common;
+use crate::framework::Cache;
+use crate::Ctx;
+
+/// One cached kind, seen through its metadata.
+pub trait Source: Send + Sync {
+    fn resource(&self) -> ApiResource;
+    fn namespaced(&self) -> bool;
+    fn scan_meta(&self, f: &mut dyn FnMut(&ObjectMeta));
+    fn meta_by_uid(&self, uid: &str) -> Option<ObjectMeta>;
+    fn dependents_of(&self, uid: &str) -> Vec<ObjectMeta>;
+}
+
+struct Typed<K> {
+    cache: Arc<Cache<K>>,
+    namespaced: bool,
+}
+
+impl<K> Source for Typed<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    fn resource(&self) -> ApiResource {
+        ApiResource::erase::<K>(&())
+    }
+    fn namespaced(&self) -> bool {
+        self.namespaced
+    }
+    fn scan_meta(&self, f: &mut dyn FnMut(&ObjectMeta)) {
+        self.cache.scan(|o| f(o.meta()));
+    }
+    fn meta_by_uid(&self, uid: &str) -> Option<ObjectMeta> {
+        self.cache.by_uid(uid).map(|o| o.meta().clone())
+    }
+    fn dependents_of(&self, uid: &str) -> Vec<ObjectMeta> {
+        self.cache
+            .owned_by(uid)
+            .iter()
+            .map(|o| o.meta().clone())
+            .collect()
+    }
+}
+
+fn typed<K>(cache: &Arc<Cache<K>>, namespaced: bool) -> Box<dyn Source>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    Box::new(Typed {
+        cache: cache.clone(),
+        namespaced,
+    })
+}
+
+fn sources(ctx: &Ctx) -> Vec<Box<dyn Source>> {
+    let c = &ctx.caches;
+    vec![
+        typed(&c.pods, true),
+        typed(&c.replicasets, true),
+        typed(&c.replication_controllers, true),
+        typed(&c.deployments, true),
+        typed(&c.jobs, true),
+        typed(&c.cronjobs, true),
+        typed(&c.daemonsets, true),
+        typed(&c.statefulsets, true),
+        typed(&c.controller_revisions, true),
+        typed(&c.pvcs, true),
+        typed(&c.pdbs, true),
+        typed(&c.services, true),
+        typed(&c.endpoint_slices, true),
+        typed(&c.resource_quotas, true),
+        typed(&c.nodes, false),
+        typed(&c.namespaces, false),
+    ]
+}
+
+pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
+    let ctx = ctx.clone();
+    tasks.spawn(async move {
+        ctx.caches.ready().await;
+        let srcs = sources(&ctx);
+        let mut kinds: HashMap<(String, String), Option<(ApiResource, bool)>> = HashMap::new();
+        loop {
+            let t = std::time::Instant::now();
+            sweep(&ctx, &srcs, &mut kinds).await;
+            crate::metrics::reconciled("garbagecollector", true, t.elapsed());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+}
+
+/// Whether an owner reference points at an object that exists with that uid,
+/// according to the caches (`None`: the owner's kind is not cached).
+fn cached_owner_exists(srcs: &[Box<dyn Source>], r: &OwnerReference) -> Option<bool> {
+    let (group, version) = split_api_version(&r.api_version);
+    let src = srcs.iter().find(|s| {
+        let ar = s.resource();
+        ar.kind == r.kind && ar.group == group && ar.version == version
+    })?;
+    Some(
+        src.meta_by_uid(&r.uid)
+            .map(|m| m.name.as_deref() == Some(r.name.as_str()))
+            .unwrap_or(false),
+    )
+}
+
+fn split_api_version(av: &str) -> (String, String) {
+    match av.split_once('/') {
+        Some((g, v)) => (g.to_string(), v.to_string()),
+        None => (String::new(), av.to_string()),
+    }
+}
+
+async fn resolve(
+    client: &kube::Client,
+    kinds: &mut HashMap<(String, String), Option<(ApiResource, bool)>>,
+    api_version: &str,
+    kind: &str,
+) -> Option<(ApiResource, bool)> {
+    let k = (api_version.to_string(), kind.to_string());
+    if let Some(v) = kinds.get(&k) {
+        return v.clone();
+    }
+    let (group, version) = split_api_version(api_version);
+    let gvk = GroupVersionKind::gvk(&group, &version, kind);
+    let v = match kube::discovery::pinned_kind(client, &gvk).await {
+        Ok((ar, caps)) => Some((ar, caps.scope == kube::discovery::Scope::Namespaced)),
+        Err(_) => None,
+    };
+    kinds.insert(k, v.clone());
+    v
+}
+
+fn dyn_api(
+    client: &kube::Client,
+    ar: &ApiResource,
+    namespaced: bool,
+    ns: &str,
+) -> Api<DynamicObject> {
+    if namespaced {
+        Api::namespaced_with(client.clone(), ns, ar)
+    } else {
+        Api::all_with(client.clone(), ar)
+    }
+}
+
+/// A live check that an owner exists with the referenced uid (an owner of
+/// an unknown kind counts as existing: nothing is deleted on a guess).
+async fn owner_exists_live(
+    client: &kube::Client,
+    kinds: &mut HashMap<(String, String), Option<(ApiResource, bool)>>,
+    ns: &str,
+    r: &OwnerReference,
+) -> bool {
+    let Some((ar, namespaced)) = resolve(client, kinds, &r.api_version, &r.kind).await else {
+        return true;
+    };
+    match dyn_api(client, &ar, namespaced, ns).get_opt(&r.name).await {
+        Ok(Some(o)) => o.metadata.uid.as_deref() == Some(r.uid.as_str()),
+        Ok(None) => false,
+        Err(_) => true,
+    }
+}
+
+/// Which dependents the caches say have lost every owner.
+pub fn orphaned(meta: &ObjectMeta, exists: impl Fn(&OwnerReference) -> Option<bool>) -> bool {
+    let refs = meta.owner_references.as_deref().unwrap_or(&[]);
+    !refs.is_empty() && refs.iter().all(|r| exists(r) != Some(true))
+}
+
+async fn sweep(
+    ctx: &Ctx,
+    srcs: &[Box<dyn Source>],
+    kinds: &mut HashMap<(String, String), Option<(ApiResource, bool)>>,
+) {
+    let client = &ctx.client;
+    // 1. Dependents of vanished owners.
+    let mut suspects: Vec<(usize, ObjectMeta)> = vec![];
+    for (i, s) in srcs.iter().enumerate() {
+        s.scan_meta(&mut |m| {
+            if m.deletion_timestamp.is_none()
+                && orphaned(m, |r| cached_owner_exists(srcs, r).or(Some(false)))
+            {
+                suspects.push((i, m.clone()));
+            }
+        });
+    }
+    for (i, m) in suspects {
+        let ns = m.namespace.clone().unwrap_or_default();
+        let mut gone = true;
+        for r in m.owner_references.iter().flatten() {
+            if cached_owner_exists(srcs, r) == Some(true)
+                || owner_exists_live(client, kinds, &ns, r).await
+            {
+                gone = false;
+                break;
+            }
+        }
+        if !gone {
+            continue;
+        }
+        let src = &srcs[i];
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: m.uid.clone(),
+                resource_version: None,
+            }),
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        };
+        let name = m.name.clone().unwrap_or_default();
+        match dyn_api(client, &src.resource(), src.namespaced(), &ns)
+            .delete(&name, &dp)
+            .await
+        {
+            Ok(_) => tracing::debug!(kind = src.resource().kind, ns, name, "collected"),
+            Err(e) if common::is_not_found(&e) || common::is_conflict(&e) => {}
+            Err(e) => tracing::debug!(ns, name, error = %e, "garbage collection failed"),
+        }
+    }
+
+    // 2. Owners deleted in the foreground or orphaning their dependents.
+    let mut owners: Vec<(usize, ObjectMeta)> = vec![];
+    for (i, s) in srcs.iter().enumerate() {
+        s.scan_meta(&mut |m| {
+            if m.deletion_timestamp.is_some()
+                && m.finalizers
+                    .iter()
+                    .flatten()
+                    .any(|f| f == "orphan" || f == "foregroundDeletion")
+            {
+                owners.push((i, m.clone()));
+            }
+        });
+    }
+    for (i, m) in owners {
+        let uid = m.uid.clone().unwrap_or_default();
+        let ns = m.namespace.clone().unwrap_or_default();
+        let finalizers = m.finalizers.clone().unwrap_or_default();
+        let deps: Vec<(usize, ObjectMeta)> = srcs
+            .iter()
+            .enumerate()
+            .flat_map(|(j, s)| s.dependents_of(&uid).into_iter().map(move |d| (j, d)))
+            .collect();
+        let done = if finalizers.iter().any(|f| f == "orphan") {
+            let mut ok = true;
+            for (j, d) in &deps {
+                let refs: Vec<&OwnerReference> = d
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .filter(|r| r.uid != uid)
+                    .collect();
+                let refs = if refs.is_empty() {
+                    Value::Null
+                } else {
+                    json!(refs)
+                };
+                let patch = json!({"metadata": {"ownerReferences": refs, "resourceVersion": d.resource_version}});
+                let src = &srcs[*j];
+                let dns = d.namespace.clone().unwrap_or_default();
+                if let Err(e) = dyn_api(client, &src.resource(), src.namespaced(), &dns)
+                    .patch(
+                        d.name.as_deref().unwrap_or(""),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+                {
+                    if !common::is_not_found(&e) {
+                        ok = false;
+                    }
+                }
+            }
+            ok.then_some("orphan")
+        } else {
+            let mut blocking = 0;
+            for (j, d) in &deps {
+                let blocks = d
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|r| r.uid == uid && r.block_owner_deletion == Some(true));
+                if blocks {
+                    blocking += 1;
+                }
+                if d.deletion_timestamp.is_some() {
+                    continue;
+                }
+                let src = &srcs[*j];
+                let dns = d.namespace.clone().unwrap_or_default();
+                let dp = DeleteParams {
+                    propagation_policy: Some(PropagationPolicy::Foreground),
+                    preconditions: Some(Preconditions {
+                        uid: d.uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                if let Err(e) = dyn_api(client, &src.resource(), src.namespaced(), &dns)
+                    .delete(d.name.as_deref().unwrap_or(""), &dp)
+                    .await
+                {
+                    tracing::debug!(error = %e, "foreground deletion of a dependent failed");
+                }
+            }
+            (blocking == 0).then_some("foregroundDeletion")
+        };
+        if let Some(f) = done {
+            let rest: Vec<&String> = finalizers.iter().filter(|x| *x != f).collect();
+            let rest = if rest.is_empty() {
+                Value::Null
+            } else {
+                json!(rest)
+            };
+            let patch =
+                json!({"metadata": {"finalizers": rest, "resourceVersion": m.resource_version}});
+            let src = &srcs[i];
+            if let Err(e) = dyn_api(client, &src.resource(), src.namespaced(), &ns)
+                .patch(
+                    m.name.as_deref().unwrap_or(""),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                tracing::debug!(error = %e, "removing the {f} finalizer failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(owners: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            name: Some("d".into()),
+            owner_references: Some(
+                owners
+                    .iter()
+                    .map(|(name, uid)| OwnerReference {
+                        api_version: "apps/v1".into(),
+                        kind: "ReplicaSet".into(),
+                        name: name.to_string(),
+                        uid: uid.to_string(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_dependent_is_orphaned_only_when_every_owner_is_gone() {
+        let live = |r: &OwnerReference| Some(r.uid == "alive");
+        assert!(orphaned(&meta(&[("a", "dead")]), live));
+        assert!(!orphaned(&meta(&[("a", "dead"), ("b", "alive")]), live));
+        assert!(!orphaned(&meta(&[]), live), "no owners: not a dependent");
+    }
+
+    #[test]
+    fn an_owner_with_the_same_name_but_another_uid_counts_as_gone() {
+        let by_uid = |r: &OwnerReference| Some(r.uid == "new-uid");
+        assert!(orphaned(&meta(&[("a", "old-uid")]), by_uid));
+    }
+}

@@ -1,0 +1,309 @@
+//! Node controllers. IPAM: every node without a pod CIDR gets the next
+//! free /24 of the cluster CIDR. Lifecycle: a node whose Lease (in
+//! kube-node-lease) has not been renewed within the grace period gets its
+//! conditions set to Unknown (reason NodeStatusUnknown) and the
+//! `node.kubernetes.io/unreachable` NoExecute taint (`not-ready` when it
+//! reports Ready=False); the taints go when it is healthy again. Pods on a
+//! tainted node that do not tolerate the taint are evicted at once, those
+//! that tolerate it for `tolerationSeconds` once that time has passed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::ResourceExt;
+use serde_json::{json, Value};
+
+use crate::common;
+use crate::{Caches, Ctx};
+
+pub fn register_ipam(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
+    let ctx = ctx.clone();
+    tasks.spawn(async move {
+        ctx.caches.ready().await;
+        loop {
+            let t = std::time::Instant::now();
+            node_ipam_pass(&ctx.client, &ctx.caches, &ctx.options.cluster_cidr).await;
+            crate::metrics::reconciled("nodeipam", true, t.elapsed());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+}
+
+pub fn register_lifecycle(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
+    let ctx = ctx.clone();
+    tasks.spawn(async move {
+        ctx.caches.ready().await;
+        loop {
+            let t = std::time::Instant::now();
+            node_lifecycle_pass(&ctx, ctx.options.node_monitor_grace_period).await;
+            crate::metrics::reconciled("nodelifecycle", true, t.elapsed());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+}
+
+/// The /24s of a /16 cluster CIDR, in order (empty when malformed).
+pub fn pod_cidrs(cluster_cidr: &str) -> Vec<String> {
+    let (addr, bits) = cluster_cidr.split_once('/').unwrap_or((cluster_cidr, "16"));
+    let base: Vec<u8> = addr.split('.').filter_map(|p| p.parse().ok()).collect();
+    let Ok(bits) = bits.parse::<u32>() else {
+        return vec![];
+    };
+    if base.len() != 4 || bits > 24 {
+        return vec![];
+    }
+    let ip = u32::from_be_bytes([base[0], base[1], base[2], base[3]]);
+    let mask = if bits == 0 {
+        0
+    } else {
+        u32::MAX << (32 - bits)
+    };
+    let start = ip & mask;
+    let count = 1u64 << (24 - bits);
+    (0..count.min(65536))
+        .map(|i| {
+            let a = (start + ((i as u32) << 8)).to_be_bytes();
+            format!("{}.{}.{}.0/24", a[0], a[1], a[2])
+        })
+        .collect()
+}
+
+/// Gives each node without one a /24 of the cluster CIDR.
+pub async fn node_ipam_pass(client: &kube::Client, c: &Caches, cluster_cidr: &str) {
+    let all = pod_cidrs(cluster_cidr);
+    let nodes = c.nodes.list();
+    let mut used: HashSet<String> = nodes
+        .iter()
+        .filter_map(|n| n.spec.as_ref()?.pod_cidr.clone())
+        .collect();
+    let api: Api<Node> = Api::all(client.clone());
+    for n in nodes
+        .iter()
+        .filter(|n| n.spec.as_ref().and_then(|s| s.pod_cidr.as_ref()).is_none())
+    {
+        let Some(free) = all.iter().find(|c| !used.contains(*c)).cloned() else {
+            tracing::warn!(node = n.name_any(), "no pod CIDR left in {cluster_cidr}");
+            return;
+        };
+        let patch = json!({"spec": {"podCIDR": free, "podCIDRs": [free]}});
+        if api
+            .patch(
+                &n.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .is_ok()
+        {
+            used.insert(free);
+        }
+    }
+}
+
+const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+const NOT_READY: &str = "node.kubernetes.io/not-ready";
+
+/// The node lifecycle controller's pass: a node whose Lease has not been
+/// renewed within `grace` gets its conditions set to Unknown and the
+/// `unreachable` NoExecute taint (`not-ready` when it reports Ready=False);
+/// the taints go when the node is healthy again. Pods on a tainted node
+/// that do not tolerate the taint are evicted at once, those that tolerate
+/// it for `tolerationSeconds` once that time has passed.
+pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration) {
+    let client = &ctx.client;
+    let c = &ctx.caches;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    let mut tainted: HashMap<String, Vec<k8s_openapi::api::core::v1::Taint>> = HashMap::new();
+    for n in c.nodes.list() {
+        let name = n.name_any();
+        let lease = c.leases.get(&format!("kube-node-lease/{name}"));
+        let renewed = lease
+            .as_ref()
+            .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0))
+            .or_else(|| n.metadata.creation_timestamp.as_ref().map(|t| t.0))
+            .unwrap_or(now);
+        let stale =
+            renewed + k8s_openapi::jiff::SignedDuration::try_from(grace).unwrap_or_default() < now;
+        let conditions = n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let ready = conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status.clone())
+            .unwrap_or_default();
+        let want_taint = if stale {
+            Some(UNREACHABLE)
+        } else if ready == "False" {
+            Some(NOT_READY)
+        } else {
+            None
+        };
+        if stale && ready != "Unknown" {
+            let conds: Vec<Value> = conditions
+                .iter()
+                .map(|c| {
+                    json!({
+                        "type": c.type_, "status": "Unknown", "reason": "NodeStatusUnknown",
+                        "message": "Kubelet stopped posting node status.",
+                        "lastHeartbeatTime": c.last_heartbeat_time.as_ref().map(|t| t.0.to_string()),
+                        "lastTransitionTime": now.to_string(),
+                    })
+                })
+                .collect();
+            let _ = nodes_api
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"status": {"conditions": conds}})),
+                )
+                .await;
+            tracing::info!(
+                node = name,
+                "node stopped renewing its lease; marked Unknown"
+            );
+        }
+        let mut taints = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        let has = |key: &str, taints: &Vec<k8s_openapi::api::core::v1::Taint>| {
+            taints
+                .iter()
+                .any(|t| t.key == key && t.effect == "NoExecute")
+        };
+        let mut changed = false;
+        for key in [UNREACHABLE, NOT_READY] {
+            let want = want_taint == Some(key);
+            if want && !has(key, &taints) {
+                taints.push(k8s_openapi::api::core::v1::Taint {
+                    key: key.into(),
+                    effect: "NoExecute".into(),
+                    time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now)),
+                    value: None,
+                });
+                changed = true;
+            } else if !want && has(key, &taints) {
+                taints.retain(|t| !(t.key == key && t.effect == "NoExecute"));
+                changed = true;
+            }
+        }
+        if changed {
+            let t = if taints.is_empty() {
+                Value::Null
+            } else {
+                json!(taints)
+            };
+            let _ = nodes_api
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"spec": {"taints": t}})),
+                )
+                .await;
+        }
+        let no_exec: Vec<_> = taints
+            .into_iter()
+            .filter(|t| t.effect == "NoExecute")
+            .collect();
+        if !no_exec.is_empty() {
+            tainted.insert(name, no_exec);
+        }
+    }
+    if tainted.is_empty() {
+        return;
+    }
+    for p in c.pods.list() {
+        let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        let Some(taints) = tainted.get(&node) else {
+            continue;
+        };
+        if common::is_terminating(&p.metadata) || !common::pod_is_active(&p) {
+            continue;
+        }
+        let tolerations = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.tolerations.clone())
+            .unwrap_or_default();
+        let mut evict_at: Option<k8s_openapi::jiff::Timestamp> = None;
+        let mut never = true;
+        for t in taints {
+            let tol = tolerations.iter().find(|tol| {
+                let key_ok = tol.key.as_deref().map(|k| k == t.key).unwrap_or(true)
+                    || tol.key.as_deref() == Some("");
+                let effect_ok = tol
+                    .effect
+                    .as_deref()
+                    .map(|e| e.is_empty() || e == t.effect)
+                    .unwrap_or(true);
+                let op_ok = match tol.operator.as_deref() {
+                    Some("Exists") => true,
+                    _ => tol.value.as_deref().unwrap_or("") == t.value.as_deref().unwrap_or(""),
+                };
+                key_ok && effect_ok && op_ok
+            });
+            let added = t.time_added.as_ref().map(|x| x.0).unwrap_or(now);
+            match tol {
+                None => {
+                    evict_at = Some(now);
+                    never = false;
+                }
+                Some(tol) => {
+                    if let Some(secs) = tol.toleration_seconds {
+                        let at = added + k8s_openapi::jiff::SignedDuration::from_secs(secs.max(0));
+                        evict_at = Some(evict_at.map(|e| e.min(at)).unwrap_or(at));
+                        never = false;
+                    }
+                }
+            }
+        }
+        if never {
+            continue;
+        }
+        if evict_at.map(|t| t <= now).unwrap_or(false) {
+            let ns = p.namespace().unwrap_or_default();
+            let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: p.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            if api.delete(&p.name_any(), &dp).await.is_ok() {
+                ctx.events.normal(
+                    "taint-eviction-controller",
+                    &*p,
+                    "TaintManagerEviction",
+                    format!("Marking for deletion Pod {ns}/{}", p.name_any()),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slash_sixteen_gives_two_hundred_fifty_six_slash_twenty_fours_in_order() {
+        let all = pod_cidrs("10.42.0.0/16");
+        assert_eq!(all.len(), 256);
+        assert_eq!(all[0], "10.42.0.0/24");
+        assert_eq!(all[255], "10.42.255.0/24");
+        assert_eq!(pod_cidrs("10.0.0.0/23"), vec!["10.0.0.0/24", "10.0.1.0/24"]);
+        assert!(pod_cidrs("nonsense").is_empty());
+        assert!(pod_cidrs("10.0.0.0/28").is_empty());
+    }
+}
