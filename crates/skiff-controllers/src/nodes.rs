@@ -45,6 +45,37 @@ pub fn register_lifecycle(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) 
     });
 }
 
+/// The conditions of a node whose kubelet went silent: every condition
+/// Unknown (NodeStatusUnknown), and those it never posted added as Unknown
+/// (NodeStatusNeverUpdated).
+pub fn unknown_conditions(
+    conditions: &[k8s_openapi::api::core::v1::NodeCondition],
+    now: k8s_openapi::jiff::Timestamp,
+) -> Vec<Value> {
+    let mut out: Vec<Value> = conditions
+        .iter()
+        .map(|c| {
+            json!({
+                "type": c.type_, "status": "Unknown", "reason": "NodeStatusUnknown",
+                "message": "Kubelet stopped posting node status.",
+                "lastHeartbeatTime": c.last_heartbeat_time.as_ref().map(|t| t.0.to_string()),
+                "lastTransitionTime": now.to_string(),
+            })
+        })
+        .collect();
+    for t in ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"] {
+        if !conditions.iter().any(|c| c.type_ == t) {
+            out.push(json!({
+                "type": t, "status": "Unknown", "reason": "NodeStatusNeverUpdated",
+                "message": "Kubelet never posted node status.",
+                "lastHeartbeatTime": now.to_string(),
+                "lastTransitionTime": now.to_string(),
+            }));
+        }
+    }
+    out
+}
+
 /// The /24s of a /16 cluster CIDR, in order (empty when malformed).
 pub fn pod_cidrs(cluster_cidr: &str) -> Vec<String> {
     let (addr, bits) = cluster_cidr.split_once('/').unwrap_or((cluster_cidr, "16"));
@@ -146,17 +177,7 @@ pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration) {
             None
         };
         if stale && ready != "Unknown" {
-            let conds: Vec<Value> = conditions
-                .iter()
-                .map(|c| {
-                    json!({
-                        "type": c.type_, "status": "Unknown", "reason": "NodeStatusUnknown",
-                        "message": "Kubelet stopped posting node status.",
-                        "lastHeartbeatTime": c.last_heartbeat_time.as_ref().map(|t| t.0.to_string()),
-                        "lastTransitionTime": now.to_string(),
-                    })
-                })
-                .collect();
+            let conds = unknown_conditions(&conditions, now);
             let _ = nodes_api
                 .patch_status(
                     &name,
@@ -164,6 +185,12 @@ pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration) {
                     &Patch::Merge(&json!({"status": {"conditions": conds}})),
                 )
                 .await;
+            ctx.events.normal(
+                "node-controller",
+                &*n,
+                "NodeNotReady",
+                format!("Node {name} status is now: NodeNotReady"),
+            );
             tracing::info!(
                 node = name,
                 "node stopped renewing its lease; marked Unknown"
@@ -295,6 +322,18 @@ pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_silent_node_reports_every_condition_unknown_and_the_missing_ones_never_updated() {
+        let now = k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
+        let have: Vec<k8s_openapi::api::core::v1::NodeCondition> =
+            serde_json::from_value(json!([{"type": "Ready", "status": "True"}])).unwrap();
+        let out = unknown_conditions(&have, now);
+        assert_eq!(out.len(), 4);
+        assert!(out.iter().all(|c| c["status"] == "Unknown"));
+        assert_eq!(out[0]["reason"], "NodeStatusUnknown");
+        assert_eq!(out[1]["reason"], "NodeStatusNeverUpdated");
+    }
 
     #[test]
     fn a_slash_sixteen_gives_two_hundred_fifty_six_slash_twenty_fours_in_order() {
