@@ -10,8 +10,8 @@
 //! controller. Namespace deletion is done by the API server itself.
 
 pub mod common;
-// TODO pub mod cron;
-// TODO pub mod cronjob;
+pub mod cron;
+pub mod cronjob;
 // TODO pub mod daemonset;
 pub mod deployment;
 // TODO pub mod disruption;
@@ -66,6 +66,31 @@ pub struct Options {
     pub terminated_pod_gc_threshold: usize,
     /// Concurrent reconciles per workload controller.
     pub workers: usize,
+    /// The time the CronJob controller goes by (tests move it forward).
+    pub clock: Clock,
+}
+
+/// Wall-clock time plus an offset that tests can advance.
+#[derive(Clone, Default)]
+pub struct Clock(Arc<std::sync::atomic::AtomicI64>);
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Clock(+{}s)", self.offset())
+    }
+}
+
+impl Clock {
+    pub fn now(&self) -> k8s_openapi::jiff::Timestamp {
+        common::plus(common::now(), self.offset())
+    }
+    pub fn offset(&self) -> i64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    /// Moves this clock (and every copy of it) `secs` seconds forward.
+    pub fn advance(&self, secs: i64) {
+        self.0.fetch_add(secs, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Default for Options {
@@ -77,6 +102,7 @@ impl Default for Options {
             node_monitor_grace_period: Duration::from_secs(50),
             terminated_pod_gc_threshold: 12500,
             workers: 8,
+            clock: Clock::default(),
         }
     }
 }
@@ -259,9 +285,9 @@ pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
     if on("job") {
         job::register(&ctx, t);
     }
-    //    if on("cronjob") {
-    //        cronjob::register(&ctx, t);
-    //    }
+    if on("cronjob") {
+        cronjob::register(&ctx, t);
+    }
     //    if on("daemonset") {
     //        daemonset::register(&ctx, t);
     //    }

@@ -25,14 +25,11 @@ fn deployment(name: &str, replicas: i32, strategy: serde_json::Value) -> serde_j
     })
 }
 
+/// (fewest ready, most live, listed yet)
+type Seen = Arc<Mutex<(usize, usize, bool)>>;
+
 /// Watches pods of `app`: the fewest ready and the most live pods seen.
-fn observe(
-    client: &kube::Client,
-    app: &str,
-) -> (
-    Arc<Mutex<(usize, usize, bool)>>,
-    tokio::task::JoinHandle<()>,
-) {
+fn observe(client: &kube::Client, app: &str) -> (Seen, tokio::task::JoinHandle<()>) {
     let seen = Arc::new(Mutex::new((usize::MAX, 0usize, false)));
     let s = seen.clone();
     let api: Api<Pod> = Api::namespaced(client.clone(), "default");

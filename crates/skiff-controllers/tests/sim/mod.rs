@@ -200,7 +200,14 @@ where
             return v;
         }
         if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for {what}");
+            panic!(
+                "timed out waiting for {what}; metrics:\n{}",
+                skiff_controllers::metrics_text()
+                    .lines()
+                    .filter(|l| l.contains("total"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
