@@ -424,6 +424,97 @@ pub fn until(t: k8s_openapi::jiff::Timestamp) -> Duration {
     }
 }
 
+/// Whether a toleration tolerates a taint (an empty key with Exists
+/// tolerates everything; an empty effect matches every effect).
+pub fn tolerates(
+    tol: &k8s_openapi::api::core::v1::Toleration,
+    taint: &k8s_openapi::api::core::v1::Taint,
+) -> bool {
+    let effect_ok = tol
+        .effect
+        .as_deref()
+        .map(|e| e.is_empty() || e == taint.effect)
+        .unwrap_or(true);
+    if !effect_ok {
+        return false;
+    }
+    let key = tol.key.as_deref().unwrap_or("");
+    let exists = tol.operator.as_deref() == Some("Exists");
+    if key.is_empty() {
+        return exists;
+    }
+    if key != taint.key {
+        return false;
+    }
+    exists || tol.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
+}
+
+/// Whether a node satisfies a pod's nodeSelector and required node
+/// affinity (labels, and `metadata.name` through matchFields).
+pub fn node_fits(
+    node: &k8s_openapi::api::core::v1::Node,
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> bool {
+    let empty = BTreeMap::new();
+    let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+    if let Some(sel) = &spec.node_selector {
+        if !sel.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+            return false;
+        }
+    }
+    let Some(req) = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+    else {
+        return true;
+    };
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let check = |value: Option<&String>, op: &str, values: &[String]| -> bool {
+        match op {
+            "In" => value.map(|v| values.contains(v)).unwrap_or(false),
+            "NotIn" => value.map(|v| !values.contains(v)).unwrap_or(true),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            "Gt" | "Lt" => {
+                let (Some(v), Some(w)) = (
+                    value.and_then(|v| v.parse::<i64>().ok()),
+                    values.first().and_then(|w| w.parse::<i64>().ok()),
+                ) else {
+                    return false;
+                };
+                if op == "Gt" {
+                    v > w
+                } else {
+                    v < w
+                }
+            }
+            _ => false,
+        }
+    };
+    req.node_selector_terms.iter().any(|term| {
+        let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
+        let fields = term.match_fields.as_deref().unwrap_or(&[]);
+        if exprs.is_empty() && fields.is_empty() {
+            return false;
+        }
+        exprs.iter().all(|e| {
+            check(
+                labels.get(&e.key),
+                &e.operator,
+                e.values.as_deref().unwrap_or(&[]),
+            )
+        }) && fields.iter().all(|f| {
+            let v = (f.key == "metadata.name").then_some(&name);
+            check(v, &f.operator, f.values.as_deref().unwrap_or(&[]))
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,6 +548,99 @@ mod tests {
         ));
         assert!(!selector_matches(&sel, &labels(&[("app", "api")])));
         assert!(selector_matches(&LabelSelector::default(), &labels(&[])));
+    }
+
+    #[test]
+    fn tolerations_match_taints_by_key_value_effect_and_operator() {
+        use k8s_openapi::api::core::v1::{Taint, Toleration};
+        let taint = Taint {
+            key: "k".into(),
+            value: Some("v".into()),
+            effect: "NoExecute".into(),
+            time_added: None,
+        };
+        let tol = |key: Option<&str>,
+                   op: Option<&str>,
+                   value: Option<&str>,
+                   effect: Option<&str>| Toleration {
+            key: key.map(Into::into),
+            operator: op.map(Into::into),
+            value: value.map(Into::into),
+            effect: effect.map(Into::into),
+            toleration_seconds: None,
+        };
+        assert!(tolerates(
+            &tol(Some("k"), Some("Equal"), Some("v"), None),
+            &taint
+        ));
+        assert!(!tolerates(
+            &tol(Some("k"), Some("Equal"), Some("w"), None),
+            &taint
+        ));
+        assert!(tolerates(
+            &tol(Some("k"), Some("Exists"), None, Some("NoExecute")),
+            &taint
+        ));
+        assert!(!tolerates(
+            &tol(Some("k"), Some("Exists"), None, Some("NoSchedule")),
+            &taint
+        ));
+        assert!(tolerates(&tol(None, Some("Exists"), None, None), &taint));
+        assert!(
+            !tolerates(&tol(None, None, None, None), &taint),
+            "an empty key needs Exists"
+        );
+    }
+
+    #[test]
+    fn nodes_fit_by_selector_affinity_expressions_and_name_fields() {
+        use k8s_openapi::api::core::v1::{Node, PodSpec};
+        let node: Node = serde_json::from_value(
+            json!({"metadata": {"name": "n1", "labels": {"zone": "a", "cores": "8"}}}),
+        )
+        .unwrap();
+        let spec = |v: serde_json::Value| -> PodSpec { serde_json::from_value(v).unwrap() };
+        assert!(node_fits(&node, &spec(json!({"containers": []}))));
+        assert!(node_fits(
+            &node,
+            &spec(json!({"containers": [], "nodeSelector": {"zone": "a"}}))
+        ));
+        assert!(!node_fits(
+            &node,
+            &spec(json!({"containers": [], "nodeSelector": {"zone": "b"}}))
+        ));
+        let aff = |terms: serde_json::Value| {
+            spec(
+                json!({"containers": [], "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}}),
+            )
+        };
+        assert!(node_fits(
+            &node,
+            &aff(
+                json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}])
+            )
+        ));
+        assert!(!node_fits(
+            &node,
+            &aff(
+                json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}])
+            )
+        ));
+        assert!(node_fits(
+            &node,
+            &aff(
+                json!([{"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["4"]}]}])
+            )
+        ));
+        assert!(
+            node_fits(
+                &node,
+                &aff(json!([
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+            {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}]))
+            ),
+            "terms are ORed"
+        );
     }
 
     #[test]

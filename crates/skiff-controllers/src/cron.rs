@@ -160,10 +160,8 @@ impl Schedule {
                         // A time skipped by DST does not run; a repeated
                         // one runs at its first occurrence.
                         let Ok(t) = amb.earlier() else { continue };
-                        if t.to_zoned(tz.clone()).datetime() == dt {
-                            if t > after {
-                                return Some(t);
-                            }
+                        if t.to_zoned(tz.clone()).datetime() == dt && t > after {
+                            return Some(t);
                         }
                     }
                 }

@@ -12,7 +12,7 @@
 pub mod common;
 pub mod cron;
 pub mod cronjob;
-// TODO pub mod daemonset;
+pub mod daemonset;
 pub mod deployment;
 // TODO pub mod disruption;
 pub mod endpoints;
@@ -26,7 +26,7 @@ pub mod nodes;
 // TODO pub mod podgc;
 pub mod replicaset;
 // TODO pub mod resourcequota;
-// TODO pub mod statefulset;
+pub mod statefulset;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -288,12 +288,12 @@ pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
     if on("cronjob") {
         cronjob::register(&ctx, t);
     }
-    //    if on("daemonset") {
-    //        daemonset::register(&ctx, t);
-    //    }
-    //    if on("statefulset") {
-    //        statefulset::register(&ctx, t);
-    //    }
+    if on("daemonset") {
+        daemonset::register(&ctx, t);
+    }
+    if on("statefulset") {
+        statefulset::register(&ctx, t);
+    }
     if on("garbagecollector") {
         gc::register(&ctx, t);
     }

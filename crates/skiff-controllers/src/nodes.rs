@@ -265,20 +265,7 @@ pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration) {
         let mut evict_at: Option<k8s_openapi::jiff::Timestamp> = None;
         let mut never = true;
         for t in taints {
-            let tol = tolerations.iter().find(|tol| {
-                let key_ok = tol.key.as_deref().map(|k| k == t.key).unwrap_or(true)
-                    || tol.key.as_deref() == Some("");
-                let effect_ok = tol
-                    .effect
-                    .as_deref()
-                    .map(|e| e.is_empty() || e == t.effect)
-                    .unwrap_or(true);
-                let op_ok = match tol.operator.as_deref() {
-                    Some("Exists") => true,
-                    _ => tol.value.as_deref().unwrap_or("") == t.value.as_deref().unwrap_or(""),
-                };
-                key_ok && effect_ok && op_ok
-            });
+            let tol = tolerations.iter().find(|tol| common::tolerates(tol, t));
             let added = t.time_added.as_ref().map(|x| x.0).unwrap_or(now);
             match tol {
                 None => {

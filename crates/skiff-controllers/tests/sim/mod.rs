@@ -122,10 +122,14 @@ pub async fn simulate_nodes(client: kube::Client, nodes: Vec<String>, running: A
                 if !running.load(Ordering::SeqCst) {
                     continue;
                 }
-                let i = next.fetch_add(1, Ordering::SeqCst) as usize % nodes.len();
+                // Daemon pods name their node in required affinity.
+                let target = skiff_controllers::daemonset::node_of(&p).unwrap_or_else(|| {
+                    let i = next.fetch_add(1, Ordering::SeqCst) as usize % nodes.len();
+                    nodes[i].clone()
+                });
                 let binding = json!({"apiVersion": "v1", "kind": "Binding",
                     "metadata": {"name": name, "namespace": ns},
-                    "target": {"apiVersion": "v1", "kind": "Node", "name": nodes[i]}});
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": target}});
                 let _ = api
                     .create_subresource::<serde_json::Value, serde_json::Value>(
                         "binding",
