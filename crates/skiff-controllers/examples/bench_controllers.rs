@@ -9,7 +9,7 @@
 //!   cargo run --release -p skiff-controllers --example bench_controllers \
 //!     [-- --deployments 1000 --replicas 10 --nodes 100]
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,7 +52,6 @@ async fn main() -> anyhow::Result<()> {
     // The node simulator.
     let sim_client = cluster.client("hollow-nodes");
     let running = Arc::new(AtomicUsize::new(0));
-    let first_running: Arc<AtomicU64> = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();
     {
         let running = running.clone();
@@ -60,6 +59,9 @@ async fn main() -> anyhow::Result<()> {
         tokio::spawn(async move {
             let sem = Arc::new(tokio::sync::Semaphore::new(128));
             let next = Arc::new(AtomicUsize::new(0));
+            // Pods handed to a worker, and pods seen Running and Ready.
+            let mut started: std::collections::HashSet<String> = Default::default();
+            let mut seen_running: std::collections::HashSet<String> = Default::default();
             let mut stream = watcher(
                 Api::<Pod>::all(sim_client.clone()),
                 watcher::Config::default(),
@@ -75,14 +77,20 @@ async fn main() -> anyhow::Result<()> {
                     .as_ref()
                     .and_then(|s| s.phase.clone())
                     .unwrap_or_default();
-                if phase == "Running" || p.metadata.deletion_timestamp.is_some() {
+                let uid = p.metadata.uid.clone().unwrap_or_default();
+                if phase == "Running" {
+                    if seen_running.insert(uid) {
+                        running.store(seen_running.len(), Ordering::Relaxed);
+                    }
+                    continue;
+                }
+                if p.metadata.deletion_timestamp.is_some() || !started.insert(uid) {
                     continue;
                 }
                 let permit = sem.clone().acquire_owned().await;
                 let client = sim_client.clone();
                 let names = names.clone();
                 let next = next.clone();
-                let running = running.clone();
                 tokio::spawn(async move {
                     let _permit = permit;
                     let ns = p.namespace().unwrap_or_default();
@@ -115,18 +123,16 @@ async fn main() -> anyhow::Result<()> {
                             {"type": "Initialized", "status": "True", "lastTransitionTime": now},
                             {"type": "ContainersReady", "status": "True", "lastTransitionTime": now},
                             {"type": "Ready", "status": "True", "lastTransitionTime": now}]}});
-                    if api
+                    if let Err(e) = api
                         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                         .await
-                        .is_ok()
                     {
-                        running.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("status of {name}: {e}");
                     }
                 });
             }
         });
     }
-    let _ = first_running.load(Ordering::Relaxed);
 
     // The controller manager.
     let cm_client = cluster.client("kube-controller-manager");
@@ -224,6 +230,12 @@ async fn main() -> anyhow::Result<()> {
         all_available.as_secs_f64(),
         complete as f64 / all_available.as_secs_f64()
     );
+    let listed = Api::<Pod>::namespaced(admin.clone(), "default")
+        .list(&Default::default())
+        .await?
+        .items
+        .len();
+    println!("pods in the API:         {listed} (exactly {total} expected: nothing created twice)");
     let m = skiff_controllers::metrics_text();
     for l in m.lines().filter(|l| {
         l.starts_with("skiff_controller_reconciles_total")

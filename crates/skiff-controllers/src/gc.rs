@@ -117,9 +117,11 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
         ctx.caches.ready().await;
         let srcs = sources(&ctx);
         let mut kinds: HashMap<(String, String), Option<(ApiResource, bool)>> = HashMap::new();
+        let mut alive: HashMap<String, std::time::Instant> = HashMap::new();
         loop {
             let t = std::time::Instant::now();
-            sweep(&ctx, &srcs, &mut kinds).await;
+            alive.retain(|_, at| at.elapsed() < Duration::from_secs(30));
+            sweep(&ctx, &srcs, &mut kinds, &mut alive).await;
             crate::metrics::reconciled("garbagecollector", true, t.elapsed());
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
@@ -128,12 +130,16 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
 
 /// Whether an owner reference points at an object that exists with that uid,
 /// according to the caches (`None`: the owner's kind is not cached).
-fn cached_owner_exists(srcs: &[Box<dyn Source>], r: &OwnerReference) -> Option<bool> {
-    let (group, version) = split_api_version(&r.api_version);
-    let src = srcs.iter().find(|s| {
-        let ar = s.resource();
-        ar.kind == r.kind && ar.group == group && ar.version == version
-    })?;
+/// `kinds` holds each source's (apiVersion, kind).
+fn cached_owner_exists(
+    srcs: &[Box<dyn Source>],
+    kinds: &[(String, String)],
+    r: &OwnerReference,
+) -> Option<bool> {
+    let i = kinds
+        .iter()
+        .position(|(av, k)| *k == r.kind && *av == r.api_version)?;
+    let src = &srcs[i];
     Some(
         src.meta_by_uid(&r.uid)
             .map(|m| m.name.as_deref() == Some(r.name.as_str()))
@@ -209,14 +215,22 @@ async fn sweep(
     ctx: &Ctx,
     srcs: &[Box<dyn Source>],
     kinds: &mut HashMap<(String, String), Option<(ApiResource, bool)>>,
+    alive: &mut HashMap<String, std::time::Instant>,
 ) {
     let client = &ctx.client;
+    let cached: Vec<(String, String)> = srcs
+        .iter()
+        .map(|s| {
+            let ar = s.resource();
+            (ar.api_version, ar.kind)
+        })
+        .collect();
     // 1. Dependents of vanished owners.
     let mut suspects: Vec<(usize, ObjectMeta)> = vec![];
     for (i, s) in srcs.iter().enumerate() {
         s.scan_meta(&mut |m| {
             if m.deletion_timestamp.is_none()
-                && orphaned(m, |r| cached_owner_exists(srcs, r).or(Some(false)))
+                && orphaned(m, |r| cached_owner_exists(srcs, &cached, r).or(Some(false)))
             {
                 suspects.push((i, m.clone()));
             }
@@ -226,9 +240,17 @@ async fn sweep(
         let ns = m.namespace.clone().unwrap_or_default();
         let mut gone = true;
         for r in m.owner_references.iter().flatten() {
-            if cached_owner_exists(srcs, r) == Some(true)
-                || owner_exists_live(client, kinds, &ns, r).await
-            {
+            // Owners of kinds not cached, confirmed recently, are not
+            // looked up again on every sweep.
+            let in_cache = cached_owner_exists(srcs, &cached, r);
+            if alive.contains_key(&r.uid) || in_cache == Some(true) {
+                gone = false;
+                break;
+            }
+            if owner_exists_live(client, kinds, &ns, r).await {
+                if in_cache.is_none() {
+                    alive.insert(r.uid.clone(), std::time::Instant::now());
+                }
                 gone = false;
                 break;
             }
