@@ -14,7 +14,7 @@ pub mod cron;
 pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
-// TODO pub mod disruption;
+pub mod disruption;
 pub mod endpoints;
 pub mod events;
 pub mod framework;
@@ -23,9 +23,9 @@ pub mod job;
 pub mod metrics;
 pub mod namespaces;
 pub mod nodes;
-// TODO pub mod podgc;
+pub mod podgc;
 pub mod replicaset;
-// TODO pub mod resourcequota;
+pub mod resourcequota;
 pub mod statefulset;
 
 use std::sync::Arc;
@@ -309,15 +309,15 @@ pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
     if on("endpoints") || on("endpointslice") {
         endpoints::register(&ctx, t, on("endpoints"), on("endpointslice"));
     }
-    //    if on("disruption") {
-    //        disruption::register(&ctx, t);
-    //    }
-    //    if on("podgc") {
-    //        podgc::register(&ctx, t);
-    //    }
-    //    if on("resourcequota") {
-    //        resourcequota::register(&ctx, t);
-    //    }
+    if on("disruption") {
+        disruption::register(&ctx, t);
+    }
+    if on("podgc") {
+        podgc::register(&ctx, t);
+    }
+    if on("resourcequota") {
+        resourcequota::register(&ctx, t);
+    }
     ctx.caches.start(&client, t);
     match tasks.join_next().await {
         Some(Err(e)) if e.is_panic() => anyhow::bail!("a controller panicked: {e}"),
