@@ -71,6 +71,32 @@ fn index_of(p: &Pod) -> Option<i32> {
     p.annotations().get(INDEX).and_then(|v| v.parse().ok())
 }
 
+/// When a pod finished: its containers' latest finishedAt, else its
+/// Ready condition's last transition.
+fn finished_time(p: &Pod) -> Option<k8s_openapi::jiff::Timestamp> {
+    let st = p.status.as_ref()?;
+    st.container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| {
+            c.state
+                .as_ref()?
+                .terminated
+                .as_ref()?
+                .finished_at
+                .as_ref()
+                .map(|t| t.0)
+        })
+        .max()
+        .or_else(|| {
+            st.conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == "Ready")
+                .and_then(|c| c.last_transition_time.as_ref().map(|t| t.0))
+        })
+}
+
 /// The finished condition of a Job ("Complete" or "Failed"), if any.
 pub fn finished(job: &Job) -> Option<&str> {
     job.status
@@ -147,16 +173,22 @@ async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {
         return Ok(Some(Duration::from_secs(1)));
     }
     let succeeded_pods: Vec<&Arc<Pod>> = all.iter().filter(|p| phase(p) == "Succeeded").collect();
-    let failed = all.iter().filter(|p| phase(p) == "Failed").count() as i32;
+    // Counts never go down, even if finished pods are deleted.
+    let old_status = job.status.clone().unwrap_or_default();
+    let failed = (all.iter().filter(|p| phase(p) == "Failed").count() as i32)
+        .max(old_status.failed.unwrap_or(0));
     let active: Vec<&Arc<Pod>> = all.iter().filter(|p| common::pod_is_active(p)).collect();
     let indexed = spec.completion_mode.as_deref() == Some("Indexed");
+    // Without completions (a work queue) the Job is done once a pod
+    // succeeded and the others finished.
+    let work_queue = spec.completions.is_none() && !indexed;
     let completions = spec.completions.unwrap_or(1).max(0);
     let succeeded_indexes: BTreeSet<i32> =
         succeeded_pods.iter().filter_map(|p| index_of(p)).collect();
     let succeeded = if indexed {
         succeeded_indexes.len() as i32
     } else {
-        succeeded_pods.len() as i32
+        (succeeded_pods.len() as i32).max(old_status.succeeded.unwrap_or(0))
     };
     let parallelism = spec.parallelism.unwrap_or(1).max(0);
     let backoff_limit = spec.backoff_limit.unwrap_or(6);
@@ -181,17 +213,48 @@ async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {
             ));
         }
     }
-    let complete = failure.is_none() && succeeded >= completions;
+    let active_count = active.len() as i32;
+    let complete = failure.is_none()
+        && if work_queue {
+            succeeded >= 1
+        } else {
+            succeeded >= completions
+        };
 
     let mut want_active = if suspended || failure.is_some() || complete {
         0
+    } else if work_queue {
+        parallelism
     } else {
         parallelism.min(completions - succeeded).max(0)
     };
-    if failure.is_some() || complete || suspended {
-        want_active = 0;
+    if work_queue && complete && failure.is_none() && !suspended {
+        // The pods still running finish on their own.
+        want_active = active_count;
     }
-    let active_count = active.len() as i32;
+    // After failures, new pods wait: base × 2^(failures − 1), at most 6 min.
+    let mut backoff_wait: Option<Duration> = None;
+    if failed > 0 && want_active > active_count {
+        let last_failure = all
+            .iter()
+            .filter(|p| phase(p) == "Failed")
+            .filter_map(|p| finished_time(p))
+            .max();
+        if let Some(at) = last_failure {
+            let delay = ctx
+                .options
+                .job_backoff_base
+                .saturating_mul(1u32 << (failed - 1).clamp(0, 16) as u32)
+                .min(Duration::from_secs(360));
+            let ready_at = at
+                .checked_add(k8s_openapi::jiff::SignedDuration::try_from(delay).unwrap_or_default())
+                .unwrap_or(at);
+            if ready_at > now {
+                backoff_wait = Some(common::until(ready_at).max(Duration::from_millis(10)));
+                want_active = active_count;
+            }
+        }
+    }
     if active_count > want_active {
         for p in active.iter().take((active_count - want_active) as usize) {
             let dp = DeleteParams::default();
@@ -391,7 +454,7 @@ async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(match (spec.active_deadline_seconds, start_time) {
+    let deadline = match (spec.active_deadline_seconds, start_time) {
         (Some(d), Some(s)) => {
             let left = (s + k8s_openapi::jiff::SignedDuration::from_secs(d))
                 .duration_since(now)
@@ -400,5 +463,9 @@ async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {
             Some(Duration::from_secs(left.min(30)))
         }
         _ => None,
+    };
+    Ok(match (deadline, backoff_wait) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     })
 }

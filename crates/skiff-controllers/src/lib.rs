@@ -68,6 +68,9 @@ pub struct Options {
     pub workers: usize,
     /// The time the CronJob controller goes by (tests move it forward).
     pub clock: Clock,
+    /// A Job's first retry after a failed pod waits this long, doubling per
+    /// failure up to 6 minutes (Kubernetes: 10 s).
+    pub job_backoff_base: Duration,
 }
 
 /// Wall-clock time plus an offset that tests can advance.
@@ -103,6 +106,7 @@ impl Default for Options {
             terminated_pod_gc_threshold: 12500,
             workers: 8,
             clock: Clock::default(),
+            job_backoff_base: Duration::from_secs(10),
         }
     }
 }

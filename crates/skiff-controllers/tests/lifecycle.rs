@@ -168,7 +168,14 @@ fn condition(j: &Job, t: &str) -> Option<String> {
 
 #[tokio::test]
 async fn a_job_completes_and_another_fails_after_its_backoff_limit() {
-    let h = start().await;
+    let h = start_with(
+        skiff_controllers::Options {
+            job_backoff_base: Duration::from_millis(300),
+            ..Default::default()
+        },
+        2,
+    )
+    .await;
     let c = &h.client;
     let jobs = Api::<Job>::namespaced(c.clone(), "default");
     let _: Job = create(
@@ -177,6 +184,7 @@ async fn a_job_completes_and_another_fails_after_its_backoff_limit() {
         job("ok", json!({"completions": 3, "parallelism": 2}), "0"),
     )
     .await;
+    let t0 = std::time::Instant::now();
     let _: Job = create(c, "default", job("bad", json!({"backoffLimit": 1}), "1")).await;
     let ok = eventually("the job to complete", 30, || async {
         let j = jobs.get("ok").await.ok()?;
@@ -201,6 +209,40 @@ async fn a_job_completes_and_another_fails_after_its_backoff_limit() {
         Some("BackoffLimitExceeded")
     );
     assert_eq!(bad.status.unwrap().failed, Some(2));
+    // The retry waited for the back-off (300 ms) after the first failure.
+    assert!(
+        t0.elapsed() >= Duration::from_millis(300),
+        "no back-off: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        pods(c, "default", "batch.kubernetes.io/job-name=bad")
+            .await
+            .len(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_work_queue_job_runs_parallel_pods_until_one_succeeds() {
+    let h = start().await;
+    let c = &h.client;
+    let _: Job = create(c, "default", job("queue", json!({"parallelism": 3}), "0")).await;
+    let j = eventually("the job to complete", 30, || async {
+        let j = Api::<Job>::namespaced(c.clone(), "default")
+            .get("queue")
+            .await
+            .ok()?;
+        condition(&j, "Complete").map(|_| j)
+    })
+    .await;
+    assert!(j.status.unwrap().succeeded.unwrap_or(0) >= 1);
+    assert_eq!(
+        pods(c, "default", "batch.kubernetes.io/job-name=queue")
+            .await
+            .len(),
+        3
+    );
 }
 
 #[tokio::test]
