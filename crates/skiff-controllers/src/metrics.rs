@@ -83,40 +83,59 @@ pub fn reconciles(controller: &str) -> u64 {
 pub fn text() -> String {
     let t = table().lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut out = String::new();
-    let mut family = |name: &str, help: &str, kind: &str, v: &dyn Fn(&Counters) -> String| {
+    // Controllers (queues, sweeps) and event sources (components) share
+    // the table; each family shows the rows it is about.
+    let is_controller = |c: &Counters| c.reconciles > 0 || c.queue > 0;
+    let is_source = |c: &Counters| c.events > 0 || c.events_dropped > 0;
+    let mut family = |name: &str,
+                      help: &str,
+                      kind: &str,
+                      label: &str,
+                      rows: &dyn Fn(&Counters) -> bool,
+                      v: &dyn Fn(&Counters) -> String| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (k, c) in &t {
-            let _ = writeln!(out, "{name}{{controller=\"{k}\"}} {}", v(c));
+        for (k, c) in t.iter().filter(|(_, c)| rows(c)) {
+            let _ = writeln!(out, "{name}{{{label}=\"{k}\"}} {}", v(c));
         }
     };
     family(
         "skiff_controller_reconciles_total",
         "Reconciles run, per controller.",
         "counter",
+        "controller",
+        &is_controller,
         &|c| c.reconciles.to_string(),
     );
     family(
         "skiff_controller_reconcile_errors_total",
         "Reconciles that failed (retried with back-off).",
         "counter",
+        "controller",
+        &is_controller,
         &|c| c.errors.to_string(),
     );
     family(
         "skiff_controller_queue_depth",
         "Keys waiting in the controller's work queue.",
         "gauge",
+        "controller",
+        &is_controller,
         &|c| c.queue.to_string(),
     );
     family(
         "skiff_controller_events_total",
-        "Events recorded.",
+        "Events recorded, per reporting component.",
         "counter",
+        "component",
+        &is_source,
         &|c| c.events.to_string(),
     );
     family(
         "skiff_controller_events_dropped_total",
         "Events dropped because the recorder was saturated.",
         "counter",
+        "component",
+        &is_source,
         &|c| c.events_dropped.to_string(),
     );
     let name = "skiff_controller_reconcile_duration_seconds";
@@ -124,7 +143,7 @@ pub fn text() -> String {
         out,
         "# HELP {name} Time spent in one reconcile.\n# TYPE {name} histogram"
     );
-    for (k, c) in &t {
+    for (k, c) in t.iter().filter(|(_, c)| c.reconciles > 0) {
         for (i, b) in BUCKETS.iter().enumerate() {
             let _ = writeln!(
                 out,
