@@ -205,6 +205,12 @@ async fn owner_exists_live(
     }
 }
 
+/// Whether removing finalizer `f` leaves a deleting object with no
+/// finalizer and a zero grace period (nothing else will delete it).
+pub fn last_finalizer_of_finished(m: &ObjectMeta, f: &str) -> bool {
+    m.deletion_grace_period_seconds == Some(0) && m.finalizers.iter().flatten().all(|x| x == f)
+}
+
 /// Which dependents the caches say have lost every owner.
 pub fn orphaned(meta: &ObjectMeta, exists: impl Fn(&OwnerReference) -> Option<bool>) -> bool {
     let refs = meta.owner_references.as_deref().unwrap_or(&[]);
@@ -278,7 +284,36 @@ async fn sweep(
         }
     }
 
-    // 2. Owners deleted in the foreground or orphaning their dependents.
+    // 2. Objects whose deletion was confirmed (grace 0) and that lost
+    // their last finalizer but still exist: nothing else will delete them.
+    let mut leftovers: Vec<(usize, ObjectMeta)> = vec![];
+    for (i, s) in srcs.iter().enumerate() {
+        s.scan_meta(&mut |m| {
+            if m.deletion_timestamp.is_some()
+                && m.deletion_grace_period_seconds == Some(0)
+                && m.finalizers.as_ref().map(|f| f.is_empty()).unwrap_or(true)
+            {
+                leftovers.push((i, m.clone()));
+            }
+        });
+    }
+    for (i, m) in leftovers {
+        let src = &srcs[i];
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: m.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        let ns = m.namespace.clone().unwrap_or_default();
+        let _ = dyn_api(client, &src.resource(), src.namespaced(), &ns)
+            .delete(m.name.as_deref().unwrap_or(""), &dp)
+            .await;
+    }
+
+    // 3. Owners deleted in the foreground or orphaning their dependents.
     let mut owners: Vec<(usize, ObjectMeta)> = vec![];
     for (i, s) in srcs.iter().enumerate() {
         s.scan_meta(&mut |m| {
@@ -375,15 +410,32 @@ async fn sweep(
             let patch =
                 json!({"metadata": {"finalizers": rest, "resourceVersion": m.resource_version}});
             let src = &srcs[i];
-            if let Err(e) = dyn_api(client, &src.resource(), src.namespaced(), &ns)
-                .patch(
-                    m.name.as_deref().unwrap_or(""),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
+            let api = dyn_api(client, &src.resource(), src.namespaced(), &ns);
+            let name = m.name.as_deref().unwrap_or("");
+            match api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                tracing::debug!(error = %e, "removing the {f} finalizer failed");
+                Err(e) => tracing::debug!(error = %e, "removing the {f} finalizer failed"),
+                Ok(_) if last_finalizer_of_finished(&m, f) => {
+                    // Its graceful deletion was already confirmed (grace 0,
+                    // e.g. by the node agent): with no finalizer left it
+                    // can go now.
+                    let dp = DeleteParams {
+                        grace_period_seconds: Some(0),
+                        preconditions: Some(Preconditions {
+                            uid: m.uid.clone(),
+                            resource_version: None,
+                        }),
+                        ..Default::default()
+                    };
+                    if let Err(e) = api.delete(name, &dp).await {
+                        if !common::is_not_found(&e) {
+                            tracing::debug!(error = %e, "deleting a finalized object failed");
+                        }
+                    }
+                }
+                Ok(_) => {}
             }
         }
     }
@@ -418,6 +470,22 @@ mod tests {
         assert!(orphaned(&meta(&[("a", "dead")]), live));
         assert!(!orphaned(&meta(&[("a", "dead"), ("b", "alive")]), live));
         assert!(!orphaned(&meta(&[]), live), "no owners: not a dependent");
+    }
+
+    #[test]
+    fn an_object_whose_deletion_was_confirmed_goes_with_its_last_finalizer() {
+        let mut m = meta(&[]);
+        m.finalizers = Some(vec!["foregroundDeletion".into()]);
+        m.deletion_grace_period_seconds = Some(0);
+        assert!(last_finalizer_of_finished(&m, "foregroundDeletion"));
+        m.deletion_grace_period_seconds = Some(30);
+        assert!(
+            !last_finalizer_of_finished(&m, "foregroundDeletion"),
+            "still terminating"
+        );
+        m.deletion_grace_period_seconds = Some(0);
+        m.finalizers = Some(vec!["foregroundDeletion".into(), "example.com/keep".into()]);
+        assert!(!last_finalizer_of_finished(&m, "foregroundDeletion"));
     }
 
     #[test]

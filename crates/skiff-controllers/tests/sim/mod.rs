@@ -95,6 +95,8 @@ pub async fn simulate_nodes(client: kube::Client, nodes: Vec<String>, running: A
     let all: Api<Pod> = Api::all(client.clone());
     let next = AtomicU32::new(0);
     let ip = AtomicU32::new(1);
+    // Like a node agent, the final delete of a pod is sent once.
+    let mut finished: std::collections::HashSet<String> = Default::default();
     let mut stream = watcher(all, watcher::Config::default()).boxed();
     while let Some(ev) = stream.next().await {
         let pods = match ev {
@@ -106,6 +108,9 @@ pub async fn simulate_nodes(client: kube::Client, nodes: Vec<String>, running: A
             let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
             let name = p.name_any();
             if p.metadata.deletion_timestamp.is_some() {
+                if !finished.insert(p.metadata.uid.clone().unwrap_or_default()) {
+                    continue;
+                }
                 let _ = api
                     .delete(
                         &name,
