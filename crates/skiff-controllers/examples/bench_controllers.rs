@@ -136,8 +136,20 @@ async fn main() -> anyhow::Result<()> {
 
     // The controller manager.
     let cm_client = cluster.client("kube-controller-manager");
+    // `--controllers a,-b` as kube-controller-manager's flag.
+    let args: Vec<String> = std::env::args().collect();
+    let controllers: Vec<String> = args
+        .iter()
+        .position(|a| a == "--controllers")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(String::from).collect())
+        .unwrap_or_default();
+    let options = skiff_controllers::Options {
+        controllers,
+        ..Default::default()
+    };
     let cm = tokio::spawn(async move {
-        if let Err(e) = skiff_controllers::run(cm_client, Default::default()).await {
+        if let Err(e) = skiff_controllers::run(cm_client, options).await {
             eprintln!("controller manager: {e}");
         }
     });
