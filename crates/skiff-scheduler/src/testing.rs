@@ -71,10 +71,6 @@ impl PodBuilder {
         spec(&mut self.pod).priority_class_name = Some(name.into());
         self
     }
-    pub fn preemption_never(mut self) -> Self {
-        spec(&mut self.pod).preemption_policy = Some("Never".into());
-        self
-    }
     pub fn grace_period(mut self, s: i64) -> Self {
         spec(&mut self.pod).termination_grace_period_seconds = Some(s);
         self
