@@ -698,11 +698,17 @@ impl Registry {
                 .unwrap_or(0);
             metadata_mut(&mut new).insert("generation".into(), json!(g + 1));
         }
-        // Removing the last finalizer of an object being deleted deletes it.
+        // Removing the last finalizer of an object being deleted deletes it
+        // (a pod still running on its node only once its grace period is 0,
+        // i.e. the node confirmed the end or the delete was forced).
         let deleting = !meta_str(&new, "deletionTimestamp").is_empty();
+        let grace_over = new
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            == Some(0);
         if deleting
             && object::finalizers(&new).is_empty()
-            && !(res.kind == "Pod" && pod_awaits_node(&new))
+            && !(res.kind == "Pod" && pod_awaits_node(&new) && !grace_over)
         {
             if opts.dry_run {
                 return Ok(new);

@@ -442,6 +442,45 @@ async fn bound_pods_wait_for_their_node_and_binding_happens_once() {
 }
 
 #[tokio::test]
+async fn a_confirmed_pod_goes_when_its_last_finalizer_is_removed() {
+    let a = api().await;
+    let pods = "/api/v1/namespaces/default/pods";
+    for name in ["running", "confirmed"] {
+        let pod = json!({"metadata": {"name": name, "finalizers": ["example.com/hold"]},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i:1"}]}});
+        assert_eq!(a.post(pods, pod).await.status, StatusCode::CREATED);
+        assert_eq!(
+            a.delete(&format!("{pods}/{name}")).await.status,
+            StatusCode::OK
+        );
+    }
+    // Still running on its node: removing the finalizer is not enough.
+    let path = format!("{pods}/running");
+    let mut p = a.get(&path).await.body;
+    p["metadata"]["finalizers"] = json!([]);
+    let p = a.put(&path, p).await.body;
+    assert_eq!(p["metadata"]["deletionGracePeriodSeconds"], 30, "{p}");
+    assert_eq!(a.get(&path).await.status, StatusCode::OK);
+    // The node confirms the end (grace 0); the finalizer keeps the object…
+    let path = format!("{pods}/confirmed");
+    let r = a
+        .req(
+            "DELETE",
+            &path,
+            "application/json",
+            r#"{"gracePeriodSeconds":0}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let mut p = a.get(&path).await.body;
+    assert_eq!(p["metadata"]["deletionGracePeriodSeconds"], 0, "{p}");
+    // …until its last finalizer is removed, which deletes it.
+    p["metadata"]["finalizers"] = json!([]);
+    assert_eq!(a.put(&path, p).await.status, StatusCode::OK);
+    assert_eq!(a.get(&path).await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
 async fn terminating_namespaces_refuse_new_content() {
     let a = api().await;
     a.post("/api/v1/namespaces", json!({"metadata": {"name": "t"}}))
