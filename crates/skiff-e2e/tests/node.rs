@@ -7,18 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use skiff_e2e::{Server, BUSYBOX};
-
-fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> Option<String>) -> String {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
+use skiff_e2e::{wait_until, Server, BUSYBOX};
 
 fn jsonpath(s: &Server, pod: &str, path: &str) -> String {
     let out = s.kubectl(&["get", "pod", pod, "-o", &format!("jsonpath={path}")]);

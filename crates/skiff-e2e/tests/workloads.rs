@@ -5,9 +5,9 @@
 //! finishes it after a restart with exactly the right pods.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use skiff_e2e::{skiff_binary, Server};
+use skiff_e2e::{skiff_binary, wait_until, Server};
 
 struct Proc(Child);
 
@@ -55,17 +55,6 @@ fn controller_manager(s: &Server) -> Proc {
             .spawn()
             .expect("start the controller manager"),
     )
-}
-
-fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 fn get(s: &Server, args: &[&str]) -> String {
@@ -249,6 +238,20 @@ fn cascading_deletion_in_background_foreground_and_orphan_modes() {
     );
     assert_eq!(rs, "", "the orphaned ReplicaSet still has its owner");
     assert_eq!(running_pods(&s, "app=orph").len(), 2);
+
+    // A pod deleted in the foreground has no dependents: it goes.
+    s.ok(&["run", "lonely", "--image=pause"]);
+    wait_until("lonely running", 30, || {
+        (running_pods(&s, "run=lonely").len() == 1).then_some(())
+    });
+    s.ok(&[
+        "delete",
+        "pod",
+        "lonely",
+        "--cascade=foreground",
+        "--timeout=60s",
+    ]);
+    assert!(s.kubectl(&["get", "pod", "lonely"]).status.code() != Some(0));
 }
 
 #[test]
@@ -367,6 +370,27 @@ fn a_controller_manager_killed_mid_rollout_finishes_it_with_exactly_the_right_po
     assert_eq!(pods.lines().count(), 8);
 }
 
+const SHORT_TOLERANCE_DEPLOYMENT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 3
+  selector:
+    matchLabels: {app: web}
+  template:
+    metadata:
+      labels: {app: web}
+    spec:
+      containers:
+      - name: pause
+        image: pause
+      tolerations:
+      - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 2}
+      - {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 2}
+"#;
+
 #[test]
 fn a_node_that_stops_renewing_its_lease_is_tainted_and_its_pods_move_elsewhere() {
     let s = Server::start_with(&["--node-monitor-grace-period", "4"]);
@@ -394,13 +418,9 @@ fn a_node_that_stops_renewing_its_lease_is_tainted_and_its_pods_move_elsewhere()
             .contains(" Ready ")
             .then_some(())
     });
-    s.ok(&[
-        "create",
-        "deployment",
-        "web",
-        "--image=pause",
-        "--replicas=3",
-    ]);
+    // Admission gives pods 300 s of tolerance for an unreachable node, as
+    // Kubernetes' DefaultTolerationSeconds does; these pods ask for 2 s.
+    s.ok_stdin(&["apply", "-f", "-"], SHORT_TOLERANCE_DEPLOYMENT);
     s.ok(&["rollout", "status", "deployment/web", "--timeout=60s"]);
     let on_a = get(
         &s,
