@@ -30,6 +30,8 @@ pub struct AppState {
     pub ready: std::sync::atomic::AtomicBool,
     /// TLS client settings for reaching node agents (logs, exec, …).
     pub kubelet_tls: Option<Arc<rustls::ClientConfig>>,
+    /// What `/metrics` serves, if anything.
+    pub metrics: Option<fn() -> String>,
 }
 
 type Resp = Response<Body>;
@@ -122,6 +124,16 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
             });
         }
         "/version" if get => return Ok(json_response(200, &version())),
+        "/metrics" if get => {
+            return match state.metrics {
+                Some(metrics) => Ok(bytes_response(
+                    200,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    Bytes::from(metrics()),
+                )),
+                None => Err(crate::request::not_found_path(&path)),
+            };
+        }
         "/api" if get => {
             return match negotiate::choose_output(accept.as_deref())? {
                 Output::Discovery { v2beta1 } => Ok(discovery_response(

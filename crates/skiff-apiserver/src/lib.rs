@@ -50,6 +50,9 @@ pub struct Config {
     /// The client certificate and key (PEM) the server presents to node
     /// agents for logs, exec, attach and port-forward.
     pub kubelet_client: Option<(String, String)>,
+    /// Prometheus text served at `/metrics` (the components running in this
+    /// process register theirs here); without it `/metrics` is 404.
+    pub metrics: Option<fn() -> String>,
 }
 
 impl Default for Config {
@@ -60,6 +63,7 @@ impl Default for Config {
             compact_every: Duration::from_secs(60),
             registry: RegistryConfig::default(),
             kubelet_client: None,
+            metrics: None,
         }
     }
 }
@@ -92,6 +96,7 @@ impl ApiServer {
                 Some((cert, key)) => Some(Arc::new(nodeproxy::client_config(cert, key)?)),
                 None => None,
             },
+            metrics: config.metrics,
         });
         Ok(ApiServer { state })
     }

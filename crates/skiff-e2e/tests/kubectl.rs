@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use skiff_e2e::{text, Server};
+use skiff_e2e::{text, wait_until, Server};
 
 const POD: &str = "apiVersion: v1
 kind: Pod
@@ -1043,8 +1043,9 @@ fn what_kubectl_says_about_unknown_types_and_empty_namespaces() {
         text(&out.stderr).trim(),
         "No resources found in default namespace."
     );
+    // (Not ConfigMaps: every namespace gets kube-root-ca.crt, as on Kubernetes.)
     s.ok(&["create", "namespace", "quiet"]);
-    let out = s.kubectl(&["get", "deploy,cm,secrets", "-n", "quiet"]);
+    let out = s.kubectl(&["get", "deploy,jobs,secrets", "-n", "quiet"]);
     assert!(out.status.success());
     assert_eq!(
         text(&out.stderr).trim(),
@@ -1075,6 +1076,13 @@ fn a_stale_replace_is_a_conflict() {
 fn paging_custom_columns_and_sorting() {
     let s = Server::start();
     s.ok(&["create", "namespace", "many"]);
+    // As on Kubernetes, each namespace soon holds kube-root-ca.crt as well.
+    wait_until("kube-root-ca.crt in the namespace", 30, || {
+        s.kubectl(&["-n", "many", "get", "cm", "kube-root-ca.crt"])
+            .status
+            .success()
+            .then_some(())
+    });
     for name in ["e", "c", "a", "d", "b"] {
         s.ok(&[
             "-n",
@@ -1085,7 +1093,7 @@ fn paging_custom_columns_and_sorting() {
             &format!("--from-literal=letter={name}"),
         ]);
     }
-    // kubectl pages through the list two at a time and shows all five.
+    // kubectl pages through the list two at a time and shows all six.
     assert_eq!(
         s.ok(&["-n", "many", "get", "cm", "--chunk-size=2", "-o", "name"])
             .lines()
@@ -1095,7 +1103,8 @@ fn paging_custom_columns_and_sorting() {
             "configmap/cm-b",
             "configmap/cm-c",
             "configmap/cm-d",
-            "configmap/cm-e"
+            "configmap/cm-e",
+            "configmap/kube-root-ca.crt"
         ]
     );
     let page: serde_json::Value = serde_json::from_str(&s.ok(&[
@@ -1107,7 +1116,7 @@ fn paging_custom_columns_and_sorting() {
     assert_eq!(page["items"].as_array().unwrap().len(), 2);
     let cont = page["metadata"]["continue"].as_str().unwrap();
     assert!(!cont.is_empty());
-    assert_eq!(page["metadata"]["remainingItemCount"], 3);
+    assert_eq!(page["metadata"]["remainingItemCount"], 4);
     let table = s.ok(&[
         "-n",
         "many",
@@ -1122,7 +1131,11 @@ fn paging_custom_columns_and_sorting() {
         .map(|l| l.split_whitespace().collect())
         .collect();
     assert_eq!(rows[0], ["NAME", "LETTER"]);
-    assert_eq!(rows.len(), 6, "{table}");
+    assert_eq!(rows.len(), 7, "{table}");
+    assert!(
+        rows.iter().any(|r| r == &["kube-root-ca.crt", "<none>"]),
+        "{table}"
+    );
     assert!(rows[1..].iter().any(|r| r == &["cm-e", "e"]), "{table}");
     let letters = s.ok(&[
         "-n",
@@ -1767,7 +1780,42 @@ fn get_subresource_scale_shows_desired_and_available() {
         .map(|l| l.split_whitespace().collect())
         .collect();
     assert_eq!(rows[0], ["NAME", "DESIRED", "AVAILABLE", "AGE"], "{table}");
-    assert_eq!(&rows[1][..3], ["web", "4", "0"], "{table}");
+    assert_eq!(&rows[1][..2], ["web", "4"], "{table}");
+    // AVAILABLE is the scale's status.replicas: the pods the ReplicaSet
+    // controller has made (scheduled or not), so it climbs to 4.
+    wait_until("the scale reports 4 replicas", 30, || {
+        let table = s.ok(&["get", "deploy", "web", "--subresource=scale"]);
+        let row: Vec<String> = table
+            .lines()
+            .nth(1)?
+            .split_whitespace()
+            .take(3)
+            .map(str::to_owned)
+            .collect();
+        (row == ["web", "4", "4"]).then_some(())
+    });
+}
+
+#[test]
+fn the_controllers_metrics_are_served_at_slash_metrics() {
+    let s = Server::start();
+    s.ok_stdin(&["create", "-f", "-"], &deployment(2, "busybox:1.36"));
+    // The ReplicaSet controller has reconciled the Deployment's set at least
+    // once; Prometheus reads the counter per controller.
+    wait_until("replicaset reconciles in /metrics", 30, || {
+        let metrics = s.ok(&["get", "--raw", "/metrics"]);
+        let count: f64 = metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("skiff_controller_reconciles_total{controller=\"replicaset\"} ")
+            })?
+            .trim()
+            .parse()
+            .ok()?;
+        (count >= 1.0
+            && metrics.contains("# TYPE skiff_controller_reconcile_duration_seconds histogram"))
+        .then_some(())
+    });
 }
 
 #[test]

@@ -270,6 +270,10 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
             pki.kubelet_client.cert_pem.clone(),
             pki.kubelet_client.key_pem.clone(),
         )),
+        // The controllers run in this process unless disabled; their
+        // reconcile, error, duration and queue-depth families go here.
+        metrics: (!args.disable_controllers)
+            .then_some(skiff_controllers::metrics_text as fn() -> String),
     };
     let api = skiff_apiserver::ApiServer::start(store, config).await?;
     let kubeconfig_path = args
