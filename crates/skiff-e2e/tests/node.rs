@@ -158,6 +158,20 @@ spec:
     imagePullPolicy: IfNotPresent
     command: [sh, -c, "x=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa; while true; do x=$x$x; done"]
     resources: {{limits: {{memory: 32Mi}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: nopull}}
+spec:
+  containers:
+  - {{name: c, image: "registry.invalid/skiff/none:1", imagePullPolicy: Always}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: neverpull}}
+spec:
+  containers:
+  - {{name: c, image: "skiff.invalid/absent:1", imagePullPolicy: Never}}
 "#));
     // Crash loop, with the delay growing.
     let status = wait_until("CrashLoopBackOff", 120, || {
@@ -243,6 +257,29 @@ spec:
     });
     assert_eq!(reason, "OOMKilled");
     assert_eq!(jsonpath(&s, "hog", "{.status.phase}"), "Failed");
+
+    // An image no registry serves: ErrImagePull, then ImagePullBackOff, as
+    // `kubectl get pods` shows them; Never with no local image says so.
+    let waiting = "{.status.containerStatuses[0].state.waiting.reason}";
+    wait_until("ErrImagePull or ImagePullBackOff", 90, || {
+        let r = jsonpath(&s, "nopull", waiting);
+        (r == "ErrImagePull" || r == "ImagePullBackOff").then_some(r)
+    });
+    let msg = jsonpath(
+        &s,
+        "nopull",
+        "{.status.containerStatuses[0].state.waiting.message}",
+    );
+    assert!(msg.contains("registry.invalid/skiff/none:1"), "{msg}");
+    let row = wait_until("ImagePullBackOff", 90, || {
+        let out = s.ok(&["get", "pod", "nopull", "--no-headers"]);
+        out.contains("ImagePullBackOff").then_some(out)
+    });
+    assert!(row.contains("0/1"), "{row}");
+    assert_eq!(jsonpath(&s, "nopull", "{.status.phase}"), "Pending");
+    wait_until("ErrImageNeverPull", 60, || {
+        (jsonpath(&s, "neverpull", waiting) == "ErrImageNeverPull").then_some(())
+    });
 }
 
 #[test]
