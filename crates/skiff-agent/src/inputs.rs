@@ -430,13 +430,11 @@ pub async fn prepare_volumes(
             let p = PathBuf::from(&hp.path);
             match hp.type_.as_deref() {
                 Some("DirectoryOrCreate") => std::fs::create_dir_all(&p).map_err(io)?,
-                Some("FileOrCreate") => {
-                    if !p.exists() {
-                        if let Some(parent) = p.parent() {
-                            std::fs::create_dir_all(parent).map_err(io)?;
-                        }
-                        std::fs::write(&p, b"").map_err(io)?;
+                Some("FileOrCreate") if !p.exists() => {
+                    if let Some(parent) = p.parent() {
+                        std::fs::create_dir_all(parent).map_err(io)?;
                     }
+                    std::fs::write(&p, b"").map_err(io)?;
                 }
                 Some("Directory") if !p.is_dir() => {
                     return Err(format!(

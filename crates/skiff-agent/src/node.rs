@@ -60,7 +60,7 @@ impl NodeFacts {
             })
             .unwrap_or(0);
         let storage = nix::sys::statvfs::statvfs(data_dir)
-            .map(|s| s.blocks() as u64 * s.fragment_size() as u64)
+            .map(|s| s.blocks() * s.fragment_size())
             .unwrap_or(0);
         let os_image = std::fs::read_to_string("/etc/os-release")
             .ok()

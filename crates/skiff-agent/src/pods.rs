@@ -401,22 +401,20 @@ impl PodWorker {
                 Some(s) if is_exited(s) && s.exit_code == 0 => continue,
                 Some(s) if is_exited(s) => {
                     initialized = false;
-                    if restart_policy != "Never" {
-                        if self.may_restart(&ic.name, s) {
-                            self.start(
-                                pod,
-                                ic,
-                                s.attempt + 1,
-                                true,
-                                &sandbox_id,
-                                &sandbox_cfg,
-                                &volumes,
-                                &pod_ip,
-                                &mut fetcher,
-                            )
-                            .await;
-                            acted = true;
-                        }
+                    if restart_policy != "Never" && self.may_restart(&ic.name, s) {
+                        self.start(
+                            pod,
+                            ic,
+                            s.attempt + 1,
+                            true,
+                            &sandbox_id,
+                            &sandbox_cfg,
+                            &volumes,
+                            &pod_ip,
+                            &mut fetcher,
+                        )
+                        .await;
+                        acted = true;
                     }
                     break;
                 }
@@ -962,7 +960,7 @@ impl PodWorker {
         let b = self.backoff.get(name)?;
         let until = b.restarted_at + b.delay;
         let now = Instant::now();
-        (now < until).then(|| b.delay)
+        (now < until).then_some(b.delay)
     }
 
     fn container_status(

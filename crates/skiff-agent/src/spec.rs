@@ -304,7 +304,6 @@ pub fn container_config(
                 no_new_privs: sc.allow_privilege_escalation == Some(false),
                 ..Default::default()
             }),
-            ..Default::default()
         }),
         ..Default::default()
     }
