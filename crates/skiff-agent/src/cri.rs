@@ -287,6 +287,24 @@ impl Runtime for Cri {
         Ok(self.rt().attach(req).await?.into_inner().url)
     }
 
+    async fn list_container_stats(
+        &self,
+        pod_uid: Option<&str>,
+    ) -> Result<Vec<cri::ContainerStats>> {
+        let filter = pod_uid.map(|uid| cri::ContainerStatsFilter {
+            label_selector: [(crate::runtime::LABEL_POD_UID.to_string(), uid.to_string())]
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        });
+        Ok(self
+            .rt()
+            .list_container_stats(cri::ListContainerStatsRequest { filter })
+            .await?
+            .into_inner()
+            .stats)
+    }
+
     async fn port_forward(&self, sandbox: &str, ports: Vec<i32>) -> Result<String> {
         Ok(self
             .rt()

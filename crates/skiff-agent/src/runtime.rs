@@ -46,6 +46,13 @@ pub trait Runtime: Send + Sync + 'static {
     async fn attach(&self, req: cri::AttachRequest) -> anyhow::Result<String>;
     /// The runtime's streaming URL for port forwarding into a sandbox.
     async fn port_forward(&self, sandbox: &str, ports: Vec<i32>) -> anyhow::Result<String>;
+    /// Resource usage of containers (CRI `ListContainerStats`), all or those
+    /// of one pod (by uid): cumulative CPU time, memory working set, usage
+    /// and RSS, each with the time the runtime sampled it.
+    async fn list_container_stats(
+        &self,
+        pod_uid: Option<&str>,
+    ) -> anyhow::Result<Vec<cri::ContainerStats>>;
     /// Whether this runtime runs real processes (false for hollow nodes).
     fn is_real(&self) -> bool {
         true

@@ -312,6 +312,62 @@ impl Runtime for Sim {
     async fn port_forward(&self, _sandbox: &str, _ports: Vec<i32>) -> anyhow::Result<String> {
         anyhow::bail!("hollow nodes have no ports to forward")
     }
+    /// Simulated usage, so a hollow node's stats look like a quiet real
+    /// one's: each running container uses one millicore (its cumulative CPU
+    /// time grows by 1 ms per second it has run) and a fixed 8 MiB working
+    /// set (10 MiB usage, 6 MiB RSS). Exited containers report nothing.
+    async fn list_container_stats(
+        &self,
+        pod_uid: Option<&str>,
+    ) -> anyhow::Result<Vec<cri::ContainerStats>> {
+        const MIB: u64 = 1 << 20;
+        let now = now_nanos();
+        let mut cs = lock(&self.containers);
+        Ok(cs
+            .iter_mut()
+            .filter(|(_, c)| match pod_uid {
+                Some(u) => {
+                    c.config
+                        .labels
+                        .get(crate::runtime::LABEL_POD_UID)
+                        .map(String::as_str)
+                        == Some(u)
+                }
+                None => true,
+            })
+            .filter_map(|(id, c)| {
+                Sim::settle(c);
+                if c.state != cri::ContainerState::ContainerRunning {
+                    return None;
+                }
+                let value = |v: u64| Some(cri::UInt64Value { value: v });
+                let ran = (now - c.started_at).max(0) as u64;
+                Some(cri::ContainerStats {
+                    attributes: Some(cri::ContainerAttributes {
+                        id: id.clone(),
+                        metadata: c.config.metadata.clone(),
+                        labels: c.config.labels.clone(),
+                        annotations: c.config.annotations.clone(),
+                    }),
+                    cpu: Some(cri::CpuUsage {
+                        timestamp: now,
+                        usage_core_nano_seconds: value(ran / 1000),
+                        usage_nano_cores: value(1_000_000),
+                    }),
+                    memory: Some(cri::MemoryUsage {
+                        timestamp: now,
+                        working_set_bytes: value(8 * MIB),
+                        available_bytes: None,
+                        usage_bytes: value(10 * MIB),
+                        rss_bytes: value(6 * MIB),
+                        page_faults: value(0),
+                        major_page_faults: value(0),
+                    }),
+                    ..Default::default()
+                })
+            })
+            .collect())
+    }
     fn is_real(&self) -> bool {
         false
     }
