@@ -19,6 +19,7 @@ pub mod runtime;
 pub mod server;
 pub mod sim;
 pub mod spec;
+pub mod stats;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;

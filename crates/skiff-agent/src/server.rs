@@ -1,7 +1,8 @@
 //! The agent's HTTPS endpoint, which the API server calls for `kubectl
-//! logs`, `exec`, `attach` and `port-forward` (kubelet's paths). Only a
-//! client certificate of the cluster CA with the API server's kubelet-client
-//! name is accepted.
+//! logs`, `exec`, `attach` and `port-forward`, and for the node's stats
+//! (`/stats/summary`, `/metrics/resource`, see [`crate::stats`]) —
+//! kubelet's paths. Only a client certificate of the cluster CA with the
+//! API server's kubelet-client name is accepted.
 //!
 //! Logs are read from the CRI log files. Exec, attach and port-forward are
 //! handed to the runtime's streaming server: the agent asks CRI for a
@@ -31,6 +32,7 @@ pub const APISERVER_CLIENT_CN: &str = "kube-apiserver-kubelet-client";
 
 struct Ctx {
     runtime: Arc<dyn Runtime>,
+    stats: crate::stats::Collector,
 }
 
 /// A bound, not yet serving, endpoint.
@@ -48,7 +50,8 @@ impl Endpoint {
                 format!("listening on port {} for the agent endpoint", options.port)
             })?;
         let tls = Arc::new(tls_config(options)?);
-        let router = router(Arc::new(Ctx { runtime }));
+        let stats = crate::stats::Collector::new(&options.node_name, options.data_dir.clone());
+        let router = router(Arc::new(Ctx { runtime, stats }));
         Ok(Endpoint {
             listener,
             tls,
@@ -149,12 +152,39 @@ fn router(ctx: Arc<Ctx>) -> Router {
         .route("/exec/{ns}/{pod}/{container}", any(exec))
         .route("/attach/{ns}/{pod}/{container}", any(attach))
         .route("/portForward/{ns}/{pod}", any(port_forward))
+        .route("/stats/summary", get(stats_summary))
+        .route("/metrics/resource", get(resource_metrics))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(ctx)
 }
 
 fn status(code: StatusCode, message: String) -> Response {
     (code, message).into_response()
+}
+
+async fn stats_summary(State(ctx): State<Arc<Ctx>>) -> Response {
+    match ctx.stats.summary(ctx.runtime.as_ref()).await {
+        Ok(s) => match serde_json::to_vec(&s) {
+            Ok(b) => ([(http::header::CONTENT_TYPE, "application/json")], b).into_response(),
+            Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        },
+        Err(e) => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("failed to get the node's stats: {e:#}"),
+        ),
+    }
+}
+
+async fn resource_metrics(State(ctx): State<Arc<Ctx>>) -> Response {
+    let text = ctx.stats.resource_metrics(ctx.runtime.as_ref()).await;
+    (
+        [(
+            http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// The containers of a pod's container name, newest first.

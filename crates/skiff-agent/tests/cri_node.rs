@@ -1,7 +1,8 @@
 //! The agent against a real, private containerd: pods become containers
 //! with their own IPs, restart with back-off, probes act, volumes and env
 //! values are right inside the container, graceful deletion runs preStop,
-//! and a restarted agent adopts what runs.
+//! a restarted agent adopts what runs, and a busy container's CPU and
+//! memory show in the runtime's stats and the node's Summary.
 //!
 //! Needs root, containerd, runc and the CNI plugins (`.ci/run` installs
 //! them), and Debian's busybox-static for the test image.
@@ -471,4 +472,82 @@ async fn graceful_deletion_runs_prestop_and_a_restarted_agent_adopts_running_pod
         "bye"
     );
     let _ = Arc::new(PathBuf::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_containers_stats_show_its_memory_and_growing_cpu_time() {
+    use skiff_agent::runtime::Runtime;
+    let node = Node::start().await;
+    node.create(json!({
+        "metadata": {"name": "busy"},
+        "spec": {"containers": [{"name": "spin", "image": BB, "command": ["sh", "-c", "while :; do :; done"]}]}
+    }))
+    .await;
+    let pod = node.wait_for("busy", "Running", 90, running).await;
+    let uid = pod.metadata.uid.clone().unwrap();
+    let socket = skiff_agent::containerd::Layout::new(&node.options.data_dir).socket();
+    let cri = skiff_agent::cri::Cri::connect(&socket).await.unwrap();
+    let sample = || async {
+        let stats = cri.list_container_stats(Some(&uid)).await.unwrap();
+        assert_eq!(stats.len(), 1, "{stats:?}");
+        let s = &stats[0];
+        let name = s
+            .attributes
+            .as_ref()
+            .unwrap()
+            .metadata
+            .as_ref()
+            .unwrap()
+            .name
+            .clone();
+        assert_eq!(name, "spin");
+        let cpu = s.cpu.as_ref().unwrap();
+        let mem = s.memory.as_ref().unwrap();
+        assert!(cpu.timestamp > 0 && mem.timestamp > 0, "{s:?}");
+        (
+            cpu.usage_core_nano_seconds
+                .as_ref()
+                .map(|v| v.value)
+                .unwrap_or(0),
+            mem.working_set_bytes.as_ref().map(|v| v.value).unwrap_or(0),
+        )
+    };
+    let (cpu1, ws) = sample().await;
+    assert!(ws > 0, "working set {ws}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (cpu2, _) = sample().await;
+    // A busy loop on a shared 2-core machine still gets well over 100 ms in 2 s.
+    assert!(cpu2 > cpu1 + 100_000_000, "cpu time {cpu1} -> {cpu2}");
+
+    // The Summary the agent serves: the pod, its container, a rate on the
+    // second look.
+    let collector = skiff_agent::stats::Collector::new("test-node", node.options.data_dir.clone());
+    let first = collector.summary(&cri).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let s = collector.summary(&cri).await.unwrap();
+    assert_eq!(first.pods.len(), 1);
+    assert_eq!(s.node.node_name, "test-node");
+    let node_cpu = s.node.cpu.as_ref().unwrap();
+    assert!(node_cpu.usage_core_nano_seconds.unwrap() > 0);
+    assert!(node_cpu.usage_nano_cores.unwrap() > 0, "{node_cpu:?}");
+    assert!(s.node.memory.as_ref().unwrap().working_set_bytes.unwrap() > 0);
+    let p = &s.pods[0];
+    assert_eq!(
+        (p.pod_ref.name.as_str(), p.pod_ref.namespace.as_str()),
+        ("busy", "default")
+    );
+    assert_eq!(p.pod_ref.uid, uid);
+    assert_eq!(p.containers.len(), 1);
+    let c = &p.containers[0];
+    assert_eq!(c.name, "spin");
+    let cpu = c.cpu.as_ref().unwrap();
+    assert!(cpu.usage_core_nano_seconds.unwrap() > cpu2, "{cpu:?}");
+    // At least a tenth of a core.
+    assert!(cpu.usage_nano_cores.unwrap() > 100_000_000, "{cpu:?}");
+    assert!(c.memory.as_ref().unwrap().working_set_bytes.unwrap() > 0);
+    let text = skiff_agent::stats::render_resource_metrics(&s, false);
+    assert!(
+        text.contains("container_cpu_usage_seconds_total{container=\"spin\",namespace=\"default\",pod=\"busy\"} "),
+        "{text}"
+    );
 }
