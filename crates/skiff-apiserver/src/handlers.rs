@@ -91,6 +91,12 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request<Body>) -> R
             };
         }
     }
+    if let Some((node, port, agent_path)) = crate::nodeproxy::parse_node(&path) {
+        return match crate::nodeproxy::proxy_node(&state, req, &node, port, &agent_path).await {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        };
+    }
     match route(&state, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),

@@ -5,6 +5,11 @@
 //! kubelet-client certificate. A connection upgrade (WebSocket or SPDY, as
 //! kubectl speaks them) is passed through: once the agent answers 101, bytes
 //! are copied both ways untouched.
+//!
+//! `nodes/{name}/proxy/{path}` forwards any request to that path on the
+//! node's agent (so `kubectl get --raw /api/v1/nodes/N/proxy/stats/summary`
+//! reaches kubelet's Summary API) and streams the agent's answer back as it
+//! is, status included.
 
 use std::sync::Arc;
 
@@ -38,6 +43,27 @@ pub fn parse(path: &str) -> Option<(String, String, &'static str)> {
         return None;
     }
     Some((ns.to_string(), pod.to_string(), sub))
+}
+
+/// `/api/v1/nodes/{name}/proxy[/{path}]`: (node name, port if the name
+/// carries one as `name:port` or `https:name:port`, path on the agent).
+pub fn parse_node(path: &str) -> Option<(String, Option<u16>, String)> {
+    let rest = path.strip_prefix("/api/v1/nodes/")?;
+    let (name, rest) = rest.split_once('/')?;
+    let tail = if rest == "proxy" {
+        ""
+    } else {
+        rest.strip_prefix("proxy/")?
+    };
+    let name = name.strip_prefix("https:").unwrap_or(name);
+    let (name, port) = match name.rsplit_once(':') {
+        Some((n, p)) => (n, Some(p.parse::<u16>().ok()?)),
+        None => (name, None),
+    };
+    if name.is_empty() || name.contains(':') {
+        return None;
+    }
+    Some((name.to_string(), port, format!("/{tail}")))
 }
 
 /// A TLS client for agents: presents the kubelet-client certificate and,
@@ -155,6 +181,143 @@ fn container_of(pod: &Value, name: &str, asked: Option<&str>) -> Result<String, 
     }
 }
 
+/// Where a node's agent listens: its first address of InternalIP,
+/// ExternalIP, Hostname, and the daemon endpoint's port. 404 for an unknown
+/// node, 503 when it has neither.
+async fn agent_endpoint(state: &AppState, node_name: &str) -> Result<(String, u16), ApiError> {
+    let nodes = resources::lookup("", "v1", "nodes").expect("nodes");
+    let node = state.registry.get(nodes, None, node_name).await?;
+    let addresses = node
+        .pointer("/status/addresses")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let address = ["InternalIP", "ExternalIP", "Hostname"]
+        .iter()
+        .find_map(|t| {
+            addresses
+                .iter()
+                .find(|a| s(a, "/type") == *t)
+                .map(|a| s(a, "/address").to_string())
+        })
+        .unwrap_or_default();
+    let port = node
+        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
+        .and_then(Value::as_u64)
+        .and_then(|p| u16::try_from(p).ok())
+        .unwrap_or(0);
+    if address.is_empty() || port == 0 {
+        return Err(ApiError::new(
+            503,
+            "ServiceUnavailable",
+            format!("node {node_name} has no reachable agent endpoint"),
+        ));
+    }
+    Ok((address, port))
+}
+
+/// A TLS connection to an agent with the kubelet-client certificate, ready
+/// for HTTP/1.1 requests (upgrades included).
+async fn dial<B>(
+    state: &AppState,
+    address: &str,
+    port: u16,
+) -> Result<hyper::client::conn::http1::SendRequest<B>, DialError>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let Some(tls) = state.kubelet_tls.clone() else {
+        return Err(DialError::NoCertificate);
+    };
+    let failed = |e: String| DialError::Failed(e);
+    let tcp = tokio::net::TcpStream::connect((address, port))
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let server_name = rustls_pki_types::ServerName::try_from(address.to_string())
+        .map_err(|e| failed(e.to_string()))?;
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(server_name, tcp)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    Ok(sender)
+}
+
+enum DialError {
+    NoCertificate,
+    Failed(String),
+}
+
+fn no_certificate() -> ApiError {
+    ApiError::new(
+        503,
+        "ServiceUnavailable",
+        "this API server has no client certificate for node agents".to_string(),
+    )
+}
+
+/// `nodes/{name}/proxy/{path}`: the request goes to `path` on the node's
+/// agent with its query and body; the agent's answer comes back as it is.
+pub async fn proxy_node(
+    state: &Arc<AppState>,
+    req: Request<Body>,
+    node_name: &str,
+    port: Option<u16>,
+    path: &str,
+) -> Result<Response<Body>, ApiError> {
+    let (address, node_port) = agent_endpoint(state, node_name).await?;
+    let port = port.unwrap_or(node_port);
+    let unreachable = |e: String| {
+        ApiError::new(
+            503,
+            "ServiceUnavailable",
+            format!("error trying to reach service: {e}"),
+        )
+    };
+    let mut sender = dial::<Body>(state, &address, port)
+        .await
+        .map_err(|e| match e {
+            DialError::NoCertificate => no_certificate(),
+            DialError::Failed(e) => unreachable(e),
+        })?;
+    let uri = match req.uri().query() {
+        Some(q) if !q.is_empty() => format!("{path}?{q}"),
+        _ => path.to_string(),
+    };
+    let (parts, body) = req.into_parts();
+    let mut out = Request::builder().method(parts.method).uri(&uri);
+    for (k, v) in &parts.headers {
+        if k == header::HOST || k == header::AUTHORIZATION || k == header::CONNECTION {
+            continue;
+        }
+        out = out.header(k, v);
+    }
+    out = out.header(header::HOST, format!("{address}:{port}"));
+    let out = out.body(body).map_err(|e| unreachable(e.to_string()))?;
+    let resp = sender
+        .send_request(out)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let (parts, body) = resp.into_parts();
+    let mut builder = Response::builder().status(parts.status);
+    for (k, v) in &parts.headers {
+        if k == header::CONNECTION || k == header::TRANSFER_ENCODING {
+            continue;
+        }
+        builder = builder.header(k, v);
+    }
+    builder
+        .body(Body::new(body))
+        .map_err(|e| unreachable(e.to_string()))
+}
+
 /// The query string without `container` (the agent takes it in the path).
 fn forward_query(query: Option<&str>) -> String {
     query
@@ -180,7 +343,6 @@ pub async fn proxy(
     sub: &str,
 ) -> Result<Response<Body>, ApiError> {
     let pods = resources::lookup("", "v1", "pods").expect("pods");
-    let nodes = resources::lookup("", "v1", "nodes").expect("nodes");
     let pod = state.registry.get(pods, Some(ns), pod_name).await?;
     let node_name = s(&pod, "/spec/nodeName");
     if node_name.is_empty() {
@@ -204,39 +366,7 @@ pub async fn proxy(
         };
         format!("/{prefix}/{ns}/{pod_name}/{container}")
     };
-    let node = state.registry.get(nodes, None, node_name).await?;
-    let addresses = node
-        .pointer("/status/addresses")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let address = ["InternalIP", "ExternalIP", "Hostname"]
-        .iter()
-        .find_map(|t| {
-            addresses
-                .iter()
-                .find(|a| s(a, "/type") == *t)
-                .map(|a| s(a, "/address").to_string())
-        })
-        .unwrap_or_default();
-    let port = node
-        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    if address.is_empty() || port == 0 {
-        return Err(ApiError::new(
-            503,
-            "ServiceUnavailable",
-            format!("node {node_name} has no reachable agent endpoint"),
-        ));
-    }
-    let Some(tls) = state.kubelet_tls.clone() else {
-        return Err(ApiError::new(
-            503,
-            "ServiceUnavailable",
-            "this API server has no client certificate for node agents".to_string(),
-        ));
-    };
+    let (address, port) = agent_endpoint(state, node_name).await?;
     let q = forward_query(query.as_deref());
     let uri = if q.is_empty() {
         target_path
@@ -246,21 +376,12 @@ pub async fn proxy(
 
     let connect_err =
         |e: String| ApiError::new(502, "InternalError", format!("error dialing backend: {e}"));
-    let tcp = tokio::net::TcpStream::connect((address.as_str(), port as u16))
+    let mut sender = dial::<http_body_util::Empty<bytes::Bytes>>(state, &address, port)
         .await
-        .map_err(|e| connect_err(e.to_string()))?;
-    let server_name = rustls_pki_types::ServerName::try_from(address.clone())
-        .map_err(|e| connect_err(e.to_string()))?;
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(server_name, tcp)
-        .await
-        .map_err(|e| connect_err(e.to_string()))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| connect_err(e.to_string()))?;
-    tokio::spawn(async move {
-        let _ = conn.with_upgrades().await;
-    });
+        .map_err(|e| match e {
+            DialError::NoCertificate => no_certificate(),
+            DialError::Failed(e) => connect_err(e),
+        })?;
     let upgrading = req.headers().contains_key(header::UPGRADE);
     let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut req));
     let mut out = Request::builder().method(req.method().clone()).uri(&uri);
@@ -339,6 +460,26 @@ mod tests {
         assert_eq!(parse("/api/v1/namespaces/a/pods/b/status"), None);
         assert_eq!(parse("/api/v1/namespaces/a/pods/b"), None);
         assert_eq!(parse("/api/v1/namespaces/a/services/b/log"), None);
+    }
+
+    #[test]
+    fn node_proxy_paths_name_the_node_an_optional_port_and_the_agent_path() {
+        assert_eq!(
+            parse_node("/api/v1/nodes/n1/proxy/stats/summary"),
+            Some(("n1".into(), None, "/stats/summary".into()))
+        );
+        assert_eq!(
+            parse_node("/api/v1/nodes/n1/proxy"),
+            Some(("n1".into(), None, "/".into()))
+        );
+        assert_eq!(
+            parse_node("/api/v1/nodes/https:n1:10250/proxy/metrics/resource"),
+            Some(("n1".into(), Some(10250), "/metrics/resource".into()))
+        );
+        assert_eq!(parse_node("/api/v1/nodes/n1/status"), None);
+        assert_eq!(parse_node("/api/v1/nodes/n1"), None);
+        assert_eq!(parse_node("/api/v1/nodes/n1/proxyx/a"), None);
+        assert_eq!(parse_node("/api/v1/nodes/n1:x/proxy/a"), None);
     }
 
     #[test]

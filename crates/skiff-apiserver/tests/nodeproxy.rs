@@ -2,7 +2,8 @@
 //! node, against a fake agent (a small HTTPS endpoint standing in for the
 //! remote kubelet): the path and query it receives, the client certificate
 //! the API server presents, log streaming, and a WebSocket upgrade
-//! relayed byte for byte.
+//! relayed byte for byte; `nodes/{name}/proxy/{path}` forwarded to the
+//! agent's path (kubelet's stats) with the answer passed back as it is.
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,9 @@ use skiff_store::{RedbStore, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 use tower::ServiceExt;
+
+const FAKE_SUMMARY: &str =
+    r#"{"node":{"nodeName":"n1","startTime":"2026-01-01T00:00:00Z"},"pods":[]}"#;
 
 #[derive(Default)]
 struct Seen {
@@ -73,7 +77,12 @@ async fn fake_agent(pki: &Pki, seen: Arc<Mutex<Seen>>, release: Arc<Notify>) -> 
                                 .unwrap()
                                 .requests
                                 .push((pq.clone(), user, upgrade.clone()));
-                            let resp: Response<Body> = if pq.starts_with("/containerLogs/") {
+                            let resp: Response<Body> = if pq.starts_with("/stats/summary") {
+                                Response::builder()
+                                    .header("content-type", "application/json")
+                                    .body(Body::from(FAKE_SUMMARY))
+                                    .unwrap()
+                            } else if pq.starts_with("/containerLogs/") {
                                 let (tx, rx) = tokio::sync::mpsc::channel::<
                                     Result<hyper::body::Frame<Bytes>, Infallible>,
                                 >(2);
@@ -375,4 +384,50 @@ Host: localhost\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol
     let mut got = [0u8; 10];
     s.read_exact(&mut got).await.unwrap();
     assert_eq!(&got, b"agent:ping");
+}
+
+#[tokio::test]
+async fn node_proxy_reaches_the_agents_stats_and_passes_its_answer_back() {
+    let c = cluster().await;
+    let r = c.get("/api/v1/nodes/n1/proxy/stats/summary").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers().get("content-type").unwrap(), "application/json");
+    let body = r.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, Bytes::from(FAKE_SUMMARY));
+    let (path, user, _) = c.last_request();
+    assert_eq!(path, "/stats/summary");
+    assert_eq!(user, "kube-apiserver-kubelet-client");
+
+    // The query goes along; the agent's own error comes back untouched.
+    let r = c.get("/api/v1/nodes/n1/proxy/metrics/resource?a=1").await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert_eq!(c.last_request().0, "/metrics/resource?a=1");
+    let body = r.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, Bytes::from("no such container"));
+
+    // An unknown node is a NotFound Status; a node without an endpoint 503.
+    let (code, s) = status_of(c.get("/api/v1/nodes/ghost/proxy/stats/summary").await).await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    assert_eq!(s["kind"], "Status");
+    assert_eq!(s["reason"], "NotFound");
+    assert_eq!(s["message"], "nodes \"ghost\" not found");
+    c.post(
+        "/api/v1/nodes",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bare"}}),
+    )
+    .await;
+    let (code, s) = status_of(c.get("/api/v1/nodes/bare/proxy/stats/summary").await).await;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(s["kind"], "Status");
+    assert_eq!(s["code"], 503);
+
+    // Discovery lists the subresource, so kubectl does not refuse it.
+    let (_, d) = status_of(c.get("/api/v1").await).await;
+    let names: Vec<&str> = d["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    assert!(names.contains(&"nodes/proxy"), "{names:?}");
 }
