@@ -2,8 +2,9 @@
 //! an agent over a private containerd) driven with the real kubectl: pods
 //! run as containers with their own IPs, logs, exec and port-forward work,
 //! restarts back off, probes act, OOM kills are reported, graceful deletion
-//! runs preStop, and killing skiff leaves containers running for the next
-//! start to adopt.
+//! runs preStop, killing skiff leaves containers running for the next
+//! start to adopt, and the node's stats (kubelet's Summary and resource
+//! metrics) are reachable through the node proxy.
 
 use std::time::{Duration, Instant};
 
@@ -497,4 +498,94 @@ fn hollow_nodes_from_the_cli_join_a_cluster_and_run_pods() {
     assert!(jsonpath(&s, "sim", "{.spec.nodeName}").starts_with("hollow-"));
     let _ = agent.kill();
     let _ = agent.wait();
+}
+
+#[test]
+fn a_busy_pods_cpu_and_memory_show_in_the_nodes_summary_and_resource_metrics() {
+    let s = Server::up();
+    s.ok(&[
+        "run",
+        "spin",
+        "--image",
+        BUSYBOX,
+        "--image-pull-policy=IfNotPresent",
+        "--",
+        "sh",
+        "-c",
+        "while :; do :; done",
+    ]);
+    wait_running(&s, "spin");
+    let node = jsonpath(&s, "spin", "{.spec.nodeName}");
+    let raw = |path: &str| {
+        let out = s.kubectl(&["get", "--raw", &format!("/api/v1/nodes/{node}/proxy{path}")]);
+        assert!(
+            out.status.success(),
+            "kubectl get --raw {path}: {}",
+            skiff_e2e::text(&out.stderr)
+        );
+        skiff_e2e::text(&out.stdout)
+    };
+    let (summary, pod) = wait_until("the busy pod in the node's Summary", 60, || {
+        let v: serde_json::Value = serde_json::from_str(&raw("/stats/summary")).ok()?;
+        let pod = v["pods"]
+            .as_array()?
+            .iter()
+            .find(|p| p["podRef"]["name"] == "spin")?
+            .clone();
+        (pod["cpu"]["usageCoreNanoSeconds"].as_u64()? > 0
+            && pod["memory"]["workingSetBytes"].as_u64()? > 0)
+            .then_some((v, pod))
+    });
+    assert_eq!(summary["node"]["nodeName"], node.as_str());
+    assert!(
+        summary["node"]["cpu"]["usageCoreNanoSeconds"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(
+        summary["node"]["memory"]["workingSetBytes"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(pod["podRef"]["namespace"], "default");
+    assert_eq!(
+        pod["podRef"]["uid"].as_str().unwrap(),
+        jsonpath(&s, "spin", "{.metadata.uid}")
+    );
+    let c = &pod["containers"][0];
+    assert_eq!(c["name"], "spin");
+    assert!(
+        c["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap() > 0,
+        "{c}"
+    );
+    assert!(c["memory"]["workingSetBytes"].as_u64().unwrap() > 0, "{c}");
+
+    let prefix =
+        r#"container_cpu_usage_seconds_total{container="spin",namespace="default",pod="spin"} "#;
+    let metrics = raw("/metrics/resource");
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} line in:\n{metrics}"));
+    let seconds: f64 = line[prefix.len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(seconds > 0.0, "{line}");
+    assert!(
+        metrics.contains(r#"pod_memory_working_set_bytes{namespace="default",pod="spin"} "#),
+        "{metrics}"
+    );
+    assert!(metrics.contains("\nscrape_error 0\n"), "{metrics}");
+
+    let err = s.fails(&[
+        "get",
+        "--raw",
+        "/api/v1/nodes/no-such-node/proxy/stats/summary",
+    ]);
+    assert!(err.contains("not found"), "{err}");
 }
