@@ -342,7 +342,7 @@ async fn a_pod_runs_with_its_own_ip_that_answers_http_and_sees_its_config() {
         .as_deref()
         .unwrap_or("")
         .starts_with("containerd://"));
-    assert_eq!(cs.ready, true);
+    assert!(cs.ready);
     assert_eq!(
         pod.status.as_ref().unwrap().qos_class.as_deref(),
         Some("BestEffort")
