@@ -322,6 +322,93 @@ spec:
 }
 
 #[test]
+fn a_cronjob_fires_at_the_next_minute_and_its_job_completes() {
+    let s = Server::start();
+    let _nodes = hollow(&s, 1);
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        r#"
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: tick}
+spec:
+  schedule: "* * * * *"
+  jobTemplate:
+    spec:
+      template:
+        metadata: {annotations: {skiff.io/simulate-run-seconds: "1"}}
+        spec:
+          restartPolicy: Never
+          containers: [{name: c, image: pause}]
+"#,
+    );
+    // Within a minute and a bit, a Job named for its scheduled minute (as
+    // Kubernetes names them: the minute since the epoch) runs and completes.
+    let job = wait_until("a Job from the CronJob", 90, || {
+        let jobs = get(
+            &s,
+            &[
+                "get",
+                "jobs",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.metadata.ownerReferences[0].name}{\"\\n\"}{end}",
+            ],
+        );
+        jobs.lines()
+            .find(|l| l.ends_with(" tick"))
+            .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
+    });
+    let minute: i64 = job
+        .strip_prefix("tick-")
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("job name {job}"));
+    s.ok(&[
+        "wait",
+        "--for=condition=complete",
+        &format!("job/{job}"),
+        "--timeout=60s",
+    ]);
+    let last = wait_until("lastSuccessfulTime", 30, || {
+        let t = get(
+            &s,
+            &[
+                "get",
+                "cronjob",
+                "tick",
+                "-o",
+                "jsonpath={.status.lastScheduleTime} {.status.lastSuccessfulTime}",
+            ],
+        );
+        (t.split_whitespace().count() == 2).then_some(t)
+    });
+    let scheduled = last.split_whitespace().next().unwrap_or("");
+    let expected = Command::new("date")
+        .args([
+            "-u",
+            "-d",
+            &format!("@{}", minute * 60),
+            "+%Y-%m-%dT%H:%M:%SZ",
+        ])
+        .output()
+        .expect("date");
+    assert_eq!(
+        scheduled,
+        String::from_utf8_lossy(&expected.stdout).trim(),
+        "{last}"
+    );
+    // NAME SCHEDULE(5 fields) TIMEZONE SUSPEND ACTIVE LAST-SCHEDULE AGE
+    let table = s.ok(&["get", "cronjob", "tick", "--no-headers"]);
+    let row: Vec<&str> = table.split_whitespace().collect();
+    assert_eq!(row.len(), 11, "{table}");
+    assert_eq!(
+        &row[..8],
+        ["tick", "*", "*", "*", "*", "*", "<none>", "false"],
+        "{table}"
+    );
+    assert!(row[9].ends_with('s') || row[9].ends_with('m'), "{table}");
+}
+
+#[test]
 fn a_controller_manager_killed_mid_rollout_finishes_it_with_exactly_the_right_pods() {
     let s = Server::start_with(&["--disable-controllers"]);
     let _nodes = hollow(&s, 3);
