@@ -226,7 +226,11 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Next, Error> {
     let parallel = spec.pod_management_policy.as_deref() == Some("Parallel");
     let template = spec.template.clone();
     let status = sts.status.clone().unwrap_or_default();
-    let update_hash = crate::deployment::template_hash(&template, status.collision_count);
+    // As Kubernetes' StatefulSet controller, an absent collisionCount counts
+    // as 0 (the status it writes always carries one), so the hash does not
+    // change when the first status is written.
+    let update_hash =
+        crate::deployment::template_hash(&template, Some(status.collision_count.unwrap_or(0)));
     ensure_revision(ctx, &sts.metadata, "StatefulSet", &update_hash, &template).await?;
     let update_revision = format!("{name}-{update_hash}");
     let current_revision = status

@@ -112,6 +112,27 @@ async fn a_statefulset_creates_ordinals_in_order_with_claims_and_updates_down_to
     let mut names: Vec<String> = p.iter().map(|p| p.name_any()).collect();
     names.sort();
     assert_eq!(names, ["db-0", "db-1", "db-2"]);
+    // One revision: writing status (collisionCount 0) changes no hash, so
+    // no pod is replaced by a spurious rolling update.
+    let revisions = Api::<ControllerRevision>::namespaced(c.clone(), "default")
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    let revisions: Vec<String> = revisions
+        .iter()
+        .map(|r| r.name_any())
+        .filter(|n| n.starts_with("db-"))
+        .collect();
+    assert_eq!(revisions.len(), 1, "{revisions:?}");
+    let api = Api::<StatefulSet>::namespaced(c.clone(), "default");
+    let st = eventually("status with revisions", 20, || async {
+        let s = api.get("db").await.ok()?.status?;
+        (s.ready_replicas == Some(3)).then_some(s)
+    })
+    .await;
+    assert_eq!(st.current_revision, st.update_revision);
+    assert_eq!(st.current_revision.as_deref(), Some(revisions[0].as_str()));
     // Ordered: each pod was created after its predecessor.
     let created = |n: &str| {
         p.iter()
@@ -140,7 +161,6 @@ async fn a_statefulset_creates_ordinals_in_order_with_claims_and_updates_down_to
     assert_eq!(claims, ["data-db-0", "data-db-1", "data-db-2"]);
 
     // Update with partition 1: db-2 and db-1 change, db-0 stays.
-    let api = Api::<StatefulSet>::namespaced(c.clone(), "default");
     api.patch(
         "db",
         &PatchParams::default(),
