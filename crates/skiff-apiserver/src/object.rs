@@ -57,38 +57,56 @@ pub fn encode(obj: &Value) -> Result<Bytes, ApiError> {
     let mut out = Vec::with_capacity(512);
     out.push(b'{');
     let mut first = true;
-    let mut put = |out: &mut Vec<u8>, k: &str, v: &Value| -> Result<(), ApiError> {
-        if !first {
-            out.push(b',');
-        }
-        first = false;
-        serde_json::to_writer(&mut *out, k).map_err(err)?;
-        out.push(b':');
-        serde_json::to_writer(&mut *out, v).map_err(err)
-    };
     for k in ["apiVersion", "kind"] {
         if let Some(v) = map.get(k) {
-            put(&mut out, k, v)?;
+            put_field(&mut out, &mut first, k, v).map_err(err)?;
         }
     }
     if let Some(meta) = map.get("metadata") {
         match meta.as_object() {
             Some(m) if m.contains_key("resourceVersion") || m.contains_key("selfLink") => {
-                let mut m = m.clone();
-                m.remove("resourceVersion");
-                m.remove("selfLink");
-                put(&mut out, "metadata", &Value::Object(m))?;
+                // The bytes of the map without those two keys, written
+                // without copying it (managedFields make it large).
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                out.extend_from_slice(b"\"metadata\":{");
+                let mut first_field = true;
+                for (k, v) in m {
+                    if !matches!(k.as_str(), "resourceVersion" | "selfLink") {
+                        put_field(&mut out, &mut first_field, k, v).map_err(err)?;
+                    }
+                }
+                out.push(b'}');
             }
-            _ => put(&mut out, "metadata", meta)?,
+            _ => put_field(&mut out, &mut first, "metadata", meta).map_err(err)?,
         }
     }
     for (k, v) in map {
         if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
-            put(&mut out, k, v)?;
+            put_field(&mut out, &mut first, k, v).map_err(err)?;
         }
     }
     out.push(b'}');
     Ok(Bytes::from(out))
+}
+
+/// Writes `"k":v` into a JSON object being written (a comma before all but
+/// the first field).
+fn put_field(
+    out: &mut Vec<u8>,
+    first: &mut bool,
+    k: &str,
+    v: &Value,
+) -> Result<(), serde_json::Error> {
+    if !*first {
+        out.push(b',');
+    }
+    *first = false;
+    serde_json::to_writer(&mut *out, k)?;
+    out.push(b':');
+    serde_json::to_writer(&mut *out, v)
 }
 
 /// Stored bytes with `metadata.resourceVersion` set, without parsing them:
@@ -116,6 +134,30 @@ pub fn with_resource_version(stored: &[u8], rev: i64) -> Option<Vec<u8>> {
     }
     out.extend_from_slice(&stored[insert_at..]);
     Some(out)
+}
+
+/// What [`decode`] returns for the bytes [`encode`] wrote of `obj` at
+/// revision `rev`, without serializing and parsing it again: `apiVersion`,
+/// `kind` and `metadata` first, no `selfLink`, the resourceVersion last in
+/// `metadata`.
+pub fn into_stored(obj: Value, rev: i64) -> Value {
+    let Value::Object(mut map) = obj else {
+        return obj;
+    };
+    let mut out = Map::with_capacity(map.len());
+    for k in ["apiVersion", "kind", "metadata"] {
+        if let Some(v) = map.shift_remove(k) {
+            out.insert(k.to_string(), v);
+        }
+    }
+    if let Some(Value::Object(m)) = out.get_mut("metadata") {
+        m.shift_remove("resourceVersion");
+        m.shift_remove("selfLink");
+    }
+    out.extend(map);
+    let mut v = Value::Object(out);
+    set_resource_version(&mut v, rev);
+    v
 }
 
 /// Decodes a stored object and sets its resourceVersion.
@@ -205,6 +247,30 @@ mod tests {
         assert_eq!(v["metadata"]["resourceVersion"], "1");
         // Bytes written some other way are not touched.
         assert!(with_resource_version(br#"{"data":{"metadata":{}},"metadata":{}}"#, 1).is_none());
+    }
+
+    #[test]
+    fn an_object_as_stored_is_what_decoding_its_stored_bytes_gives() {
+        for obj in [
+            serde_json::json!({"spec": {"a": [1, 2.5, "x"]}, "metadata": {"selfLink": "/x", "name": "a", "resourceVersion": "9", "labels": {"k": "v"}}, "kind": "ConfigMap", "apiVersion": "v1", "data": {"metadata": {"resourceVersion": "1"}}}),
+            serde_json::json!({"kind": "Pod", "metadata": {"name": "b"}}),
+            serde_json::json!({"data": {}}),
+        ] {
+            let kv = KeyValue {
+                key: "/registry/core/configmaps/ns/a".into(),
+                value: encode(&obj).unwrap(),
+                create_revision: 3,
+                mod_revision: 7,
+            };
+            let decoded = decode(&kv).unwrap();
+            let stored = into_stored(obj, 7);
+            assert_eq!(stored, decoded);
+            // The same order of keys, too.
+            assert_eq!(
+                serde_json::to_string(&stored).unwrap(),
+                serde_json::to_string(&decoded).unwrap()
+            );
+        }
     }
 
     #[test]

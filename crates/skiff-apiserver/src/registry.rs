@@ -727,9 +727,31 @@ impl Registry {
             };
         }
         // Nothing changed: Kubernetes does not write, and the resourceVersion stays.
-        let mut unchanged_check = new.clone();
-        object::set_resource_version(&mut unchanged_check, cur.mod_revision);
-        if unchanged_check == *old {
+        // (Compared with the current resourceVersion put in place and then
+        // taken out again, rather than on a copy of the whole object.)
+        let unchanged = match new.get_mut("metadata").and_then(Value::as_object_mut) {
+            Some(m) => {
+                let rv = Value::String(cur.mod_revision.to_string());
+                let before = m.insert("resourceVersion".into(), rv);
+                let same = new == *old;
+                let m = metadata_mut(&mut new);
+                match before {
+                    Some(v) => {
+                        m.insert("resourceVersion".into(), v);
+                    }
+                    None => {
+                        m.shift_remove("resourceVersion");
+                    }
+                }
+                same
+            }
+            None => {
+                let mut check = new.clone();
+                object::set_resource_version(&mut check, cur.mod_revision);
+                check == *old
+            }
+        };
+        if unchanged {
             return Ok(old.clone());
         }
         if opts.dry_run {
@@ -740,7 +762,8 @@ impl Registry {
             .update(&cur.key, encode(&new)?, cur.mod_revision)
             .await
         {
-            Ok(kv) => Ok(decode(&kv)?),
+            // What was stored is `new`: no need to decode it again.
+            Ok(kv) => Ok(object::into_stored(new, kv.mod_revision)),
             Err(skiff_store::Error::Conflict { .. }) | Err(skiff_store::Error::NotFound(_)) => {
                 Err(WriteError::Retry)
             }

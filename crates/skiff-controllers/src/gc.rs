@@ -33,7 +33,9 @@ pub trait Source: Send + Sync {
     fn resource(&self) -> ApiResource;
     fn namespaced(&self) -> bool;
     fn scan_meta(&self, f: &mut dyn FnMut(&ObjectMeta));
-    fn meta_by_uid(&self, uid: &str) -> Option<ObjectMeta>;
+    /// Whether the cache holds an object with this uid and name (without
+    /// copying its metadata: the sweep asks for every owner reference).
+    fn has_uid_named(&self, uid: &str, name: &str) -> bool;
     fn dependents_of(&self, uid: &str) -> Vec<ObjectMeta>;
 }
 
@@ -61,8 +63,11 @@ where
     fn scan_meta(&self, f: &mut dyn FnMut(&ObjectMeta)) {
         self.cache.scan(|o| f(o.meta()));
     }
-    fn meta_by_uid(&self, uid: &str) -> Option<ObjectMeta> {
-        self.cache.by_uid(uid).map(|o| o.meta().clone())
+    fn has_uid_named(&self, uid: &str, name: &str) -> bool {
+        self.cache
+            .by_uid(uid)
+            .map(|o| o.meta().name.as_deref() == Some(name))
+            .unwrap_or(false)
     }
     fn dependents_of(&self, uid: &str) -> Vec<ObjectMeta> {
         self.cache
@@ -140,11 +145,7 @@ fn cached_owner_exists(
         .iter()
         .position(|(av, k)| *k == r.kind && *av == r.api_version)?;
     let src = &srcs[i];
-    Some(
-        src.meta_by_uid(&r.uid)
-            .map(|m| m.name.as_deref() == Some(r.name.as_str()))
-            .unwrap_or(false),
-    )
+    Some(src.has_uid_named(&r.uid, &r.name))
 }
 
 fn split_api_version(av: &str) -> (String, String) {
