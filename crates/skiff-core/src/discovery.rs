@@ -76,6 +76,21 @@ fn storage_hash(res: &ResourceInfo) -> String {
         + "="
 }
 
+/// Groups the API server computes on request instead of storing (so not in
+/// [`RESOURCES`]), read-only: `metrics.k8s.io`, served natively where
+/// Kubernetes has metrics-server behind an APIService. Each is (group,
+/// version, resources as (plural, singular, kind, namespaced)).
+pub const COMPUTED: &[(&str, &str, &[(&str, &str, &str, bool)])] = &[(
+    "metrics.k8s.io",
+    "v1beta1",
+    &[
+        ("nodes", "nodemetrics", "NodeMetrics", false),
+        ("pods", "podmetrics", "PodMetrics", true),
+    ],
+)];
+
+const COMPUTED_VERBS: &[&str] = &["get", "list"];
+
 /// `/api`.
 pub fn api_versions(server_address: &str) -> Value {
     json!({
@@ -99,13 +114,17 @@ fn group_doc(group: &str, versions: &[&str]) -> Value {
 
 /// `/apis`.
 pub fn api_group_list() -> Value {
-    let gs: Vec<Value> = groups().iter().map(|(g, vs)| group_doc(g, vs)).collect();
+    let mut gs: Vec<Value> = groups().iter().map(|(g, vs)| group_doc(g, vs)).collect();
+    gs.extend(COMPUTED.iter().map(|(g, v, _)| group_doc(g, &[v])));
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": gs})
 }
 
 /// `/apis/<group>`.
 pub fn api_group(group: &str) -> Option<Value> {
-    let (g, vs) = groups().into_iter().find(|(g, _)| *g == group)?;
+    let (g, vs) = groups()
+        .into_iter()
+        .chain(COMPUTED.iter().map(|(g, v, _)| (*g, vec![*v])))
+        .find(|(g, _)| *g == group)?;
     let mut doc = group_doc(g, &vs);
     doc["kind"] = json!("APIGroup");
     doc["apiVersion"] = json!("v1");
@@ -119,7 +138,18 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
         .filter(|r| r.group == group && r.version == version)
         .collect();
     if rs.is_empty() {
-        return None;
+        let (_, _, computed) = COMPUTED
+            .iter()
+            .find(|(g, v, _)| *g == group && *v == version)?;
+        let out: Vec<Value> = computed
+            .iter()
+            .map(|(plural, singular, kind, namespaced)| {
+                json!({"name": plural, "singularName": singular, "namespaced": namespaced, "kind": kind, "verbs": COMPUTED_VERBS})
+            })
+            .collect();
+        return Some(
+            json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{group}/{version}"), "resources": out}),
+        );
     }
     let mut out = Vec::new();
     for r in rs {
@@ -200,13 +230,30 @@ pub fn aggregated_discovery(legacy: bool) -> Value {
             json!({"metadata": {"creationTimestamp": null}, "versions": [discovery_version("", "v1")]}),
         ]
     } else {
-        groups()
+        let mut items: Vec<Value> = groups()
             .iter()
             .map(|(g, vs)| {
                 let versions: Vec<Value> = vs.iter().map(|v| discovery_version(g, v)).collect();
                 json!({"metadata": {"name": g, "creationTimestamp": null}, "versions": versions})
             })
-            .collect()
+            .collect();
+        items.extend(COMPUTED.iter().map(|(g, v, computed)| {
+            let resources: Vec<Value> = computed
+                .iter()
+                .map(|(plural, singular, kind, namespaced)| {
+                    json!({
+                        "resource": plural,
+                        "responseKind": {"group": g, "version": v, "kind": kind},
+                        "scope": if *namespaced { "Namespaced" } else { "Cluster" },
+                        "singularResource": singular,
+                        "verbs": COMPUTED_VERBS,
+                    })
+                })
+                .collect();
+            json!({"metadata": {"name": g, "creationTimestamp": null},
+                "versions": [{"version": v, "resources": resources, "freshness": "Current"}]})
+        }));
+        items
     };
     json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items})
 }
@@ -260,6 +307,46 @@ mod tests {
             .iter()
             .any(|s| s["subresource"] == "scale"));
         assert_eq!(dep["scope"], "Namespaced");
+    }
+
+    #[test]
+    fn the_metrics_group_is_discoverable_read_only_in_every_form() {
+        let groups = api_group_list();
+        assert!(groups["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["name"] == "metrics.k8s.io"
+                && g["preferredVersion"]["groupVersion"] == "metrics.k8s.io/v1beta1"));
+        assert_eq!(
+            api_group("metrics.k8s.io").unwrap()["versions"][0]["version"],
+            "v1beta1"
+        );
+        let l = api_resource_list("metrics.k8s.io", "v1beta1").unwrap();
+        assert_eq!(l["groupVersion"], "metrics.k8s.io/v1beta1");
+        let r = l["resources"].as_array().unwrap();
+        assert_eq!(
+            (&r[0]["name"], &r[0]["kind"], &r[0]["namespaced"]),
+            (&json!("nodes"), &json!("NodeMetrics"), &json!(false))
+        );
+        assert_eq!(
+            (&r[1]["name"], &r[1]["kind"], &r[1]["namespaced"]),
+            (&json!("pods"), &json!("PodMetrics"), &json!(true))
+        );
+        assert_eq!(r[1]["verbs"], json!(["get", "list"]));
+        assert!(api_resource_list("metrics.k8s.io", "v1").is_none());
+        let d = aggregated_discovery(false);
+        let m = d["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["metadata"]["name"] == "metrics.k8s.io")
+            .unwrap();
+        let pods = &m["versions"][0]["resources"][1];
+        assert_eq!(pods["resource"], "pods");
+        assert_eq!(pods["scope"], "Namespaced");
+        assert_eq!(pods["responseKind"]["kind"], "PodMetrics");
+        assert_eq!(pods["verbs"], json!(["get", "list"]));
     }
 
     #[test]
