@@ -32,6 +32,8 @@ pub struct AppState {
     pub kubelet_tls: Option<Arc<rustls::ClientConfig>>,
     /// What `/metrics` serves, if anything.
     pub metrics: Option<fn() -> String>,
+    /// The metrics API's record of when it last read each node's stats.
+    pub metrics_windows: crate::metricsapi::Windows,
 }
 
 type Resp = Response<Body>;
@@ -93,6 +95,12 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request<Body>) -> R
     }
     if let Some((node, port, agent_path)) = crate::nodeproxy::parse_node(&path) {
         return match crate::nodeproxy::proxy_node(&state, req, &node, port, &agent_path).await {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        };
+    }
+    if let Some(target) = crate::metricsapi::parse(&path) {
+        return match crate::metricsapi::serve(&state, req, target).await {
             Ok(r) => r,
             Err(e) => error_response(&e),
         };
@@ -411,7 +419,7 @@ fn add_warnings(mut r: Resp, warnings: &[String]) -> Resp {
     r
 }
 
-fn filter_from_query(rr: &ResourceRequest, q: &Query) -> Result<Filter, ApiError> {
+pub(crate) fn filter_from_query(rr: &ResourceRequest, q: &Query) -> Result<Filter, ApiError> {
     let labels = match q.get("labelSelector") {
         Some(s) if !s.trim().is_empty() => Some(
             LabelSelector::parse(s)

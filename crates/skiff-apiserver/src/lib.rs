@@ -17,6 +17,7 @@ pub mod eviction;
 pub mod fieldmanager;
 pub mod handlers;
 pub mod lifecycle;
+pub mod metricsapi;
 pub mod negotiate;
 pub mod nodeproxy;
 pub mod object;
@@ -97,6 +98,7 @@ impl ApiServer {
                 None => None,
             },
             metrics: config.metrics,
+            metrics_windows: Default::default(),
         });
         Ok(ApiServer { state })
     }

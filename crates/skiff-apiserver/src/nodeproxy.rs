@@ -318,6 +318,55 @@ pub async fn proxy_node(
         .map_err(|e| unreachable(e.to_string()))
 }
 
+/// GETs `path` from the agent of `node_name` and returns the body of a 200
+/// answer: 404 for an unknown node, 503 when the agent has no endpoint or
+/// cannot be reached, the agent's code for any other answer. For callers
+/// that read kubelet endpoints themselves (the metrics API).
+pub async fn agent_get(
+    state: &AppState,
+    node_name: &str,
+    path: &str,
+) -> Result<bytes::Bytes, ApiError> {
+    let (address, port) = agent_endpoint(state, node_name).await?;
+    let unreachable = |e: String| {
+        ApiError::new(
+            503,
+            "ServiceUnavailable",
+            format!("error trying to reach node {node_name}: {e}"),
+        )
+    };
+    let mut sender = dial::<http_body_util::Empty<bytes::Bytes>>(state, &address, port)
+        .await
+        .map_err(|e| match e {
+            DialError::NoCertificate => no_certificate(),
+            DialError::Failed(e) => unreachable(e),
+        })?;
+    let req = Request::get(path)
+        .header(header::HOST, format!("{address}:{port}"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .map_err(|e| unreachable(e.to_string()))?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let status = resp.status();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .map_err(|e| unreachable(e.to_string()))?
+        .to_bytes();
+    if status != StatusCode::OK {
+        return Err(ApiError::new(
+            status.as_u16(),
+            "InternalError",
+            format!(
+                "node {node_name} answered {path} with {status}: {}",
+                String::from_utf8_lossy(&body).trim()
+            ),
+        ));
+    }
+    Ok(body)
+}
+
 /// The query string without `container` (the agent takes it in the path).
 fn forward_query(query: Option<&str>) -> String {
     query

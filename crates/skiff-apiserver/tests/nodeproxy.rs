@@ -21,8 +21,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 use tower::ServiceExt;
 
-const FAKE_SUMMARY: &str =
-    r#"{"node":{"nodeName":"n1","startTime":"2026-01-01T00:00:00Z"},"pods":[]}"#;
+/// What the fake agent's `/stats/summary` says: the node, `web` (one
+/// container) and `two` (two) in default, and a pod the API does not know.
+const FAKE_SUMMARY: &str = r#"{"node":{"nodeName":"n1","startTime":"2026-01-01T00:00:00Z",
+"cpu":{"time":"2026-01-01T00:00:12Z","usageNanoCores":1500000000,"usageCoreNanoSeconds":9000000000},
+"memory":{"time":"2026-01-01T00:00:12Z","workingSetBytes":2147483648,"usageBytes":3000000000}},
+"pods":[
+{"podRef":{"name":"web","namespace":"default","uid":""},"containers":[
+ {"name":"app","cpu":{"time":"2026-01-01T00:00:12Z","usageNanoCores":123456789},"memory":{"time":"2026-01-01T00:00:12Z","workingSetBytes":5242880}}]},
+{"podRef":{"name":"two","namespace":"default","uid":""},"containers":[
+ {"name":"a","cpu":{"time":"2026-01-01T00:00:12Z","usageNanoCores":1000000},"memory":{"workingSetBytes":1048576}},
+ {"name":"b","cpu":{"time":"2026-01-01T00:00:11Z","usageNanoCores":7},"memory":{"workingSetBytes":4096}}]},
+{"podRef":{"name":"stray","namespace":"default","uid":"x"},"containers":[
+ {"name":"a","cpu":{"usageNanoCores":1},"memory":{"workingSetBytes":4096}}]}]}"#;
 
 #[derive(Default)]
 struct Seen {
@@ -198,7 +209,7 @@ async fn cluster() -> Cluster {
     .await;
     c.post(
         "/api/v1/namespaces/default/pods",
-        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "labels": {"app": "web"}},
             "spec": {"nodeName": "n1", "containers": [{"name": "app", "image": "i:1"}]}}),
     )
     .await;
@@ -430,4 +441,156 @@ async fn node_proxy_reaches_the_agents_stats_and_passes_its_answer_back() {
         .filter_map(|r| r["name"].as_str())
         .collect();
     assert!(names.contains(&"nodes/proxy"), "{names:?}");
+}
+
+#[tokio::test]
+async fn the_metrics_api_serves_node_and_pod_usage_from_the_agents_summary() {
+    let c = cluster().await;
+    // A node whose agent does not answer, with a pod on it: both left out.
+    c.post(
+        "/api/v1/nodes",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "down"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": 1}}}}),
+    )
+    .await;
+    c.post(
+        "/api/v1/namespaces/default/pods",
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "far", "labels": {"app": "web"}},
+            "spec": {"nodeName": "down", "containers": [{"name": "a", "image": "i:1"}]}}),
+    )
+    .await;
+
+    let (code, l) = status_of(c.get("/apis/metrics.k8s.io/v1beta1/nodes").await).await;
+    assert_eq!(code, StatusCode::OK, "{l}");
+    assert_eq!(l["kind"], "NodeMetricsList");
+    assert_eq!(l["apiVersion"], "metrics.k8s.io/v1beta1");
+    let items = l["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{l}");
+    let n = &items[0];
+    assert_eq!(n["kind"], "NodeMetrics");
+    assert_eq!(n["metadata"]["name"], "n1");
+    assert_eq!(n["timestamp"], "2026-01-01T00:00:12Z");
+    assert_eq!(n["usage"], json!({"cpu": "1500m", "memory": "2Gi"}));
+    // First read of the node: a second sample a second later is the window.
+    let window = n["window"].as_str().unwrap();
+    assert!(window.ends_with('s') && window.starts_with('1'), "{window}");
+    let (path, user, _) = c.last_request();
+    assert_eq!(path, "/stats/summary");
+    assert_eq!(user, "kube-apiserver-kubelet-client");
+
+    let (code, m) = status_of(c.get("/apis/metrics.k8s.io/v1beta1/nodes/n1").await).await;
+    assert_eq!(code, StatusCode::OK, "{m}");
+    assert_eq!(m["usage"]["cpu"], "1500m");
+    for missing in ["down", "ghost"] {
+        let (code, s) = status_of(
+            c.get(&format!("/apis/metrics.k8s.io/v1beta1/nodes/{missing}"))
+                .await,
+        )
+        .await;
+        assert_eq!(code, StatusCode::NOT_FOUND);
+        assert_eq!(s["kind"], "Status");
+        assert_eq!(s["reason"], "NotFound");
+        assert_eq!(
+            s["message"],
+            format!("nodemetrics.metrics.k8s.io \"{missing}\" not found")
+        );
+    }
+
+    let (code, l) = status_of(
+        c.get("/apis/metrics.k8s.io/v1beta1/namespaces/default/pods")
+            .await,
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{l}");
+    assert_eq!(l["kind"], "PodMetricsList");
+    let mut pods: Vec<Value> = l["items"].as_array().unwrap().clone();
+    pods.sort_by_key(|p| p["metadata"]["name"].as_str().unwrap().to_string());
+    let names: Vec<&str> = pods
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+    // Not `unbound` (no node), `far` (agent down) nor `stray` (no such pod).
+    assert_eq!(names, ["two", "web"]);
+    assert_eq!(pods[1]["kind"], "PodMetrics");
+    assert_eq!(pods[1]["metadata"]["namespace"], "default");
+    assert_eq!(pods[1]["metadata"]["labels"], json!({"app": "web"}));
+    assert_eq!(
+        pods[1]["containers"],
+        json!([{"name": "app", "usage": {"cpu": "123456789n", "memory": "5Mi"}}])
+    );
+    assert_eq!(
+        pods[0]["containers"],
+        json!([{"name": "a", "usage": {"cpu": "1m", "memory": "1Mi"}},
+            {"name": "b", "usage": {"cpu": "7n", "memory": "4Ki"}}])
+    );
+
+    // Label and field selectors pick the pods measured.
+    let (_, l) = status_of(
+        c.get("/apis/metrics.k8s.io/v1beta1/namespaces/default/pods?labelSelector=app%3Dweb")
+            .await,
+    )
+    .await;
+    let names: Vec<&str> = l["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["web"]);
+    let (_, l) = status_of(
+        c.get("/apis/metrics.k8s.io/v1beta1/pods?fieldSelector=metadata.name%3Dtwo")
+            .await,
+    )
+    .await;
+    assert_eq!(l["items"].as_array().unwrap().len(), 1, "{l}");
+    assert_eq!(l["items"][0]["metadata"]["name"], "two");
+    let (_, l) = status_of(
+        c.get("/apis/metrics.k8s.io/v1beta1/namespaces/kube-system/pods")
+            .await,
+    )
+    .await;
+    assert_eq!(l["items"], json!([]));
+    let (_, l) = status_of(
+        c.get("/apis/metrics.k8s.io/v1beta1/nodes?labelSelector=zone%3Dnowhere")
+            .await,
+    )
+    .await;
+    assert_eq!(l["items"], json!([]));
+
+    let (code, p) = status_of(
+        c.get("/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/web")
+            .await,
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{p}");
+    assert_eq!(p["containers"][0]["usage"]["memory"], "5Mi");
+    let (code, s) = status_of(
+        c.get("/apis/metrics.k8s.io/v1beta1/namespaces/default/pods/unbound")
+            .await,
+    )
+    .await;
+    assert_eq!(code, StatusCode::NOT_FOUND);
+    assert_eq!(
+        s["message"],
+        "podmetrics.metrics.k8s.io \"default/unbound\" not found"
+    );
+
+    // Read-only, and discoverable.
+    let r = Request::builder()
+        .method("DELETE")
+        .uri("/apis/metrics.k8s.io/v1beta1/nodes/n1")
+        .body(Body::empty())
+        .unwrap();
+    let (code, _) = status_of(c.router.clone().oneshot(r).await.unwrap()).await;
+    assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
+    let (code, d) = status_of(c.get("/apis/metrics.k8s.io/v1beta1").await).await;
+    assert_eq!(code, StatusCode::OK);
+    let names: Vec<&str> = d["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    assert_eq!(names, ["nodes", "pods"]);
 }
