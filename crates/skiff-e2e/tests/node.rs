@@ -589,3 +589,98 @@ fn a_busy_pods_cpu_and_memory_show_in_the_nodes_summary_and_resource_metrics() {
     ]);
     assert!(err.contains("not found"), "{err}");
 }
+
+/// `kubectl top`'s CPU column (`250m`, `1`) in millicores.
+fn millicores(cell: &str) -> u64 {
+    match cell.strip_suffix('m') {
+        Some(m) => m.parse().unwrap(),
+        None => cell.parse::<u64>().unwrap() * 1000,
+    }
+}
+
+#[test]
+fn kubectl_top_shows_the_nodes_and_a_busy_pods_cpu_and_memory() {
+    let s = Server::up();
+    s.ok(&[
+        "run",
+        "busy",
+        "--image",
+        BUSYBOX,
+        "--image-pull-policy=IfNotPresent",
+        "--labels=app=busy",
+        "--",
+        "sh",
+        "-c",
+        "while :; do :; done",
+    ]);
+    wait_running(&s, "busy");
+    let node = jsonpath(&s, "busy", "{.spec.nodeName}");
+
+    // The Metrics API is discovered and measures the node.
+    let out = wait_until("kubectl top nodes lists the node", 30, || {
+        let o = s.kubectl(&["top", "nodes"]);
+        let t = skiff_e2e::text(&o.stdout);
+        (o.status.success() && t.contains(&node)).then_some(t)
+    });
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "CPU(cores)", "CPU(%)", "MEMORY(bytes)", "MEMORY(%)"],
+        "{out}"
+    );
+    let row: Vec<&str> = lines
+        .find(|l| l.starts_with(&format!("{node} ")))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert!(millicores(row[1]) > 0, "{out}");
+    assert!(row[3].ends_with("Mi") && row[3] != "0Mi", "{out}");
+    assert!(row[2].ends_with('%') && row[4].ends_with('%'), "{out}");
+    let one = s.ok(&["top", "node", &node, "--no-headers"]);
+    assert!(one.starts_with(&format!("{node} ")), "{one}");
+
+    // The spinning pod shows (the rate exists once its container has two
+    // samples) with most of a core and some memory.
+    let (out, cpu) = wait_until("kubectl top pods shows the busy pod's CPU", 30, || {
+        let o = s.kubectl(&["top", "pods"]);
+        let t = skiff_e2e::text(&o.stdout);
+        let row: Vec<String> = t
+            .lines()
+            .find(|l| l.starts_with("busy "))?
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        let cpu = millicores(&row[1]);
+        (cpu >= 100).then_some((t, row))
+    });
+    assert!(out.starts_with("NAME"), "{out}");
+    assert!(
+        out.contains("CPU(cores)") && out.contains("MEMORY(bytes)"),
+        "{out}"
+    );
+    assert!(cpu[2].ends_with("Mi") || cpu[2].ends_with("Ki"), "{out}");
+
+    // Selectors and per-container rows.
+    let out = s.ok(&[
+        "top",
+        "pods",
+        "-l",
+        "app=busy",
+        "--containers",
+        "--no-headers",
+    ]);
+    let row: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(&row[..2], ["busy", "busy"], "{out}");
+    let out = s.kubectl(&["top", "pods", "-l", "app=nothing"]);
+    assert!(
+        skiff_e2e::text(&out.stderr).contains("No resources found in default namespace"),
+        "{}",
+        skiff_e2e::text(&out.stderr)
+    );
+    let err = s.fails(&["top", "pod", "ghost"]);
+    assert!(
+        err.contains(r#"podmetrics.metrics.k8s.io "default/ghost" not found"#),
+        "{err}"
+    );
+}
