@@ -98,13 +98,6 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, logs_root: &Path) -> cri::PodSand
                 .and_then(|s| s.privileged)
                 .unwrap_or(false)
         });
-    let ns_mode = |host: bool| {
-        if host {
-            cri::NamespaceMode::Node as i32
-        } else {
-            cri::NamespaceMode::Pod as i32
-        }
-    };
     cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
             name: name(pod).into(),
@@ -120,18 +113,7 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, logs_root: &Path) -> cri::PodSand
         annotations,
         linux: Some(cri::LinuxPodSandboxConfig {
             security_context: Some(cri::LinuxSandboxSecurityContext {
-                namespace_options: Some(cri::NamespaceOption {
-                    network: ns_mode(host_network),
-                    pid: if spec.host_pid.unwrap_or(false) {
-                        cri::NamespaceMode::Node as i32
-                    } else if spec.share_process_namespace.unwrap_or(false) {
-                        cri::NamespaceMode::Pod as i32
-                    } else {
-                        cri::NamespaceMode::Container as i32
-                    },
-                    ipc: ns_mode(spec.host_ipc.unwrap_or(false)),
-                    ..Default::default()
-                }),
+                namespace_options: Some(namespace_options(pod)),
                 privileged,
                 ..Default::default()
             }),
@@ -218,6 +200,34 @@ pub struct ContainerInputs<'a> {
     pub spec_hash: String,
 }
 
+/// The namespaces of a pod's sandbox and of each of its containers, as
+/// kubelet sets them: network and IPC shared by the pod (or the node's),
+/// and a PID namespace per container unless the pod shares one
+/// (`shareProcessNamespace`) or uses the node's (`hostPID`). The CRI
+/// default (all zero) would be the pod's PID namespace for every container.
+pub fn namespace_options(pod: &Pod) -> cri::NamespaceOption {
+    let spec = pod.spec.clone().unwrap_or_default();
+    let shared = |host: bool| {
+        if host {
+            cri::NamespaceMode::Node as i32
+        } else {
+            cri::NamespaceMode::Pod as i32
+        }
+    };
+    cri::NamespaceOption {
+        network: shared(spec.host_network.unwrap_or(false)),
+        pid: if spec.host_pid.unwrap_or(false) {
+            cri::NamespaceMode::Node as i32
+        } else if spec.share_process_namespace.unwrap_or(false) {
+            cri::NamespaceMode::Pod as i32
+        } else {
+            cri::NamespaceMode::Container as i32
+        },
+        ipc: shared(spec.host_ipc.unwrap_or(false)),
+        ..Default::default()
+    }
+}
+
 pub fn container_config(
     pod: &Pod,
     c: &Container,
@@ -297,6 +307,7 @@ pub fn container_config(
                     ..Default::default()
                 }),
                 privileged: sc.privileged.unwrap_or(false),
+                namespace_options: Some(namespace_options(pod)),
                 run_as_user: run_as_user.map(|u| cri::Int64Value { value: u }),
                 run_as_group: run_as_group.map(|g| cri::Int64Value { value: g }),
                 readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
@@ -351,6 +362,64 @@ mod tests {
         assert_eq!(r.cpu_quota, 50_000);
         assert_eq!(r.cpu_period, 100_000);
         assert_eq!(r.memory_limit_in_bytes, 64 << 20);
+    }
+
+    fn container_pid_mode(pod: serde_json::Value) -> (i32, i32) {
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        let c = &pod.spec.as_ref().unwrap().containers[0];
+        let inputs = ContainerInputs {
+            env: vec![],
+            mounts: vec![],
+            image: "i",
+            attempt: 0,
+            init: false,
+            spec_hash: String::new(),
+        };
+        let config = container_config(&pod, c, inputs);
+        let ns = config
+            .linux
+            .and_then(|l| l.security_context)
+            .and_then(|s| s.namespace_options)
+            .expect("container namespace options");
+        let sandbox = sandbox_config(&pod, 0, Path::new("/logs"))
+            .linux
+            .and_then(|l| l.security_context)
+            .and_then(|s| s.namespace_options)
+            .expect("sandbox namespace options");
+        assert_eq!(ns, sandbox, "containers and sandbox agree");
+        (ns.pid, ns.network)
+    }
+
+    #[test]
+    fn each_container_has_its_own_pid_namespace_unless_the_pod_shares_one() {
+        let pod = |extra: serde_json::Value| {
+            let mut p = serde_json::json!({"metadata": {"name": "p", "namespace": "d", "uid": "u"},
+                "spec": {"containers": [{"name": "c"}]}});
+            p["spec"]
+                .as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            p
+        };
+        let (container, pod_ns, node) = (
+            cri::NamespaceMode::Container as i32,
+            cri::NamespaceMode::Pod as i32,
+            cri::NamespaceMode::Node as i32,
+        );
+        assert_eq!(
+            container_pid_mode(pod(serde_json::json!({}))),
+            (container, pod_ns)
+        );
+        assert_eq!(
+            container_pid_mode(pod(serde_json::json!({"shareProcessNamespace": true}))),
+            (pod_ns, pod_ns)
+        );
+        assert_eq!(
+            container_pid_mode(pod(
+                serde_json::json!({"hostPID": true, "hostNetwork": true})
+            )),
+            (node, node)
+        );
     }
 
     #[test]

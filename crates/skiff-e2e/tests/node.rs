@@ -67,6 +67,16 @@ fn a_pod_runs_with_an_ip_that_answers_and_kubectl_logs_and_exec_work() {
     assert_eq!(out.trim(), "hello-skiff");
     let out = s.ok(&["exec", "web", "--", "sh", "-c", "echo $HOSTNAME"]);
     assert_eq!(out.trim(), "web");
+    // The container has its own PID namespace: its command is PID 1.
+    let out = s.ok(&[
+        "exec",
+        "web",
+        "--",
+        "sh",
+        "-c",
+        "tr '\\0' ' ' < /proc/1/cmdline",
+    ]);
+    assert!(out.starts_with("httpd -f -p 8080"), "{out}");
 }
 
 #[test]
