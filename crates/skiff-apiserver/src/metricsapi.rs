@@ -347,7 +347,7 @@ fn decimal(mut value: u64, mut index: usize) -> String {
     if value == 0 {
         return "0".to_string();
     }
-    while value % 1000 == 0 && index + 1 < SUFFIXES.len() {
+    while value.is_multiple_of(1000) && index + 1 < SUFFIXES.len() {
         value /= 1000;
         index += 1;
     }
@@ -363,7 +363,7 @@ pub fn memory_quantity(bytes: u64) -> String {
     const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
     let mut value = bytes;
     let mut index = 0;
-    while value % 1024 == 0 && index + 1 < SUFFIXES.len() {
+    while value.is_multiple_of(1024) && index + 1 < SUFFIXES.len() {
         value /= 1024;
         index += 1;
     }

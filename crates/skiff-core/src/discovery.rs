@@ -79,8 +79,8 @@ fn storage_hash(res: &ResourceInfo) -> String {
 /// Groups the API server computes on request instead of storing (so not in
 /// [`RESOURCES`]), read-only: `metrics.k8s.io`, served natively where
 /// Kubernetes has metrics-server behind an APIService. Each is (group,
-/// version, resources as (plural, singular, kind, namespaced)).
-pub const COMPUTED: &[(&str, &str, &[(&str, &str, &str, bool)])] = &[(
+/// version, resources).
+pub const COMPUTED: &[(&str, &str, &[ComputedResource])] = &[(
     "metrics.k8s.io",
     "v1beta1",
     &[
@@ -88,6 +88,9 @@ pub const COMPUTED: &[(&str, &str, &[(&str, &str, &str, bool)])] = &[(
         ("pods", "podmetrics", "PodMetrics", true),
     ],
 )];
+
+/// (plural, singular, kind, namespaced) of a computed resource.
+pub type ComputedResource = (&'static str, &'static str, &'static str, bool);
 
 const COMPUTED_VERBS: &[&str] = &["get", "list"];
 
