@@ -2,12 +2,16 @@
 //! are Running, and how many pods per second the controllers sustain.
 //!
 //! The API server is real (in this process, on a durable redb store in a
-//! temporary directory). Nodes are simulated in-process: N plain Node
-//! objects; a simulator binds each new pod round-robin through
+//! temporary directory). By default nodes are simulated in-process: N plain
+//! Node objects; a simulator binds each new pod round-robin through
 //! pods/binding and reports it Running and Ready through pods/status (no
-//! scheduler, no agent). Usage:
+//! scheduler, no agent). With `--hollow`, the real scheduler
+//! (`skiff_scheduler::run`) and N real hollow nodes (`skiff_agent::hollow`,
+//! each with its own Node, Lease, pod watch and simulated runtime) run in
+//! the same process instead, so the whole path is measured. Usage:
 //!   cargo run --release -p skiff-controllers --example bench_controllers \
-//!     [-- --deployments 1000 --replicas 10 --nodes 100]
+//!     [-- --deployments 1000 --replicas 10 --nodes 100 --hollow \
+//!         --workers 8 --controllers a,-b]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -36,17 +40,66 @@ async fn main() -> anyhow::Result<()> {
     let replicas = arg("--replicas", 10);
     let nodes = arg("--nodes", 100).max(1);
     let total = deployments * replicas;
+    let hollow = std::env::args().any(|a| a == "--hollow");
     println!("B8: {deployments} Deployments x {replicas} replicas = {total} pods on {nodes} simulated nodes");
-    println!("nodes: plain Node objects; pods bound round-robin via pods/binding and marked Running+Ready via pods/status by an in-process simulator (no scheduler, no agent)");
+    if hollow {
+        println!("nodes: {nodes} hollow nodes (skiff_agent::hollow: Node, Lease, pod watch, simulated runtime), the real scheduler, all in this process over in-process clients");
+    } else {
+        println!("nodes: plain Node objects; pods bound round-robin via pods/binding and marked Running+Ready via pods/status by an in-process simulator (no scheduler, no agent)");
+    }
 
     let cluster = skiff_kube::testing::TestCluster::start().await?;
     let admin = cluster.client("bench");
     let node_api: Api<Node> = Api::all(admin.clone());
     let names: Vec<String> = (0..nodes).map(|i| format!("hollow-{i}")).collect();
-    for n in &names {
-        let node: Node = serde_json::from_value(json!({"metadata": {"name": n},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))?;
-        node_api.create(&PostParams::default(), &node).await?;
+    let mut side_tasks = tokio::task::JoinSet::new();
+    if hollow {
+        let options = skiff_agent::hollow::HollowOptions {
+            nodes: nodes as u32,
+            prefix: "hollow".into(),
+            ..Default::default()
+        };
+        let client = cluster.client("hollow-nodes");
+        side_tasks.spawn(async move {
+            if let Err(e) = skiff_agent::hollow::run(client, options).await {
+                eprintln!("hollow nodes: {e}");
+            }
+        });
+        let client = cluster.client("kube-scheduler");
+        side_tasks.spawn(async move {
+            if let Err(e) = skiff_scheduler::run(client, Default::default()).await {
+                eprintln!("scheduler: {e}");
+            }
+        });
+        // Until every node has registered and reports Ready.
+        let t = Instant::now();
+        loop {
+            let ready = node_api
+                .list(&Default::default())
+                .await?
+                .items
+                .iter()
+                .filter(|n| {
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .map(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                        .unwrap_or(false)
+                })
+                .count();
+            if ready >= nodes {
+                break;
+            }
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(60), "only {ready} of {nodes} nodes Ready after 60 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        println!("{nodes} hollow nodes Ready after {:.2} s", t.elapsed().as_secs_f64());
+    } else {
+        for n in &names {
+            let node: Node = serde_json::from_value(json!({"metadata": {"name": n},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))?;
+            node_api.create(&PostParams::default(), &node).await?;
+        }
     }
 
     // The node simulator.
@@ -84,7 +137,8 @@ async fn main() -> anyhow::Result<()> {
                     }
                     continue;
                 }
-                if p.metadata.deletion_timestamp.is_some() || !started.insert(uid) {
+                // With hollow nodes, the scheduler and the nodes do the rest.
+                if hollow || p.metadata.deletion_timestamp.is_some() || !started.insert(uid) {
                     continue;
                 }
                 let permit = sem.clone().acquire_owned().await;
@@ -144,10 +198,11 @@ async fn main() -> anyhow::Result<()> {
         .and_then(|i| args.get(i + 1))
         .map(|v| v.split(',').map(String::from).collect())
         .unwrap_or_default();
-    let options = skiff_controllers::Options {
+    let mut options = skiff_controllers::Options {
         controllers,
         ..Default::default()
     };
+    options.workers = arg("--workers", options.workers);
     let cm = tokio::spawn(async move {
         if let Err(e) = skiff_controllers::run(cm_client, options).await {
             eprintln!("controller manager: {e}");
@@ -191,9 +246,19 @@ async fn main() -> anyhow::Result<()> {
         let n = running.load(Ordering::Relaxed);
         let rate = (n - last) as f64 / last_t.elapsed().as_secs_f64();
         peak = peak.max(rate);
+        let m = skiff_controllers::metrics_text();
+        let depth = |c: &str| {
+            m.lines()
+                .find(|l| l.starts_with("skiff_controller_queue_depth") && l.contains(&format!("\"{c}\"")))
+                .and_then(|l| l.rsplit(' ').next())
+                .unwrap_or("-")
+                .to_string()
+        };
         println!(
-            "  t={:>6.1}s running={n:>6} ({rate:>6.0} pods/s)",
-            started.elapsed().as_secs_f64()
+            "  t={:>6.1}s running={n:>6} ({rate:>6.0} pods/s) queue rs={} deploy={}",
+            started.elapsed().as_secs_f64(),
+            depth("replicaset"),
+            depth("deployment")
         );
         last = n;
         last_t = Instant::now();
@@ -252,10 +317,13 @@ async fn main() -> anyhow::Result<()> {
     for l in m.lines().filter(|l| {
         l.starts_with("skiff_controller_reconciles_total")
             || l.starts_with("skiff_controller_reconcile_errors_total")
+            || l.starts_with("skiff_controller_reconcile_duration_seconds_sum")
+            || l.starts_with("skiff_controller_events")
     }) {
         println!("  {l}");
     }
     let _ = t0;
     cm.abort();
+    side_tasks.abort_all();
     Ok(())
 }
