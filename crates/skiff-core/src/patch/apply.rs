@@ -213,10 +213,13 @@ fn to_trie(paths: &BTreeSet<Path>) -> Value {
     for p in paths {
         let mut node = &mut root;
         for seg in p {
+            // Paths share their prefixes: copy a segment only when it is new.
+            if !node.contains_key(seg) {
+                node.insert(seg.clone(), json!({}));
+            }
             node = node
-                .entry(seg.clone())
-                .or_insert_with(|| json!({}))
-                .as_object_mut()
+                .get_mut(seg)
+                .and_then(Value::as_object_mut)
                 .expect("trie node");
         }
     }
@@ -256,10 +259,17 @@ fn entries(obj: &Value) -> Vec<Entry> {
                     if let Some(f) = m.get("fieldsV1") {
                         from_trie(f, &mut Vec::new(), &mut paths);
                     }
-                    Entry {
-                        raw: m.clone(),
-                        paths,
-                    }
+                    // `fieldsV1` is rewritten from `paths` (or the entry
+                    // dropped), so it is not copied: a placeholder keeps
+                    // its place among the keys.
+                    let raw = m
+                        .iter()
+                        .map(|(k, v)| {
+                            let v = if k == "fieldsV1" { Value::Null } else { v.clone() };
+                            (k.clone(), v)
+                        })
+                        .collect();
+                    Entry { raw, paths }
                 })
                 .collect()
         })
