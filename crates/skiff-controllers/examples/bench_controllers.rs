@@ -90,10 +90,16 @@ async fn main() -> anyhow::Result<()> {
             if ready >= nodes {
                 break;
             }
-            anyhow::ensure!(t.elapsed() < Duration::from_secs(60), "only {ready} of {nodes} nodes Ready after 60 s");
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(60),
+                "only {ready} of {nodes} nodes Ready after 60 s"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        println!("{nodes} hollow nodes Ready after {:.2} s", t.elapsed().as_secs_f64());
+        println!(
+            "{nodes} hollow nodes Ready after {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
     } else {
         for n in &names {
             let node: Node = serde_json::from_value(json!({"metadata": {"name": n},
@@ -249,7 +255,9 @@ async fn main() -> anyhow::Result<()> {
         let m = skiff_controllers::metrics_text();
         let depth = |c: &str| {
             m.lines()
-                .find(|l| l.starts_with("skiff_controller_queue_depth") && l.contains(&format!("\"{c}\"")))
+                .find(|l| {
+                    l.starts_with("skiff_controller_queue_depth") && l.contains(&format!("\"{c}\""))
+                })
                 .and_then(|l| l.rsplit(' ').next())
                 .unwrap_or("-")
                 .to_string()

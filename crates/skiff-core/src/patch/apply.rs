@@ -265,7 +265,11 @@ fn entries(obj: &Value) -> Vec<Entry> {
                     let raw = m
                         .iter()
                         .map(|(k, v)| {
-                            let v = if k == "fieldsV1" { Value::Null } else { v.clone() };
+                            let v = if k == "fieldsV1" {
+                                Value::Null
+                            } else {
+                                v.clone()
+                            };
                             (k.clone(), v)
                         })
                         .collect();
