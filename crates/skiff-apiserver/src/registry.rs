@@ -984,7 +984,9 @@ impl Registry {
                 }
             }
             set_condition(&mut pod, "PodScheduled", "True", None, None);
-            crate::fieldmanager::record(res, None, &mut pod, &opts.field_manager, None);
+            // As Kubernetes' binding storage, which updates the stored pod
+            // directly: managed fields stay as they were (the binder owns
+            // nothing, and the creator keeps what it owned).
             if opts.dry_run {
                 return Ok(());
             }

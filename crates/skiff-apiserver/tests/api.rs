@@ -397,14 +397,28 @@ async fn bound_pods_wait_for_their_node_and_binding_happens_once() {
         StatusCode::NOT_FOUND,
         "an unbound pod goes at once"
     );
-    a.post(pods, pod("bound")).await;
+    a.post(&format!("{pods}?fieldManager=creator"), pod("bound"))
+        .await;
     let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "bound"}, "target": {"kind": "Node", "name": "n1"}});
     assert_eq!(
-        a.post(&format!("{pods}/bound/binding"), binding.clone())
-            .await
-            .status,
+        a.post(
+            &format!("{pods}/bound/binding?fieldManager=binder"),
+            binding.clone()
+        )
+        .await
+        .status,
         StatusCode::CREATED
     );
+    // Binding leaves managed fields alone: the creator still owns its
+    // fields and the binder owns none.
+    let managers: Vec<Value> = a.get(&format!("{pods}/bound")).await.body["metadata"]
+        ["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["manager"].clone())
+        .collect();
+    assert_eq!(managers, [json!("creator")]);
     let again = a.post(&format!("{pods}/bound/binding"), binding).await;
     assert_eq!(again.status, StatusCode::CONFLICT);
     let p = a.get(&format!("{pods}/bound")).await.body;
