@@ -468,7 +468,11 @@ impl PodWorker {
                             format!("Container {} definition changed, will be restarted", c.name),
                         );
                         let grace = spec.termination_grace_period_seconds.unwrap_or(30);
-                        let _ = self.ctx.runtime.stop_container(&s.id, grace).await;
+                        let _ = self
+                            .ctx
+                            .runtime
+                            .stop_container(&s.id, grace.max(MIN_STOP_SECONDS))
+                            .await;
                         self.backoff.remove(&c.name);
                         acted = true;
                     }
@@ -831,7 +835,11 @@ impl PodWorker {
                     .as_ref()
                     .and_then(|s| s.termination_grace_period_seconds)
                     .unwrap_or(30);
-                let _ = self.ctx.runtime.stop_container(&s.id, grace).await;
+                let _ = self
+                    .ctx
+                    .runtime
+                    .stop_container(&s.id, grace.max(MIN_STOP_SECONDS))
+                    .await;
                 self.probes.retain(|(id, _), _| id != &s.id);
                 return true;
             }
@@ -894,8 +902,7 @@ impl PodWorker {
             stops.push(async move {
                 if let Some(c) = &c {
                     if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
-                        let left =
-                            deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
+                        let left = seconds_left(deadline);
                         let _ = tokio::time::timeout(
                             Duration::from_secs(left.max(1) as u64),
                             me.run_hook(&id, c, h, &pod_ip, left.max(1)),
@@ -903,8 +910,10 @@ impl PodWorker {
                         .await;
                     }
                 }
-                let left = deadline.saturating_duration_since(Instant::now()).as_secs() as i64;
-                let _ = rt.stop_container(&id, left.max(0)).await;
+                // What is left of the grace period, rounded up, and never
+                // under kubelet's minimal shutdown window of 2 s.
+                let left = seconds_left(deadline);
+                let _ = rt.stop_container(&id, left.max(MIN_STOP_SECONDS)).await;
             });
         }
         futures::future::join_all(stops).await;
@@ -1224,4 +1233,31 @@ fn latest<'a>(seen: &'a [Seen], name: &str) -> Option<&'a Seen> {
 
 fn chrono_now_nanos() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_nanosecond() as i64
+}
+
+/// Kubelet's minimal shutdown window: a container always gets this long
+/// between SIGTERM and SIGKILL, whatever remains of its grace period.
+const MIN_STOP_SECONDS: i64 = 2;
+
+/// Whole seconds until `deadline`, rounded up (a grace period is never
+/// shortened by truncation).
+fn seconds_left(deadline: Instant) -> i64 {
+    whole_seconds_up(deadline.saturating_duration_since(Instant::now()))
+}
+
+fn whole_seconds_up(d: Duration) -> i64 {
+    d.as_millis().div_ceil(1000) as i64
+}
+
+#[cfg(test)]
+mod grace_tests {
+    use super::*;
+
+    #[test]
+    fn what_is_left_of_a_grace_period_rounds_up_to_whole_seconds() {
+        assert_eq!(whole_seconds_up(Duration::from_millis(0)), 0);
+        assert_eq!(whole_seconds_up(Duration::from_millis(1)), 1);
+        assert_eq!(whole_seconds_up(Duration::from_millis(1900)), 2);
+        assert_eq!(whole_seconds_up(Duration::from_millis(3000)), 3);
+    }
 }

@@ -328,8 +328,8 @@ spec:
     s.ok(&["delete", "pod", "polite", "--wait=true"]);
     let took = t.elapsed();
     assert!(
-        took >= Duration::from_secs(2),
-        "deleted after {took:?}, before the grace period"
+        took >= Duration::from_millis(2900),
+        "deleted after {took:?}, before the 3 s grace period ended"
     );
     assert!(took < Duration::from_secs(30), "deletion took {took:?}");
     let events = s.ok(&[
