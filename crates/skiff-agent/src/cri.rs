@@ -162,9 +162,7 @@ impl Runtime for Cri {
 
     async fn list_sandboxes(&self, pod_uid: Option<&str>) -> Result<Vec<cri::PodSandbox>> {
         let filter = pod_uid.map(|uid| cri::PodSandboxFilter {
-            label_selector: [(crate::runtime::LABEL_POD_UID.to_string(), uid.to_string())]
-                .into_iter()
-                .collect(),
+            label_selector: pod_uid_selector(uid),
             ..Default::default()
         });
         Ok(self
@@ -233,9 +231,7 @@ impl Runtime for Cri {
 
     async fn list_containers(&self, pod_uid: Option<&str>) -> Result<Vec<cri::Container>> {
         let filter = pod_uid.map(|uid| cri::ContainerFilter {
-            label_selector: [(crate::runtime::LABEL_POD_UID.to_string(), uid.to_string())]
-                .into_iter()
-                .collect(),
+            label_selector: pod_uid_selector(uid),
             ..Default::default()
         });
         Ok(self
@@ -292,9 +288,7 @@ impl Runtime for Cri {
         pod_uid: Option<&str>,
     ) -> Result<Vec<cri::ContainerStats>> {
         let filter = pod_uid.map(|uid| cri::ContainerStatsFilter {
-            label_selector: [(crate::runtime::LABEL_POD_UID.to_string(), uid.to_string())]
-                .into_iter()
-                .collect(),
+            label_selector: pod_uid_selector(uid),
             ..Default::default()
         });
         Ok(self
@@ -316,4 +310,11 @@ impl Runtime for Cri {
             .into_inner()
             .url)
     }
+}
+
+/// The CRI label selector of one pod's sandboxes, containers or stats.
+fn pod_uid_selector(uid: &str) -> std::collections::HashMap<String, String> {
+    [(crate::runtime::LABEL_POD_UID.to_string(), uid.to_string())]
+        .into_iter()
+        .collect()
 }

@@ -156,16 +156,7 @@ impl Runtime for Sim {
     async fn list_sandboxes(&self, pod_uid: Option<&str>) -> anyhow::Result<Vec<cri::PodSandbox>> {
         Ok(lock(&self.sandboxes)
             .iter()
-            .filter(|(_, s)| match pod_uid {
-                Some(u) => {
-                    s.config
-                        .labels
-                        .get(crate::runtime::LABEL_POD_UID)
-                        .map(String::as_str)
-                        == Some(u)
-                }
-                None => true,
-            })
+            .filter(|(_, s)| of_pod(&s.config.labels, pod_uid))
             .map(|(id, s)| cri::PodSandbox {
                 id: id.clone(),
                 metadata: s.config.metadata.clone(),
@@ -242,16 +233,7 @@ impl Runtime for Sim {
         let mut cs = lock(&self.containers);
         Ok(cs
             .iter_mut()
-            .filter(|(_, c)| match pod_uid {
-                Some(u) => {
-                    c.config
-                        .labels
-                        .get(crate::runtime::LABEL_POD_UID)
-                        .map(String::as_str)
-                        == Some(u)
-                }
-                None => true,
-            })
+            .filter(|(_, c)| of_pod(&c.config.labels, pod_uid))
             .map(|(id, c)| {
                 Sim::settle(c);
                 cri::Container {
@@ -325,16 +307,7 @@ impl Runtime for Sim {
         let mut cs = lock(&self.containers);
         Ok(cs
             .iter_mut()
-            .filter(|(_, c)| match pod_uid {
-                Some(u) => {
-                    c.config
-                        .labels
-                        .get(crate::runtime::LABEL_POD_UID)
-                        .map(String::as_str)
-                        == Some(u)
-                }
-                None => true,
-            })
+            .filter(|(_, c)| of_pod(&c.config.labels, pod_uid))
             .filter_map(|(id, c)| {
                 Sim::settle(c);
                 if c.state != cri::ContainerState::ContainerRunning {
@@ -371,4 +344,15 @@ impl Runtime for Sim {
     fn is_real(&self) -> bool {
         false
     }
+}
+
+/// Whether an object with these labels belongs to `pod_uid` (any pod when
+/// `None`), as CRI's label selector on the pod-uid label answers.
+fn of_pod(labels: &HashMap<String, String>, pod_uid: Option<&str>) -> bool {
+    pod_uid.is_none_or(|u| {
+        labels
+            .get(crate::runtime::LABEL_POD_UID)
+            .map(String::as_str)
+            == Some(u)
+    })
 }
