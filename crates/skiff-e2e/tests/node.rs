@@ -510,22 +510,31 @@ fn hollow_nodes_from_the_cli_join_a_cluster_and_run_pods() {
     let _ = agent.wait();
 }
 
+/// `kubectl top`'s CPU column (`250m`, `1`) in millicores.
+fn millicores(cell: &str) -> u64 {
+    match cell.strip_suffix('m') {
+        Some(m) => m.parse().unwrap(),
+        None => cell.parse::<u64>().unwrap() * 1000,
+    }
+}
+
 #[test]
-fn a_busy_pods_cpu_and_memory_show_in_the_nodes_summary_and_resource_metrics() {
+fn a_busy_pods_usage_shows_in_the_nodes_stats_and_in_kubectl_top() {
     let s = Server::up();
     s.ok(&[
         "run",
-        "spin",
+        "busy",
         "--image",
         BUSYBOX,
         "--image-pull-policy=IfNotPresent",
+        "--labels=app=busy",
         "--",
         "sh",
         "-c",
         "while :; do :; done",
     ]);
-    wait_running(&s, "spin");
-    let node = jsonpath(&s, "spin", "{.spec.nodeName}");
+    wait_running(&s, "busy");
+    let node = jsonpath(&s, "busy", "{.spec.nodeName}");
     let raw = |path: &str| {
         let out = s.kubectl(&["get", "--raw", &format!("/api/v1/nodes/{node}/proxy{path}")]);
         assert!(
@@ -540,7 +549,7 @@ fn a_busy_pods_cpu_and_memory_show_in_the_nodes_summary_and_resource_metrics() {
         let pod = v["pods"]
             .as_array()?
             .iter()
-            .find(|p| p["podRef"]["name"] == "spin")?
+            .find(|p| p["podRef"]["name"] == "busy")?
             .clone();
         (pod["cpu"]["usageCoreNanoSeconds"].as_u64()? > 0
             && pod["memory"]["workingSetBytes"].as_u64()? > 0)
@@ -562,10 +571,10 @@ fn a_busy_pods_cpu_and_memory_show_in_the_nodes_summary_and_resource_metrics() {
     assert_eq!(pod["podRef"]["namespace"], "default");
     assert_eq!(
         pod["podRef"]["uid"].as_str().unwrap(),
-        jsonpath(&s, "spin", "{.metadata.uid}")
+        jsonpath(&s, "busy", "{.metadata.uid}")
     );
     let c = &pod["containers"][0];
-    assert_eq!(c["name"], "spin");
+    assert_eq!(c["name"], "busy");
     assert!(
         c["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap() > 0,
         "{c}"
@@ -573,7 +582,7 @@ fn a_busy_pods_cpu_and_memory_show_in_the_nodes_summary_and_resource_metrics() {
     assert!(c["memory"]["workingSetBytes"].as_u64().unwrap() > 0, "{c}");
 
     let prefix =
-        r#"container_cpu_usage_seconds_total{container="spin",namespace="default",pod="spin"} "#;
+        r#"container_cpu_usage_seconds_total{container="busy",namespace="default",pod="busy"} "#;
     let metrics = raw("/metrics/resource");
     let line = metrics
         .lines()
@@ -587,7 +596,7 @@ fn a_busy_pods_cpu_and_memory_show_in_the_nodes_summary_and_resource_metrics() {
         .unwrap();
     assert!(seconds > 0.0, "{line}");
     assert!(
-        metrics.contains(r#"pod_memory_working_set_bytes{namespace="default",pod="spin"} "#),
+        metrics.contains(r#"pod_memory_working_set_bytes{namespace="default",pod="busy"} "#),
         "{metrics}"
     );
     assert!(metrics.contains("\nscrape_error 0\n"), "{metrics}");
@@ -598,33 +607,6 @@ fn a_busy_pods_cpu_and_memory_show_in_the_nodes_summary_and_resource_metrics() {
         "/api/v1/nodes/no-such-node/proxy/stats/summary",
     ]);
     assert!(err.contains("not found"), "{err}");
-}
-
-/// `kubectl top`'s CPU column (`250m`, `1`) in millicores.
-fn millicores(cell: &str) -> u64 {
-    match cell.strip_suffix('m') {
-        Some(m) => m.parse().unwrap(),
-        None => cell.parse::<u64>().unwrap() * 1000,
-    }
-}
-
-#[test]
-fn kubectl_top_shows_the_nodes_and_a_busy_pods_cpu_and_memory() {
-    let s = Server::up();
-    s.ok(&[
-        "run",
-        "busy",
-        "--image",
-        BUSYBOX,
-        "--image-pull-policy=IfNotPresent",
-        "--labels=app=busy",
-        "--",
-        "sh",
-        "-c",
-        "while :; do :; done",
-    ]);
-    wait_running(&s, "busy");
-    let node = jsonpath(&s, "busy", "{.spec.nodeName}");
 
     // The Metrics API is discovered and measures the node.
     let out = wait_until("kubectl top nodes lists the node", 30, || {
