@@ -260,8 +260,8 @@ fn entries(obj: &Value) -> Vec<Entry> {
                         from_trie(f, &mut Vec::new(), &mut paths);
                     }
                     // `fieldsV1` is rewritten from `paths` (or the entry
-                    // dropped), so it is not copied: a placeholder keeps
-                    // its place among the keys.
+                    // dropped), so it is not copied: a null holds its
+                    // position among the keys until then.
                     let raw = m
                         .iter()
                         .map(|(k, v)| {
