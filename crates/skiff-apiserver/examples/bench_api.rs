@@ -10,6 +10,10 @@
 //! phase of 1,000 creates/s with concurrent gets, and the ratio of API
 //! create throughput to raw store create throughput at the same concurrency.
 
+/// The allocator the `skiff` binary uses, so the benchmark measures it.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -13,6 +13,10 @@
 //!     [-- --deployments 1000 --replicas 10 --nodes 100 --hollow \
 //!         --workers 8 --controllers a,-b]
 
+/// The allocator the `skiff` binary uses, so the benchmark measures it.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -10,6 +10,10 @@
 //!
 //! Options: `--nodes N --init-pods N --pods N --creators N`.
 
+/// The allocator the `skiff` binary uses, so the benchmark measures it.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

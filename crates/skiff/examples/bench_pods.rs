@@ -13,6 +13,10 @@
 //! 3. N pods created at once, each timed the same way.
 //! Reports p50/p99 of each and the ratios to the floor.
 
+/// The allocator the `skiff` binary uses, so the benchmark measures it.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,6 +2,11 @@
 //! they land, the scheduler, controllers and node agent), plus the commands
 //! around them.
 
+/// mimalloc: the API server's work is many short-lived JSON values;
+/// glibc's malloc spent about a fifth of B1's CPU on them.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
