@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{Map, Value};
+use skiff_core::fields::SelectorView;
 use skiff_core::resources::{ResourceInfo, RESOURCES};
 use skiff_core::selector::{FieldSelector, LabelSelector};
 use skiff_store::{Event, KeyValue, ListOptions, Store};
@@ -36,11 +37,13 @@ pub struct CachedObject {
 }
 
 impl CachedObject {
-    fn build(res: &ResourceInfo, kv: &KeyValue) -> Option<CachedObject> {
-        let obj = object::decode(kv).ok()?;
+    /// Builds the cache's entry for a stored object. Only what selectors
+    /// read is parsed (`view`); the bytes are served as they are.
+    fn build(res: &ResourceInfo, view: &SelectorView, kv: &KeyValue) -> Option<CachedObject> {
+        let mut obj = view.parse(&kv.value).ok()?;
         let bytes = match object::with_resource_version(&kv.value, kv.mod_revision) {
             Some(b) => Bytes::from(b),
-            None => Bytes::from(serde_json::to_vec(&obj).ok()?),
+            None => Bytes::from(serde_json::to_vec(&object::decode(kv).ok()?).ok()?),
         };
         let fields = skiff_core::fields::index_fields(res)
             .iter()
@@ -51,12 +54,16 @@ impl CachedObject {
                 )
             })
             .collect();
+        let labels = match obj.get_mut("metadata").and_then(|m| m.get_mut("labels")) {
+            Some(Value::Object(l)) => std::mem::take(l),
+            _ => Map::new(),
+        };
         Some(CachedObject {
             key: kv.key.clone(),
             namespace: object::meta_str(&obj, "namespace").to_string(),
             name: object::meta_str(&obj, "name").to_string(),
             bytes,
-            labels: object::labels(&obj),
+            labels,
             fields,
             revision: kv.mod_revision,
         })
@@ -145,6 +152,8 @@ struct Inner {
 /// One resource's cache.
 pub struct ResourceCache {
     pub res: &'static ResourceInfo,
+    /// What of an object the cache parses.
+    view: SelectorView,
     inner: RwLock<Inner>,
     changed: watch::Sender<i64>,
 }
@@ -162,6 +171,7 @@ impl ResourceCache {
     fn new(res: &'static ResourceInfo) -> Self {
         ResourceCache {
             res,
+            view: SelectorView::of(res),
             inner: RwLock::new(Inner {
                 objects: BTreeMap::new(),
                 history: VecDeque::new(),
@@ -255,14 +265,24 @@ impl ResourceCache {
     }
 
     fn apply(&self, ev: &Event) {
+        // Parse before taking the lock: readers wait only for the insert.
+        let built = match ev {
+            Event::Put { kv, .. } => CachedObject::build(self.res, &self.view, kv),
+            Event::Delete { prev, revision } => {
+                let mut kv = prev.clone();
+                kv.mod_revision = *revision;
+                CachedObject::build(self.res, &self.view, &kv)
+            }
+            Event::Progress { .. } => return,
+        };
+        let Some(obj) = built else {
+            return;
+        };
+        let obj = Arc::new(obj);
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         let event = match ev {
             Event::Put { kv, .. } => {
-                let Some(obj) = CachedObject::build(self.res, kv) else {
-                    return;
-                };
-                let obj = Arc::new(obj);
                 let prev = inner.objects.insert(kv.key.clone(), obj.clone());
                 CacheEvent {
                     kind: if prev.is_some() {
@@ -278,14 +298,9 @@ impl ResourceCache {
             }
             Event::Delete { prev, revision } => {
                 let old = inner.objects.remove(&prev.key);
-                let mut kv = prev.clone();
-                kv.mod_revision = *revision;
-                let Some(obj) = CachedObject::build(self.res, &kv) else {
-                    return;
-                };
                 CacheEvent {
                     kind: EventType::Deleted,
-                    object: Arc::new(obj),
+                    object: obj,
                     prev: old,
                     revision: *revision,
                     at: now,
@@ -303,7 +318,7 @@ impl ResourceCache {
     fn reset(&self, items: Vec<KeyValue>, revision: i64) {
         let mut objects = BTreeMap::new();
         for kv in &items {
-            if let Some(o) = CachedObject::build(self.res, kv) {
+            if let Some(o) = CachedObject::build(self.res, &self.view, kv) {
                 objects.insert(kv.key.clone(), Arc::new(o));
             }
         }
