@@ -56,12 +56,54 @@ fn item_key(item: &Value, keys: &[&str]) -> Option<String> {
     Some(format!("k:{}", Value::Object(m)))
 }
 
+/// Where [`leaves`] puts the paths it finds.
+trait Paths {
+    fn add(&mut self, path: &Path);
+}
+
+impl Paths for BTreeSet<Path> {
+    fn add(&mut self, path: &Path) {
+        if !self.contains(path) {
+            self.insert(path.clone());
+        }
+    }
+}
+
+/// Paths straight into a FieldsV1 trie, for a first owner of every field
+/// (a create): no set of paths is built only to become the trie.
+#[derive(Default)]
+struct Trie(Map<String, Value>);
+
+impl Paths for Trie {
+    fn add(&mut self, path: &Path) {
+        let mut node = &mut self.0;
+        for seg in path {
+            if !node.contains_key(seg) {
+                node.insert(seg.clone(), Value::Object(Map::new()));
+            }
+            node = node
+                .get_mut(seg)
+                .and_then(Value::as_object_mut)
+                .expect("trie node");
+        }
+    }
+}
+
+impl Trie {
+    /// The trie with every level in path order, as [`to_trie`] writes it.
+    fn finish(self) -> Value {
+        let mut v = Value::Object(self.0);
+        v.sort_all_objects();
+        v
+    }
+}
+
 /// The leaf paths a value sets.
-fn leaves(v: &Value, t: Option<TypeRef>, prefix: &mut Path, out: &mut BTreeSet<Path>, top: bool) {
+fn leaves(v: &Value, t: Option<TypeRef>, prefix: &mut Path, out: &mut impl Paths, top: bool) {
     match v {
         Value::Object(m) if t.map(|t| t.is_object() || t.is_map()).unwrap_or(true) => {
             if m.is_empty() && !top {
-                out.insert(prefix.clone());
+                out.add(prefix);
                 return;
             }
             for (k, child) in m {
@@ -81,36 +123,36 @@ fn leaves(v: &Value, t: Option<TypeRef>, prefix: &mut Path, out: &mut BTreeSet<P
                         ListType::Map(keys) => {
                             let it = ft.items();
                             if items.is_empty() {
-                                out.insert(prefix.clone());
+                                out.add(prefix);
                             }
                             for item in items {
                                 match item_key(item, &keys) {
                                     Some(ik) => {
                                         prefix.push(ik);
                                         prefix.push(".".into());
-                                        out.insert(prefix.clone());
+                                        out.add(prefix);
                                         prefix.pop();
                                         leaves(item, it, prefix, out, false);
                                         prefix.pop();
                                     }
                                     None => {
-                                        out.insert(prefix.clone());
+                                        out.add(prefix);
                                     }
                                 }
                             }
                         }
                         ListType::Set => {
                             if items.is_empty() {
-                                out.insert(prefix.clone());
+                                out.add(prefix);
                             }
                             for item in items {
                                 prefix.push(format!("v:{item}"));
-                                out.insert(prefix.clone());
+                                out.add(prefix);
                                 prefix.pop();
                             }
                         }
                         ListType::Atomic => {
-                            out.insert(prefix.clone());
+                            out.add(prefix);
                         }
                     },
                     (Value::Object(_), Some((ft, meta)))
@@ -122,14 +164,14 @@ fn leaves(v: &Value, t: Option<TypeRef>, prefix: &mut Path, out: &mut BTreeSet<P
                         leaves(child, None, prefix, out, false)
                     }
                     _ => {
-                        out.insert(prefix.clone());
+                        out.add(prefix);
                     }
                 }
                 prefix.pop();
             }
         }
         _ => {
-            out.insert(prefix.clone());
+            out.add(prefix);
         }
     }
 }
@@ -290,12 +332,18 @@ fn write_entries(obj: &mut Value, list: Vec<Entry>) {
     let arr: Vec<Value> = list
         .into_iter()
         .filter(|e| !e.paths.is_empty())
-        .map(|mut e| {
-            e.raw.insert("fieldsType".into(), json!("FieldsV1"));
-            e.raw.insert("fieldsV1".into(), to_trie(&e.paths));
-            Value::Object(e.raw)
-        })
+        .map(|e| with_fields(e.raw, to_trie(&e.paths)))
         .collect();
+    set_managed_fields(obj, arr);
+}
+
+fn with_fields(mut raw: Map<String, Value>, fields: Value) -> Value {
+    raw.insert("fieldsType".into(), json!("FieldsV1"));
+    raw.insert("fieldsV1".into(), fields);
+    Value::Object(raw)
+}
+
+fn set_managed_fields(obj: &mut Value, arr: Vec<Value>) {
     if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         if arr.is_empty() {
             m.remove("managedFields");
@@ -348,6 +396,27 @@ pub fn record_update(
     now: &str,
     api_version: &str,
 ) {
+    let first_owner = old.is_none()
+        && subresource.is_none()
+        && new
+            .pointer("/metadata/managedFields")
+            .and_then(Value::as_array)
+            .map(Vec::is_empty)
+            .unwrap_or(true);
+    if first_owner {
+        // A create: every field the object sets is the manager's.
+        let mut trie = Trie::default();
+        leaves(new, t, &mut Vec::new(), &mut trie, true);
+        let fields = trie.finish();
+        let arr = if fields.as_object().is_some_and(|m| m.is_empty()) {
+            Vec::new()
+        } else {
+            let e = new_entry(manager, operation, None, now, api_version);
+            vec![with_fields(e.raw, fields)]
+        };
+        set_managed_fields(new, arr);
+        return;
+    }
     let mut list = match old {
         Some(o) => entries(o),
         None => entries(new),
@@ -622,6 +691,34 @@ mod tests {
 
     fn t() -> Option<TypeRef> {
         root("apps", "v1", "Deployment")
+    }
+
+    #[test]
+    fn a_create_records_the_same_fields_as_the_general_path_would() {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "labels": {"b": "2", "a": "1"}, "uid": "u"},
+            "spec": {"containers": [{"name": "c", "image": "pause",
+                    "ports": [{"containerPort": 80}, {"containerPort": 53, "protocol": "UDP"}],
+                    "resources": {"limits": {"cpu": "100m"}, "requests": {"cpu": "100m"}}}],
+                "tolerations": [{"key": "k", "operator": "Exists"}],
+                "dnsPolicy": "ClusterFirst", "securityContext": {}}});
+        let t = root("", "v1", "Pod");
+        let mut created = pod.clone();
+        record_update(None, &mut created, "me", "Update", None, t, NOW, "v1");
+        let entries = created["metadata"]["managedFields"].as_array().unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0]["manager"], "me");
+        assert_eq!(entries[0]["fieldsType"], "FieldsV1");
+        // The same trie, in the same key order, as the set of paths gives.
+        let expected = to_trie(&paths_of(&pod, t));
+        assert_eq!(
+            serde_json::to_string(&entries[0]["fieldsV1"]).unwrap(),
+            serde_json::to_string(&expected).unwrap()
+        );
+        assert!(entries[0]["fieldsV1"]["f:spec"]["f:containers"]
+            .get(r#"k:{"name":"c"}"#)
+            .is_some());
+        assert!(entries[0]["fieldsV1"]["f:metadata"].get("f:uid").is_none());
     }
 
     #[test]
