@@ -5,6 +5,7 @@
 //! need, consistently, and records quota usage.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 use skiff_core::admission as core;
@@ -35,20 +36,35 @@ fn lookup(group: &str, version: &str, plural: &str) -> &'static ResourceInfo {
 }
 
 /// The current objects of a resource (in a namespace), read consistently.
+/// Policy objects are parsed once per version and shared; other kinds (the
+/// pods a quota counts, say) are parsed per call and not kept.
 async fn current(
     reg: &Registry,
     res: &'static ResourceInfo,
     ns: Option<&str>,
-) -> ApiResult<Vec<Value>> {
+) -> ApiResult<Vec<Arc<Value>>> {
     let filter = Filter {
         namespace: ns.map(str::to_string),
         ..Default::default()
     };
+    let keep = matches!(
+        (res.group, res.kind),
+        ("scheduling.k8s.io", "PriorityClass") | ("", "LimitRange" | "ResourceQuota")
+    );
+    if let Some(objs) = reg.consistent_snapshot(res, &filter).await? {
+        return Ok(objs
+            .iter()
+            .filter_map(|o| match keep {
+                true => o.value(),
+                false => serde_json::from_slice(&o.bytes).ok().map(Arc::new),
+            })
+            .collect());
+    }
     let out = reg.list(res, &filter, 0, None, None, false).await?;
     Ok(out
         .items
         .iter()
-        .filter_map(|b| serde_json::from_slice(b).ok())
+        .filter_map(|b| serde_json::from_slice(b).ok().map(Arc::new))
         .collect())
 }
 

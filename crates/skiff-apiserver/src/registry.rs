@@ -17,7 +17,7 @@ use skiff_core::{ApiError, ApiResult, Cause};
 use skiff_store::{KeyValue, ListOptions, Store};
 
 use crate::object::{self, decode, encode, meta_str, metadata_mut, now_rfc3339};
-use crate::watchcache::{Filter, WatchCache};
+use crate::watchcache::{CachedObject, Filter, WatchCache};
 
 /// How strictly unknown and duplicate fields are treated (`fieldValidation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,6 +194,30 @@ impl Registry {
             .map_err(|e| store_err(res, name, e))
     }
 
+    /// Waits (up to 3 s) until the watch cache has seen every write the
+    /// store has acknowledged, so a read from it is consistent.
+    async fn cache_is_current(&self, res: &ResourceInfo) -> ApiResult<bool> {
+        let current = self
+            .store
+            .current_revision()
+            .await
+            .map_err(|e| store_err(res, "", e))?;
+        Ok(self.cache.wait_for(current, Duration::from_secs(3)).await)
+    }
+
+    /// The current objects matching `filter`, read consistently from the
+    /// watch cache; `None` when the cache is behind (read the store then).
+    pub async fn consistent_snapshot(
+        &self,
+        res: &'static ResourceInfo,
+        filter: &Filter,
+    ) -> ApiResult<Option<Vec<Arc<CachedObject>>>> {
+        if !self.cache_is_current(res).await? {
+            return Ok(None);
+        }
+        Ok(Some(self.cache.resource(res).snapshot(filter)))
+    }
+
     /// Lists objects: from the watch cache unless paging or an exact old
     /// revision is asked for, which the store serves from one snapshot.
     pub async fn list(
@@ -226,12 +250,7 @@ impl Registry {
         match rv {
             // Consistent read: whatever the store has now.
             None => {
-                let current = self
-                    .store
-                    .current_revision()
-                    .await
-                    .map_err(|e| store_err(res, "", e))?;
-                if !self.cache.wait_for(current, Duration::from_secs(3)).await {
+                if !self.cache_is_current(res).await? {
                     return self.list_from_store(res, filter, 0, None, None).await;
                 }
             }
@@ -934,41 +953,34 @@ impl Registry {
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
+        // The first try starts from the watch cache's copy (no store read);
+        // the write is conditional on its revision, so a stale copy only
+        // costs a conflict and a retry from the store.
+        let mut cached = self
+            .cache
+            .resource(res)
+            .get(&object::object_key(res, Some(ns), name));
         loop {
-            let Some(cur) = self.get_kv(res, Some(ns), name).await? else {
-                return Err(ApiError::not_found("", "pods", name));
+            let from_cache = cached.is_some();
+            let cur = match cached.take() {
+                Some(o) => KeyValue {
+                    key: o.key.clone(),
+                    value: o.bytes.clone(),
+                    create_revision: 0,
+                    mod_revision: o.revision,
+                },
+                None => match self.get_kv(res, Some(ns), name).await? {
+                    Some(kv) => kv,
+                    None => return Err(ApiError::not_found("", "pods", name)),
+                },
             };
             let mut pod = decode(&cur)?;
-            if !wanted_uid.is_empty() && wanted_uid != meta_str(&pod, "uid") {
-                return Err(ApiError::conflict(
-                    "",
-                    "pods",
-                    name,
-                    &format!(
-                        "Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: {}",
-                        meta_str(&pod, "uid")
-                    ),
-                ));
-            }
-            if !meta_str(&pod, "deletionTimestamp").is_empty() {
-                return Err(ApiError::conflict(
-                    "",
-                    "pods",
-                    name,
-                    "pod is being deleted, cannot be assigned to a host",
-                ));
-            }
-            let current = pod
-                .pointer("/spec/nodeName")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            if !current.is_empty() {
-                return Err(ApiError::conflict(
-                    "",
-                    "pods",
-                    name,
-                    &format!("pod {name} is already assigned to node {current:?}"),
-                ));
+            if let Err(e) = bindable(&pod, name, &wanted_uid) {
+                // A cached copy may be of an older pod of that name.
+                if from_cache {
+                    continue;
+                }
+                return Err(e);
             }
             pod["spec"]["nodeName"] = json!(node);
             if let Some(ann) = binding
@@ -1544,4 +1556,40 @@ fn decode_continue(t: &str) -> ApiResult<(i64, String)> {
         return Err(bad());
     }
     Ok((rev, start.to_string()))
+}
+
+/// Whether a pod may be bound now (Kubernetes' binding storage checks).
+fn bindable(pod: &Value, name: &str, wanted_uid: &str) -> ApiResult<()> {
+    if !wanted_uid.is_empty() && wanted_uid != meta_str(pod, "uid") {
+        return Err(ApiError::conflict(
+            "",
+            "pods",
+            name,
+            &format!(
+                "Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: {}",
+                meta_str(pod, "uid")
+            ),
+        ));
+    }
+    if !meta_str(pod, "deletionTimestamp").is_empty() {
+        return Err(ApiError::conflict(
+            "",
+            "pods",
+            name,
+            "pod is being deleted, cannot be assigned to a host",
+        ));
+    }
+    let current = pod
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if !current.is_empty() {
+        return Err(ApiError::conflict(
+            "",
+            "pods",
+            name,
+            &format!("pod {name} is already assigned to node {current:?}"),
+        ));
+    }
+    Ok(())
 }

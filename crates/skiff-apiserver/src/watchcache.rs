@@ -8,7 +8,7 @@
 //! wait until the cache has seen the store's current revision.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -34,6 +34,8 @@ pub struct CachedObject {
     /// `(field, value)` for each field selector the kind supports.
     pub fields: Vec<(&'static str, String)>,
     pub revision: i64,
+    /// The whole object, once someone asked for it through [`Self::value`].
+    parsed: OnceLock<Option<Arc<Value>>>,
 }
 
 impl CachedObject {
@@ -66,7 +68,17 @@ impl CachedObject {
             labels,
             fields,
             revision: kv.mod_revision,
+            parsed: OnceLock::new(),
         })
+    }
+
+    /// The whole object, parsed on first use and kept: for the few policy
+    /// objects (PriorityClasses, LimitRanges, ResourceQuotas) that admission
+    /// reads on every create. `None` if the bytes are not JSON.
+    pub fn value(&self) -> Option<Arc<Value>> {
+        self.parsed
+            .get_or_init(|| serde_json::from_slice(&self.bytes).ok().map(Arc::new))
+            .clone()
     }
 
     /// The value of a field selector's field for this object.

@@ -456,6 +456,37 @@ async fn bound_pods_wait_for_their_node_and_binding_happens_once() {
 }
 
 #[tokio::test]
+async fn a_binding_names_the_pod_it_means_by_uid() {
+    let a = api().await;
+    let pods = "/api/v1/namespaces/default/pods";
+    let pod =
+        json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i:1"}]}});
+    let old_uid = a.post(pods, pod.clone()).await.body["metadata"]["uid"].clone();
+    a.delete(&format!("{pods}/p")).await;
+    let uid = a.post(pods, pod).await.body["metadata"]["uid"].clone();
+    let bind = |uid: &Value| json!({"metadata": {"name": "p", "uid": uid}, "target": {"kind": "Node", "name": "n1"}});
+    // The pod of that name before it was recreated: a conflict that says so.
+    let stale = a.post(&format!("{pods}/p/binding"), bind(&old_uid)).await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
+    let msg = stale.body["message"].as_str().unwrap();
+    assert!(
+        msg.contains("Precondition failed: UID in precondition"),
+        "{msg}"
+    );
+    assert_eq!(
+        a.get(&format!("{pods}/p")).await.body["spec"]["nodeName"],
+        Value::Null
+    );
+    // The pod that is there now binds.
+    let ok = a.post(&format!("{pods}/p/binding"), bind(&uid)).await;
+    assert_eq!(ok.status, StatusCode::CREATED, "{}", ok.body);
+    assert_eq!(
+        a.get(&format!("{pods}/p")).await.body["spec"]["nodeName"],
+        "n1"
+    );
+}
+
+#[tokio::test]
 async fn a_confirmed_pod_goes_when_its_last_finalizer_is_removed() {
     let a = api().await;
     let pods = "/api/v1/namespaces/default/pods";

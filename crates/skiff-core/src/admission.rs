@@ -9,6 +9,7 @@
 //! - LimitRanger: container defaults, then min/max/ratio bounds.
 //! - ResourceQuota: usage of an object and the check against hard limits.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
@@ -85,7 +86,7 @@ pub fn default_tolerations(spec: &mut Value) {
 /// the named PriorityClass, or the global default when none is named.
 /// `classes` are the cluster's PriorityClass objects. The error is the
 /// message of Kubernetes' Forbidden answer.
-pub fn resolve_priority(spec: &mut Value, classes: &[Value]) -> Result<(), String> {
+pub fn resolve_priority(spec: &mut Value, classes: &[impl Borrow<Value>]) -> Result<(), String> {
     let Some(m) = spec.as_object_mut() else {
         return Ok(());
     };
@@ -105,6 +106,7 @@ pub fn resolve_priority(spec: &mut Value, classes: &[Value]) -> Result<(), Strin
         // The global default; with several (a race), the lowest value.
         let default = classes
             .iter()
+            .map(Borrow::borrow)
             .filter(|c| c.get("globalDefault").and_then(Value::as_bool) == Some(true))
             .min_by_key(|c| value_of(c));
         match default {
@@ -121,6 +123,7 @@ pub fn resolve_priority(spec: &mut Value, classes: &[Value]) -> Result<(), Strin
     } else {
         let found = classes
             .iter()
+            .map(Borrow::borrow)
             .find(|c| c.pointer("/metadata/name").and_then(Value::as_str) == Some(named.as_str()));
         match found {
             Some(c) => (value_of(c), policy_of(c)),
@@ -260,10 +263,13 @@ fn resource_list<'a>(c: &'a Value, which: &str) -> Option<&'a Map<String, Value>
 /// LimitRanger's defaulting: containers without a request or limit for a
 /// resource get the Container item's `defaultRequest`/`default`. Returns
 /// the `kubernetes.io/limit-ranger` annotation text when anything was set.
-pub fn apply_limit_range_defaults(pod: &mut Value, ranges: &[Value]) -> Option<String> {
+pub fn apply_limit_range_defaults(
+    pod: &mut Value,
+    ranges: &[impl Borrow<Value>],
+) -> Option<String> {
     let mut defaults_limits = Map::new();
     let mut defaults_requests = Map::new();
-    for lr in ranges {
+    for lr in ranges.iter().map(Borrow::borrow) {
         for item in lr
             .pointer("/spec/limits")
             .and_then(Value::as_array)
@@ -497,9 +503,9 @@ fn pod_totals(pod: &Value, which: &str) -> Map<String, Value> {
 
 /// LimitRanger's validation of a pod against the namespace's LimitRanges;
 /// the error is Kubernetes' aggregated message.
-pub fn validate_limit_ranges(pod: &Value, ranges: &[Value]) -> Result<(), String> {
+pub fn validate_limit_ranges(pod: &Value, ranges: &[impl Borrow<Value>]) -> Result<(), String> {
     let mut errs = Vec::new();
-    for lr in ranges {
+    for lr in ranges.iter().map(Borrow::borrow) {
         for item in lr
             .pointer("/spec/limits")
             .and_then(Value::as_array)
