@@ -859,7 +859,7 @@ mod tests {
         assert_eq!(spec["priorityClassName"], "dflt");
         assert_eq!(spec["preemptionPolicy"], "Never");
         let mut spec = json!({"priorityClassName": "system-node-critical"});
-        resolve_priority(&mut spec, &[]).unwrap();
+        resolve_priority(&mut spec, &[] as &[Value]).unwrap();
         assert_eq!(spec["priority"], 2_000_001_000);
         let mut spec = json!({"priorityClassName": "nope"});
         assert_eq!(
