@@ -70,31 +70,68 @@ impl Paths for BTreeSet<Path> {
 }
 
 /// Paths straight into a FieldsV1 trie, for a first owner of every field
-/// (a create): no set of paths is built only to become the trie.
-#[derive(Default)]
-struct Trie(Map<String, Value>);
+/// (a create): no set of paths is built only to become the trie. Nodes live
+/// in an arena; [`leaves`] gives paths depth first, so each one shares a
+/// prefix with the one before and only its new segments are looked up.
+struct Trie {
+    /// (segment, children) per node; node 0 is the root.
+    nodes: Vec<(String, Vec<usize>)>,
+    /// The nodes of the last path added, root excluded.
+    last: Vec<usize>,
+}
+
+impl Default for Trie {
+    fn default() -> Self {
+        Trie {
+            nodes: vec![(String::new(), Vec::new())],
+            last: Vec::new(),
+        }
+    }
+}
 
 impl Paths for Trie {
     fn add(&mut self, path: &Path) {
-        let mut node = &mut self.0;
-        for seg in path {
-            if !node.contains_key(seg) {
-                node.insert(seg.clone(), Value::Object(Map::new()));
-            }
-            node = node
-                .get_mut(seg)
-                .and_then(Value::as_object_mut)
-                .expect("trie node");
+        let same = self
+            .last
+            .iter()
+            .zip(path)
+            .take_while(|(n, seg)| self.nodes[**n].0 == **seg)
+            .count();
+        self.last.truncate(same);
+        for seg in &path[same..] {
+            let parent = self.last.last().copied().unwrap_or(0);
+            let found = self.nodes[parent]
+                .1
+                .iter()
+                .copied()
+                .find(|c| self.nodes[*c].0 == *seg);
+            let node = found.unwrap_or_else(|| {
+                self.nodes.push((seg.clone(), Vec::new()));
+                let n = self.nodes.len() - 1;
+                self.nodes[parent].1.push(n);
+                n
+            });
+            self.last.push(node);
         }
     }
 }
 
 impl Trie {
-    /// The trie with every level in path order, as [`to_trie`] writes it.
-    fn finish(self) -> Value {
-        let mut v = Value::Object(self.0);
-        v.sort_all_objects();
-        v
+    /// The trie as FieldsV1, every level in path order as [`to_trie`]
+    /// writes it.
+    fn finish(mut self) -> Value {
+        self.value(0)
+    }
+
+    fn value(&mut self, node: usize) -> Value {
+        let mut children = std::mem::take(&mut self.nodes[node].1);
+        children.sort_by(|a, b| self.nodes[*a].0.cmp(&self.nodes[*b].0));
+        let mut m = Map::new();
+        for c in children {
+            let v = self.value(c);
+            m.insert(std::mem::take(&mut self.nodes[c].0), v);
+        }
+        Value::Object(m)
     }
 }
 
@@ -719,6 +756,21 @@ mod tests {
             .get(r#"k:{"name":"c"}"#)
             .is_some());
         assert!(entries[0]["fieldsV1"]["f:metadata"].get("f:uid").is_none());
+        // Keys met again after other paths (two items with one key) and a
+        // deployment's nested template give the same trie too.
+        let twice = json!({"spec": {"containers": [{"name": "c", "image": "a"},
+            {"name": "d"}, {"name": "c", "args": ["x"]}]}});
+        for (obj, t) in [
+            (twice, t),
+            (deploy(2, "x:1"), root("apps", "v1", "Deployment")),
+        ] {
+            let mut trie = Trie::default();
+            leaves(&obj, t, &mut Vec::new(), &mut trie, true);
+            assert_eq!(
+                serde_json::to_string(&trie.finish()).unwrap(),
+                serde_json::to_string(&to_trie(&paths_of(&obj, t))).unwrap()
+            );
+        }
     }
 
     #[test]
