@@ -2,12 +2,18 @@
 //! revisions, group commit (one durable transaction per batch of concurrent
 //! writes, each acknowledged only after its commit), and compaction.
 //!
-//! Tables:
-//! - `kv`: key → (create revision, mod revision, value): the latest state;
-//! - `hist`: (key, revision) → value or tombstone: every version since the
-//!   last compaction;
-//! - `log`: revision → key: the order of writes, for watches;
-//! - `meta`: the current and the compacted revision.
+//! Tables (on-disk layout 2; each value is stored once):
+//! - `revisions`: revision → (create revision, key, value): every write since
+//!   the last compaction, in order, plus the latest version of every key that
+//!   was live at the compacted revision. A deletion is a record with create
+//!   revision 0 and no value. This is the only copy of each value, and
+//!   appending by revision touches only the right edge of the tree.
+//! - `versions`: (key, revision) → create revision (0: deleted): the versions
+//!   of each key, small entries; the last one of a key is its current state.
+//! - `meta`: the layout, the current and the compacted revision.
+//!
+//! Layout 1 (tables `kv`, `hist`, `log`: every value written twice) is
+//! refused with an error when opened; it is not migrated.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -17,15 +23,18 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use tokio::sync::{broadcast, oneshot};
 
 use crate::{Error, Event, KeyValue, ListOptions, ListResult, Result, Store, WatchStream};
 
-const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
-const HIST: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("hist");
-const LOG: TableDefinition<u64, &str> = TableDefinition::new("log");
+const REVISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("revisions");
+const VERSIONS: TableDefinition<(&str, u64), u64> = TableDefinition::new("versions");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// The on-disk layout this code reads and writes (`meta["layout"]`; a file
+/// without it is layout 1).
+const LAYOUT: u64 = 2;
 
 /// Tuning of the embedded store.
 #[derive(Debug, Clone)]
@@ -72,49 +81,99 @@ fn backend<E: std::fmt::Display>(e: E) -> Error {
     Error::Backend(e.to_string())
 }
 
-fn enc_kv(create: i64, modr: i64, value: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(16 + value.len());
-    v.extend_from_slice(&create.to_le_bytes());
-    v.extend_from_slice(&modr.to_le_bytes());
-    v.extend_from_slice(value);
-    v
+/// Writes the record of one revision into `buf`: create revision (0 for a
+/// deletion), key length, key, value.
+fn enc_record(buf: &mut Vec<u8>, create: i64, key: &str, value: &[u8]) {
+    buf.clear();
+    buf.reserve(12 + key.len() + value.len());
+    buf.extend_from_slice(&(create as u64).to_le_bytes());
+    buf.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    buf.extend_from_slice(key.as_bytes());
+    buf.extend_from_slice(value);
 }
 
-fn dec_kv(key: &str, b: &[u8]) -> KeyValue {
-    let create = i64::from_le_bytes(b[0..8].try_into().unwrap_or([0; 8]));
-    let modr = i64::from_le_bytes(b[8..16].try_into().unwrap_or([0; 8]));
-    KeyValue {
-        key: key.to_string(),
-        value: Bytes::copy_from_slice(&b[16..]),
-        create_revision: create,
-        mod_revision: modr,
+/// A decoded record of the `revisions` table.
+struct Record<'a> {
+    create: u64,
+    key: &'a str,
+    value: &'a [u8],
+}
+
+fn dec_record(rev: u64, b: &[u8]) -> Result<Record<'_>> {
+    let corrupt = || Error::Backend(format!("the record of revision {rev} is corrupt"));
+    let create = u64::from_le_bytes(
+        b.get(0..8)
+            .ok_or_else(corrupt)?
+            .try_into()
+            .map_err(|_| corrupt())?,
+    );
+    let len = u32::from_le_bytes(
+        b.get(8..12)
+            .ok_or_else(corrupt)?
+            .try_into()
+            .map_err(|_| corrupt())?,
+    ) as usize;
+    let key = b.get(12..12 + len).ok_or_else(corrupt)?;
+    let key = std::str::from_utf8(key).map_err(|_| corrupt())?;
+    Ok(Record {
+        create,
+        key,
+        value: &b[12 + len..],
+    })
+}
+
+/// The last version of `key` at or below revision `at`: (revision, create
+/// revision), the create revision 0 when that version is a deletion.
+fn last_version<T: ReadableTable<(&'static str, u64), u64>>(
+    versions: &T,
+    key: &str,
+    at: u64,
+) -> Result<Option<(u64, u64)>> {
+    match versions
+        .range((key, 0u64)..=(key, at))
+        .map_err(backend)?
+        .next_back()
+    {
+        Some(item) => {
+            let (k, v) = item.map_err(backend)?;
+            Ok(Some((k.value().1, v.value())))
+        }
+        None => Ok(None),
     }
 }
 
-/// A history entry: 0 = put (create revision, value), 1 = tombstone.
-fn enc_hist(tomb: bool, create: i64, value: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(9 + value.len());
-    v.push(tomb as u8);
-    v.extend_from_slice(&create.to_le_bytes());
-    v.extend_from_slice(value);
-    v
+/// The live version of `key` at or below `at`, if any: (revision, create revision).
+fn live_version<T: ReadableTable<(&'static str, u64), u64>>(
+    versions: &T,
+    key: &str,
+    at: u64,
+) -> Result<Option<(u64, u64)>> {
+    Ok(last_version(versions, key, at)?.filter(|(_, create)| *create != 0))
 }
 
-fn dec_hist(key: &str, rev: u64, b: &[u8]) -> Option<KeyValue> {
-    if b.first() == Some(&1) {
-        return None;
-    }
-    let create = i64::from_le_bytes(b[1..9].try_into().unwrap_or([0; 8]));
-    Some(KeyValue {
+/// The item `key` was at revision `rev` (a put with create revision `create`).
+fn item_at<T: ReadableTable<u64, &'static [u8]>>(
+    revisions: &T,
+    key: &str,
+    rev: u64,
+    create: u64,
+) -> Result<KeyValue> {
+    let rec = revisions
+        .get(rev)
+        .map_err(backend)?
+        .ok_or_else(|| Error::Backend(format!("revision {rev} of {key:?} is missing")))?;
+    let r = dec_record(rev, rec.value())?;
+    Ok(KeyValue {
         key: key.to_string(),
-        value: Bytes::copy_from_slice(&b[9..]),
-        create_revision: create,
+        value: Bytes::copy_from_slice(r.value),
+        create_revision: create as i64,
         mod_revision: rev as i64,
     })
 }
 
 impl RedbStore {
-    /// Opens (or creates) the store at `path`.
+    /// Opens (or creates) the store at `path`. A file in another on-disk
+    /// layout is refused with [`Error::Backend`].
     pub fn open(path: &Path, opts: RedbOptions) -> Result<Arc<RedbStore>> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(backend)?;
@@ -122,11 +181,33 @@ impl RedbStore {
         let db = Database::create(path).map_err(backend)?;
         let (rev, compacted) = {
             let w = db.begin_write().map_err(backend)?;
+            let tables: Vec<String> = w
+                .list_tables()
+                .map_err(backend)?
+                .map(|t| t.name().to_string())
+                .collect();
+            if !tables.is_empty() {
+                let layout = if tables.iter().any(|t| t == META.name()) {
+                    let meta = w.open_table(META).map_err(backend)?;
+                    let layout = meta.get("layout").map_err(backend)?.map(|g| g.value());
+                    layout.unwrap_or(1)
+                } else {
+                    1
+                };
+                if layout != LAYOUT {
+                    w.abort().map_err(backend)?;
+                    return Err(Error::Backend(format!(
+                        "{}: the store file has on-disk layout {layout}, this skiff reads only layout {LAYOUT}; \
+                         it is not converted: move the file aside to start an empty store",
+                        path.display()
+                    )));
+                }
+            }
             let r = {
-                let _ = w.open_table(KV).map_err(backend)?;
-                let _ = w.open_table(HIST).map_err(backend)?;
-                let _ = w.open_table(LOG).map_err(backend)?;
-                let meta = w.open_table(META).map_err(backend)?;
+                let _ = w.open_table(REVISIONS).map_err(backend)?;
+                let _ = w.open_table(VERSIONS).map_err(backend)?;
+                let mut meta = w.open_table(META).map_err(backend)?;
+                meta.insert("layout", LAYOUT).map_err(backend)?;
                 let rev = meta
                     .get("revision")
                     .map_err(backend)?
@@ -209,36 +290,42 @@ impl RedbStore {
     /// Events with revision > `after`, read from history (for watch catch-up).
     fn replay(&self, prefix: &str, after: i64) -> Result<Vec<Event>> {
         let r = self.db.begin_read().map_err(backend)?;
-        let log = r.open_table(LOG).map_err(backend)?;
-        let hist = r.open_table(HIST).map_err(backend)?;
+        let revisions = r.open_table(REVISIONS).map_err(backend)?;
+        let versions = r.open_table(VERSIONS).map_err(backend)?;
         let mut out = Vec::new();
-        for item in log.range((after as u64 + 1)..).map_err(backend)? {
-            let (rev, key) = item.map_err(backend)?;
+        for item in revisions
+            .range((after.max(0) as u64 + 1)..)
+            .map_err(backend)?
+        {
+            let (rev, rec) = item.map_err(backend)?;
             let rev = rev.value();
-            let key = key.value().to_string();
-            if !key.starts_with(prefix) {
+            let rec = rec.value();
+            let rec = dec_record(rev, rec)?;
+            if !rec.key.starts_with(prefix) {
                 continue;
             }
-            let Some(cur) = hist.get((key.as_str(), rev)).map_err(backend)? else {
-                continue;
+            let prev = match live_version(&versions, rec.key, rev - 1)? {
+                Some((prev_rev, create)) => Some(item_at(&revisions, rec.key, prev_rev, create)?),
+                None => None,
             };
-            let cur = dec_hist(&key, rev, cur.value());
-            let prev = hist
-                .range((key.as_str(), 0u64)..(key.as_str(), rev))
-                .map_err(backend)?
-                .next_back()
-                .transpose()
-                .map_err(backend)?
-                .and_then(|(k, v)| dec_hist(&key, k.value().1, v.value()));
-            out.push(match cur {
-                Some(kv) => Event::Put { kv, prev },
-                None => match prev {
+            out.push(if rec.create != 0 {
+                Event::Put {
+                    kv: KeyValue {
+                        key: rec.key.to_string(),
+                        value: Bytes::copy_from_slice(rec.value),
+                        create_revision: rec.create as i64,
+                        mod_revision: rev as i64,
+                    },
+                    prev,
+                }
+            } else {
+                match prev {
                     Some(p) => Event::Delete {
                         prev: p,
                         revision: rev as i64,
                     },
                     None => continue,
-                },
+                }
             });
         }
         Ok(out)
@@ -254,6 +341,8 @@ fn committer(
     compacted: Arc<AtomicI64>,
     max_batch: usize,
 ) {
+    // The record being inserted, reused across writes.
+    let mut buf: Vec<u8> = Vec::new();
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < max_batch {
@@ -270,19 +359,20 @@ fn committer(
             let mut w = db.begin_write().map_err(backend)?;
             w.set_durability(Durability::Immediate).map_err(backend)?;
             {
-                let mut kv = w.open_table(KV).map_err(backend)?;
-                let mut hist = w.open_table(HIST).map_err(backend)?;
-                let mut log = w.open_table(LOG).map_err(backend)?;
+                let mut revisions = w.open_table(REVISIONS).map_err(backend)?;
+                let mut versions = w.open_table(VERSIONS).map_err(backend)?;
                 let mut meta = w.open_table(META).map_err(backend)?;
                 for op in &batch {
-                    let current = kv
-                        .get(op.key.as_str())
-                        .map_err(backend)?
-                        .map(|g| dec_kv(&op.key, g.value()));
+                    let key = op.key.as_str();
                     let r = match op.kind {
                         OpKind::Compact(to) => {
                             if to > compact_to && to <= rev {
-                                compact(&mut hist, &mut log, to as u64)?;
+                                compact(
+                                    &mut revisions,
+                                    &mut versions,
+                                    compact_to as u64,
+                                    to as u64,
+                                )?;
                                 compact_to = to;
                             }
                             Ok((
@@ -295,7 +385,7 @@ fn committer(
                                 compact_to,
                             ))
                         }
-                        OpKind::Create => match current {
+                        OpKind::Create => match live_version(&versions, key, u64::MAX)? {
                             Some(_) => Err(Error::AlreadyExists(op.key.clone())),
                             None => {
                                 rev += 1;
@@ -305,14 +395,13 @@ fn committer(
                                     create_revision: rev,
                                     mod_revision: rev,
                                 };
-                                kv.insert(op.key.as_str(), enc_kv(rev, rev, &op.value).as_slice())
+                                versions
+                                    .insert((key, rev as u64), rev as u64)
                                     .map_err(backend)?;
-                                hist.insert(
-                                    (op.key.as_str(), rev as u64),
-                                    enc_hist(false, rev, &op.value).as_slice(),
-                                )
-                                .map_err(backend)?;
-                                log.insert(rev as u64, op.key.as_str()).map_err(backend)?;
+                                enc_record(&mut buf, rev, key, &op.value);
+                                revisions
+                                    .insert(rev as u64, buf.as_slice())
+                                    .map_err(backend)?;
                                 new_events.push(Event::Put {
                                     kv: item.clone(),
                                     prev: None,
@@ -320,32 +409,31 @@ fn committer(
                                 Ok((item, rev))
                             }
                         },
-                        OpKind::Update(expected) => match current {
+                        OpKind::Update(expected) => match live_version(&versions, key, u64::MAX)? {
                             None => Err(Error::NotFound(op.key.clone())),
-                            Some(cur) if cur.mod_revision != expected => Err(Error::Conflict {
-                                key: op.key.clone(),
-                                expected,
-                                current: Some(cur),
-                            }),
-                            Some(cur) => {
+                            Some((cur_rev, create)) if cur_rev as i64 != expected => {
+                                Err(Error::Conflict {
+                                    key: op.key.clone(),
+                                    expected,
+                                    current: Some(item_at(&revisions, key, cur_rev, create)?),
+                                })
+                            }
+                            Some((cur_rev, create)) => {
+                                let cur = item_at(&revisions, key, cur_rev, create)?;
                                 rev += 1;
                                 let item = KeyValue {
                                     key: op.key.clone(),
                                     value: op.value.clone(),
-                                    create_revision: cur.create_revision,
+                                    create_revision: create as i64,
                                     mod_revision: rev,
                                 };
-                                kv.insert(
-                                    op.key.as_str(),
-                                    enc_kv(cur.create_revision, rev, &op.value).as_slice(),
-                                )
-                                .map_err(backend)?;
-                                hist.insert(
-                                    (op.key.as_str(), rev as u64),
-                                    enc_hist(false, cur.create_revision, &op.value).as_slice(),
-                                )
-                                .map_err(backend)?;
-                                log.insert(rev as u64, op.key.as_str()).map_err(backend)?;
+                                versions
+                                    .insert((key, rev as u64), create)
+                                    .map_err(backend)?;
+                                enc_record(&mut buf, create as i64, key, &op.value);
+                                revisions
+                                    .insert(rev as u64, buf.as_slice())
+                                    .map_err(backend)?;
                                 new_events.push(Event::Put {
                                     kv: item.clone(),
                                     prev: Some(cur),
@@ -353,31 +441,29 @@ fn committer(
                                 Ok((item, rev))
                             }
                         },
-                        OpKind::Delete(expected) => match current {
+                        OpKind::Delete(expected) => match live_version(&versions, key, u64::MAX)? {
                             None => Err(Error::NotFound(op.key.clone())),
-                            Some(cur)
-                                if expected.map(|e| e != cur.mod_revision).unwrap_or(false) =>
-                            {
-                                Err(Error::Conflict {
-                                    key: op.key.clone(),
-                                    expected: expected.unwrap_or(0),
-                                    current: Some(cur),
-                                })
-                            }
-                            Some(cur) => {
-                                rev += 1;
-                                kv.remove(op.key.as_str()).map_err(backend)?;
-                                hist.insert(
-                                    (op.key.as_str(), rev as u64),
-                                    enc_hist(true, 0, &[]).as_slice(),
-                                )
-                                .map_err(backend)?;
-                                log.insert(rev as u64, op.key.as_str()).map_err(backend)?;
-                                new_events.push(Event::Delete {
-                                    prev: cur.clone(),
-                                    revision: rev,
-                                });
-                                Ok((cur, rev))
+                            Some((cur_rev, create)) => {
+                                let cur = item_at(&revisions, key, cur_rev, create)?;
+                                if expected.map(|e| e != cur.mod_revision).unwrap_or(false) {
+                                    Err(Error::Conflict {
+                                        key: op.key.clone(),
+                                        expected: expected.unwrap_or(0),
+                                        current: Some(cur),
+                                    })
+                                } else {
+                                    rev += 1;
+                                    versions.insert((key, rev as u64), 0).map_err(backend)?;
+                                    enc_record(&mut buf, 0, key, &[]);
+                                    revisions
+                                        .insert(rev as u64, buf.as_slice())
+                                        .map_err(backend)?;
+                                    new_events.push(Event::Delete {
+                                        prev: cur.clone(),
+                                        revision: rev,
+                                    });
+                                    Ok((cur, rev))
+                                }
                             }
                         },
                     };
@@ -410,43 +496,46 @@ fn committer(
     }
 }
 
-/// Drops history at or below `to`, keeping the latest live version of each key.
+/// Drops history at or below `to`, keeping the latest live version of each
+/// key. `from` is the previous compacted revision: a key with more than one
+/// version at or below `to` was written after it, so only the revisions in
+/// (`from`, `to`] name the keys to look at.
 fn compact(
-    hist: &mut redb::Table<(&str, u64), &[u8]>,
-    log: &mut redb::Table<u64, &str>,
+    revisions: &mut redb::Table<u64, &[u8]>,
+    versions: &mut redb::Table<(&str, u64), u64>,
+    from: u64,
     to: u64,
 ) -> Result<()> {
     let mut keys: Vec<String> = Vec::new();
-    for item in log.range(..=to).map_err(backend)? {
-        let (_, k) = item.map_err(backend)?;
-        keys.push(k.value().to_string());
+    for item in revisions.range((from + 1)..=to).map_err(backend)? {
+        let (rev, rec) = item.map_err(backend)?;
+        keys.push(dec_record(rev.value(), rec.value())?.key.to_string());
     }
-    keys.sort();
+    keys.sort_unstable();
     keys.dedup();
+    let mut drop: Vec<u64> = Vec::new();
     for key in keys {
-        let versions: Vec<(u64, bool)> = hist
+        drop.clear();
+        let mut last: Option<(u64, u64)> = None;
+        for item in versions
             .range((key.as_str(), 0u64)..=(key.as_str(), to))
             .map_err(backend)?
-            .filter_map(|i| i.ok())
-            .map(|(k, v)| (k.value().1, v.value().first() == Some(&1)))
-            .collect();
-        let Some(&(last_rev, last_tomb)) = versions.last() else {
-            continue;
-        };
-        for (r, _) in &versions {
-            if *r != last_rev || last_tomb {
-                hist.remove((key.as_str(), *r)).map_err(backend)?;
+        {
+            let (k, v) = item.map_err(backend)?;
+            if let Some((r, _)) = last {
+                drop.push(r);
+            }
+            last = Some((k.value().1, v.value()));
+        }
+        if let Some((r, create)) = last {
+            if create == 0 {
+                drop.push(r);
             }
         }
-    }
-    let revs: Vec<u64> = log
-        .range(..=to)
-        .map_err(backend)?
-        .filter_map(|i| i.ok())
-        .map(|(r, _)| r.value())
-        .collect();
-    for r in revs {
-        log.remove(r).map_err(backend)?;
+        for r in &drop {
+            versions.remove((key.as_str(), *r)).map_err(backend)?;
+            revisions.remove(*r).map_err(backend)?;
+        }
     }
     Ok(())
 }
@@ -455,11 +544,14 @@ fn compact(
 impl Store for RedbStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let r = self.db.begin_read().map_err(backend)?;
-        let kv = r.open_table(KV).map_err(backend)?;
-        Ok(kv
-            .get(key)
-            .map_err(backend)?
-            .map(|g| dec_kv(key, g.value())))
+        let versions = r.open_table(VERSIONS).map_err(backend)?;
+        match live_version(&versions, key, u64::MAX)? {
+            Some((rev, create)) => {
+                let revisions = r.open_table(REVISIONS).map_err(backend)?;
+                Ok(Some(item_at(&revisions, key, rev, create)?))
+            }
+            None => Ok(None),
+        }
     }
 
     async fn list(&self, prefix: &str, opts: ListOptions) -> Result<ListResult> {
@@ -474,99 +566,87 @@ impl Store for RedbStore {
         } else {
             usize::MAX
         };
-        let mut items = Vec::new();
-        let mut remaining = 0i64;
-        let start = opts
-            .start_after
-            .clone()
-            .unwrap_or_else(|| prefix.to_string());
-        match at {
-            Some(rev) if rev < current => {
-                let hist = r.open_table(HIST).map_err(backend)?;
-                let mut cur_key: Option<String> = None;
-                let mut best: Option<KeyValue> = None;
-                let flush = |key: Option<String>,
-                             best: Option<KeyValue>,
-                             items: &mut Vec<KeyValue>,
-                             remaining: &mut i64| {
-                    if let (Some(_), Some(kv)) = (key, best) {
-                        if items.len() < limit {
-                            items.push(kv);
-                        } else {
-                            *remaining += 1;
-                        }
-                    }
-                };
-                for item in hist.range((start.as_str(), 0u64)..).map_err(backend)? {
-                    let (k, v) = item.map_err(backend)?;
-                    let (key, krev) = k.value();
-                    if !key.starts_with(prefix) {
-                        break;
-                    }
-                    if opts.start_after.as_deref() == Some(key) {
-                        continue;
-                    }
-                    if cur_key.as_deref() != Some(key) {
-                        flush(cur_key.take(), best.take(), &mut items, &mut remaining);
-                        cur_key = Some(key.to_string());
-                    }
-                    if krev as i64 <= rev {
-                        best = dec_hist(key, krev, v.value());
-                    }
-                }
-                flush(cur_key.take(), best.take(), &mut items, &mut remaining);
-                Ok(ListResult {
-                    items,
-                    revision: rev,
-                    more: remaining > 0,
-                    remaining,
-                })
-            }
+        // A read at an older revision takes each key's last version at or
+        // below it; otherwise the last version in this snapshot, whose
+        // revision is the one committed with it.
+        let (at, revision) = match at {
+            Some(rev) if rev < current => (rev as u64, rev),
             _ => {
-                let kv = r.open_table(KV).map_err(backend)?;
-                for item in kv.range(start.as_str()..).map_err(backend)? {
-                    let (k, v) = item.map_err(backend)?;
-                    let key = k.value();
-                    if !key.starts_with(prefix) {
-                        break;
-                    }
-                    if opts.start_after.as_deref() == Some(key) {
-                        continue;
-                    }
-                    if items.len() < limit {
-                        items.push(dec_kv(key, v.value()));
-                    } else {
-                        remaining += 1;
-                    }
-                }
-                // The revision of this snapshot is the one committed with it.
                 let meta = r.open_table(META).map_err(backend)?;
                 let rev = meta
                     .get("revision")
                     .map_err(backend)?
                     .map(|g| g.value() as i64)
                     .unwrap_or(0);
-                Ok(ListResult {
-                    items,
-                    revision: rev,
-                    more: remaining > 0,
-                    remaining,
-                })
+                (u64::MAX, rev)
+            }
+        };
+        let versions = r.open_table(VERSIONS).map_err(backend)?;
+        let revisions = r.open_table(REVISIONS).map_err(backend)?;
+        let start = opts.start_after.as_deref().unwrap_or(prefix);
+        let mut items = Vec::new();
+        let mut remaining = 0i64;
+        // The key being read and its last version at or below `at`.
+        let mut cur_key = String::new();
+        let mut best: Option<(u64, u64)> = None;
+        let mut emit = |key: &str, best: Option<(u64, u64)>, items: &mut Vec<KeyValue>| {
+            if let Some((rev, create)) = best.filter(|(_, c)| *c != 0) {
+                if items.len() < limit {
+                    items.push(item_at(&revisions, key, rev, create)?);
+                } else {
+                    remaining += 1;
+                }
+            }
+            Ok::<(), Error>(())
+        };
+        for item in versions.range((start, 0u64)..).map_err(backend)? {
+            let (k, v) = item.map_err(backend)?;
+            let (key, krev) = k.value();
+            if !key.starts_with(prefix) {
+                break;
+            }
+            if opts.start_after.as_deref() == Some(key) {
+                continue;
+            }
+            if cur_key != key {
+                emit(&cur_key, best.take(), &mut items)?;
+                cur_key.clear();
+                cur_key.push_str(key);
+            }
+            if krev <= at {
+                best = Some((krev, v.value()));
             }
         }
+        emit(&cur_key, best.take(), &mut items)?;
+        Ok(ListResult {
+            items,
+            revision,
+            more: remaining > 0,
+            remaining,
+        })
     }
 
     async fn count(&self, prefix: &str) -> Result<i64> {
         let r = self.db.begin_read().map_err(backend)?;
-        let kv = r.open_table(KV).map_err(backend)?;
+        let versions = r.open_table(VERSIONS).map_err(backend)?;
         let mut n = 0;
-        for item in kv.range(prefix..).map_err(backend)? {
-            let (k, _) = item.map_err(backend)?;
-            if !k.value().starts_with(prefix) {
+        // The key being read and whether its last version so far is live.
+        let mut cur_key = String::new();
+        let mut live = false;
+        for item in versions.range((prefix, 0u64)..).map_err(backend)? {
+            let (k, v) = item.map_err(backend)?;
+            let (key, _) = k.value();
+            if !key.starts_with(prefix) {
                 break;
             }
-            n += 1;
+            if cur_key != key {
+                n += live as i64;
+                cur_key.clear();
+                cur_key.push_str(key);
+            }
+            live = v.value() != 0;
         }
+        n += live as i64;
         Ok(n)
     }
 

@@ -277,6 +277,196 @@ pub async fn concurrent_writes_are_all_kept(s: Arc<dyn Store>) {
     assert_eq!(s.count("/cc/").await.unwrap(), 400);
 }
 
+/// Reads after updates, deletes and two compactions: each key's latest value
+/// and revisions, lists at the latest and at a past revision, counts.
+pub async fn reads_after_updates_and_compactions(s: Arc<dyn Store>) {
+    let a1 = s.create("/r/a", b("a1")).await.unwrap();
+    let b1 = s.create("/r/b", b("b1")).await.unwrap();
+    let c1 = s.create("/r/c", b("c1")).await.unwrap();
+    let a2 = s.update("/r/a", b("a2"), a1.mod_revision).await.unwrap();
+    s.delete("/r/b", None).await.unwrap();
+    let mid = s.current_revision().await.unwrap();
+    let a3 = s.update("/r/a", b("a3"), a2.mod_revision).await.unwrap();
+    let c2 = s.update("/r/c", b("c2"), c1.mod_revision).await.unwrap();
+    let b2 = s.create("/r/b", b("b2")).await.unwrap();
+    assert_eq!(
+        b2.create_revision, b2.mod_revision,
+        "a re-created key starts over"
+    );
+    assert!(b2.create_revision > b1.create_revision);
+
+    let check_latest = |l: crate::ListResult| {
+        let got: Vec<_> = l
+            .items
+            .iter()
+            .map(|kv| {
+                (
+                    kv.key.as_str(),
+                    kv.value.clone(),
+                    kv.create_revision,
+                    kv.mod_revision,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("/r/a", b("a3"), a1.create_revision, a3.mod_revision),
+                ("/r/b", b("b2"), b2.create_revision, b2.mod_revision),
+                ("/r/c", b("c2"), c1.create_revision, c2.mod_revision),
+            ]
+        );
+    };
+    check_latest(s.list("/r/", ListOptions::default()).await.unwrap());
+    let at_mid = ListOptions {
+        revision: Some(mid),
+        ..Default::default()
+    };
+    let old = s.list("/r/", at_mid.clone()).await.unwrap();
+    let got: Vec<_> = old
+        .items
+        .iter()
+        .map(|kv| (kv.key.as_str(), kv.value.clone(), kv.mod_revision))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("/r/a", b("a2"), a2.mod_revision),
+            ("/r/c", b("c1"), c1.mod_revision)
+        ]
+    );
+    assert_eq!(old.revision, mid);
+
+    // Compact at `mid`: the versions live there stay readable at `mid`.
+    s.compact(mid).await.unwrap();
+    assert_eq!(s.list("/r/", at_mid.clone()).await.unwrap(), old);
+    check_latest(s.list("/r/", ListOptions::default()).await.unwrap());
+    assert_eq!(s.get("/r/a").await.unwrap().unwrap(), a3);
+    assert_eq!(s.get("/r/c").await.unwrap().unwrap(), c2);
+    assert_eq!(s.count("/r/").await.unwrap(), 3);
+
+    // Delete one key, then compact past everything: the latest value of every
+    // live key stays, including ones not written since the first compaction.
+    s.create("/r/d", b("d1")).await.unwrap();
+    s.delete("/r/c", None).await.unwrap();
+    let cur = s.current_revision().await.unwrap();
+    s.compact(cur).await.unwrap();
+    let l = s.list("/r/", ListOptions::default()).await.unwrap();
+    let got: Vec<_> = l
+        .items
+        .iter()
+        .map(|kv| (kv.key.as_str(), kv.value.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [("/r/a", b("a3")), ("/r/b", b("b2")), ("/r/d", b("d1"))]
+    );
+    assert_eq!(s.get("/r/a").await.unwrap().unwrap(), a3);
+    assert!(s.get("/r/c").await.unwrap().is_none());
+    assert_eq!(s.count("/r/").await.unwrap(), 3);
+    assert!(matches!(
+        s.list("/r/", at_mid).await,
+        Err(Error::Compacted { .. })
+    ));
+    // Writes after compaction see the kept versions.
+    assert!(matches!(
+        s.create("/r/a", b("x")).await,
+        Err(Error::AlreadyExists(_))
+    ));
+    match s.update("/r/a", b("x"), a2.mod_revision).await {
+        Err(Error::Conflict {
+            current: Some(cur), ..
+        }) => assert_eq!(cur, a3),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    let a4 = s.update("/r/a", b("a4"), a3.mod_revision).await.unwrap();
+    assert_eq!(a4.create_revision, a1.create_revision);
+    assert!(matches!(
+        s.update("/r/c", b("x"), c2.mod_revision).await,
+        Err(Error::NotFound(_))
+    ));
+    s.create("/r/c", b("c3")).await.unwrap();
+    assert_eq!(s.count("/r/").await.unwrap(), 4);
+}
+
+/// A watch replaying history reports each write with the value before it,
+/// also across a compaction.
+pub async fn replayed_events_carry_previous_values(s: Arc<dyn Store>) {
+    s.create("/elsewhere", b("x")).await.unwrap();
+    let a1 = s.create("/e/a", b("1")).await.unwrap();
+    let a2 = s.update("/e/a", b("2"), a1.mod_revision).await.unwrap();
+    s.create("/e/b", b("b")).await.unwrap();
+    let compact_at = s.current_revision().await.unwrap();
+    let a3 = s.update("/e/a", b("3"), a2.mod_revision).await.unwrap();
+    let (_, del) = s.delete("/e/a", None).await.unwrap();
+    let a5 = s.create("/e/a", b("5")).await.unwrap();
+
+    let mut w = s.watch("/e/", a1.mod_revision - 1, None).await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        seen.push(next_event(&mut w).await);
+    }
+    let expect = |seen: &[Event]| {
+        let brief: Vec<_> = seen
+            .iter()
+            .map(|e| match e {
+                Event::Put { kv, prev } => (
+                    kv.key.clone(),
+                    Some(kv.value.clone()),
+                    prev.as_ref().map(|p| (p.value.clone(), p.mod_revision)),
+                    e.revision(),
+                ),
+                Event::Delete { prev, .. } => (
+                    prev.key.clone(),
+                    None,
+                    Some((prev.value.clone(), prev.mod_revision)),
+                    e.revision(),
+                ),
+                Event::Progress { .. } => panic!("no progress expected"),
+            })
+            .collect();
+        brief
+    };
+    let all = expect(&seen);
+    assert_eq!(
+        all[1..],
+        [
+            (
+                "/e/a".to_string(),
+                Some(b("2")),
+                Some((b("1"), a1.mod_revision)),
+                a2.mod_revision
+            ),
+            ("/e/b".to_string(), Some(b("b")), None, compact_at),
+            (
+                "/e/a".to_string(),
+                Some(b("3")),
+                Some((b("2"), a2.mod_revision)),
+                a3.mod_revision
+            ),
+            (
+                "/e/a".to_string(),
+                None,
+                Some((b("3"), a3.mod_revision)),
+                del
+            ),
+            ("/e/a".to_string(), Some(b("5")), None, a5.mod_revision),
+        ]
+    );
+    match &seen[5] {
+        Event::Put { kv, .. } => assert_eq!(kv, &a5),
+        e => panic!("expected a create, got {e:?}"),
+    }
+
+    s.compact(compact_at).await.unwrap();
+    let mut w = s.watch("/e/", compact_at, None).await.unwrap();
+    let mut after = Vec::new();
+    for _ in 0..3 {
+        after.push(next_event(&mut w).await);
+    }
+    assert_eq!(expect(&after), all[3..]);
+}
+
 /// Runs every conformance test, each against a fresh store from `make`.
 pub async fn run_all<F, Fut>(make: F)
 where
@@ -294,4 +484,6 @@ where
     idle_watches_get_progress(make().await).await;
     compaction_forgets_history_but_keeps_values(make().await).await;
     concurrent_writes_are_all_kept(make().await).await;
+    reads_after_updates_and_compactions(make().await).await;
+    replayed_events_carry_previous_values(make().await).await;
 }

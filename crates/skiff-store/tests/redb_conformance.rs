@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use skiff_store::{testsuite, RedbStore, Store};
 
 /// A store in a temp dir that lives as long as the test process.
@@ -33,6 +34,8 @@ conformance!(
     idle_watches_get_progress,
     compaction_forgets_history_but_keeps_values,
     concurrent_writes_are_all_kept,
+    reads_after_updates_and_compactions,
+    replayed_events_carry_previous_values,
 );
 
 #[tokio::test]
@@ -65,4 +68,160 @@ async fn writes_survive_reopening_the_store() {
         s.get("/k").await.unwrap().unwrap().value,
         bytes::Bytes::from_static(b"v")
     );
+}
+
+/// Opens the store at `path`, waiting for a closed one's committer to let go
+/// of the file.
+async fn reopen(path: &std::path::Path) -> Arc<RedbStore> {
+    for _ in 0..50 {
+        match RedbStore::open(path, Default::default()) {
+            Ok(s) => return s,
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    }
+    RedbStore::open(path, Default::default()).expect("the store reopens")
+}
+
+#[tokio::test]
+async fn reopening_returns_every_acknowledged_write() {
+    use skiff_store::{KeyValue, ListOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let s = RedbStore::open(&path, Default::default()).unwrap();
+    // Concurrent writers: each key is created, updated, and every third one deleted.
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut acked: Vec<(String, Option<KeyValue>)> = Vec::new();
+            for i in 0..20 {
+                let key = format!("/re/{t:02}/{i:02}");
+                let v1 = s
+                    .create(&key, bytes::Bytes::from(format!("{key} v1")))
+                    .await
+                    .unwrap();
+                let v2 = s
+                    .update(
+                        &key,
+                        bytes::Bytes::from(format!("{key} v2")),
+                        v1.mod_revision,
+                    )
+                    .await
+                    .unwrap();
+                if i % 3 == 0 {
+                    s.delete(&key, Some(v2.mod_revision)).await.unwrap();
+                    acked.push((key, None));
+                } else {
+                    acked.push((key, Some(v2)));
+                }
+            }
+            acked
+        }));
+    }
+    let mut acked = Vec::new();
+    for t in tasks {
+        acked.extend(t.await.unwrap());
+    }
+    let rev = s.current_revision().await.unwrap();
+    let before = s.list("/re/", ListOptions::default()).await.unwrap();
+    s.close();
+    drop(s);
+
+    let s = reopen(&path).await;
+    assert_eq!(s.current_revision().await.unwrap(), rev);
+    for (key, want) in &acked {
+        assert_eq!(&s.get(key).await.unwrap(), want, "{key}");
+    }
+    let after = s.list("/re/", ListOptions::default()).await.unwrap();
+    assert_eq!(after, before);
+    assert_eq!(
+        after.items.len(),
+        acked.iter().filter(|(_, v)| v.is_some()).count()
+    );
+    assert_eq!(s.count("/re/").await.unwrap(), after.items.len() as i64);
+    // History survives too: a watch from the start replays every write.
+    let mut w = s.watch("/re/", 1, None).await.unwrap();
+    let mut n = 0;
+    while let Ok(Some(ev)) =
+        tokio::time::timeout(std::time::Duration::from_millis(500), w.next()).await
+    {
+        ev.unwrap();
+        n += 1;
+    }
+    // Every create, update and delete after revision 1.
+    assert_eq!(n, 16 * 20 * 2 + 16 * 7 - 1);
+    // And the store keeps working: revisions go on from where they were.
+    let kv = s
+        .create("/re/new", bytes::Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(kv.mod_revision, rev + 1);
+}
+
+#[tokio::test]
+async fn a_file_in_the_older_layout_is_refused() {
+    use redb::{ReadableDatabase, TableDefinition};
+    // Layout 1: the latest state in `kv`, every version again in `hist`.
+    const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
+    const HIST: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("hist");
+    const LOG: TableDefinition<u64, &str> = TableDefinition::new("log");
+    const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let w = db.begin_write().unwrap();
+        {
+            let mut value = 1i64.to_le_bytes().to_vec();
+            value.extend_from_slice(&1i64.to_le_bytes());
+            value.extend_from_slice(b"v");
+            w.open_table(KV)
+                .unwrap()
+                .insert("/k", value.as_slice())
+                .unwrap();
+            w.open_table(HIST)
+                .unwrap()
+                .insert(("/k", 1u64), [0u8, 1, 0, 0, 0, 0, 0, 0, 0, b'v'].as_slice())
+                .unwrap();
+            w.open_table(LOG).unwrap().insert(1u64, "/k").unwrap();
+            let mut meta = w.open_table(META).unwrap();
+            meta.insert("revision", 1u64).unwrap();
+            meta.insert("compacted", 0u64).unwrap();
+        }
+        w.commit().unwrap();
+    }
+    match RedbStore::open(&path, Default::default()) {
+        Err(skiff_store::Error::Backend(msg)) => {
+            assert!(msg.contains("layout 1"), "{msg}");
+            assert!(msg.contains("move the file aside"), "{msg}");
+        }
+        Err(e) => panic!("expected a backend error naming the layout, got {e}"),
+        Ok(_) => panic!("a layout 1 file was opened"),
+    }
+    // The file is left as it was.
+    let db = redb::Database::open(&path).unwrap();
+    let r = db.begin_read().unwrap();
+    assert_eq!(
+        r.open_table(KV)
+            .unwrap()
+            .get("/k")
+            .unwrap()
+            .unwrap()
+            .value()
+            .len(),
+        17
+    );
+    assert!(r.open_table(META).unwrap().get("layout").unwrap().is_none());
+}
+
+#[tokio::test]
+async fn an_empty_store_reopens_in_its_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let s = RedbStore::open(&path, Default::default()).unwrap();
+    s.close();
+    drop(s);
+    let s = reopen(&path).await;
+    assert_eq!(s.current_revision().await.unwrap(), 0);
+    assert!(s.get("/k").await.unwrap().is_none());
 }
