@@ -156,7 +156,7 @@ impl<'de> DeserializeSeed<'de> for &SelectorView {
 }
 
 /// A map key, borrowed from the input when it has no escapes.
-struct Key<'de>(Cow<'de, str>);
+pub(crate) struct Key<'de>(pub(crate) Cow<'de, str>);
 
 impl<'de> Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

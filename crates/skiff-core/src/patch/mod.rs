@@ -383,67 +383,94 @@ fn check_types(t: TypeRef, v: &Value, path: &str, out: &mut Vec<String>) {
     }
 }
 
-/// Keys that appear twice in one JSON object of `body`, as paths.
+/// Keys that appear twice in one JSON object of `body`, as paths. Keys are
+/// borrowed from the body and a path is only written out for a duplicate.
 pub fn duplicate_fields(body: &[u8]) -> Vec<String> {
     let mut out = Vec::new();
     let mut de = serde_json::Deserializer::from_slice(body);
-    let _ = serde::de::Deserializer::deserialize_any(
-        &mut de,
+    let _ = serde::de::DeserializeSeed::deserialize(
         DupVisitor {
-            path: String::new(),
+            path: &mut Vec::new(),
             out: &mut out,
         },
+        &mut de,
     );
     out
 }
 
-struct DupVisitor<'a> {
-    path: String,
-    out: &'a mut Vec<String>,
+enum Seg<'de> {
+    Key(std::borrow::Cow<'de, str>),
+    Index(usize),
 }
 
-impl<'de> serde::de::DeserializeSeed<'de> for DupVisitor<'_> {
+fn path_string(path: &[Seg], last: &str) -> String {
+    let mut p = String::new();
+    for seg in path {
+        match seg {
+            Seg::Key(k) => {
+                if !p.is_empty() {
+                    p.push('.');
+                }
+                p.push_str(k);
+            }
+            Seg::Index(i) => p.push_str(&format!("[{i}]")),
+        }
+    }
+    if !p.is_empty() {
+        p.push('.');
+    }
+    p.push_str(last);
+    p
+}
+
+struct DupVisitor<'p, 'de> {
+    path: &'p mut Vec<Seg<'de>>,
+    out: &'p mut Vec<String>,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for DupVisitor<'_, 'de> {
     type Value = ();
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> serde::de::Visitor<'de> for DupVisitor<'_> {
+impl<'de> serde::de::Visitor<'de> for DupVisitor<'_, 'de> {
     type Value = ();
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("any JSON value")
     }
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let mut seen = std::collections::HashSet::new();
-        while let Some(k) = map.next_key::<String>()? {
-            let p = if self.path.is_empty() {
-                k.clone()
-            } else {
-                format!("{}.{k}", self.path)
-            };
-            if !seen.insert(k) {
-                self.out.push(p.clone());
+        while let Some(crate::fields::Key(k)) = map.next_key()? {
+            if seen.contains(&k) {
+                self.out.push(path_string(self.path, &k));
             }
-            map.next_value_seed(DupVisitor {
-                path: p,
+            self.path.push(Seg::Key(k.clone()));
+            let r = map.next_value_seed(DupVisitor {
+                path: &mut *self.path,
                 out: &mut *self.out,
-            })?;
+            });
+            self.path.pop();
+            r?;
+            seen.insert(k);
         }
         Ok(())
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut i = 0;
-        while seq
-            .next_element_seed(DupVisitor {
-                path: format!("{}[{i}]", self.path),
+        loop {
+            self.path.push(Seg::Index(i));
+            let r = seq.next_element_seed(DupVisitor {
+                path: &mut *self.path,
                 out: &mut *self.out,
-            })?
-            .is_some()
-        {
+            });
+            self.path.pop();
+            if r?.is_none() {
+                return Ok(());
+            }
             i += 1;
         }
-        Ok(())
     }
     fn visit_bool<E>(self, _: bool) -> Result<(), E> {
         Ok(())
