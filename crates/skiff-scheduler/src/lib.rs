@@ -8,11 +8,13 @@
 //! - `queue` — active / back-off / unschedulable pods.
 //! - `cache` — nodes with their pods (bound and assumed).
 //! - `scheduler` — watches, the scheduling loop, binding, events.
+//! - `lean_pod` — pods as the scheduler watches them (no managedFields).
 
 pub mod cache;
 pub mod config;
 pub mod events;
 pub mod framework;
+pub mod lean_pod;
 pub mod metrics;
 pub mod plugins;
 pub mod quantity;

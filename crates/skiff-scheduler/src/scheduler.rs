@@ -24,6 +24,7 @@ use crate::events::Recorder;
 use crate::framework::{
     ClusterEvent, Code, CycleState, Framework, NodeStatuses, QueuedPod, Status,
 };
+use crate::lean_pod::LeanPod;
 use crate::metrics::Metrics;
 use crate::plugins::default_preemption::{histogram, PdbInfo};
 use crate::queue::{event_helps, SchedulingQueue};
@@ -203,7 +204,7 @@ pub fn find_node(
 
 #[allow(clippy::large_enum_variant)]
 pub enum Input {
-    Pod(watcher::Event<Pod>),
+    Pod(watcher::Event<LeanPod>),
     Node(watcher::Event<Node>),
     Namespace(watcher::Event<Namespace>),
     PriorityClass(watcher::Event<PriorityClass>),
@@ -367,7 +368,7 @@ impl Scheduler {
 
     fn start_watches(&self) {
         let c = &self.client;
-        spawn_watch::<Pod>(Api::all(c.clone()), self.tx.clone(), Input::Pod);
+        spawn_watch::<LeanPod>(Api::all(c.clone()), self.tx.clone(), Input::Pod);
         spawn_watch::<Node>(Api::all(c.clone()), self.tx.clone(), Input::Node);
         spawn_watch::<Namespace>(Api::all(c.clone()), self.tx.clone(), Input::Namespace);
         spawn_watch::<PriorityClass>(Api::all(c.clone()), self.tx.clone(), Input::PriorityClass);
@@ -449,9 +450,9 @@ impl Scheduler {
                 watcher::Event::Init => self.relist_begin("pod"),
                 watcher::Event::InitApply(p) => {
                     self.relist_seen("pod", uid_of(&p));
-                    self.pod_apply(p);
+                    self.pod_apply(p.0);
                 }
-                watcher::Event::Apply(p) => self.pod_apply(p),
+                watcher::Event::Apply(p) => self.pod_apply(p.0),
                 watcher::Event::Delete(p) => self.pod_delete(&uid_of(&p)),
                 watcher::Event::InitDone => {
                     let seen = self.relist_end("pod");
@@ -598,17 +599,17 @@ impl Scheduler {
 
     fn pod_apply(&mut self, pod: Pod) {
         let uid = uid_of(&pod);
-        let node_name = pod
+        let bound = pod
             .spec
             .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .unwrap_or_default();
+            .and_then(|s| s.node_name.as_deref())
+            .is_some_and(|n| !n.is_empty());
         if is_terminal(&pod) {
             self.pod_delete(&uid);
             return;
         }
         let priority = self.priority_of(&pod);
-        if !node_name.is_empty() {
+        if bound {
             self.queue.delete(&uid);
             self.pending.remove(&uid);
             self.clear_nomination(&uid);
@@ -637,10 +638,10 @@ impl Scheduler {
             .pod
             .status
             .as_ref()
-            .and_then(|s| s.nominated_node_name.clone())
+            .and_then(|s| s.nominated_node_name.as_deref())
             .filter(|n| !n.is_empty());
         match nominated {
-            Some(n) => self.nominate(&info, &n),
+            Some(n) => self.nominate(&info, n),
             None => self.clear_nomination(&uid),
         }
         if self.cache.is_assumed(&uid) {

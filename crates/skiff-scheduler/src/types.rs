@@ -617,8 +617,6 @@ pub struct PodInfo {
     pub affinity: PodAffinity,
     pub node_affinity: RequiredNodeAffinity,
     pub terminating: bool,
-    /// A hash of what makes two pods interchangeable for scheduling.
-    pub equivalence: u64,
 }
 
 impl PodInfo {
@@ -639,16 +637,6 @@ impl PodInfo {
                 }
             }
         }
-        let equivalence = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            namespace.hash(&mut h);
-            meta.labels.hash(&mut h);
-            serde_json::to_string(&pod.spec)
-                .unwrap_or_default()
-                .hash(&mut h);
-            h.finish()
-        };
         PodInfo {
             uid: meta.uid.clone().unwrap_or_default(),
             key: format!("{namespace}/{name}"),
@@ -666,7 +654,6 @@ impl PodInfo {
             affinity: PodAffinity::of(&pod),
             node_affinity: RequiredNodeAffinity::of(&pod),
             terminating: meta.deletion_timestamp.is_some(),
-            equivalence,
             pod,
         }
     }
