@@ -20,7 +20,7 @@
 
 /// The allocator the `skiff` binary uses, so the benchmark measures it.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use std::hint::black_box;
 use std::time::Instant;

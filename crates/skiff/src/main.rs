@@ -2,10 +2,11 @@
 //! they land, the scheduler, controllers and node agent), plus the commands
 //! around them.
 
-/// mimalloc: the API server's work is many short-lived JSON values;
-/// glibc's malloc spent about a fifth of B1's CPU on them.
+/// jemalloc: the API server's work is many short-lived JSON values. glibc's
+/// malloc spent about a fifth of B1's CPU on them; mimalloc was faster but
+/// returned freed pages so eagerly that refaulting them cost ~10% more.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
