@@ -142,6 +142,26 @@ fn last_version<T: ReadableTable<(&'static str, u64), u64>>(
     }
 }
 
+/// Writes version `rev` of `key`: its index entry and its one record
+/// (create revision 0 and no value for a deletion).
+fn put_version(
+    versions: &mut redb::Table<(&str, u64), u64>,
+    revisions: &mut redb::Table<u64, &[u8]>,
+    buf: &mut Vec<u8>,
+    (key, rev): (&str, i64),
+    create: i64,
+    value: &[u8],
+) -> Result<()> {
+    versions
+        .insert((key, rev as u64), create as u64)
+        .map_err(backend)?;
+    enc_record(buf, create, key, value);
+    revisions
+        .insert(rev as u64, buf.as_slice())
+        .map_err(backend)?;
+    Ok(())
+}
+
 /// The live version of `key` at or below `at`, if any: (revision, create revision).
 fn live_version<T: ReadableTable<(&'static str, u64), u64>>(
     versions: &T,
@@ -395,13 +415,14 @@ fn committer(
                                     create_revision: rev,
                                     mod_revision: rev,
                                 };
-                                versions
-                                    .insert((key, rev as u64), rev as u64)
-                                    .map_err(backend)?;
-                                enc_record(&mut buf, rev, key, &op.value);
-                                revisions
-                                    .insert(rev as u64, buf.as_slice())
-                                    .map_err(backend)?;
+                                put_version(
+                                    &mut versions,
+                                    &mut revisions,
+                                    &mut buf,
+                                    (key, rev),
+                                    rev,
+                                    &op.value,
+                                )?;
                                 new_events.push(Event::Put {
                                     kv: item.clone(),
                                     prev: None,
@@ -427,13 +448,14 @@ fn committer(
                                     create_revision: create as i64,
                                     mod_revision: rev,
                                 };
-                                versions
-                                    .insert((key, rev as u64), create)
-                                    .map_err(backend)?;
-                                enc_record(&mut buf, create as i64, key, &op.value);
-                                revisions
-                                    .insert(rev as u64, buf.as_slice())
-                                    .map_err(backend)?;
+                                put_version(
+                                    &mut versions,
+                                    &mut revisions,
+                                    &mut buf,
+                                    (key, rev),
+                                    create as i64,
+                                    &op.value,
+                                )?;
                                 new_events.push(Event::Put {
                                     kv: item.clone(),
                                     prev: Some(cur),
@@ -453,11 +475,14 @@ fn committer(
                                     })
                                 } else {
                                     rev += 1;
-                                    versions.insert((key, rev as u64), 0).map_err(backend)?;
-                                    enc_record(&mut buf, 0, key, &[]);
-                                    revisions
-                                        .insert(rev as u64, buf.as_slice())
-                                        .map_err(backend)?;
+                                    put_version(
+                                        &mut versions,
+                                        &mut revisions,
+                                        &mut buf,
+                                        (key, rev),
+                                        0,
+                                        &[],
+                                    )?;
                                     new_events.push(Event::Delete {
                                         prev: cur.clone(),
                                         revision: rev,
