@@ -60,7 +60,8 @@ async fn current(
             })
             .collect());
     }
-    let out = reg.list(res, &filter, 0, None, None, false).await?;
+    // The cache is behind (it already waited): read the store.
+    let out = reg.list_from_store(res, &filter, 0, None, None).await?;
     Ok(out
         .items
         .iter()

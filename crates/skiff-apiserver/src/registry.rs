@@ -280,7 +280,7 @@ impl Registry {
         })
     }
 
-    async fn list_from_store(
+    pub(crate) async fn list_from_store(
         &self,
         res: &'static ResourceInfo,
         filter: &Filter,
