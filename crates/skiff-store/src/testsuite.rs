@@ -14,6 +14,14 @@ fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
 
+/// A list's items as (key, value), to compare with what was written.
+fn pairs(l: &crate::ListResult) -> Vec<(&str, Bytes)> {
+    l.items
+        .iter()
+        .map(|kv| (kv.key.as_str(), kv.value.clone()))
+        .collect()
+}
+
 async fn next_event(w: &mut crate::WatchStream) -> Event {
     tokio::time::timeout(Duration::from_secs(5), w.next())
         .await
@@ -123,13 +131,8 @@ pub async fn pages_come_from_one_snapshot(s: Arc<dyn Store>) {
         )
         .await
         .unwrap();
-    let got: Vec<_> = rest
-        .items
-        .iter()
-        .map(|kv| (kv.key.as_str(), kv.value.clone()))
-        .collect();
     assert_eq!(
-        got,
+        pairs(&rest),
         [("/p/2", b("v1")), ("/p/3", b("v1")), ("/p/4", b("v1"))]
     );
     assert_eq!(rest.revision, first.revision);
@@ -352,13 +355,8 @@ pub async fn reads_after_updates_and_compactions(s: Arc<dyn Store>) {
     let cur = s.current_revision().await.unwrap();
     s.compact(cur).await.unwrap();
     let l = s.list("/r/", ListOptions::default()).await.unwrap();
-    let got: Vec<_> = l
-        .items
-        .iter()
-        .map(|kv| (kv.key.as_str(), kv.value.clone()))
-        .collect();
     assert_eq!(
-        got,
+        pairs(&l),
         [("/r/a", b("a3")), ("/r/b", b("b2")), ("/r/d", b("d1"))]
     );
     assert_eq!(s.get("/r/a").await.unwrap().unwrap(), a3);
