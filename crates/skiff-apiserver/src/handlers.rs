@@ -34,6 +34,8 @@ pub struct AppState {
     pub metrics: Option<fn() -> String>,
     /// The metrics API's record of when it last read each node's stats.
     pub metrics_windows: crate::metricsapi::Windows,
+    /// The ServiceAccount token issuer and verifier, if the server has keys.
+    pub tokens: Option<Arc<crate::tokens::Tokens>>,
 }
 
 type Resp = Response<Body>;
@@ -75,11 +77,25 @@ fn text(code: u16, s: &str) -> Resp {
 }
 
 /// The one handler behind the router.
-pub async fn handle(State(state): State<Arc<AppState>>, req: Request<Body>) -> Resp {
+pub async fn handle(State(state): State<Arc<AppState>>, mut req: Request<Body>) -> Resp {
     let path = req.uri().path().to_string();
-    if req.extensions().get::<Identity>().is_none() && !auth::is_public(&path) {
-        return error_response(&ApiError::unauthorized());
+    let who = match authenticate(&state, &mut req).await {
+        Ok(who) => who,
+        Err(e) => return error_response(&e),
+    };
+    let who = match auth::impersonate(&state.registry.authz, who, req.headers()) {
+        Ok(who) => who,
+        Err(e) => return error_response(&e),
+    };
+    if !who.is_master() {
+        let mut a = skiff_core::rbac::request_info(req.method().as_str(), &path, req.uri().query());
+        a.user = who.user.clone();
+        a.groups = who.groups.clone();
+        if !state.registry.authz.authorize(&a) {
+            return error_response(&skiff_core::rbac::forbidden(&a, ""));
+        }
     }
+    req.extensions_mut().insert(who);
     if let Some((ns, pod, sub)) = crate::nodeproxy::parse(&path) {
         let method = req.method().clone();
         let allowed = match sub {
@@ -111,6 +127,27 @@ pub async fn handle(State(state): State<Arc<AppState>>, req: Request<Body>) -> R
     }
 }
 
+/// The caller: the identity the connection established (client
+/// certificate, in-process component), else a bearer token's, else
+/// `system:anonymous`. Credentials that prove nothing are 401.
+async fn authenticate(state: &AppState, req: &mut Request<Body>) -> Result<Identity, ApiError> {
+    if let Some(id) = req.extensions_mut().remove::<Identity>() {
+        return Ok(id);
+    }
+    // Nothing borrowed from the request lives across the await (a body is
+    // not Sync).
+    let token = auth::bearer_token(req.headers()).map(str::to_string);
+    let has_authorization = req.headers().contains_key(header::AUTHORIZATION);
+    match token {
+        Some(token) => match &state.tokens {
+            Some(t) => t.authenticate(&state.registry, &token).await,
+            None => Err(ApiError::unauthorized()),
+        },
+        None if has_authorization => Err(ApiError::unauthorized()),
+        None => Ok(Identity::anonymous()),
+    }
+}
+
 async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiError> {
     let path = req.uri().path().trim_end_matches('/').to_string();
     let path = if path.is_empty() {
@@ -138,6 +175,20 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
             });
         }
         "/version" if get => return Ok(json_response(200, &version())),
+        "/.well-known/openid-configuration" | "/openid/v1/jwks" if get => {
+            let Some(t) = &state.tokens else {
+                return Err(crate::request::not_found_path(&path));
+            };
+            return Ok(if path == "/openid/v1/jwks" {
+                bytes_response(
+                    200,
+                    "application/jwk-set+json",
+                    Bytes::from(t.jwks().to_string()),
+                )
+            } else {
+                json_response(200, &t.openid_configuration())
+            });
+        }
         "/metrics" if get => {
             return match state.metrics {
                 Some(metrics) => Ok(bytes_response(
@@ -362,6 +413,7 @@ fn write_options(q: &Query, headers: &HeaderMap, apply: bool) -> Result<WriteOpt
         field_manager,
         field_validation: field_validation(q)?,
         force: q.flag("force"),
+        user: None,
     })
 }
 
@@ -459,6 +511,7 @@ async fn resource(
     let res = convert::storage_resource(api_res);
     let ns = rr.namespace.as_deref();
     let method = req.method().clone();
+    let who = req.extensions().get::<Identity>().cloned();
     let output = negotiate::choose_output(accept.as_deref())?;
     if api_res.is_review() {
         if method != Method::POST || rr.name.is_some() {
@@ -467,7 +520,11 @@ async fn resource(
                 api_res.plural
             )));
         }
-        let identity = req.extensions().get::<Identity>().cloned();
+        let identity = req
+            .extensions()
+            .get::<Identity>()
+            .cloned()
+            .unwrap_or_else(Identity::anonymous);
         let (headers, body) = read_body(req).await?;
         let ct = headers
             .get(header::CONTENT_TYPE)
@@ -487,9 +544,26 @@ async fn resource(
             negotiate::decode_body(ct.as_deref(), &body, api_res)?
         };
         crate::registry::check_type_meta(api_res, &mut obj)?;
+        if api_res.kind == "TokenReview" {
+            let answered = match &state.tokens {
+                Some(t) => t.review(&state.registry, obj).await,
+                None => Err(ApiError::new(
+                    503,
+                    "ServiceUnavailable",
+                    "the server has no ServiceAccount token issuer",
+                )),
+            }?;
+            return Ok(json_response(201, &answered));
+        }
         return Ok(json_response(
             201,
-            &crate::auth::review(api_res.kind, obj, identity.as_ref()),
+            &crate::authz::reviews::answer(
+                &state.registry.authz,
+                api_res.kind,
+                ns,
+                obj,
+                &identity,
+            )?,
         ));
     }
     match (&method, rr.name.as_deref(), rr.subresource.as_deref()) {
@@ -516,10 +590,11 @@ async fn resource(
         (&Method::POST, None, None) => {
             let WriteBody {
                 obj,
-                opts,
+                mut opts,
                 body,
                 json_body,
             } = read_write_body(req, api_res, &q).await?;
+            opts.user = who;
             let warnings = check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
             let created = reg
                 .create(res, ns, convert::to_storage(api_res, obj), &opts)
@@ -586,10 +661,11 @@ async fn resource(
         {
             let WriteBody {
                 obj,
-                opts,
+                mut opts,
                 body,
                 json_body,
             } = read_write_body(req, api_res, &q).await?;
+            opts.user = who;
             let warnings = if sub == Some("scale") {
                 Vec::new()
             } else {
@@ -614,7 +690,8 @@ async fn resource(
                 .map(str::to_string);
             let pt = negotiate::patch_type(ct.as_deref())?;
             let patch = negotiate::decode_patch(pt, &body)?;
-            let opts = write_options(&q, &headers, pt == PatchType::Apply)?;
+            let mut opts = write_options(&q, &headers, pt == PatchType::Apply)?;
+            opts.user = who;
             if q.get("force").is_some() && pt != PatchType::Apply {
                 return Err(ApiError::bad_request(
                     "force flag can only be set for apply patches",
@@ -693,6 +770,35 @@ async fn resource(
                 201,
                 &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
             ))
+        }
+        (&Method::POST, Some(name), Some("token")) if res.kind == "ServiceAccount" => {
+            let (headers, body) = read_body(req).await?;
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let tr = if ct
+                .as_deref()
+                .unwrap_or("")
+                .starts_with("application/vnd.kubernetes.protobuf")
+            {
+                let t = skiff_core::schema::root("authentication.k8s.io", "v1", "TokenRequest")
+                    .ok_or_else(|| ApiError::internal("no TokenRequest schema"))?;
+                skiff_core::protobuf::decode(&body, t, "authentication.k8s.io/v1", "TokenRequest")?
+            } else {
+                serde_json::from_slice::<Value>(&body).map_err(|e| {
+                    ApiError::bad_request(format!("error decoding TokenRequest: {e}"))
+                })?
+            };
+            let Some(t) = &state.tokens else {
+                return Err(ApiError::new(
+                    501,
+                    "NotImplemented",
+                    "the server has no ServiceAccount token issuer",
+                ));
+            };
+            let out = t.request(reg, ns.unwrap_or(""), name, &tr).await?;
+            Ok(json_response(201, &out))
         }
         (&Method::POST, Some(name), Some("eviction")) if res.kind == "Pod" => {
             let (headers, body) = read_body(req).await?;

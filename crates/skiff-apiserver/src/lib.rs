@@ -13,6 +13,7 @@
 pub mod admission;
 pub mod allocator;
 pub mod auth;
+pub mod authz;
 pub mod eviction;
 pub mod fieldmanager;
 pub mod handlers;
@@ -25,6 +26,7 @@ pub mod registry;
 pub mod request;
 pub mod serve;
 pub mod tls;
+pub mod tokens;
 pub mod watch;
 pub mod watchcache;
 
@@ -54,6 +56,11 @@ pub struct Config {
     /// Prometheus text served at `/metrics` (the components running in this
     /// process register theirs here); without it `/metrics` is 404.
     pub metrics: Option<fn() -> String>,
+    /// Where the ServiceAccount token keys live (created at first start);
+    /// without it the server issues and accepts no ServiceAccount tokens.
+    pub service_account_key_dir: Option<std::path::PathBuf>,
+    /// The `iss` of ServiceAccount tokens (`--service-account-issuer`).
+    pub service_account_issuer: String,
 }
 
 impl Default for Config {
@@ -65,6 +72,8 @@ impl Default for Config {
             registry: RegistryConfig::default(),
             kubelet_client: None,
             metrics: None,
+            service_account_key_dir: None,
+            service_account_issuer: tokens::DEFAULT_ISSUER.into(),
         }
     }
 }
@@ -99,6 +108,13 @@ impl ApiServer {
             },
             metrics: config.metrics,
             metrics_windows: Default::default(),
+            tokens: match &config.service_account_key_dir {
+                Some(dir) => Some(Arc::new(tokens::Tokens::load_or_create(
+                    dir,
+                    &config.service_account_issuer,
+                )?)),
+                None => None,
+            },
         });
         Ok(ApiServer { state })
     }
@@ -114,7 +130,12 @@ impl ApiServer {
     /// A router for in-process clients: every request is authenticated as
     /// `system:<component>`.
     pub fn in_process_router(&self, component: &str) -> Router {
-        let id = auth::Identity::system(component);
+        self.router_as(auth::Identity::system(component))
+    }
+
+    /// A router on which every request is authenticated as `id` (in-process
+    /// components with their own identities, tests).
+    pub fn router_as(&self, id: auth::Identity) -> Router {
         self.router().layer(axum::middleware::from_fn(
             move |mut req: axum::extract::Request, next: axum::middleware::Next| {
                 let id = id.clone();

@@ -44,6 +44,7 @@ pub async fn bootstrap(reg: &Registry) -> Result<(), ApiError> {
             Err(e) => return Err(e),
         }
     }
+    reconcile_rbac(reg, &opts).await?;
     let svc = resources::lookup("", "v1", "services").expect("services");
     let (base, _) = reg.config.service_cidr;
     let first = std::net::Ipv4Addr::from(u32::from(base) + 1);
@@ -205,4 +206,105 @@ pub async fn compactor(reg: Arc<Registry>, keep: Duration, every: Duration) {
             }
         }
     }
+}
+
+/// Reconciles the bootstrap RBAC policy as kube-apiserver does at every
+/// start: missing roles and bindings are created; existing ones that keep
+/// `rbac.authorization.kubernetes.io/autoupdate: "true"` get back missing
+/// rules, labels, aggregation selectors and subjects (nothing is taken
+/// away); with `autoupdate: "false"` they are left alone. The rules of an
+/// aggregated role belong to the aggregation controller.
+pub async fn reconcile_rbac(reg: &Registry, opts: &WriteOptions) -> Result<(), ApiError> {
+    use skiff_core::bootstrap_policy::{self, AUTOUPDATE};
+    use skiff_core::rbac::PolicyRule;
+    let g = "rbac.authorization.k8s.io";
+    let roles = resources::lookup(g, "v1", "clusterroles").expect("clusterroles");
+    let bindings = resources::lookup(g, "v1", "clusterrolebindings").expect("clusterrolebindings");
+    let wanted = bootstrap_policy::cluster_roles()
+        .into_iter()
+        .map(|r| (roles, r))
+        .chain(
+            bootstrap_policy::cluster_role_bindings()
+                .into_iter()
+                .map(|b| (bindings, b)),
+        );
+    for (res, want) in wanted {
+        let name = meta_str(&want, "name").to_string();
+        let mut cur = match reg.get(res, None, &name).await {
+            Ok(cur) => cur,
+            Err(e) if e.code == 404 => {
+                match reg.create(res, None, want, opts).await {
+                    Ok(_) => {}
+                    Err(e) if e.code == 409 => {}
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if cur.pointer(&format!(
+            "/metadata/annotations/{}",
+            AUTOUPDATE.replace('/', "~1")
+        )) == Some(&json!("false"))
+        {
+            continue;
+        }
+        let before = cur.clone();
+        for field in ["labels", "annotations"] {
+            if let Some(Value::Object(w)) = want.pointer(&format!("/metadata/{field}")) {
+                let m = crate::object::metadata_mut(&mut cur)
+                    .entry(field)
+                    .or_insert_with(|| json!({}));
+                if let Some(m) = m.as_object_mut() {
+                    for (k, v) in w {
+                        m.entry(k.clone()).or_insert_with(|| v.clone());
+                    }
+                }
+            }
+        }
+        if res.kind == "ClusterRole" {
+            if let Some(agg) = want.get("aggregationRule") {
+                let sel = cur
+                    .pointer_mut("/aggregationRule/clusterRoleSelectors")
+                    .and_then(Value::as_array_mut);
+                match sel {
+                    Some(sel) => {
+                        for s in agg["clusterRoleSelectors"].as_array().into_iter().flatten() {
+                            if !sel.contains(s) {
+                                sel.push(s.clone());
+                            }
+                        }
+                    }
+                    None => cur["aggregationRule"] = agg.clone(),
+                }
+            } else {
+                let have = PolicyRule::rules_of(&cur);
+                let missing: Vec<Value> = PolicyRule::rules_of(&want)
+                    .into_iter()
+                    .filter(|r| !skiff_core::rbac::covers(&have, std::slice::from_ref(r)).0)
+                    .map(|r| r.to_json())
+                    .collect();
+                if !missing.is_empty() {
+                    let rules = cur["rules"].as_array().cloned().unwrap_or_default();
+                    cur["rules"] = Value::Array(rules.into_iter().chain(missing).collect());
+                }
+            }
+        } else {
+            let subjects = cur["subjects"].as_array().cloned().unwrap_or_default();
+            let mut merged = subjects.clone();
+            for s in want["subjects"].as_array().into_iter().flatten() {
+                let same = |x: &Value| x["kind"] == s["kind"] && x["name"] == s["name"];
+                if !merged.iter().any(same) {
+                    merged.push(s.clone());
+                }
+            }
+            if merged != subjects {
+                cur["subjects"] = Value::Array(merged);
+            }
+        }
+        if cur != before {
+            reg.update(res, None, &name, cur, None, opts).await?;
+        }
+    }
+    Ok(())
 }

@@ -35,6 +35,9 @@ pub struct WriteOptions {
     pub field_validation: FieldValidation,
     /// `force` for server-side apply.
     pub force: bool,
+    /// Who writes (for escalation checks on RBAC objects); `None` for the
+    /// server's own writes.
+    pub user: Option<crate::auth::Identity>,
 }
 
 impl Default for WriteOptions {
@@ -44,6 +47,7 @@ impl Default for WriteOptions {
             field_manager: "unknown".into(),
             field_validation: FieldValidation::Warn,
             force: false,
+            user: None,
         }
     }
 }
@@ -103,6 +107,8 @@ impl Default for RegistryConfig {
 
 /// The registry all handlers and in-server loops go through.
 pub struct Registry {
+    /// RBAC over this registry's watch cache.
+    pub authz: Arc<crate::authz::Authorizer>,
     pub store: Arc<dyn Store>,
     pub cache: Arc<WatchCache>,
     pub config: RegistryConfig,
@@ -158,6 +164,7 @@ impl Registry {
     pub fn new(store: Arc<dyn Store>, cache: Arc<WatchCache>, config: RegistryConfig) -> Self {
         let services = crate::allocator::ServiceAllocator::new(config.service_cidr);
         Registry {
+            authz: Arc::new(crate::authz::Authorizer::new(cache.clone())),
             store,
             cache,
             config,
@@ -192,6 +199,25 @@ impl Registry {
             .get(&key)
             .await
             .map_err(|e| store_err(res, name, e))
+    }
+
+    /// Escalation prevention for RBAC writes by users other than
+    /// `system:masters`, on rules read after the cache has caught up (so a
+    /// role created just before its binding is seen).
+    async fn check_escalation(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        obj: &Value,
+        opts: &WriteOptions,
+    ) -> ApiResult<()> {
+        match &opts.user {
+            Some(who) if res.group == "rbac.authorization.k8s.io" && !who.is_master() => {
+                self.cache_is_current(res).await?;
+                crate::authz::escalation::check(&self.authz, Some(who), res, ns.unwrap_or(""), obj)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Waits (up to 3 s) until the watch cache has seen every write the
@@ -410,6 +436,7 @@ impl Registry {
         self.prepare_for_create(res, &mut obj);
         skiff_core::defaults::apply_defaults(res, &mut obj);
         crate::admission::mutate_create(self, res, ns, &mut obj).await?;
+        self.check_escalation(res, ns, &obj, opts).await?;
         for attempt in 0..8 {
             if generate {
                 let prefix = meta_str(&obj, "generateName").to_string();
@@ -657,7 +684,7 @@ impl Registry {
     async fn write_inner(
         &self,
         res: &'static ResourceInfo,
-        _ns: Option<&str>,
+        ns: Option<&str>,
         name: &str,
         cur: &KeyValue,
         old: Value,
@@ -669,6 +696,7 @@ impl Registry {
         check_type_meta(res, &mut new)?;
         check_types(res, &new)?;
         new = prepare_for_update(res, &old, new, sub);
+        self.check_escalation(res, ns, &new, opts).await?;
         // Allocations an update leaves out are carried over before validation
         // (as Kubernetes' service registry does).
         let fresh = self.admit_update(res, &old, &mut new)?;

@@ -49,7 +49,7 @@ pub async fn serve_tls(
                 .peer_certificates()
                 .and_then(|certs| certs.first())
                 .and_then(|c| identity_from_cert(c.as_ref()))
-                .map(|(user, groups)| Identity { user, groups });
+                .map(|(user, groups)| Identity::new(user, groups));
             let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
                 if let Some(id) = &identity {
                     req.extensions_mut().insert(id.clone());

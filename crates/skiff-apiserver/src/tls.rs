@@ -41,7 +41,7 @@ fn time_now() -> time::OffsetDateTime {
     time::OffsetDateTime::now_utc()
 }
 
-fn write_private(path: &Path, contents: &str) -> Result<()> {
+fn write_private(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
@@ -52,7 +52,7 @@ fn write_private(path: &Path, contents: &str) -> Result<()> {
         .mode(0o600)
         .open(&tmp)
         .with_context(|| format!("writing {}", tmp.display()))?;
-    f.write_all(contents.as_bytes())?;
+    f.write_all(contents.as_ref())?;
     f.sync_all()?;
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
@@ -267,6 +267,11 @@ pub fn write_secret_file(path: &Path, contents: &str) -> Result<()> {
             std::fs::create_dir_all(parent)?;
         }
     }
+    write_private(path, contents)
+}
+
+/// Writes binary secret material readable only by its owner, atomically.
+pub fn write_secret_bytes(path: &Path, contents: &[u8]) -> Result<()> {
     write_private(path, contents)
 }
 

@@ -158,7 +158,7 @@ async fn errors_are_status_objects_with_the_right_codes() {
 }
 
 #[tokio::test]
-async fn unauthenticated_requests_get_401() {
+async fn requests_without_credentials_are_anonymous_and_forbidden() {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> =
         RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
@@ -167,7 +167,9 @@ async fn unauthenticated_requests_get_401() {
         .unwrap();
     let r = Request::builder().uri(CMS).body(Body::empty()).unwrap();
     let resp = server.router().oneshot(r).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    // As kube-apiserver with anonymous auth: system:anonymous, which RBAC
+    // allows only the public health and version paths.
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
     let r = Request::builder()
         .uri("/readyz")
         .body(Body::empty())

@@ -9,6 +9,7 @@
 //! Event recorder; `metrics` the Prometheus text; one module per
 //! controller. Namespace deletion is done by the API server itself.
 
+pub mod clusterroleaggregation;
 pub mod common;
 pub mod cron;
 pub mod cronjob;
@@ -53,7 +54,8 @@ pub struct Options {
     /// Names: replicaset, replicationcontroller, deployment, job, cronjob,
     /// daemonset, statefulset, garbagecollector, serviceaccount,
     /// root-ca-cert-publisher, nodeipam, nodelifecycle, endpoints,
-    /// endpointslice, disruption, podgc, resourcequota.
+    /// endpointslice, disruption, podgc, resourcequota,
+    /// clusterrole-aggregation.
     pub controllers: Vec<String>,
     /// The cluster CA, published as `kube-root-ca.crt` in every namespace.
     pub root_ca_pem: Option<String>,
@@ -130,6 +132,7 @@ pub const CONTROLLERS: &[&str] = &[
     "disruption",
     "podgc",
     "resourcequota",
+    "clusterrole-aggregation",
 ];
 
 impl Options {
@@ -321,6 +324,9 @@ pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
     }
     if on("resourcequota") {
         resourcequota::register(&ctx, t);
+    }
+    if on("clusterrole-aggregation") {
+        clusterroleaggregation::register(&ctx, t);
     }
     ctx.caches.start(&client, t);
     match tasks.join_next().await {

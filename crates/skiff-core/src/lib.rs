@@ -9,6 +9,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod admission;
+pub mod bootstrap_policy;
 pub mod convert;
 pub mod defaults;
 pub mod discovery;
@@ -18,6 +19,7 @@ pub mod meta;
 pub mod openapi;
 pub mod patch;
 pub mod protobuf;
+pub mod rbac;
 pub mod resources;
 pub mod schema;
 pub mod selector;

@@ -95,6 +95,14 @@ const FIELDS: &[(&str, &str)] = &[
     ("NonResourceAttributes", "1 path,2 verb"),
     ("SelfSubjectRulesReview", "1 metadata,2 spec,3 status"),
     ("SelfSubjectRulesReviewSpec", "1 namespace"),
+    ("SubjectAccessReview", "1 metadata,2 spec,3 status"),
+    ("LocalSubjectAccessReview", "1 metadata,2 spec,3 status"),
+    ("SubjectAccessReviewSpec", "1 resourceAttributes,2 nonResourceAttributes,3 user,4 groups,5 extra,6 uid"),
+    ("TokenReview", "1 metadata,2 spec,3 status"),
+    ("TokenReviewSpec", "1 token,2 audiences"),
+    ("TokenRequest", "1 metadata,2 spec,3 status"),
+    ("TokenRequestSpec", "1 audiences,3 boundObjectRef,4 *expirationSeconds"),
+    ("BoundObjectReference", "1 kind,2 apiVersion,3 name,4 uid"),
     ("ObjectReference", "1 kind,2 namespace,3 name,4 uid,5 apiVersion,6 resourceVersion,7 fieldPath"),
 ];
 

@@ -468,6 +468,28 @@ pub static RESOURCES: &[ResourceInfo] = &[
         []
     ),
     res!(
+        "authentication.k8s.io",
+        "v1",
+        "TokenReview",
+        "tokenreviews",
+        "tokenreview",
+        false,
+        [],
+        [],
+        []
+    ),
+    res!(
+        "authorization.k8s.io",
+        "v1",
+        "LocalSubjectAccessReview",
+        "localsubjectaccessreviews",
+        "localsubjectaccessreview",
+        true,
+        [],
+        [],
+        []
+    ),
+    res!(
         "authorization.k8s.io",
         "v1",
         "SelfSubjectAccessReview",
@@ -484,6 +506,17 @@ pub static RESOURCES: &[ResourceInfo] = &[
         "SelfSubjectRulesReview",
         "selfsubjectrulesreviews",
         "selfsubjectrulesreview",
+        false,
+        [],
+        [],
+        []
+    ),
+    res!(
+        "authorization.k8s.io",
+        "v1",
+        "SubjectAccessReview",
+        "subjectaccessreviews",
+        "subjectaccessreview",
         false,
         [],
         [],

@@ -280,6 +280,8 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         // reconcile, error, duration and queue-depth families go here.
         metrics: (!args.disable_controllers)
             .then_some(skiff_controllers::metrics_text as fn() -> String),
+        service_account_key_dir: Some(data_dir.join("pki").join("service-account")),
+        ..Default::default()
     };
     let api = skiff_apiserver::ApiServer::start(store, config).await?;
     let kubeconfig_path = args
