@@ -270,6 +270,21 @@ pub fn write_secret_file(path: &Path, contents: &str) -> Result<()> {
     write_private(path, contents)
 }
 
+/// A kubeconfig for a new user of the cluster whose PKI is in `dir`: a
+/// client certificate from the cluster CA with CN = `user` and one O per
+/// group (what kube-apiserver's x509 authenticator reads), valid `days`.
+pub fn user_kubeconfig(
+    dir: &Path,
+    server: &str,
+    user: &str,
+    groups: &[&str],
+    days: i64,
+) -> Result<String> {
+    let ca = read_pair(dir, "ca").with_context(|| format!("no cluster CA in {}", dir.display()))?;
+    let cert = issue(&ca, user, groups, &[], true, days)?;
+    Ok(kubeconfig(server, &ca.cert_pem, user, &cert))
+}
+
 /// Writes binary secret material readable only by its owner, atomically.
 pub fn write_secret_bytes(path: &Path, contents: &[u8]) -> Result<()> {
     write_private(path, contents)

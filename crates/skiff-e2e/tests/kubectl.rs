@@ -974,7 +974,7 @@ fn auth_whoami_and_can_i_answer() {
 }
 
 #[test]
-fn a_request_without_a_client_certificate_gets_401() {
+fn a_request_without_credentials_is_anonymous_and_gets_403() {
     // kubectl itself asks for a user name when its kubeconfig has no
     // credentials, so this asks over plain HTTPS, trusting the cluster CA.
     let s = Server::start();
@@ -1000,12 +1000,19 @@ except urllib.error.HTTPError as e:
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let (first, body) = stdout.split_once('\n').unwrap();
-    assert_eq!(first, "401 application/json", "{stdout}");
+    // kube-apiserver treats a request without credentials as
+    // system:anonymous, which RBAC allows only the public health paths.
+    assert_eq!(first, "403 application/json", "{stdout}");
     let status: serde_json::Value = serde_json::from_str(body).unwrap();
     assert_eq!(status["kind"], "Status", "{body}");
     assert_eq!(status["status"], "Failure", "{body}");
-    assert_eq!(status["reason"], "Unauthorized", "{body}");
-    assert_eq!(status["code"], 401, "{body}");
+    assert_eq!(status["reason"], "Forbidden", "{body}");
+    assert_eq!(status["code"], 403, "{body}");
+    assert_eq!(
+        status["message"],
+        r#"pods is forbidden: User "system:anonymous" cannot list resource "pods" in API group "" in the namespace "default""#,
+        "{body}"
+    );
 }
 
 #[test]

@@ -48,8 +48,30 @@ enum Command {
     /// Images without a registry.
     #[command(subcommand)]
     Image(ImageCommand),
+    /// Print a kubeconfig for a new user: a client certificate from the
+    /// cluster CA (CN = user, O = each group). RBAC decides what it may do.
+    Kubeconfig(KubeconfigArgs),
     /// Print skiff's version.
     Version,
+}
+
+#[derive(Args, Clone)]
+struct KubeconfigArgs {
+    /// The user name (the certificate's CN).
+    #[arg(long)]
+    user: String,
+    /// Groups of the user (the certificate's O; repeatable).
+    #[arg(long = "group")]
+    groups: Vec<String>,
+    /// The server's data directory (default as for `skiff server`).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// The server URL (default: the admin kubeconfig's).
+    #[arg(long)]
+    server: Option<String>,
+    /// Days the certificate is valid.
+    #[arg(long, default_value_t = 365)]
+    days: i64,
 }
 
 #[derive(Args, Clone)]
@@ -736,5 +758,30 @@ fn main() -> Result<()> {
         Command::Scheduler(args) => rt()?.block_on(scheduler(args)),
         Command::ControllerManager(args) => rt()?.block_on(controller_manager(args)),
         Command::Image(cmd) => rt()?.block_on(image(cmd)),
+        Command::Kubeconfig(args) => {
+            let data_dir = args.data_dir.unwrap_or_else(default_data_dir);
+            let server = match args.server {
+                Some(s) => s,
+                None => std::fs::read_to_string(data_dir.join("admin.kubeconfig"))
+                    .ok()
+                    .and_then(|k| {
+                        k.lines()
+                            .find_map(|l| l.trim().strip_prefix("server: ").map(str::to_string))
+                    })
+                    .context("no --server and no admin kubeconfig to take it from")?,
+            };
+            let groups: Vec<&str> = args.groups.iter().map(String::as_str).collect();
+            print!(
+                "{}",
+                skiff_apiserver::tls::user_kubeconfig(
+                    &data_dir.join("pki"),
+                    &server,
+                    &args.user,
+                    &groups,
+                    args.days
+                )?
+            );
+            Ok(())
+        }
     }
 }
