@@ -33,3 +33,9 @@ fn the_python_client_creates_reads_pages_patches_and_deletes() {
     let s = Server::start();
     run_script(&s, "client_test.py", "client: ok");
 }
+
+#[test]
+fn the_python_client_with_a_service_account_token_gets_what_rbac_grants() {
+    let s = Server::start();
+    run_script(&s, "rbac_test.py", "rbac: ok");
+}

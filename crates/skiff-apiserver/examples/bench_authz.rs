@@ -1,0 +1,293 @@
+//! Benchmark B10 part 1: the cost of authorization on the write path.
+//!
+//! `cargo run --release -p skiff-apiserver --example bench_authz -- [--seconds S] [--clients C] [--rounds R]`
+//!
+//! B3's ConfigMap create and get workload over HTTPS/2, driven once with
+//! the admin client certificate (`system:masters`, allowed before RBAC is
+//! asked) and once with a ServiceAccount bearer token whose rights come
+//! from a RoleBinding (token verified and RBAC evaluated on every request).
+//! The two alternate for R rounds so drift hits both; reports the median
+//! round of each and the token/admin ratios (targets: throughput ≥ 90%,
+//! p99 ≤ 1.2×).
+
+/// The allocator the `skiff` binary uses, so the benchmark measures it.
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use skiff_apiserver::tls::Pki;
+use skiff_store::{RedbStore, Store};
+use tower::ServiceExt;
+
+type Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
+}
+
+async fn connect(port: u16, tls: Arc<rustls::ClientConfig>) -> Sender {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+async fn call(
+    s: &mut Sender,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> u16 {
+    let mut b = Request::builder()
+        .method(method)
+        .uri(format!("https://localhost{path}"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json");
+    if let Some(t) = token {
+        b = b.header("authorization", format!("Bearer {t}"));
+    }
+    let req = b
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .unwrap();
+    s.ready().await.unwrap();
+    let resp = s.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let _ = resp.into_body().collect().await.unwrap();
+    status
+}
+
+fn cm(name: &str) -> String {
+    format!(
+        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","labels":{{"bench":"b10"}}}},"data":{{"k":"{}"}}}}"#,
+        "v".repeat(200)
+    )
+}
+
+/// One phase: (requests/s, p99 ms).
+async fn phase(
+    conns: &[Sender],
+    token: Option<Arc<String>>,
+    secs: f64,
+    prefix: &str,
+    get_of: Option<&[usize]>,
+) -> (f64, f64, Vec<usize>) {
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (c, mut s) in conns.iter().cloned().enumerate() {
+        let token = token.clone();
+        let prefix = prefix.to_string();
+        let n = get_of.map(|g| g[c].max(1));
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = 0;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                let code = match n {
+                    None => {
+                        call(
+                            &mut s,
+                            token.as_deref().map(String::as_str),
+                            "POST",
+                            "/api/v1/namespaces/default/configmaps",
+                            Some(cm(&format!("{prefix}-{c}-{i}"))),
+                        )
+                        .await
+                    }
+                    Some(n) => {
+                        call(
+                            &mut s,
+                            token.as_deref().map(String::as_str),
+                            "GET",
+                            &format!(
+                                "/api/v1/namespaces/default/configmaps/{prefix}-{c}-{}",
+                                i % n
+                            ),
+                            None,
+                        )
+                        .await
+                    }
+                };
+                assert!(code == 201 || code == 200, "status {code}");
+                lat.push(t.elapsed());
+                i += 1;
+            }
+            (lat, i)
+        }));
+    }
+    let mut lat = Vec::new();
+    let mut counts = Vec::new();
+    for t in tasks {
+        let (l, n) = t.await.unwrap();
+        lat.extend(l);
+        counts.push(n);
+    }
+    lat.sort();
+    (
+        lat.len() as f64 / start.elapsed().as_secs_f64(),
+        pct(&lat, 0.99),
+        counts,
+    )
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |n: &str| {
+        args.iter()
+            .position(|a| a == n)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let secs: f64 = arg("--seconds").and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    let clients: usize = arg("--clients").and_then(|s| s.parse().ok()).unwrap_or(32);
+    let rounds: usize = arg("--rounds").and_then(|s| s.parse().ok()).unwrap_or(5);
+
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::load_or_create(&dir.path().join("pki"), &[]).unwrap();
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("store.redb"), Default::default()).unwrap();
+    let config = skiff_apiserver::Config {
+        service_account_key_dir: Some(dir.path().join("sa")),
+        ..Default::default()
+    };
+    let api = skiff_apiserver::ApiServer::start(store, config)
+        .await
+        .unwrap();
+
+    // A ServiceAccount whose rights come from a RoleBinding, and its token.
+    let admin = api.in_process_router("bench");
+    let post = |path: &str, body: serde_json::Value| {
+        let admin = admin.clone();
+        let req = axum::http::Request::builder()
+            .method("POST")
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        async move {
+            let resp = admin.oneshot(req).await.unwrap();
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            assert!(
+                status.is_success(),
+                "{status}: {}",
+                String::from_utf8_lossy(&bytes)
+            );
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()
+        }
+    };
+    post("/api/v1/namespaces/default/serviceaccounts", serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "bench"}})).await;
+    post("/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles", serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "cm-writer"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "get"]}]})).await;
+    post("/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings", serde_json::json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "bench"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm-writer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "bench", "namespace": "default"}]})).await;
+    let tr = post(
+        "/api/v1/namespaces/default/serviceaccounts/bench/token",
+        serde_json::json!({"spec": {"expirationSeconds": 7200}}),
+    )
+    .await;
+    let token = Arc::new(tr["status"]["token"].as_str().unwrap().to_string());
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(skiff_apiserver::serve::serve_tls(
+        listener,
+        pki.server_config().unwrap(),
+        api.router(),
+        std::future::pending(),
+    ));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(pki.ca.cert_pem.as_bytes()).unwrap())
+        .unwrap();
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(pki.admin.cert_pem.as_bytes())
+            .map(|c| c.unwrap())
+            .collect();
+    let key = PrivateKeyDer::from_pem_slice(pki.admin.key_pem.as_bytes()).unwrap();
+    let mut with_cert = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots.clone())
+        .with_client_auth_cert(certs, key)
+        .unwrap();
+    with_cert.alpn_protocols = vec![b"h2".to_vec()];
+    let mut no_cert = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    no_cert.alpn_protocols = vec![b"h2".to_vec()];
+    let (with_cert, no_cert) = (Arc::new(with_cert), Arc::new(no_cert));
+    let mut admin_conns = Vec::new();
+    let mut token_conns = Vec::new();
+    for _ in 0..clients {
+        admin_conns.push(connect(port, with_cert.clone()).await);
+        token_conns.push(connect(port, no_cert.clone()).await);
+    }
+
+    let mut results: [[Vec<f64>; 4]; 2] = Default::default();
+    for round in 0..rounds {
+        // Alternate which goes first.
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for who in order {
+            let (conns, tok) = if who == 0 {
+                (&admin_conns, None)
+            } else {
+                (&token_conns, Some(token.clone()))
+            };
+            let prefix = format!("r{round}w{who}");
+            let (cr, cp, counts) = phase(conns, tok.clone(), secs, &prefix, None).await;
+            let (gr, gp, _) = phase(conns, tok, secs, &prefix, Some(&counts)).await;
+            for (i, v) in [cr, cp, gr, gp].into_iter().enumerate() {
+                results[who][i].push(v);
+            }
+        }
+    }
+    let m = |who: usize, i: usize| median(results[who][i].clone());
+    println!("B10 part 1 — {clients} HTTPS/2 clients, {secs} s per phase, median of {rounds} alternating rounds\n");
+    println!("| workload | admin cert req/s | admin p99 ms | SA token + RBAC req/s | token p99 ms | throughput ratio | p99 ratio |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (name, r, p) in [("create (ConfigMap)", 0, 1), ("get (ConfigMap)", 2, 3)] {
+        println!(
+            "| {name} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0}% | {:.2}× |",
+            m(0, r),
+            m(0, p),
+            m(1, r),
+            m(1, p),
+            100.0 * m(1, r) / m(0, r),
+            m(1, p) / m(0, p)
+        );
+    }
+}
