@@ -9,7 +9,9 @@
 //! Keys are PKCS#8 files `DIR/*.pk8`; the last in name order signs. A key
 //! is created at first start; rotating is adding a file that sorts later.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use base64::Engine;
@@ -64,7 +66,19 @@ pub struct Tokens {
     signer_kid: String,
     keys: Vec<VerifyKey>,
     rng: SystemRandom,
+    /// Tokens that authenticated recently, with when that answer expires:
+    /// kube-apiserver caches successful token authentication for 10 s,
+    /// so verifying the signature and reading the ServiceAccount (and Pod)
+    /// is not paid on every request. A deleted ServiceAccount or Pod ends
+    /// its tokens within that time.
+    cache: std::sync::RwLock<HashMap<String, (Identity, Instant)>>,
 }
+
+/// How long a successful authentication is reused (kube-apiserver's
+/// default token success cache TTL).
+const CACHE_TTL: Duration = Duration::from_secs(10);
+/// Entries kept before the cache is emptied of expired ones.
+const CACHE_MAX: usize = 4096;
 
 fn kid_of(public: &[u8]) -> String {
     B64.encode(ring::digest::digest(&ring::digest::SHA256, public).as_ref())
@@ -110,6 +124,7 @@ impl Tokens {
             signer,
             keys,
             rng,
+            cache: Default::default(),
         })
     }
 
@@ -161,7 +176,7 @@ impl Tokens {
         &self,
         reg: &Registry,
         token: &str,
-    ) -> Result<(Identity, Vec<String>), String> {
+    ) -> Result<(Identity, Vec<String>, i64), String> {
         let claims = self.verified_claims(token).ok_or("invalid bearer token")?;
         if claims.get("iss").and_then(Value::as_str) != Some(self.issuer.as_str()) {
             return Err("token issued by another issuer".into());
@@ -250,15 +265,38 @@ impl Tokens {
         );
         id.uid = Some(sa_uid.to_string());
         id.extra = extra;
-        Ok((id, auds))
+        Ok((id, auds, exp))
     }
 
     /// The identity a bearer token proves; 401 if it proves none.
     pub async fn authenticate(&self, reg: &Registry, token: &str) -> Result<Identity, ApiError> {
-        self.identity(reg, token)
+        let now = Instant::now();
+        if let Some((id, until)) = self
+            .cache
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(token)
+        {
+            if *until > now {
+                return Ok(id.clone());
+            }
+        }
+        let (id, _, exp) = self
+            .identity(reg, token)
             .await
-            .map(|(id, _)| id)
-            .map_err(|_| ApiError::unauthorized())
+            .map_err(|_| ApiError::unauthorized())?;
+        // Never past the token's own expiry.
+        let left = exp - chrono::Utc::now().timestamp();
+        let ttl = CACHE_TTL.min(Duration::from_secs(left.max(0) as u64));
+        let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= CACHE_MAX {
+            cache.retain(|_, (_, until)| *until > now);
+            if cache.len() >= CACHE_MAX {
+                cache.clear();
+            }
+        }
+        cache.insert(token.to_string(), (id.clone(), now + ttl));
+        Ok(id)
     }
 
     /// Answers a TokenReview.
@@ -269,7 +307,7 @@ impl Tokens {
             .unwrap_or("")
             .to_string();
         obj["status"] = match self.identity(reg, &token).await {
-            Ok((id, auds)) => {
+            Ok((id, auds, _)) => {
                 let mut user = json!({"username": id.user, "uid": id.uid, "groups": id.groups});
                 if !id.extra.is_empty() {
                     user["extra"] = json!(id.extra);

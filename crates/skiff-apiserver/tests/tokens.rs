@@ -57,9 +57,11 @@ async fn start(dir: &std::path::Path, keys: &std::path::Path) -> ApiServer {
     start_on(open(dir), keys).await
 }
 
-/// Waits (bounded) until `token` gets `want` for GET `path`.
+/// Waits (bounded) until `token` gets `want` for GET `path`. A token's
+/// successful authentication is reused for up to 10 s (as kube-apiserver's
+/// token cache does), so a deletion takes up to that long to end it.
 async fn wait_status(r: &Router, path: &str, token: &str, want: StatusCode) {
-    for _ in 0..100 {
+    for _ in 0..750 {
         if call(r, "GET", path, None, Some(token)).await.0 == want {
             return;
         }

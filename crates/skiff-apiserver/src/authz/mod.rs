@@ -33,9 +33,34 @@ struct Index {
     roles: HashMap<String, HashMap<String, Arc<Vec<PolicyRule>>>>,
     cluster_roles: HashMap<String, Arc<Vec<PolicyRule>>>,
     /// ClusterRoleBindings.
-    cluster: HashMap<Principal, Vec<Grant>>,
+    cluster: Grants,
     /// RoleBindings, by namespace.
-    namespaced: HashMap<String, HashMap<Principal, Vec<Grant>>>,
+    namespaced: HashMap<String, Grants>,
+}
+
+/// Grants by user and by group name (looked up by `&str`, no allocation).
+#[derive(Default)]
+struct Grants {
+    users: HashMap<String, Vec<Grant>>,
+    groups: HashMap<String, Vec<Grant>>,
+}
+
+impl Grants {
+    fn add(&mut self, p: Principal, g: Grant) {
+        match p {
+            Principal::User(u) => self.users.entry(u).or_default().push(g),
+            Principal::Group(n) => self.groups.entry(n).or_default().push(g),
+        }
+    }
+
+    /// The grants to `user` or any of `groups`.
+    fn of<'a>(&'a self, user: &str, groups: &'a [String]) -> impl Iterator<Item = &'a Grant> {
+        self.users
+            .get(user)
+            .into_iter()
+            .chain(groups.iter().filter_map(|g| self.groups.get(g)))
+            .flatten()
+    }
 }
 
 /// The RBAC resources, in the index's revision order.
@@ -126,9 +151,12 @@ impl Authorizer {
                 .unwrap_or_else(|| empty.clone());
             for s in Subject::subjects_of(&b) {
                 if let Some(p) = s.principal("") {
-                    idx.cluster.entry(p).or_default().push(Grant {
-                        rules: rules.clone(),
-                    });
+                    idx.cluster.add(
+                        p,
+                        Grant {
+                            rules: rules.clone(),
+                        },
+                    );
                 }
             }
         }
@@ -146,14 +174,12 @@ impl Authorizer {
             .unwrap_or_else(|| empty.clone());
             for s in Subject::subjects_of(&b) {
                 if let Some(p) = s.principal(&ns) {
-                    idx.namespaced
-                        .entry(ns.clone())
-                        .or_default()
-                        .entry(p)
-                        .or_default()
-                        .push(Grant {
+                    idx.namespaced.entry(ns.clone()).or_default().add(
+                        p,
+                        Grant {
                             rules: rules.clone(),
-                        });
+                        },
+                    );
                 }
             }
         }
@@ -166,25 +192,18 @@ impl Authorizer {
             return true;
         }
         let idx = self.current();
-        let allows = |grants: Option<&Vec<Grant>>| {
-            grants.is_some_and(|gs| {
-                gs.iter()
-                    .any(|g| g.rules.iter().any(|r| rbac::rule_allows(r, a)))
-            })
+        let allows = |grants: &Grants| {
+            grants
+                .of(&a.user, &a.groups)
+                .any(|g| g.rules.iter().any(|r| rbac::rule_allows(r, a)))
         };
-        let mut principals = Vec::with_capacity(a.groups.len() + 1);
-        principals.push(Principal::User(a.user.clone()));
-        principals.extend(a.groups.iter().cloned().map(Principal::Group));
-        if principals.iter().any(|p| allows(idx.cluster.get(p))) {
+        if allows(&idx.cluster) {
             return true;
         }
         if a.namespace.is_empty() {
             return false;
         }
-        match idx.namespaced.get(&a.namespace) {
-            Some(m) => principals.iter().any(|p| allows(m.get(p))),
-            None => false,
-        }
+        idx.namespaced.get(&a.namespace).is_some_and(allows)
     }
 
     /// Every rule granted to `user` with `groups` cluster-wide and, if
@@ -198,11 +217,9 @@ impl Authorizer {
             ];
         }
         let idx = self.current();
-        let mut principals = vec![Principal::User(user.to_string())];
-        principals.extend(groups.iter().cloned().map(Principal::Group));
         let mut out: Vec<PolicyRule> = Vec::new();
-        let mut push = |grants: Option<&Vec<Grant>>| {
-            for g in grants.into_iter().flatten() {
+        let mut push = |grants: &Grants| {
+            for g in grants.of(user, groups) {
                 for r in g.rules.iter() {
                     if !out.contains(r) {
                         out.push(r.clone());
@@ -210,14 +227,10 @@ impl Authorizer {
                 }
             }
         };
-        for p in &principals {
-            push(idx.cluster.get(p));
-        }
+        push(&idx.cluster);
         if !namespace.is_empty() {
             if let Some(m) = idx.namespaced.get(namespace) {
-                for p in &principals {
-                    push(m.get(p));
-                }
+                push(m);
             }
         }
         out
