@@ -4,7 +4,7 @@
 //! `kubectl auth can-i [--as] [--list]` answers per RBAC, and `kubectl
 //! create token` gives a token that works with curl until its pod is gone.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use skiff_e2e::{skiff_binary, text, wait_until, Server};
@@ -25,7 +25,7 @@ fn user_kubeconfig(s: &Server, user: &str, groups: &[&str]) -> PathBuf {
     path
 }
 
-fn as_user(s: &Server, kubeconfig: &PathBuf, args: &[&str]) -> (bool, String, String) {
+fn as_user(s: &Server, kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
     let out = s.kubectl_with(kubeconfig, args).output().unwrap();
     (out.status.success(), text(&out.stdout), text(&out.stderr))
 }
