@@ -79,19 +79,14 @@ pub async fn serve(
             )));
         }
     }
-    if start.unwrap_or(0) == 0 && !send_initial {
-        // Start from now, without the initial state.
-    }
-    let (initial, cursor) = if send_initial {
-        let (objs, rev) = cache.snapshot_at(&filter);
-        (objs, rev)
+    // Registered before anything is sent: every later event reaches the
+    // watch through its queue (only the events its selection can concern,
+    // by the cache's index); earlier ones come from the history.
+    let mut sub = cache.subscribe_filtered(&filter, send_initial);
+    let cursor = if send_initial {
+        sub.from
     } else {
-        (
-            Vec::new(),
-            start
-                .filter(|n| *n > 0)
-                .unwrap_or_else(|| cache.last_revision()),
-        )
+        start.filter(|n| *n > 0).unwrap_or(sub.from)
     };
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     let enc = Encoder {
@@ -102,7 +97,12 @@ pub async fn serve(
     let initial_end_bookmark = q.get("sendInitialEvents") == Some("true") && bookmarks;
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + timeout;
-        for o in &initial {
+        let too_old = |cursor: i64, why: String| {
+            let status =
+                ApiError::gone(format!("too old resource version: {cursor} ({why})")).to_status();
+            Bytes::from(format!("{{\"type\":\"ERROR\",\"object\":{status}}}\n"))
+        };
+        for o in std::mem::take(&mut sub.initial) {
             if tx.send(Ok(enc.event("ADDED", &o.bytes))).await.is_err() {
                 return;
             }
@@ -114,39 +114,59 @@ pub async fn serve(
                 return;
             }
         }
-        let mut changed = cache.subscribe();
-        let mut last_sent = tokio::time::Instant::now();
-        loop {
+        // Resuming from an older revision: the history up to the
+        // registration, then the queue.
+        'replay: while cursor < sub.from {
             match cache.since(cursor, 1000) {
                 Since::TooOld { oldest } => {
-                    let status =
-                        ApiError::gone(format!("too old resource version: {cursor} ({oldest})"))
-                            .to_status();
-                    let line = format!("{{\"type\":\"ERROR\",\"object\":{status}}}\n");
-                    let _ = tx.send(Ok(Bytes::from(line))).await;
+                    let _ = tx.send(Ok(too_old(cursor, oldest.to_string()))).await;
                     return;
                 }
                 Since::Events(events) if !events.is_empty() => {
                     for ev in &events {
+                        if ev.revision > sub.from {
+                            break 'replay;
+                        }
                         cursor = ev.revision;
                         if let Some((ty, obj)) = transition(ev, &filter) {
+                            if tx.send(Ok(enc.event(ty, &obj.bytes))).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+                Since::Events(_) => break,
+            }
+        }
+        let mut last_sent = tokio::time::Instant::now();
+        loop {
+            let bookmark_at = last_sent + BOOKMARK_EVERY;
+            tokio::select! {
+                ev = sub.events.recv() => match ev {
+                    Some(ev) => {
+                        if ev.revision <= cursor {
+                            continue;
+                        }
+                        cursor = ev.revision;
+                        if let Some((ty, obj)) = transition(&ev, &filter) {
                             if tx.send(Ok(enc.event(ty, &obj.bytes))).await.is_err() {
                                 return;
                             }
                             last_sent = tokio::time::Instant::now();
                         }
                     }
-                    continue;
-                }
-                Since::Events(_) => {}
-            }
-            let bookmark_at = last_sent + BOOKMARK_EVERY;
-            tokio::select! {
-                r = changed.changed() => {
-                    if r.is_err() {
+                    None => {
+                        // Dropped for falling behind (or the cache restarted):
+                        // the client relists.
+                        let why = if sub.evicted() {
+                            format!("the watch fell {} events behind", crate::watchcache::WATCH_QUEUE)
+                        } else {
+                            "the watch cache was reset".to_string()
+                        };
+                        let _ = tx.send(Ok(too_old(cursor, why))).await;
                         return;
                     }
-                }
+                },
                 _ = tokio::time::sleep_until(deadline) => return,
                 _ = tokio::time::sleep_until(bookmark_at), if bookmarks => {
                     let rev = cursor.max(reg.cache.revision());

@@ -1527,3 +1527,133 @@ async fn deletes_answer_the_object_for_the_kinds_kubernetes_does_and_a_status_ot
     assert_eq!(d.body["status"], "Success");
     assert_eq!(d.body["details"]["name"], "c");
 }
+
+/// A live watch's response body, read line by line.
+async fn open_watch(a: &Api, path: &str) -> axum::body::BodyDataStream {
+    let r = Request::builder().uri(path).body(Body::empty()).unwrap();
+    let resp = a.router.clone().oneshot(r).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    resp.into_body().into_data_stream()
+}
+
+async fn next_events(
+    stream: &mut axum::body::BodyDataStream,
+    buf: &mut Vec<u8>,
+    n: usize,
+) -> Vec<Value> {
+    let mut out = Vec::new();
+    loop {
+        while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=i).collect();
+            out.push(serde_json::from_slice(&line).unwrap());
+            if out.len() == n {
+                return out;
+            }
+        }
+        match tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("an event within 10 s")
+        {
+            Some(chunk) => buf.extend_from_slice(&chunk.unwrap()),
+            None => return out,
+        }
+    }
+}
+
+fn summary(evs: &[Value]) -> Vec<String> {
+    evs.iter()
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["type"].as_str().unwrap(),
+                e["object"]["metadata"]["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn live_watches_get_exactly_the_events_their_selectors_concern() {
+    let a = api().await;
+    let mut by_label = open_watch(&a, &format!("{CMS}?watch=1&labelSelector=app%3Dweb")).await;
+    let mut by_name = open_watch(
+        &a,
+        &format!("{CMS}?watch=1&fieldSelector=metadata.name%3Dc"),
+    )
+    .await;
+    let mut other_ns = open_watch(
+        &a,
+        "/api/v1/namespaces/kube-public/configmaps?watch=1&labelSelector=app%3Dweb",
+    )
+    .await;
+    let (mut b1, mut b2, mut b3) = (Vec::new(), Vec::new(), Vec::new());
+    let c = a.post(CMS, cm("c", json!({"app": "web"}))).await.body;
+    let mut moved = c.clone();
+    moved["metadata"]["labels"] = json!({"app": "db"});
+    assert_eq!(
+        a.put(&format!("{CMS}/c"), moved).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        a.post(CMS, cm("other", json!({"app": "db"}))).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(a.delete(&format!("{CMS}/c")).await.status, StatusCode::OK);
+    // A last object each watch selects: what came before it is all it saw.
+    a.post(CMS, cm("z", json!({"app": "web"}))).await;
+    let mut zc = cm("c", json!({"app": "none"}));
+    zc["metadata"]["name"] = json!("c");
+    a.post(CMS, zc).await;
+    let mut public = cm("p", json!({"app": "web"}));
+    public["metadata"]["namespace"] = json!("kube-public");
+    a.post("/api/v1/namespaces/kube-public/configmaps", public)
+        .await;
+    assert_eq!(
+        summary(&next_events(&mut by_label, &mut b1, 3).await),
+        ["ADDED c", "DELETED c", "ADDED z"]
+    );
+    assert_eq!(
+        summary(&next_events(&mut by_name, &mut b2, 4).await),
+        ["ADDED c", "MODIFIED c", "DELETED c", "ADDED c"]
+    );
+    assert_eq!(
+        summary(&next_events(&mut other_ns, &mut b3, 1).await),
+        ["ADDED p"]
+    );
+}
+
+#[tokio::test]
+async fn a_watch_whose_client_stops_reading_ends_with_410_and_others_go_on() {
+    let a = api().await;
+    let mut slow = open_watch(&a, &format!("{CMS}?watch=1")).await;
+    let mut fast = open_watch(&a, &format!("{CMS}?watch=1&labelSelector=app%3Dfast")).await;
+    let mut fast_buf = Vec::new();
+    let n = 1400;
+    for i in 0..n {
+        let labels = if i % 100 == 0 {
+            json!({"app": "fast"})
+        } else {
+            json!({})
+        };
+        assert_eq!(
+            a.post(CMS, cm(&format!("c{i}"), labels)).await.status,
+            StatusCode::CREATED
+        );
+        if i % 100 == 0 {
+            // The reading watch keeps up while the other falls behind.
+            let ev = next_events(&mut fast, &mut fast_buf, 1).await;
+            assert_eq!(summary(&ev), [format!("ADDED c{i}")]);
+        }
+    }
+    let mut buf = Vec::new();
+    let evs = next_events(&mut slow, &mut buf, n + 1).await;
+    let last = evs.last().unwrap();
+    assert_eq!(last["type"], "ERROR", "{last}");
+    assert_eq!(last["object"]["code"], 410);
+    assert_eq!(last["object"]["reason"], "Expired");
+    // It got a prefix of the events, in order, before it was dropped.
+    assert!(evs.len() < n, "{}", evs.len());
+    for (i, e) in evs[..evs.len() - 1].iter().enumerate() {
+        assert_eq!(summary(std::slice::from_ref(e)), [format!("ADDED c{i}")]);
+    }
+}
