@@ -111,6 +111,17 @@ struct NodeArgs {
     /// Labels for the Node (key=value, repeatable).
     #[arg(long = "node-label")]
     node_labels: Vec<String>,
+    #[command(flatten)]
+    proxy: ProxyArgs,
+}
+
+/// The agent's service proxy (nftables).
+#[derive(Args, Clone)]
+struct ProxyArgs {
+    /// Run no service proxy on this node (ClusterIPs and NodePorts are
+    /// then not reachable through it).
+    #[arg(long)]
+    disable_proxy: bool,
 }
 
 #[derive(Args, Clone)]
@@ -123,6 +134,9 @@ struct AgentArgs {
     data_dir: Option<PathBuf>,
     #[command(flatten)]
     node: NodeArgs,
+    /// The cluster's pod range, for the service proxy's masquerading.
+    #[arg(long, default_value = "10.42.0.0/16")]
+    cluster_cidr: String,
     /// Run hollow nodes (simulated runtime) instead of a real one.
     #[arg(long)]
     simulate: bool,
@@ -444,6 +458,7 @@ fn agent_options(
     node: &NodeArgs,
     data_dir: PathBuf,
     ca_pem: Option<String>,
+    cluster_cidr: &str,
 ) -> Result<skiff_agent::AgentOptions> {
     Ok(skiff_agent::AgentOptions {
         node_name: node.node_name.clone().unwrap_or_else(hostname),
@@ -454,6 +469,9 @@ fn agent_options(
         pod_cidr: node.pod_cidr.clone(),
         client_ca_pem: ca_pem,
         labels: parse_labels(&node.node_labels)?,
+        proxy: (!node.proxy.disable_proxy).then(|| skiff_agent::proxy::Settings {
+            cluster_cidr: Some(cluster_cidr.to_string()),
+        }),
     })
 }
 
@@ -499,7 +517,12 @@ async fn agent(args: AgentArgs) -> Result<()> {
         .data_dir
         .clone()
         .unwrap_or_else(|| default_data_dir().join("agent"));
-    let options = agent_options(&args.node, data_dir, ca_from_kubeconfig(&args.kubeconfig)?)?;
+    let options = agent_options(
+        &args.node,
+        data_dir,
+        ca_from_kubeconfig(&args.kubeconfig)?,
+        &args.cluster_cidr,
+    )?;
     let t0 = std::time::Instant::now();
     let progress = move |m: &str| eprintln!("[{:6.2}s] {m}", t0.elapsed().as_secs_f64());
     tokio::select! {
@@ -545,6 +568,7 @@ async fn up(args: UpArgs) -> Result<()> {
         &node,
         s.data_dir.join("agent"),
         Some(s.pki.ca.cert_pem.clone()),
+        &args.server.cluster_cidr,
     )?;
     let node_name = options.node_name.clone();
     let client = skiff_kube::in_process(&s.api, &format!("node:{node_name}"));
@@ -619,6 +643,11 @@ async fn down(args: DownArgs) -> Result<()> {
         let _ = std::process::Command::new("ip")
             .args(["link", "del", &bridge])
             .output();
+    }
+    let table = skiff_agent::proxy::table_name(&data_dir.join("agent"));
+    match skiff_agent::proxy::nft::delete_table(&table) {
+        Ok(()) => eprintln!("skiff: removed the service proxy's rules"),
+        Err(e) => eprintln!("skiff: could not remove the nftables table {table}: {e}"),
     }
     let pods = data_dir.join("agent").join("pods");
     skiff_agent::inputs::unmount_all(&pods);
