@@ -2,7 +2,8 @@
 //! cluster (`skiff up` with its own containerd), driven with the real
 //! kubectl: a ClusterIP spreads a client pod's requests over two busybox
 //! httpd backends (named targetPort), answers from the node itself, a
-//! NodePort answers on the node's IP, ClientIP affinity holds, a backend
+//! NodePort answers on the node's IP, a LoadBalancer gets the node's IP as
+//! its ingress and answers there, ClientIP affinity holds, a backend
 //! failing readiness stops receiving traffic, a pod reaches itself through
 //! its service (hairpin), and a Service without endpoints refuses at once.
 //! Each cluster uses a service range of its own so concurrent clusters on
@@ -67,6 +68,14 @@ spec:
   selector: {app: web}
   sessionAffinity: ClientIP
   ports: [{name: http, port: 80, targetPort: http}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: lb}
+spec:
+  type: LoadBalancer
+  selector: {app: web}
+  ports: [{name: http, port: 18080, targetPort: http}]
 ---
 apiVersion: v1
 kind: Service
@@ -155,7 +164,7 @@ fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_th
         60,
         || {
             let c = spread(&s, "client", &format!("http://{web_ip}:80/"), 30);
-            (c.get("web-a").is_some() && c.get("web-b").is_some()).then_some(c)
+            (c.contains_key("web-a") && c.contains_key("web-b")).then_some(c)
         },
     );
     assert_eq!(counts.values().sum::<usize>(), 30, "{counts:?}");
@@ -165,6 +174,19 @@ fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_th
     let body = http_get(&web_ip, 80).expect("ClusterIP from the node");
     assert!(body.contains("web-a") || body.contains("web-b"), "{body}");
     let body = http_get(&node_ip, node_port).expect("NodePort on the node IP");
+    assert!(body.contains("web-a") || body.contains("web-b"), "{body}");
+
+    // LoadBalancer: the node's address in its status, answering there.
+    let ingress = wait_until("LoadBalancer ingress", 30, || {
+        let ip = jsonpath(&s, "service", "lb", "{.status.loadBalancer.ingress[0].ip}");
+        (!ip.is_empty()).then_some(ip)
+    });
+    assert_eq!(ingress, node_ip);
+    let wide = s.ok(&["get", "service", "lb"]);
+    assert!(wide.contains(&node_ip), "EXTERNAL-IP column: {wide}");
+    let body = wait_until("the LoadBalancer address answers", 30, || {
+        http_get(&node_ip, 18080).ok()
+    });
     assert!(body.contains("web-a") || body.contains("web-b"), "{body}");
 
     // ClientIP affinity: one client, one backend.

@@ -14,7 +14,10 @@
 //! service it belongs to. A failed transaction changes nothing in the
 //! kernel; the proxy then retries with a full resync. Rules stay when the
 //! agent stops (fail-static); `skiff down` deletes the table.
+//! [`lb`] is the small LoadBalancer controller (ServiceLB-like) that gives
+//! LoadBalancer services the nodes' addresses.
 
+pub mod lb;
 pub mod model;
 pub mod nft;
 pub mod rules;
@@ -68,6 +71,21 @@ pub async fn run_for_agent(
         let (ip, bits) = c.split_once('/')?;
         Some((ip.parse().ok()?, bits.parse().ok()?))
     });
+    let lb_client = client.clone();
+    let identity = node_name.clone();
+    let service_lb = async move {
+        let r = skiff_kube::leader::run_elected(
+            lb_client.clone(),
+            "skiff-service-lb",
+            &identity,
+            Default::default(),
+            lb::run(lb_client),
+        )
+        .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "the LoadBalancer controller stopped");
+        }
+    };
     let options = ProxyOptions {
         node: NodeFacts {
             name: node_name,
@@ -76,9 +94,12 @@ pub async fn run_for_agent(
         },
         table: table_name(&data_dir),
     };
-    if let Err(e) = run(client, options).await {
-        tracing::error!(error = %e, "the service proxy stopped");
-    }
+    let proxy = async move {
+        if let Err(e) = run(client, options).await {
+            tracing::error!(error = %e, "the service proxy stopped");
+        }
+    };
+    tokio::join!(proxy, service_lb);
 }
 
 /// Settings of the proxy in one agent.
