@@ -5,7 +5,8 @@
 //! NodePort answers on the node's IP, a LoadBalancer gets the node's IP as
 //! its ingress and answers there, ClientIP affinity holds, a backend
 //! failing readiness stops receiving traffic, a pod reaches itself through
-//! its service (hairpin), and a Service without endpoints refuses at once.
+//! its service (hairpin), the `kubernetes` Service reaches the API server,
+//! and a Service without endpoints refuses at once.
 //! Each cluster uses a service range of its own so concurrent clusters on
 //! the machine never share a ClusterIP.
 
@@ -195,6 +196,34 @@ fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_th
     assert!(
         counts.contains_key("web-a") || counts.contains_key("web-b"),
         "{counts:?}"
+    );
+
+    // The `kubernetes` Service leads to the API server: its endpoint is the
+    // node's address, a verifying client accepts the server's certificate
+    // at the ClusterIP, and a pod gets TLS there (an alert answering
+    // plain text: busybox's own TLS client cannot negotiate with it).
+    let eps = s.ok(&["get", "endpoints", "kubernetes"]);
+    assert!(eps.contains(&node_ip), "{eps}");
+    let k_ip = jsonpath(&s, "service", "kubernetes", "{.spec.clusterIP}");
+    let version = s.ok(&[
+        "--server",
+        &format!("https://{k_ip}:443"),
+        "get",
+        "--raw",
+        "/version",
+    ]);
+    assert!(version.contains("gitVersion"), "{version}");
+    let out = s.ok(&[
+        "exec",
+        "client",
+        "--",
+        "sh",
+        "-c",
+        &format!("printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 {k_ip} 443 | od -An -tx1 | head -1"),
+    ]);
+    assert!(
+        out.trim().starts_with("15 03"),
+        "expected a TLS alert record: {out:?}"
     );
 
     // No endpoints: refused at once, from a pod and from the node.
