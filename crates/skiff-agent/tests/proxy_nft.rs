@@ -110,9 +110,14 @@ async fn transactions_replace_update_and_fail_atomically() {
     let empty2 = rules::port_rules(&plan("empty", "198.18.10.2", &[ep("198.19.0.9", 80)]), CIDR);
     let mut ops = rules::diff(&web, &web2);
     ops.extend(rules::diff(&empty, &empty2));
+    ops.push(Op::AddHairpin("198.19.0.6".parse().unwrap()));
     nft.apply(&ops).await.unwrap();
     let t = list(&table.0);
-    assert!(t.contains("numgen random mod 2"), "{t}");
+    assert!(t.contains("198.19.0.6 . 198.19.0.6"), "{t}");
+    assert!(
+        t.contains("numgen random mod 2 0 goto ep-default/web/tcp/http/198.19.0.5:8080"),
+        "{t}"
+    );
     assert!(t.contains("dnat to 198.19.0.6:8080"), "{t}");
     assert!(
         !t.contains("198.18.10.2 . tcp . 80 : goto reject-chain"),

@@ -192,6 +192,9 @@ impl State {
 struct Applied {
     rules: HashMap<Key, PortRules>,
     plans: HashMap<Key, Vec<PortPlan>>,
+    /// How many services send to each endpoint (its `hairpin` pair stays
+    /// while one does).
+    hairpin: HashMap<Ipv4Addr, usize>,
 }
 
 /// The objects and plans of one service (empty when it is not proxied).
@@ -414,6 +417,11 @@ pub async fn run_with_progress(
                 next.plans.insert(k.clone(), p);
             }
             let n = next.rules.len();
+            for r in next.rules.values() {
+                for ip in &r.endpoints {
+                    *next.hairpin.entry(*ip).or_insert(0) += 1;
+                }
+            }
             let all: Vec<&PortRules> = next.rules.values().collect();
             match nft.replace_all(&node.ips, &all).await {
                 Ok(()) => {
@@ -435,9 +443,38 @@ pub async fn run_with_progress(
                 ops.extend(rules::diff(old, &r));
                 next_rules.push((k.clone(), r, p));
             }
+            // Hairpin pairs are shared: count the dirty services' changes.
+            let mut delta: HashMap<Ipv4Addr, i64> = HashMap::new();
+            for (k, r, _) in &next_rules {
+                if let Some(old) = applied.rules.get(k) {
+                    for ip in &old.endpoints {
+                        *delta.entry(*ip).or_insert(0) -= 1;
+                    }
+                }
+                for ip in &r.endpoints {
+                    *delta.entry(*ip).or_insert(0) += 1;
+                }
+            }
+            delta.retain(|_, d| *d != 0);
+            for (ip, d) in &delta {
+                let before = applied.hairpin.get(ip).copied().unwrap_or(0) as i64;
+                let after = before + d;
+                if before == 0 && after > 0 {
+                    ops.push(rules::Op::AddHairpin(*ip));
+                } else if before > 0 && after <= 0 {
+                    ops.push(rules::Op::DeleteHairpin(*ip));
+                }
+            }
             ops.sort_by_key(rules::Op::phase);
             match nft.apply(&ops).await {
                 Ok(()) => {
+                    for (ip, d) in delta {
+                        let c = applied.hairpin.entry(ip).or_insert(0);
+                        *c = (*c as i64 + d).max(0) as usize;
+                        if *c == 0 {
+                            applied.hairpin.remove(&ip);
+                        }
+                    }
                     let mut old_plans = HashMap::new();
                     let mut new_plans = HashMap::new();
                     for (k, r, p) in next_rules.iter().cloned() {

@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 
 use nftables::expr::{
     BinaryOperation, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, NgMode,
-    Numgen, Payload, PayloadField, Prefix, SetItem, Verdict as NfVerdict, CT,
+    Numgen, Payload, PayloadField, Prefix, Verdict as NfVerdict, CT,
 };
 use nftables::schema::{
     Chain, Element, FlushObject, NfCmd, NfListObject, NfObject, Rule as NfRule, Set, SetFlag,
@@ -59,6 +59,10 @@ impl Nft {
         node_ips: &[Ipv4Addr],
         services: &[&PortRules],
     ) -> Result<(), Error> {
+        let endpoints: std::collections::BTreeSet<Ipv4Addr> = services
+            .iter()
+            .flat_map(|s| s.endpoints.iter().copied())
+            .collect();
         let mut objs = vec![];
         let table = NfListObject::Table(Table {
             family: NfFamily::IP,
@@ -96,6 +100,16 @@ impl Nft {
             }),
             ..Default::default()
         })))));
+        objs.push(cmd(NfCmd::Add(NfListObject::Set(Box::new(Set {
+            family: NfFamily::IP,
+            table: Cow::Owned(self.table.clone()),
+            name: Cow::Borrowed(rules::HAIRPIN),
+            set_type: SetTypeValue::Concatenated(Cow::Borrowed(&[
+                SetType::Ipv4Addr,
+                SetType::Ipv4Addr,
+            ])),
+            ..Default::default()
+        })))));
         for (name, hook, _) in rules::skeleton() {
             let mut chain = self.chain(name);
             if let Some(h) = hook {
@@ -125,6 +139,9 @@ impl Nft {
             for op in rules::diff(&empty, s) {
                 objs.push(self.op(&op));
             }
+        }
+        for ip in endpoints {
+            objs.push(self.op(&Op::AddHairpin(ip)));
         }
         self.run(objs).await
     }
@@ -202,6 +219,12 @@ impl Nft {
             ))),
             Op::DeleteChain(name) => NfCmd::Delete(NfListObject::Chain(self.chain(name))),
             Op::DeleteSet(name) => NfCmd::Delete(NfListObject::Set(Box::new(self.set(name)))),
+            Op::AddHairpin(ip) => NfCmd::Add(NfListObject::Element(
+                self.element(rules::HAIRPIN, hairpin_elem(*ip)),
+            )),
+            Op::DeleteHairpin(ip) => NfCmd::Delete(NfListObject::Element(
+                self.element(rules::HAIRPIN, hairpin_elem(*ip)),
+            )),
         };
         cmd(c)
     }
@@ -262,6 +285,29 @@ fn fib_saddr_local() -> Statement<'static> {
 
 fn mark() -> Expression<'static> {
     meta(MetaKey::Mark)
+}
+
+/// `numgen random mod k == 0` (nothing for k ≤ 1: the last pick).
+fn pick(k: u32) -> Vec<Statement<'static>> {
+    if k <= 1 {
+        return vec![];
+    }
+    vec![matches(
+        Expression::Named(NamedExpression::Numgen(Numgen {
+            mode: NgMode::Random,
+            ng_mod: k,
+            offset: None,
+        })),
+        Operator::EQ,
+        Expression::Number(0),
+    )]
+}
+
+fn hairpin_elem(ip: Ipv4Addr) -> Expression<'static> {
+    Expression::Named(NamedExpression::Concat(vec![
+        s(ip.to_string()),
+        s(ip.to_string()),
+    ]))
 }
 
 fn key_expr(k: &MapKey) -> Expression<'static> {
@@ -382,9 +428,21 @@ pub fn statements(r: &Rule) -> Vec<Statement<'static>> {
             matches(payload("ip", "saddr"), Operator::NEQ, prefix(*cidr)),
             mark_for_masq,
         ],
-        Rule::MasqueradeFrom(ip) => vec![
-            matches(payload("ip", "saddr"), Operator::EQ, s(ip.to_string())),
-            mark_for_masq,
+        Rule::HairpinMasquerade => vec![
+            matches(
+                Expression::Named(NamedExpression::Concat(vec![
+                    payload("ip", "saddr"),
+                    payload("ip", "daddr"),
+                ])),
+                Operator::EQ,
+                s(format!("@{}", rules::HAIRPIN)),
+            ),
+            Statement::Masquerade(Some(NAT {
+                addr: None,
+                family: None,
+                port: None,
+                flags: Some(HashSet::from([NATFlag::FullyRandom])),
+            })),
         ],
         Rule::MasqueradeIfFromNode => vec![fib_saddr_local(), mark_for_masq],
         Rule::GotoIfFromNode(c) => vec![fib_saddr_local(), Statement::Goto(target(c))],
@@ -401,34 +459,22 @@ pub fn statements(r: &Rule) -> Vec<Statement<'static>> {
             elem: payload("ip", "saddr"),
             set: Cow::Owned(format!("@{set}")),
         })],
-        Rule::Spread(chains) => vec![Statement::VerdictMap(VerdictMap {
-            key: Expression::Named(NamedExpression::Numgen(Numgen {
-                mode: NgMode::Random,
-                ng_mod: chains.len() as u32,
-                offset: None,
-            })),
-            data: Expression::Named(NamedExpression::Set(
-                chains
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| {
-                        SetItem::Mapping(
-                            Expression::Number(i as u32),
-                            Expression::Verdict(NfVerdict::Goto(target(c))),
-                        )
-                    })
-                    .collect(),
-            )),
-        })],
-        Rule::Dnat(p, ip, port) => vec![
-            matches(meta(MetaKey::L4proto), Operator::EQ, s(p.nft())),
-            Statement::DNAT(Some(NAT {
+        Rule::PickGoto(k, c) => {
+            let mut v = pick(*k);
+            v.push(Statement::Goto(target(c)));
+            v
+        }
+        Rule::PickDnat(k, p, ip, port) => {
+            let mut v = pick(*k);
+            v.push(matches(meta(MetaKey::L4proto), Operator::EQ, s(p.nft())));
+            v.push(Statement::DNAT(Some(NAT {
                 addr: Some(s(ip.to_string())),
                 family: Some(NATFamily::IP),
                 port: Some(Expression::Number(*port as u32)),
                 flags: None,
-            })),
-        ],
+            })));
+            v
+        }
     }
 }
 

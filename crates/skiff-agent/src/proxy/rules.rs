@@ -7,8 +7,15 @@
 //! The layout is kube-proxy's nftables mode: a packet's (daddr, protocol,
 //! port) is looked up in the `service-ips` verdict map (NodePorts: the
 //! `nodeport-ips` set and `service-nodeports`), which jumps to the service
-//! port's chain; that chain picks an endpoint chain at random (`numgen`),
-//! or by a per-endpoint affinity set, and the endpoint chain DNATs.
+//! port's chain; that chain picks an endpoint at random and DNATs to it.
+//! The pick is a run of `numgen random mod k == 0` rules (k = n, n-1, …, 1,
+//! uniform like kube-proxy's iptables mode) rather than an anonymous
+//! verdict map: the kernel creates each anonymous set with a scan of the
+//! table's sets, which made a 10,000-service table take minutes. With
+//! ClientIP affinity the pick goes to per-endpoint chains that record the
+//! client in the endpoint's affinity set. Hairpin traffic (an endpoint
+//! reaching itself through its service) is masqueraded by one rule on the
+//! `hairpin` set of `endpoint . endpoint` pairs.
 //! Services without endpoints are in `no-endpoint-services` /
 //! `no-endpoint-nodeports`, consulted by filter hooks before NAT, which
 //! reject new connections at once. So a change to one service touches only
@@ -30,6 +37,9 @@ pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const NODEPORT_IPS: &str = "nodeport-ips";
 pub const MARK_FOR_MASQ: &str = "mark-for-masquerade";
 pub const REJECT_CHAIN: &str = "reject-chain";
+/// Set of `ip . ip` pairs, one per endpoint: `ip saddr . ip daddr` in it
+/// after DNAT is a pod that reached itself.
+pub const HAIRPIN: &str = "hairpin";
 
 /// One rule, in the few shapes the proxy writes. `Display` gives nft's own
 /// syntax (logs, tests); [`super::nft`] turns it into nft's JSON.
@@ -67,9 +77,9 @@ pub enum Rule {
         port: u16,
         cidr: (Ipv4Addr, u8),
     },
-    /// `ip saddr IP jump mark-for-masquerade`: hairpin (an endpoint
-    /// reaching itself through its service).
-    MasqueradeFrom(Ipv4Addr),
+    /// `ip saddr . ip daddr @hairpin masquerade fully-random`: an endpoint
+    /// that reached itself through its service.
+    HairpinMasquerade,
     /// `fib saddr type local jump mark-for-masquerade`
     MasqueradeIfFromNode,
     /// `fib saddr type local goto CHAIN`
@@ -80,10 +90,11 @@ pub enum Rule {
     GotoIfInSet(String, String),
     /// `update @SET { ip saddr }`
     AddSourceToSet(String),
-    /// `numgen random mod N vmap { 0 : goto C0, 1 : goto C1, … }`
-    Spread(Vec<String>),
-    /// `meta l4proto P dnat to IP:PORT`
-    Dnat(Protocol, Ipv4Addr, u16),
+    /// `numgen random mod K == 0 goto CHAIN` (K > 1), else `goto CHAIN`.
+    PickGoto(u32, String),
+    /// `numgen random mod K == 0 meta l4proto P dnat to IP:PORT` (K > 1),
+    /// else without the `numgen` match.
+    PickDnat(u32, Protocol, Ipv4Addr, u16),
 }
 
 fn q(name: &str) -> String {
@@ -126,7 +137,9 @@ impl fmt::Display for Rule {
                 cidr(*c),
                 q(MARK_FOR_MASQ)
             ),
-            Rule::MasqueradeFrom(ip) => write!(f, "ip saddr {ip} jump {}", q(MARK_FOR_MASQ)),
+            Rule::HairpinMasquerade => {
+                write!(f, "ip saddr . ip daddr @{HAIRPIN} masquerade fully-random")
+            }
             Rule::MasqueradeIfFromNode => {
                 write!(f, "fib saddr type local jump {}", q(MARK_FOR_MASQ))
             }
@@ -134,17 +147,16 @@ impl fmt::Display for Rule {
             Rule::GotoIfFrom(c, chain) => write!(f, "ip saddr {} goto {}", cidr(*c), q(chain)),
             Rule::GotoIfInSet(s, c) => write!(f, "ip saddr @{} goto {}", q(s), q(c)),
             Rule::AddSourceToSet(s) => write!(f, "update @{} {{ ip saddr }}", q(s)),
-            Rule::Spread(chains) => {
-                write!(f, "numgen random mod {} vmap {{ ", chains.len())?;
-                for (i, c) in chains.iter().enumerate() {
-                    if i > 0 {
-                        write!(f, ", ")?;
-                    }
-                    write!(f, "{i} : goto {}", q(c))?;
-                }
-                write!(f, " }}")
+            Rule::PickGoto(k, c) if *k > 1 => {
+                write!(f, "numgen random mod {k} == 0 goto {}", q(c))
             }
-            Rule::Dnat(p, ip, port) => write!(f, "meta l4proto {} dnat to {ip}:{port}", p.nft()),
+            Rule::PickGoto(_, c) => write!(f, "goto {}", q(c)),
+            Rule::PickDnat(k, p, ip, port) => {
+                if *k > 1 {
+                    write!(f, "numgen random mod {k} == 0 ")?;
+                }
+                write!(f, "meta l4proto {} dnat to {ip}:{port}", p.nft())
+            }
         }
     }
 }
@@ -192,6 +204,9 @@ pub struct PortRules {
     /// Affinity sets: name → timeout in seconds.
     pub sets: BTreeMap<String, u32>,
     pub elements: Elements,
+    /// Endpoints traffic may be sent to (their `hairpin` pairs are shared
+    /// between services, so the caller counts them).
+    pub endpoints: std::collections::BTreeSet<Ipv4Addr>,
 }
 
 impl PortRules {
@@ -200,6 +215,7 @@ impl PortRules {
         self.chains.extend(other.chains);
         self.sets.extend(other.sets);
         self.elements.extend(other.elements);
+        self.endpoints.extend(other.endpoints);
     }
 }
 
@@ -228,7 +244,7 @@ pub fn skeleton() -> Vec<(&'static str, Option<Hook>, Vec<Rule>)> {
         (
             "nat-postrouting",
             hook(true, "postrouting", 100),
-            vec![Rule::Jump("masquerading".into())],
+            vec![Rule::HairpinMasquerade, Rule::Jump("masquerading".into())],
         ),
         // Filter before NAT (-110): reject new connections to services
         // without endpoints (their daddr is still the service's).
@@ -312,29 +328,37 @@ pub fn port_rules(p: &PortPlan, cluster_cidr: Option<(Ipv4Addr, u8)>) -> PortRul
         }
         if eps.is_empty() {
             rules.push(Rule::Drop);
-        } else {
-            if p.affinity.is_some() {
-                for ep in eps {
-                    rules.push(Rule::GotoIfInSet(
-                        affinity_set(&base, ep),
-                        endpoint_chain(&base, ep),
-                    ));
-                }
+        } else if p.affinity.is_some() {
+            for ep in eps {
+                rules.push(Rule::GotoIfInSet(
+                    affinity_set(&base, ep),
+                    endpoint_chain(&base, ep),
+                ));
             }
-            rules.push(Rule::Spread(
-                eps.iter().map(|ep| endpoint_chain(&base, ep)).collect(),
-            ));
+            let n = eps.len() as u32;
+            for (i, ep) in eps.iter().enumerate() {
+                rules.push(Rule::PickGoto(n - i as u32, endpoint_chain(&base, ep)));
+            }
+        } else {
+            let n = eps.len() as u32;
+            for (i, ep) in eps.iter().enumerate() {
+                rules.push(Rule::PickDnat(n - i as u32, proto, ep.ip, ep.port));
+            }
         }
         out.chains.insert(name.to_string(), rules);
-        for ep in eps {
-            let mut rules = vec![Rule::MasqueradeFrom(ep.ip)];
-            if let Some(timeout) = p.affinity {
+        out.endpoints.extend(eps.iter().map(|e| e.ip));
+        if let Some(timeout) = p.affinity {
+            for ep in eps {
                 let set = affinity_set(&base, ep);
                 out.sets.insert(set.clone(), timeout);
-                rules.push(Rule::AddSourceToSet(set));
+                out.chains.insert(
+                    endpoint_chain(&base, ep),
+                    vec![
+                        Rule::AddSourceToSet(set),
+                        Rule::PickDnat(1, proto, ep.ip, ep.port),
+                    ],
+                );
             }
-            rules.push(Rule::Dnat(proto, ep.ip, ep.port));
-            out.chains.insert(endpoint_chain(&base, ep), rules);
         }
     };
 
@@ -437,6 +461,10 @@ pub enum Op {
     AddElement(&'static str, MapKey, Verdict),
     DeleteChain(String),
     DeleteSet(String),
+    /// `add element hairpin { IP . IP }`
+    AddHairpin(Ipv4Addr),
+    /// `delete element hairpin { IP . IP }`
+    DeleteHairpin(Ipv4Addr),
 }
 
 /// The ops turning `old` into `new` (one service's objects), ordered so
@@ -510,8 +538,8 @@ impl Op {
             Op::AddChain(_) => 2,
             Op::FlushChain(_) => 3,
             Op::AddRule(..) => 4,
-            Op::AddElement(..) => 5,
-            Op::DeleteChain(_) => 6,
+            Op::AddElement(..) | Op::AddHairpin(_) => 5,
+            Op::DeleteChain(_) | Op::DeleteHairpin(_) => 6,
             Op::DeleteSet(_) => 7,
         }
     }
@@ -541,6 +569,8 @@ impl fmt::Display for Op {
             Op::AddElement(m, k, v) => write!(f, "add element {m} {{ {k} : {v} }}"),
             Op::DeleteChain(c) => write!(f, "delete chain {}", q(c)),
             Op::DeleteSet(s) => write!(f, "delete set {}", q(s)),
+            Op::AddHairpin(ip) => write!(f, "add element {HAIRPIN} {{ {ip} . {ip} }}"),
+            Op::DeleteHairpin(ip) => write!(f, "delete element {HAIRPIN} {{ {ip} . {ip} }}"),
         }
     }
 }
@@ -599,7 +629,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cluster_ip_spreads_over_endpoint_chains_that_dnat_and_masquerade_hairpin() {
+    fn a_cluster_ip_picks_an_endpoint_uniformly_and_dnats_to_it() {
         let r = port_rules(
             &plan(&[ep("10.42.0.5", 8080), ep("10.42.0.6", 8080)]),
             cidr(),
@@ -607,15 +637,14 @@ mod tests {
         assert_eq!(
             text(&r),
             vec![
-                r#"ep-default/web/tcp/http/10.42.0.5:8080: ip saddr 10.42.0.5 jump "mark-for-masquerade""#,
-                r#"ep-default/web/tcp/http/10.42.0.5:8080: meta l4proto tcp dnat to 10.42.0.5:8080"#,
-                r#"ep-default/web/tcp/http/10.42.0.6:8080: ip saddr 10.42.0.6 jump "mark-for-masquerade""#,
-                r#"ep-default/web/tcp/http/10.42.0.6:8080: meta l4proto tcp dnat to 10.42.0.6:8080"#,
                 r#"svc-default/web/tcp/http: ip daddr 10.43.0.20 meta l4proto tcp th dport 80 ip saddr != 10.42.0.0/16 jump "mark-for-masquerade""#,
-                r#"svc-default/web/tcp/http: numgen random mod 2 vmap { 0 : goto "ep-default/web/tcp/http/10.42.0.5:8080", 1 : goto "ep-default/web/tcp/http/10.42.0.6:8080" }"#,
+                r#"svc-default/web/tcp/http: numgen random mod 2 == 0 meta l4proto tcp dnat to 10.42.0.5:8080"#,
+                r#"svc-default/web/tcp/http: meta l4proto tcp dnat to 10.42.0.6:8080"#,
                 r#"service-ips: 10.43.0.20 . tcp . 80 : goto "svc-default/web/tcp/http""#,
             ]
         );
+        // Both endpoints get a hairpin pair (counted by the caller).
+        assert_eq!(r.endpoints.len(), 2);
     }
 
     #[test]
@@ -679,7 +708,7 @@ mod tests {
                 .last()
                 .unwrap()
                 .to_string(),
-            r#"numgen random mod 1 vmap { 0 : goto "ep-default/web/tcp/http/10.42.0.5:8080" }"#
+            "meta l4proto tcp dnat to 10.42.0.5:8080"
         );
         // No local endpoint: external traffic is dropped, not sent away.
         p.local_endpoints = vec![];
@@ -711,10 +740,24 @@ mod tests {
             svc[0].to_string(),
             r#"ip saddr @"aff-default/web/tcp/http/10.42.0.5:8080" goto "ep-default/web/tcp/http/10.42.0.5:8080""#
         );
-        assert!(matches!(svc[2], Rule::Spread(_)));
+        assert!(matches!(svc[2], Rule::PickGoto(2, _)));
         assert_eq!(
-            r.chains["ep-default/web/tcp/http/10.42.0.6:8080"][1].to_string(),
-            r#"update @"aff-default/web/tcp/http/10.42.0.6:8080" { ip saddr }"#
+            svc[2].to_string(),
+            r#"numgen random mod 2 == 0 goto "ep-default/web/tcp/http/10.42.0.5:8080""#
+        );
+        assert_eq!(
+            svc[3].to_string(),
+            r#"goto "ep-default/web/tcp/http/10.42.0.6:8080""#
+        );
+        assert_eq!(
+            r.chains["ep-default/web/tcp/http/10.42.0.6:8080"]
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>(),
+            vec![
+                r#"update @"aff-default/web/tcp/http/10.42.0.6:8080" { ip saddr }"#,
+                "meta l4proto tcp dnat to 10.42.0.6:8080",
+            ]
         );
         assert_eq!(r.sets.len(), 2);
         assert!(r.sets.values().all(|t| *t == 60));
@@ -727,21 +770,50 @@ mod tests {
     }
 
     #[test]
-    fn an_endpoint_change_rewrites_the_service_chain_and_adds_only_the_new_endpoint() {
+    fn an_endpoint_change_rewrites_only_the_service_chain() {
         let old = port_rules(&plan(&[ep("10.42.0.5", 8080)]), None);
         let new = port_rules(&plan(&[ep("10.42.0.5", 8080), ep("10.42.0.6", 8080)]), None);
         let ops: Vec<String> = diff(&old, &new).iter().map(|o| o.to_string()).collect();
         assert_eq!(
             ops,
             vec![
-                r#"add chain "ep-default/web/tcp/http/10.42.0.6:8080""#,
                 r#"flush chain "svc-default/web/tcp/http""#,
-                r#"add rule "ep-default/web/tcp/http/10.42.0.6:8080" ip saddr 10.42.0.6 jump "mark-for-masquerade""#,
-                r#"add rule "ep-default/web/tcp/http/10.42.0.6:8080" meta l4proto tcp dnat to 10.42.0.6:8080"#,
-                r#"add rule "svc-default/web/tcp/http" numgen random mod 2 vmap { 0 : goto "ep-default/web/tcp/http/10.42.0.5:8080", 1 : goto "ep-default/web/tcp/http/10.42.0.6:8080" }"#,
+                r#"add rule "svc-default/web/tcp/http" numgen random mod 2 == 0 meta l4proto tcp dnat to 10.42.0.5:8080"#,
+                r#"add rule "svc-default/web/tcp/http" meta l4proto tcp dnat to 10.42.0.6:8080"#,
             ]
         );
         assert!(diff(&new, &new).is_empty());
+    }
+
+    #[test]
+    fn affinity_endpoint_chains_come_and_go_with_their_endpoints() {
+        let mut a = plan(&[ep("10.42.0.5", 8080)]);
+        a.affinity = Some(60);
+        let mut b = plan(&[ep("10.42.0.5", 8080), ep("10.42.0.6", 8080)]);
+        b.affinity = Some(60);
+        let ops: Vec<String> = diff(&port_rules(&a, None), &port_rules(&b, None))
+            .iter()
+            .map(|o| o.to_string())
+            .collect();
+        assert_eq!(
+            ops[0],
+            r#"add set "aff-default/web/tcp/http/10.42.0.6:8080" { type ipv4_addr; flags dynamic,timeout; timeout 60s; }"#
+        );
+        assert_eq!(
+            ops[1],
+            r#"add chain "ep-default/web/tcp/http/10.42.0.6:8080""#
+        );
+        let back: Vec<String> = diff(&port_rules(&b, None), &port_rules(&a, None))
+            .iter()
+            .map(|o| o.to_string())
+            .collect();
+        assert_eq!(
+            back.last().unwrap(),
+            r#"delete set "aff-default/web/tcp/http/10.42.0.6:8080""#
+        );
+        assert!(
+            back.contains(&r#"delete chain "ep-default/web/tcp/http/10.42.0.6:8080""#.to_string())
+        );
     }
 
     #[test]
@@ -753,10 +825,8 @@ mod tests {
             ops,
             vec![
                 r#"delete element service-ips { 10.43.0.20 . tcp . 80 }"#,
-                r#"flush chain "ep-default/web/tcp/http/10.42.0.5:8080""#,
                 r#"flush chain "svc-default/web/tcp/http""#,
                 r#"add element no-endpoint-services { 10.43.0.20 . tcp . 80 : goto "reject-chain" }"#,
-                r#"delete chain "ep-default/web/tcp/http/10.42.0.5:8080""#,
                 r#"delete chain "svc-default/web/tcp/http""#,
             ]
         );
