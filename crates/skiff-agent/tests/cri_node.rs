@@ -60,6 +60,7 @@ impl Node {
             pod_cidr: Some(pod_cidr()),
             client_ca_pem: Some(test_ca()),
             labels: Default::default(),
+            proxy: None,
         };
         let mut node = Node {
             _cluster: cluster,
