@@ -9,6 +9,7 @@
 
 pub mod containerd;
 pub mod cri;
+pub mod dns;
 pub mod hollow;
 pub mod image;
 pub mod inputs;
