@@ -60,6 +60,10 @@ impl Node {
             pod_cidr: Some(pod_cidr()),
             client_ca_pem: Some(test_ca()),
             labels: Default::default(),
+            cluster_dns: None,
+            cluster_domain: "cluster.local".into(),
+            // Concurrent test agents would fight over the DNS address.
+            serve_dns: false,
         };
         let mut node = Node {
             _cluster: cluster,

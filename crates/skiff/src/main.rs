@@ -89,6 +89,21 @@ struct ServerArgs {
     /// Seconds between compactions.
     #[arg(long, default_value_t = 60, hide = true)]
     compact_every: u64,
+    #[command(flatten)]
+    dns: DnsArgs,
+}
+
+/// Cluster DNS: the server gives the `kube-dns` Service this address; the
+/// agent serves DNS on it and writes it into pods' resolv.conf.
+#[derive(Args, Clone)]
+struct DnsArgs {
+    /// The cluster DNS address (default: the 10th address of the service
+    /// CIDR, 10.43.0.10; an agent alone asks the kube-dns Service).
+    #[arg(long)]
+    cluster_dns: Option<std::net::Ipv4Addr>,
+    /// The cluster's DNS domain.
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
 }
 
 #[derive(Args, Clone)]
@@ -123,6 +138,8 @@ struct AgentArgs {
     data_dir: Option<PathBuf>,
     #[command(flatten)]
     node: NodeArgs,
+    #[command(flatten)]
+    dns: DnsArgs,
     /// Run hollow nodes (simulated runtime) instead of a real one.
     #[arg(long)]
     simulate: bool,
@@ -265,12 +282,23 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         host
     };
     let advertise = format!("{host}:{}", addr.port());
+    let service_cidr = parse_cidr(&args.service_cidr)?;
+    if let Some(ip) = args.dns.cluster_dns {
+        let (base, bits) = service_cidr;
+        let mask = u32::MAX << (32 - bits);
+        anyhow::ensure!(
+            u32::from(ip) & mask == u32::from(base) & mask,
+            "--cluster-dns {ip} is outside the service CIDR {}",
+            args.service_cidr
+        );
+    }
     let config = skiff_apiserver::Config {
         advertise: advertise.clone(),
         compact_keep: Duration::from_secs(args.compact_keep),
         compact_every: Duration::from_secs(args.compact_every.max(1)),
         registry: skiff_apiserver::registry::RegistryConfig {
-            service_cidr: parse_cidr(&args.service_cidr)?,
+            service_cidr,
+            cluster_dns: args.dns.cluster_dns,
         },
         kubelet_client: Some((
             pki.kubelet_client.cert_pem.clone(),
@@ -442,6 +470,7 @@ fn hostname() -> String {
 
 fn agent_options(
     node: &NodeArgs,
+    dns: &DnsArgs,
     data_dir: PathBuf,
     ca_pem: Option<String>,
 ) -> Result<skiff_agent::AgentOptions> {
@@ -454,6 +483,9 @@ fn agent_options(
         pod_cidr: node.pod_cidr.clone(),
         client_ca_pem: ca_pem,
         labels: parse_labels(&node.node_labels)?,
+        cluster_dns: dns.cluster_dns.map(Into::into),
+        cluster_domain: dns.cluster_domain.clone(),
+        serve_dns: true,
     })
 }
 
@@ -499,7 +531,12 @@ async fn agent(args: AgentArgs) -> Result<()> {
         .data_dir
         .clone()
         .unwrap_or_else(|| default_data_dir().join("agent"));
-    let options = agent_options(&args.node, data_dir, ca_from_kubeconfig(&args.kubeconfig)?)?;
+    let options = agent_options(
+        &args.node,
+        &args.dns,
+        data_dir,
+        ca_from_kubeconfig(&args.kubeconfig)?,
+    )?;
     let t0 = std::time::Instant::now();
     let progress = move |m: &str| eprintln!("[{:6.2}s] {m}", t0.elapsed().as_secs_f64());
     tokio::select! {
@@ -541,8 +578,14 @@ async fn up(args: UpArgs) -> Result<()> {
         // CIDR, as the node IPAM controller would give it.
         node.pod_cidr = Some(first_subnet(&args.server.cluster_cidr));
     }
+    // One cluster DNS address for the kube-dns Service and the agent.
+    let mut dns = args.server.dns.clone();
+    dns.cluster_dns = Some(skiff_apiserver::lifecycle::cluster_dns_ip(
+        &s.api.state.registry.config,
+    ));
     let options = agent_options(
         &node,
+        &dns,
         s.data_dir.join("agent"),
         Some(s.pki.ca.cert_pem.clone()),
     )?;
@@ -619,6 +662,9 @@ async fn down(args: DownArgs) -> Result<()> {
         let _ = std::process::Command::new("ip")
             .args(["link", "del", &bridge])
             .output();
+    }
+    if let Err(e) = skiff_agent::dns::teardown(&data_dir.join("agent")).await {
+        eprintln!("skiff: removing the cluster DNS address: {e}");
     }
     let pods = data_dir.join("agent").join("pods");
     skiff_agent::inputs::unmount_all(&pods);
