@@ -235,12 +235,13 @@ impl ServiceEntry {
 }
 
 /// Who answers a PTR query for an address: a service (its ClusterIP) or
-/// one of its endpoints (label).
+/// one of its endpoints (named at answer time from the slices, so the
+/// reverse index holds no names of its own: about 40 bytes an address).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct PtrTarget {
     namespace: Arc<str>,
     service: Arc<str>,
-    endpoint: Option<Box<str>>,
+    endpoint: bool,
 }
 
 /// The zone's settings.
@@ -334,7 +335,11 @@ impl Index {
     }
 
     fn ptr_add(&mut self, ip: IpAddr, t: PtrTarget) {
-        self.ptr.entry(ip).or_default().push(t);
+        // Most addresses have one name: no spare capacity.
+        self.ptr
+            .entry(ip)
+            .or_insert_with(|| Vec::with_capacity(1))
+            .push(t);
     }
 
     fn ptr_remove(&mut self, ip: IpAddr, t: &PtrTarget) {
@@ -374,7 +379,7 @@ impl Index {
         let target = PtrTarget {
             namespace: ns.clone(),
             service: svc.clone(),
-            endpoint: None,
+            endpoint: false,
         };
         if let Some(ServiceRecord {
             kind: ServiceKind::ClusterIp(ips),
@@ -418,7 +423,7 @@ impl Index {
                     let t = PtrTarget {
                         namespace: ns.clone(),
                         service: owner.clone(),
-                        endpoint: Some(e.label().into()),
+                        endpoint: true,
                     };
                     self.ptr_remove(e.ip, &t);
                 }
@@ -431,7 +436,7 @@ impl Index {
                 let t = PtrTarget {
                     namespace: ns.clone(),
                     service: svc.clone(),
-                    endpoint: Some(e.label().into()),
+                    endpoint: true,
                 };
                 self.ptr_add(e.ip, t);
             }
@@ -534,8 +539,19 @@ impl Index {
                     seen.dedup();
                     for t in seen {
                         let mut s = format!("{}.{}.svc.", t.service, t.namespace);
-                        if let Some(e) = &t.endpoint {
-                            s = format!("{e}.{s}");
+                        if t.endpoint {
+                            let label = self
+                                .namespaces
+                                .get(&t.namespace)
+                                .and_then(|m| m.get(&t.service))
+                                .and_then(|e| {
+                                    e.endpoints()
+                                        .into_iter()
+                                        .find(|e| e.ip == ip)
+                                        .map(Endpoint::label)
+                                });
+                            let Some(label) = label else { continue };
+                            s = format!("{label}.{s}");
                         }
                         if let Ok(n) =
                             Name::from_ascii(&s).and_then(|n| n.append_domain(&self.zone))
