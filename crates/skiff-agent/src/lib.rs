@@ -16,6 +16,7 @@ pub mod inputs;
 pub mod node;
 pub mod pods;
 pub mod probes;
+pub mod proxy;
 pub mod runtime;
 pub mod server;
 pub mod sim;
@@ -53,6 +54,8 @@ pub struct AgentOptions {
     /// PEM of the CA whose client certificates the endpoint accepts.
     pub client_ca_pem: Option<String>,
     pub labels: BTreeMap<String, String>,
+    /// The service proxy's settings; None runs no proxy.
+    pub proxy: Option<proxy::Settings>,
     /// The cluster DNS address (kubelet's `--cluster-dns`); None: the
     /// `kube-dns` Service's ClusterIP.
     pub cluster_dns: Option<std::net::IpAddr>,
@@ -212,6 +215,15 @@ pub async fn run(
         Duration::from_secs(60),
     ));
     tasks.spawn(endpoint.serve());
+    if let Some(p) = options.proxy.clone() {
+        tasks.spawn(proxy::run_for_agent(
+            client.clone(),
+            options.node_name.clone(),
+            node_ip.clone(),
+            options.data_dir.clone(),
+            p,
+        ));
+    }
     let dns = dns::start(&client, &options, &mut tasks).await;
     let mut allocatable = BTreeMap::new();
     allocatable.insert("cpu".to_string(), facts.cpu.parse().unwrap_or(1.0));

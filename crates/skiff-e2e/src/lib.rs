@@ -179,6 +179,7 @@ impl Server {
         Server::up_with(&[])
     }
 
+    /// [`Server::up`] with extra flags for `skiff up`.
     /// [`Server::up`] with extra flags.
     pub fn up_with(extra: &[&str]) -> Server {
         // A /16 of its own per cluster, so bridges of concurrent tests differ.
