@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p skiff-agent --example bench_dns -- \
-//!     [--services 10000] [--seconds 20] [--clients 20]
+//!     [--services 10000] [--seconds 20] [--clients 20] [--rate 20000]
 //! ```
 //!
 //! Builds the index as the watches would (80% ClusterIP services, 20%
@@ -18,11 +18,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use serde_json::json;
 use skiff_agent::dns::forward::Forwarder;
-use skiff_agent::dns::records::{Index, ServiceRecord, SliceRecord, ZoneConfig};
+use skiff_agent::dns::records::{
+    Endpoint, Index, Port, ServiceKind, ServiceRecord, SliceRecord, ZoneConfig,
+};
 use skiff_agent::dns::server::{self, Metrics, Responder};
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -63,41 +62,46 @@ fn main() {
         dns_ip: Some("10.43.0.10".parse().unwrap()),
         ttl: 5,
     });
+    // Records as the watches hand them over (built directly: parsing JSON
+    // here would leave allocator garbage that is not the index's).
     for i in 0..services {
         let ns = format!("ns-{}", i % namespaces);
         let name = format!("svc-{i}");
         let headless = i % 5 == 0;
-        let cluster_ip = if headless {
-            "None".to_string()
+        let kind = if headless {
+            ServiceKind::Headless
         } else {
-            format!("10.43.{}.{}", 1 + i / 250, i % 250)
+            ServiceKind::ClusterIp(vec![format!("10.43.{}.{}", 1 + i / 250, i % 250)
+                .parse()
+                .unwrap()])
         };
-        let svc: Service = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"clusterIP": cluster_ip, "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
-        }))
-        .unwrap();
-        index.set_service(&ns, &name, ServiceRecord::from_service(&svc));
-        let endpoints: Vec<serde_json::Value> = (0..10)
-            .map(|j| {
-                let mut e = json!({"addresses": [ip(i, j)], "conditions": {"ready": true}});
-                if headless {
-                    e["hostname"] = json!(format!("{name}-{j}"));
-                }
-                e
+        let port = |n: u16| Port {
+            name: "http".into(),
+            protocol: "tcp".into(),
+            port: n,
+        };
+        index.set_service(
+            &ns,
+            &name,
+            Some(ServiceRecord {
+                kind,
+                ports: vec![port(80)],
+            }),
+        );
+        let endpoints = (0..10)
+            .map(|j| Endpoint {
+                ip: ip(i, j).parse().unwrap(),
+                hostname: headless.then(|| format!("{name}-{j}").into()),
             })
             .collect();
-        let slice: EndpointSlice = serde_json::from_value(json!({
-            "metadata": {"name": format!("{name}-abcde"), "namespace": ns,
-                "labels": {"kubernetes.io/service-name": name}},
-            "addressType": "IPv4", "endpoints": endpoints,
-            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
-        }))
-        .unwrap();
         index.set_slice(
             &ns,
             &format!("{name}-abcde"),
-            SliceRecord::from_slice(&slice),
+            Some(SliceRecord {
+                service: name.clone(),
+                endpoints,
+                ports: vec![port(8080)],
+            }),
         );
     }
     let after = rss_kib();
@@ -168,7 +172,7 @@ fn main() {
         });
     });
     let bound = rx.recv().unwrap();
-    let dnsperf = |verbose: bool| {
+    let dnsperf = |verbose: bool, rate: Option<u64>| {
         let mut c = std::process::Command::new("dnsperf");
         c.args(["-s", "127.0.0.1", "-p", &bound.port().to_string(), "-d"])
             .arg(&queries)
@@ -183,11 +187,15 @@ fn main() {
         if verbose {
             c.arg("-v");
         }
+        if let Some(q) = rate {
+            c.args(["-Q", &q.to_string()]);
+        }
         let out = c.output().expect("dnsperf (apt-get install dnsperf)");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     // Throughput without dnsperf's per-query printing in the way.
-    let plain = dnsperf(false);
+    let plain = dnsperf(false, None);
+    let serving = rss_kib();
     for l in plain.lines().filter(|l| {
         l.contains("Queries per second")
             || l.contains("Queries completed")
@@ -197,8 +205,10 @@ fn main() {
     }) {
         println!("{}", l.trim());
     }
-    // Latency percentiles from a second run's per-query report.
-    let verbose = dnsperf(true);
+    // Latency percentiles from a second run's per-query report, at a
+    // steady rate (under saturation latency only measures dnsperf's queue).
+    let rate = arg("--rate", 20_000);
+    let verbose = dnsperf(true, Some(rate));
     let mut lat: Vec<f64> = verbose
         .lines()
         .filter(|l| l.starts_with("> "))
@@ -212,7 +222,7 @@ fn main() {
         lat[((lat.len() as f64 - 1.0) * p) as usize] * 1000.0
     };
     if let Some(l) = verbose.lines().find(|l| l.contains("Queries per second")) {
-        println!("(verbose run) {}", l.trim());
+        println!("(latency run, -Q {rate}) {}", l.trim());
     }
     println!(
         "latency ms: p50 {:.3}  p90 {:.3}  p99 {:.3}  max {:.3}  ({} queries)",
@@ -223,8 +233,8 @@ fn main() {
         lat.len()
     );
     println!(
-        "memory: process RSS {:.1} MiB after the run (index alone {:.1} MiB)",
-        rss_kib() as f64 / 1024.0,
+        "memory: process RSS {:.1} MiB while serving (index alone {:.1} MiB)",
+        serving as f64 / 1024.0,
         after.saturating_sub(before) as f64 / 1024.0
     );
 }

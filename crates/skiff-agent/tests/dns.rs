@@ -442,3 +442,60 @@ async fn the_dns_address_goes_on_skiff_dns0_and_comes_off_with_teardown() {
         .await
         .expect("nothing to do is fine");
 }
+
+/// Needs root: the node-local responder on its own address, put back when
+/// someone takes the address away.
+#[tokio::test]
+async fn the_node_local_responder_serves_on_its_address_and_puts_it_back() {
+    use skiff_agent::dns::link;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cluster = skiff_kube::testing::TestCluster::start().await.unwrap();
+    let client = cluster.client("node:dns-test");
+    let n = std::process::id() % 200;
+    let ip: std::net::IpAddr = format!("10.252.{n}.10").parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let dns = skiff_agent::dns::ClusterDns {
+        ip: Some(ip),
+        domain: "cluster.local".into(),
+        host: Default::default(),
+    };
+    let task = tokio::spawn(skiff_agent::dns::run_node_local(
+        client,
+        dns,
+        dir.path().to_path_buf(),
+    ));
+    let server = SocketAddr::new(ip, 53);
+    let ask = || async move {
+        let sock = tokio::net::UdpSocket::bind("0.0.0.0:0").await.unwrap();
+        let m = query(
+            "kubernetes.default.svc.cluster.local.",
+            RecordType::A,
+            false,
+        );
+        let _ = sock.send_to(&m.to_vec().unwrap(), server).await;
+        let mut buf = vec![0u8; 4096];
+        match tokio::time::timeout(Duration::from_millis(300), sock.recv_from(&mut buf)).await {
+            Ok(Ok((n, _))) => Some(data(&Message::from_vec(&buf[..n]).unwrap())),
+            _ => None,
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ask().await != Some(vec!["A 10.43.0.1".to_string()]) {
+        assert!(
+            Instant::now() < deadline,
+            "the responder never answered on {server}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Taken away (as another cluster's `skiff down` would): back within
+    // the agent's 10 s check.
+    link::remove(ip).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ask().await != Some(vec!["A 10.43.0.1".to_string()]) {
+        assert!(Instant::now() < deadline, "the address did not come back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    task.abort();
+    skiff_agent::dns::teardown(dir.path()).await.unwrap();
+    assert!(!link::list().await.unwrap().contains(&ip));
+}

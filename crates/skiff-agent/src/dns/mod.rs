@@ -220,9 +220,23 @@ pub async fn run_node_local(client: kube::Client, dns: ClusterDns, data_dir: Pat
             link::ensure(ip).await.map_err(|e| e.to_string())?;
             let addr = SocketAddr::new(ip, 53);
             let metrics = SocketAddr::new(ip, METRICS_PORT);
-            serve(client.clone(), responder(&dns), addr, Some(metrics))
-                .await
-                .map_err(|e| format!("serving DNS on {addr}: {e}"))
+            // The address can be taken away under a bound socket (an
+            // administrator, another cluster's `skiff down` on the same
+            // machine): put it back while serving.
+            let keep = async {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    if let Err(e) = link::ensure(ip).await {
+                        tracing::debug!(error = %e, "re-adding the cluster DNS address");
+                    }
+                }
+            };
+            tokio::select! {
+                r = serve(client.clone(), responder(&dns), addr, Some(metrics)) => {
+                    r.map_err(|e| format!("serving DNS on {addr}: {e}"))
+                }
+                _ = keep => Ok(()),
+            }
         }
         .await;
         if let Err(e) = r {

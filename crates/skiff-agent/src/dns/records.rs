@@ -25,7 +25,7 @@
 //! records per query, so 10,000 services cost a few megabytes, not a
 //! materialized zone.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
@@ -61,8 +61,9 @@ pub struct Port {
 pub enum ServiceKind {
     ClusterIp(Vec<IpAddr>),
     Headless,
-    /// The target, as a fully qualified name.
-    ExternalName(Name),
+    /// The target, as a fully qualified name (boxed: a Name is ~80 bytes
+    /// inline and most services have none).
+    ExternalName(Box<Name>),
 }
 
 /// A Service as the index keeps it.
@@ -82,7 +83,7 @@ impl ServiceRecord {
             let target = spec.external_name.as_deref()?.trim_end_matches('.');
             let mut n = Name::from_ascii(target).ok()?;
             n.set_fqdn(true);
-            ServiceKind::ExternalName(n)
+            ServiceKind::ExternalName(Box::new(n))
         } else if spec.cluster_ip.as_deref() == Some("None") {
             ServiceKind::Headless
         } else {
@@ -209,10 +210,19 @@ impl SliceRecord {
     }
 }
 
-#[derive(Debug, Default)]
+/// A service's name, shared by its entry and the reverse index.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct SvcId {
+    namespace: Arc<str>,
+    service: Arc<str>,
+}
+
+#[derive(Debug)]
 struct ServiceEntry {
+    id: Arc<SvcId>,
     record: Option<ServiceRecord>,
-    slices: BTreeMap<String, SliceRecord>,
+    /// Its slices by name (usually one: a Vec, not a map's node of 11).
+    slices: Vec<(Box<str>, SliceRecord)>,
 }
 
 impl ServiceEntry {
@@ -220,10 +230,14 @@ impl ServiceEntry {
         self.record.is_none() && self.slices.is_empty()
     }
 
+    fn slice_records(&self) -> impl Iterator<Item = &SliceRecord> {
+        self.slices.iter().map(|(_, s)| s)
+    }
+
     /// Ready endpoints across slices, each address once.
     fn endpoints(&self) -> Vec<&Endpoint> {
         let mut out: Vec<&Endpoint> = vec![];
-        for s in self.slices.values() {
+        for s in self.slice_records() {
             for e in &s.endpoints {
                 if !out.iter().any(|o| o.ip == e.ip) {
                     out.push(e);
@@ -236,12 +250,27 @@ impl ServiceEntry {
 
 /// Who answers a PTR query for an address: a service (its ClusterIP) or
 /// one of its endpoints (named at answer time from the slices, so the
-/// reverse index holds no names of its own: about 40 bytes an address).
+/// reverse index holds no names of its own).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct PtrTarget {
-    namespace: Arc<str>,
-    service: Arc<str>,
+    id: Arc<SvcId>,
     endpoint: bool,
+}
+
+/// The names of one address: nearly always one, kept inline.
+#[derive(Debug)]
+enum PtrSet {
+    One(PtrTarget),
+    Many(Box<[PtrTarget]>),
+}
+
+impl PtrSet {
+    fn targets(&self) -> &[PtrTarget] {
+        match self {
+            PtrSet::One(t) => std::slice::from_ref(t),
+            PtrSet::Many(v) => v,
+        }
+    }
 }
 
 /// The zone's settings.
@@ -278,7 +307,7 @@ pub struct Index {
     namespaces: HashMap<Arc<str>, HashMap<Arc<str>, ServiceEntry>>,
     /// (namespace, slice) → service, to find a slice's previous service.
     slice_owner: HashMap<(Arc<str>, String), Arc<str>>,
-    ptr: HashMap<IpAddr, Vec<PtrTarget>>,
+    ptr: HashMap<IpAddr, PtrSet>,
     /// Bumped on every change (the SOA serial).
     serial: u32,
 }
@@ -335,20 +364,31 @@ impl Index {
     }
 
     fn ptr_add(&mut self, ip: IpAddr, t: PtrTarget) {
-        // Most addresses have one name: no spare capacity.
-        self.ptr
-            .entry(ip)
-            .or_insert_with(|| Vec::with_capacity(1))
-            .push(t);
+        match self.ptr.remove(&ip) {
+            None => self.ptr.insert(ip, PtrSet::One(t)),
+            Some(set) => {
+                let mut v = set.targets().to_vec();
+                v.push(t);
+                self.ptr.insert(ip, PtrSet::Many(v.into_boxed_slice()))
+            }
+        };
     }
 
     fn ptr_remove(&mut self, ip: IpAddr, t: &PtrTarget) {
-        if let Some(v) = self.ptr.get_mut(&ip) {
-            if let Some(i) = v.iter().position(|x| x == t) {
-                v.swap_remove(i);
+        let Some(set) = self.ptr.remove(&ip) else {
+            return;
+        };
+        let mut v = set.targets().to_vec();
+        if let Some(i) = v.iter().position(|x| x == t) {
+            v.swap_remove(i);
+        }
+        match v.len() {
+            0 => {}
+            1 => {
+                self.ptr.insert(ip, PtrSet::One(v.remove(0)));
             }
-            if v.is_empty() {
-                self.ptr.remove(&ip);
+            _ => {
+                self.ptr.insert(ip, PtrSet::Many(v.into_boxed_slice()));
             }
         }
     }
@@ -358,7 +398,14 @@ impl Index {
             .entry(ns.clone())
             .or_default()
             .entry(svc.clone())
-            .or_default()
+            .or_insert_with(|| ServiceEntry {
+                id: Arc::new(SvcId {
+                    namespace: ns.clone(),
+                    service: svc.clone(),
+                }),
+                record: None,
+                slices: Vec::new(),
+            })
     }
 
     fn prune(&mut self, ns: &Arc<str>, svc: &Arc<str>) {
@@ -375,10 +422,10 @@ impl Index {
     /// A Service was added or changed (None: it says nothing to DNS).
     pub fn set_service(&mut self, namespace: &str, name: &str, record: Option<ServiceRecord>) {
         let (ns, svc) = self.key(namespace, name);
-        let old = self.entry(&ns, &svc).record.take();
+        let entry = self.entry(&ns, &svc);
+        let old = entry.record.take();
         let target = PtrTarget {
-            namespace: ns.clone(),
-            service: svc.clone(),
+            id: entry.id.clone(),
             endpoint: false,
         };
         if let Some(ServiceRecord {
@@ -417,12 +464,14 @@ impl Index {
                 .namespaces
                 .get_mut(&ns)
                 .and_then(|m| m.get_mut(&owner))
-                .and_then(|e| e.slices.remove(slice));
-            if let Some(old) = old {
+                .and_then(|e| {
+                    let i = e.slices.iter().position(|(n, _)| &**n == slice)?;
+                    Some((e.id.clone(), e.slices.swap_remove(i).1))
+                });
+            if let Some((id, old)) = old {
                 for e in &old.endpoints {
                     let t = PtrTarget {
-                        namespace: ns.clone(),
-                        service: owner.clone(),
+                        id: id.clone(),
                         endpoint: true,
                     };
                     self.ptr_remove(e.ip, &t);
@@ -430,21 +479,22 @@ impl Index {
             }
             self.prune(&ns, &owner);
         }
-        if let Some(record) = record {
+        if let Some(mut record) = record {
             let (ns, svc) = self.key(namespace, &record.service);
+            // The owner is known from here on; the copy would cost a heap
+            // block a slice.
+            record.service = String::new();
+            let id = self.entry(&ns, &svc).id.clone();
             for e in &record.endpoints {
                 let t = PtrTarget {
-                    namespace: ns.clone(),
-                    service: svc.clone(),
+                    id: id.clone(),
                     endpoint: true,
                 };
                 self.ptr_add(e.ip, t);
             }
             self.slice_owner
                 .insert((ns.clone(), slice.to_string()), svc.clone());
-            self.entry(&ns, &svc)
-                .slices
-                .insert(slice.to_string(), record);
+            self.entry(&ns, &svc).slices.push((slice.into(), record));
         }
         self.serial = self.serial.wrapping_add(1);
     }
@@ -534,16 +584,16 @@ impl Index {
             if let Some(targets) = self.ptr.get(&ip) {
                 resp.metadata.authoritative = true;
                 if matches!(query.query_type(), RecordType::PTR | RecordType::ANY) {
-                    let mut seen: Vec<&PtrTarget> = targets.iter().collect();
+                    let mut seen: Vec<&PtrTarget> = targets.targets().iter().collect();
                     seen.sort();
                     seen.dedup();
                     for t in seen {
-                        let mut s = format!("{}.{}.svc.", t.service, t.namespace);
+                        let mut s = format!("{}.{}.svc.", t.id.service, t.id.namespace);
                         if t.endpoint {
                             let label = self
                                 .namespaces
-                                .get(&t.namespace)
-                                .and_then(|m| m.get(&t.service))
+                                .get(&t.id.namespace)
+                                .and_then(|m| m.get(&t.id.service))
                                 .and_then(|e| {
                                     e.endpoints()
                                         .into_iter()
@@ -659,7 +709,7 @@ impl Index {
                         self.finish(resp, recs, qtype)
                     }
                     ServiceKind::ExternalName(target) => {
-                        self.cname(resp, query, target.clone(), depth)
+                        self.cname(resp, query, (**target).clone(), depth)
                     }
                 }
             }
@@ -705,8 +755,7 @@ impl Index {
                     ServiceKind::Headless => {
                         let eps = entry.endpoints();
                         let mut ports: Vec<u16> = entry
-                            .slices
-                            .values()
+                            .slice_records()
                             .flat_map(|s| s.ports.iter())
                             .filter(|p| &*p.name == port && &*p.protocol == proto)
                             .map(|p| p.port)
@@ -770,7 +819,7 @@ impl Index {
     /// headless service.
     fn srv_ports<'a>(&'a self, e: &'a ServiceEntry) -> Box<dyn Iterator<Item = &'a Port> + 'a> {
         match e.record.as_ref().map(|r| &r.kind) {
-            Some(ServiceKind::Headless) => Box::new(e.slices.values().flat_map(|s| s.ports.iter())),
+            Some(ServiceKind::Headless) => Box::new(e.slice_records().flat_map(|s| s.ports.iter())),
             Some(ServiceKind::ClusterIp(_)) => {
                 Box::new(e.record.iter().flat_map(|r| r.ports.iter()))
             }
