@@ -6,7 +6,8 @@
 # scheduler, controllers and a node agent with its own containerd; data in
 # /var/lib/skiff, $SKIFF_DATA_DIR overrides; API on 127.0.0.1:6443,
 # $SKIFF_LISTEN overrides), then creates a Deployment of two busybox httpd
-# pods and checks that their pod IPs answer HTTP.
+# pods, checks that their pod IPs answer HTTP, and that a client pod reaches
+# them through a Service by name (cluster DNS and the service proxy).
 #
 # Runs in the foreground: Ctrl-C stops skiff (the containers keep running,
 # as on a real node); `skiff down --purge` removes them and the data.
@@ -33,6 +34,8 @@ command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 { [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || missing+=(busybox-static)
 command -v ip >/dev/null || missing+=(iproute2)
+command -v nft >/dev/null || missing+=(nftables)
+command -v conntrack >/dev/null || missing+=(conntrack)
 command -v mount >/dev/null || missing+=(mount)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "up.sh: installing ${missing[*]}"
@@ -105,6 +108,23 @@ for ip in $("$kubectl" get pods -l app=demo -o jsonpath='{.items[*].status.podIP
   printf 'http://%s:8080/ answers: ' "$ip"
   busybox wget -qO- "http://$ip:8080/index.html"
 done
+# A client pod reaches the Deployment by its Service's name: the cluster DNS
+# answers `demo`, the service proxy spreads the connections over the pods.
+"$kubectl" apply -f - <<'YAML'
+apiVersion: v1
+kind: Service
+metadata: {name: demo}
+spec:
+  selector: {app: demo}
+  ports: [{port: 80, targetPort: 8080}]
+YAML
+"$kubectl" delete pod demo-client --ignore-not-found --wait=true >/dev/null
+"$kubectl" run demo-client --restart=Never --image=skiff.local/busybox:1 \
+  --image-pull-policy=IfNotPresent --command -- sh -c \
+  'for i in $(seq 30); do wget -qO- http://demo/index.html && exit 0; sleep 1; done; exit 1' >/dev/null
+"$kubectl" wait pod/demo-client --for=jsonpath='{.status.phase}'=Succeeded --timeout=90s >/dev/null
+printf 'http://demo/ from a client pod answers: '
+"$kubectl" logs demo-client
 cat <<EOF
 
 skiff is up on https://$listen (data in $data), with the demo Deployment running.

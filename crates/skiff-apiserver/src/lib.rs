@@ -17,6 +17,7 @@ pub mod authz;
 pub mod eviction;
 pub mod fieldmanager;
 pub mod handlers;
+pub mod kubernetes_endpoints;
 pub mod lifecycle;
 pub mod metricsapi;
 pub mod negotiate;
@@ -61,6 +62,9 @@ pub struct Config {
     pub service_account_key_dir: Option<std::path::PathBuf>,
     /// The `iss` of ServiceAccount tokens (`--service-account-issuer`).
     pub service_account_issuer: String,
+    /// Address and port pods reach this server at: the endpoint of the
+    /// `kubernetes` Service (none: the Service has no endpoints).
+    pub kubernetes_endpoint: Option<(String, u16)>,
 }
 
 impl Default for Config {
@@ -74,6 +78,7 @@ impl Default for Config {
             metrics: None,
             service_account_key_dir: None,
             service_account_issuer: tokens::DEFAULT_ISSUER.into(),
+            kubernetes_endpoint: None,
         }
     }
 }
@@ -92,6 +97,11 @@ impl ApiServer {
         lifecycle::bootstrap(&registry)
             .await
             .map_err(|e| anyhow::anyhow!("bootstrapping: {e}"))?;
+        if let Some((ip, port)) = &config.kubernetes_endpoint {
+            kubernetes_endpoints::reconcile(&registry, ip, *port)
+                .await
+                .map_err(|e| anyhow::anyhow!("writing the kubernetes service's endpoints: {e}"))?;
+        }
         tokio::spawn(lifecycle::namespace_finalizer(registry.clone()));
         tokio::spawn(lifecycle::compactor(
             registry.clone(),
