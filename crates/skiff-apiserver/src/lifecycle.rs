@@ -174,8 +174,10 @@ async fn finalize_namespace(reg: &Registry, ns: &str) -> Result<bool, ApiError> 
     Ok(false)
 }
 
-/// Compacts the store's history older than `keep`, every `every`, and trims
-/// the watch cache's history with it (watches from before then get 410).
+/// Compacts the store's history older than `keep`, every `every` (on etcd
+/// the store claims each compaction, so of several API servers one does
+/// it), and trims the watch cache's history with it (watches from before
+/// then get 410).
 pub async fn compactor(reg: Arc<Registry>, keep: Duration, every: Duration) {
     let mut samples: VecDeque<(Instant, i64)> = VecDeque::new();
     let mut ticker = tokio::time::interval(every);
@@ -196,12 +198,15 @@ pub async fn compactor(reg: Arc<Registry>, keep: Duration, every: Duration) {
             }
         }
         if let Some(r) = target {
+            // Another API server on the same etcd may have compacted already.
             let done = reg.store.compacted_revision().await.unwrap_or(0);
-            if r > done {
-                match reg.store.compact(r).await {
-                    Ok(()) => reg.cache.trim(r),
-                    Err(e) => tracing::warn!(error = %e, "compaction failed"),
-                }
+            if r <= done {
+                reg.cache.trim(r);
+                continue;
+            }
+            match reg.store.compact(r).await {
+                Ok(()) => reg.cache.trim(r),
+                Err(e) => tracing::warn!(error = %e, "compaction failed"),
             }
         }
     }
