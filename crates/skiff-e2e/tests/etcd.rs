@@ -58,9 +58,9 @@ fn two_servers_on_one_etcd_are_one_cluster() {
     let names = b.ok(&["get", "configmaps", "-o", "name"]);
     assert!(names.contains("configmap/shared"), "{names}");
     // The object is where etcdctl users expect it.
-    let keys = etcd_keys(&etcd, "/registry/core/configmaps/default/");
+    let keys = etcd_keys(&etcd, "/registry/configmaps/default/");
     assert!(
-        keys.contains(&"/registry/core/configmaps/default/shared".to_string()),
+        keys.contains(&"/registry/configmaps/default/shared".to_string()),
         "{keys:?}"
     );
 
@@ -184,8 +184,8 @@ fn the_etcd_prefix_separates_clusters() {
     assert!(one
         .fails(&["get", "configmap", "only-in-two"])
         .contains("NotFound"));
-    let keys = etcd_keys(&etcd, "/cluster-two/core/configmaps/");
-    assert_eq!(keys, ["/cluster-two/core/configmaps/default/only-in-two"]);
+    let keys = etcd_keys(&etcd, "/cluster-two/configmaps/");
+    assert_eq!(keys, ["/cluster-two/configmaps/default/only-in-two"]);
 }
 
 /// A server given an etcd that does not answer refuses to start, saying so.

@@ -1,7 +1,8 @@
 //! The store contract skiff's API server needs — the one Kubernetes needs from
 //! etcd — and its backends.
 //!
-//! Keys are strings (`/registry/<group>/<resource>/<namespace>/<name>`), values
+//! Keys are strings (`/registry/<resource>/<namespace>/<name>`, as Kubernetes
+//! lays out etcd), values
 //! are opaque bytes (serialized objects). One global revision orders every
 //! write; it is the `resourceVersion` clients see. Only the API server uses
 //! this crate.
