@@ -210,3 +210,36 @@ fn an_unreachable_etcd_stops_the_server_with_a_clear_message() {
     assert!(err.contains("connecting to etcd at"), "{err}");
     assert!(started.elapsed() < Duration::from_secs(20));
 }
+
+/// `--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`: a server on an etcd
+/// that serves TLS and requires client certificates.
+#[test]
+fn a_server_on_etcd_with_tls_client_certificates() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let etcd = rt.block_on(EtcdServer::start_tls());
+    let url = etcd.endpoint();
+    let (ca, cert, key) = (
+        etcd.ca_file().display().to_string(),
+        etcd.client_cert_file().display().to_string(),
+        etcd.client_key_file().display().to_string(),
+    );
+    let s = Server::start_with(&[
+        "--etcd-servers",
+        &url,
+        "--etcd-cafile",
+        &ca,
+        "--etcd-certfile",
+        &cert,
+        "--etcd-keyfile",
+        &key,
+        NO_LOOPS[0],
+        NO_LOOPS[1],
+    ]);
+    s.ok(&["create", "configmap", "over-tls", "--from-literal=k=v"]);
+    assert_eq!(
+        s.ok(&["get", "configmap", "over-tls", "-o", "jsonpath={.data.k}"]),
+        "v"
+    );
+    let ready = s.ok(&["get", "--raw", "/readyz?verbose"]);
+    assert!(ready.contains("[+]etcd ok"), "{ready}");
+}

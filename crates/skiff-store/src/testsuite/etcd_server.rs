@@ -1,13 +1,15 @@
 //! A private etcd member for tests: Debian's `/usr/bin/etcd` (or `$SKIFF_ETCD`)
 //! on free loopback client and peer ports with its own data dir, killed by
-//! the PID it was started with when dropped.
+//! the PID it was started with when dropped. [`EtcdServer::start_tls`] serves
+//! clients over TLS and requires a client certificate, all from a CA it
+//! makes.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::{EtcdOptions, EtcdStore};
+use crate::{EtcdOptions, EtcdStore, EtcdTls};
 
 /// A running etcd member started by a test.
 pub struct EtcdServer {
@@ -15,6 +17,7 @@ pub struct EtcdServer {
     dir: tempfile::TempDir,
     client_port: u16,
     peer_port: u16,
+    tls: bool,
 }
 
 fn free_port() -> u16 {
@@ -39,12 +42,29 @@ fn etcd_binary() -> PathBuf {
 impl EtcdServer {
     /// Starts a single-member etcd and waits until it answers.
     pub async fn start() -> EtcdServer {
+        EtcdServer::launch(false).await
+    }
+
+    /// Starts a member serving clients over TLS only, with a serving
+    /// certificate for 127.0.0.1 and client certificates required, both
+    /// from a CA of its own: [`EtcdServer::ca_file`],
+    /// [`EtcdServer::client_cert_file`] and [`EtcdServer::client_key_file`]
+    /// are what a client needs.
+    pub async fn start_tls() -> EtcdServer {
+        EtcdServer::launch(true).await
+    }
+
+    async fn launch(tls: bool) -> EtcdServer {
         let mut s = EtcdServer {
             child: None,
             dir: tempfile::tempdir().expect("a temp dir for etcd"),
             client_port: free_port(),
             peer_port: free_port(),
+            tls,
         };
+        if tls {
+            s.write_certificates();
+        }
         s.spawn();
         s.wait_ready().await;
         s
@@ -52,14 +72,79 @@ impl EtcdServer {
 
     /// The client URL.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
-    /// Options connecting to this member (default prefix).
+    /// The CA (PEM) that signed the member's and the client's certificates.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// A client certificate (PEM) the member accepts.
+    pub fn client_cert_file(&self) -> PathBuf {
+        self.dir.path().join("client.pem")
+    }
+
+    /// The key of [`EtcdServer::client_cert_file`].
+    pub fn client_key_file(&self) -> PathBuf {
+        self.dir.path().join("client-key.pem")
+    }
+
+    /// Options connecting to this member (default prefix; the client
+    /// certificate when it serves TLS).
     pub fn options(&self) -> EtcdOptions {
+        let tls = self.tls.then(|| EtcdTls {
+            ca_pem: std::fs::read(self.ca_file()).ok(),
+            cert_pem: std::fs::read(self.client_cert_file()).ok(),
+            key_pem: std::fs::read(self.client_key_file()).ok(),
+        });
         EtcdOptions {
             endpoints: vec![self.endpoint()],
+            tls,
             ..Default::default()
+        }
+    }
+
+    fn write_certificates(&self) {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+            KeyPair, SanType,
+        };
+        let ca_key = KeyPair::generate().expect("a CA key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca.distinguished_name
+            .push(DnType::CommonName, "etcd-test-ca");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).expect("the CA certificate");
+        let issuer = Issuer::new(ca, ca_key);
+        let issue = |cn: &str, server: bool| {
+            let key = KeyPair::generate().expect("a key");
+            let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+            p.distinguished_name.push(DnType::CommonName, cn);
+            if server {
+                p.subject_alt_names = vec![
+                    SanType::IpAddress([127, 0, 0, 1].into()),
+                    SanType::DnsName("localhost".try_into().expect("a DNS name")),
+                ];
+                p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+            } else {
+                p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            }
+            let cert = p.signed_by(&key, &issuer).expect("a certificate");
+            (cert.pem(), key.serialize_pem())
+        };
+        let (server, server_key) = issue("etcd-test", true);
+        let (client, client_key) = issue("skiff", false);
+        let d = self.dir.path();
+        for (name, pem) in [
+            ("ca.pem", ca_cert.pem()),
+            ("server.pem", server),
+            ("server-key.pem", server_key),
+            ("client.pem", client),
+            ("client-key.pem", client_key),
+        ] {
+            std::fs::write(d.join(name), pem).expect("writing a test certificate");
         }
     }
 
@@ -93,6 +178,17 @@ impl EtcdServer {
             .arg(format!("--initial-cluster=test={peer}"))
             .arg("--initial-cluster-state=new")
             .arg("--logger=zap")
+            .args(if self.tls {
+                let d = self.dir.path();
+                vec![
+                    format!("--cert-file={}", d.join("server.pem").display()),
+                    format!("--key-file={}", d.join("server-key.pem").display()),
+                    format!("--trusted-ca-file={}", self.ca_file().display()),
+                    "--client-cert-auth".to_string(),
+                ]
+            } else {
+                Vec::new()
+            })
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
