@@ -31,6 +31,8 @@ command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 { [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || missing+=(busybox-static)
 command -v ip >/dev/null || missing+=(iproute2)
+# curl drives raw HTTP/2 requests in the API tests.
+command -v curl >/dev/null || missing+=(curl)
 # etcd 3.4 for the etcd backend's conformance and end-to-end tests (each
 # test starts its own member on loopback), etcdctl to look at its keys.
 [ -x /usr/bin/etcd ] || command -v etcd >/dev/null || missing+=(etcd-server)

@@ -15,6 +15,7 @@ pub mod inputs;
 pub mod node;
 pub mod pods;
 pub mod probes;
+pub mod proxy;
 pub mod runtime;
 pub mod server;
 pub mod sim;
@@ -52,6 +53,8 @@ pub struct AgentOptions {
     /// PEM of the CA whose client certificates the endpoint accepts.
     pub client_ca_pem: Option<String>,
     pub labels: BTreeMap<String, String>,
+    /// The service proxy's settings; None runs no proxy.
+    pub proxy: Option<proxy::Settings>,
 }
 
 /// The IPv4 address of the interface holding the default route, else
@@ -203,6 +206,15 @@ pub async fn run(
         Duration::from_secs(60),
     ));
     tasks.spawn(endpoint.serve());
+    if let Some(p) = options.proxy.clone() {
+        tasks.spawn(proxy::run_for_agent(
+            client.clone(),
+            options.node_name.clone(),
+            node_ip.clone(),
+            options.data_dir.clone(),
+            p,
+        ));
+    }
     let mut allocatable = BTreeMap::new();
     allocatable.insert("cpu".to_string(), facts.cpu.parse().unwrap_or(1.0));
     let ctx = Arc::new(NodeContext {

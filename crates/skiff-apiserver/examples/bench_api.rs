@@ -342,12 +342,9 @@ async fn main() {
             let v = Bytes::from(cm("x").into_bytes());
             while Instant::now() < deadline {
                 let t = Instant::now();
-                raw.create(
-                    &format!("/registry/core/configmaps/default/r{c}-{i}"),
-                    v.clone(),
-                )
-                .await
-                .unwrap();
+                raw.create(&format!("/registry/configmaps/default/r{c}-{i}"), v.clone())
+                    .await
+                    .unwrap();
                 lat.push(t.elapsed());
                 i += 1;
             }

@@ -16,6 +16,7 @@ pub mod auth;
 pub mod eviction;
 pub mod fieldmanager;
 pub mod handlers;
+pub mod kubernetes_endpoints;
 pub mod lifecycle;
 pub mod metricsapi;
 pub mod negotiate;
@@ -54,6 +55,9 @@ pub struct Config {
     /// Prometheus text served at `/metrics` (the components running in this
     /// process register theirs here); without it `/metrics` is 404.
     pub metrics: Option<fn() -> String>,
+    /// Address and port pods reach this server at: the endpoint of the
+    /// `kubernetes` Service (none: the Service has no endpoints).
+    pub kubernetes_endpoint: Option<(String, u16)>,
 }
 
 impl Default for Config {
@@ -65,6 +69,7 @@ impl Default for Config {
             registry: RegistryConfig::default(),
             kubelet_client: None,
             metrics: None,
+            kubernetes_endpoint: None,
         }
     }
 }
@@ -86,6 +91,11 @@ impl ApiServer {
         lifecycle::bootstrap(&registry)
             .await
             .map_err(|e| anyhow::anyhow!("bootstrapping: {e}"))?;
+        if let Some((ip, port)) = &config.kubernetes_endpoint {
+            kubernetes_endpoints::reconcile(&registry, ip, *port)
+                .await
+                .map_err(|e| anyhow::anyhow!("writing the kubernetes service's endpoints: {e}"))?;
+        }
         tokio::spawn(lifecycle::namespace_finalizer(registry.clone()));
         tokio::spawn(lifecycle::compactor(
             registry.clone(),

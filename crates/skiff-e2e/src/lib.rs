@@ -176,20 +176,24 @@ impl Server {
     /// own containerd, all in the test's temp dir), waits for the node to be
     /// Ready and imports the busybox test image ([`BUSYBOX`]).
     pub fn up() -> Server {
+        Server::up_with(&[])
+    }
+
+    /// [`Server::up`] with extra flags for `skiff up`.
+    pub fn up_with(extra: &[&str]) -> Server {
         // A /16 of its own per cluster, so bridges of concurrent tests differ.
         let n = std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64 ^ rand_u64();
         let cidr = format!("10.{}.0.0/16", 100 + n % 100);
-        let s = Server::launch(
-            "up",
-            &[
-                "--agent-port",
-                "0",
-                "--node-name",
-                "e2e-node",
-                "--cluster-cidr",
-                &cidr,
-            ],
-        );
+        let mut args = vec![
+            "--agent-port",
+            "0",
+            "--node-name",
+            "e2e-node",
+            "--cluster-cidr",
+            &cidr,
+        ];
+        args.extend_from_slice(extra);
+        let s = Server::launch("up", &args);
         let archive = busybox_archive();
         let out = Command::new(skiff_binary())
             .args(["image", "import"])

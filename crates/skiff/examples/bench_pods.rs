@@ -249,6 +249,7 @@ async fn main() -> anyhow::Result<()> {
         pod_cidr: Some("10.250.0.0/24".into()),
         client_ca_pem: Some(ca),
         labels: Default::default(),
+        proxy: None,
     };
     let client = skiff_kube::in_process(&api, "node:bench-node");
     let agent_client = client.clone();

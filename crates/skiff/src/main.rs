@@ -64,6 +64,13 @@ struct ServerArgs {
     /// Extra names or IPs for the serving certificate (repeatable).
     #[arg(long = "tls-san")]
     tls_san: Vec<String>,
+    /// The address pods reach the API server at (the `kubernetes`
+    /// Service's endpoint, also put in the certificate). Default: the
+    /// listen address, or the node's address when listening on loopback or
+    /// on every address; when listening on loopback the server also
+    /// listens on it (same port).
+    #[arg(long)]
+    advertise_address: Option<std::net::IpAddr>,
     /// Where to write the admin kubeconfig (default: DATA/admin.kubeconfig).
     #[arg(long)]
     write_kubeconfig: Option<PathBuf>,
@@ -128,6 +135,17 @@ struct NodeArgs {
     /// Labels for the Node (key=value, repeatable).
     #[arg(long = "node-label")]
     node_labels: Vec<String>,
+    #[command(flatten)]
+    proxy: ProxyArgs,
+}
+
+/// The agent's service proxy (nftables).
+#[derive(Args, Clone)]
+struct ProxyArgs {
+    /// Run no service proxy on this node (ClusterIPs and NodePorts are
+    /// then not reachable through it).
+    #[arg(long)]
+    disable_proxy: bool,
 }
 
 #[derive(Args, Clone)]
@@ -140,6 +158,9 @@ struct AgentArgs {
     data_dir: Option<PathBuf>,
     #[command(flatten)]
     node: NodeArgs,
+    /// The cluster's pod range, for the service proxy's masquerading.
+    #[arg(long, default_value = "10.42.0.0/16")]
+    cluster_cidr: String,
     /// Run hollow nodes (simulated runtime) instead of a real one.
     #[arg(long)]
     simulate: bool,
@@ -255,6 +276,8 @@ struct Started {
     api: skiff_apiserver::ApiServer,
     pki: skiff_apiserver::tls::Pki,
     listener: tokio::net::TcpListener,
+    /// The listener on the advertise address when the main one is loopback.
+    pod_listener: Option<tokio::net::TcpListener>,
     kubeconfig_path: PathBuf,
     data_dir: PathBuf,
 }
@@ -303,12 +326,44 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
-    let pki = skiff_apiserver::tls::Pki::load_or_create(&data_dir.join("pki"), &args.tls_san)?;
+    let (service_base, _) = parse_cidr(&args.service_cidr)?;
+    let endpoint_ip: Option<std::net::IpAddr> = match args.advertise_address {
+        Some(ip) => Some(ip),
+        None if args.listen.ip().is_loopback() || args.listen.ip().is_unspecified() => {
+            skiff_agent::default_node_ip()
+                .parse::<std::net::IpAddr>()
+                .ok()
+                .filter(|ip| !ip.is_loopback())
+        }
+        None => Some(args.listen.ip()),
+    };
+    let mut sans = args.tls_san.clone();
+    // Pods reach the server as https://10.43.0.1 (the `kubernetes`
+    // Service) or at the advertise address.
+    sans.push(std::net::Ipv4Addr::from(u32::from(service_base) + 1).to_string());
+    if let Some(ip) = endpoint_ip {
+        sans.push(ip.to_string());
+    }
+    let pki = skiff_apiserver::tls::Pki::load_or_create(&data_dir.join("pki"), &sans)?;
     let store = open_store(args, &data_dir).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
+    let mut pod_listener = None;
+    let mut endpoint = endpoint_ip;
+    if let Some(ip) = endpoint_ip.filter(|_| addr.ip().is_loopback()) {
+        match tokio::net::TcpListener::bind((ip, addr.port())).await {
+            Ok(l) => pod_listener = Some(l),
+            Err(e) => {
+                eprintln!(
+                    "skiff: not listening on {ip}:{} ({e}); pods cannot reach the API server",
+                    addr.port()
+                );
+                endpoint = None;
+            }
+        }
+    }
     let host = if addr.ip().is_unspecified() {
         "127.0.0.1".to_string()
     } else {
@@ -343,6 +398,7 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         // reconcile, error, duration and queue-depth families go here.
         metrics: (!args.disable_controllers)
             .then_some(skiff_controllers::metrics_text as fn() -> String),
+        kubernetes_endpoint: endpoint.map(|ip| (ip.to_string(), addr.port())),
     };
     let api = skiff_apiserver::ApiServer::start(store, config).await?;
     let kubeconfig_path = args
@@ -360,6 +416,7 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         api,
         pki,
         listener,
+        pod_listener,
         kubeconfig_path,
         data_dir,
     })
@@ -474,6 +531,12 @@ async fn server(args: ServerArgs) -> Result<()> {
         "skiff: serving https://{addr} (kubeconfig: {})",
         s.kubeconfig_path.display()
     );
+    if let Some(l) = s.pod_listener {
+        let (tls, router) = (tls.clone(), s.api.router());
+        tokio::spawn(async move {
+            skiff_apiserver::serve::serve_tls(l, tls, router, std::future::pending()).await;
+        });
+    }
     let shutdown = async {
         shutdown_signal().await;
         eprintln!("skiff: shutting down");
@@ -507,6 +570,7 @@ fn agent_options(
     node: &NodeArgs,
     data_dir: PathBuf,
     ca_pem: Option<String>,
+    cluster_cidr: &str,
 ) -> Result<skiff_agent::AgentOptions> {
     Ok(skiff_agent::AgentOptions {
         node_name: node.node_name.clone().unwrap_or_else(hostname),
@@ -517,6 +581,9 @@ fn agent_options(
         pod_cidr: node.pod_cidr.clone(),
         client_ca_pem: ca_pem,
         labels: parse_labels(&node.node_labels)?,
+        proxy: (!node.proxy.disable_proxy).then(|| skiff_agent::proxy::Settings {
+            cluster_cidr: Some(cluster_cidr.to_string()),
+        }),
     })
 }
 
@@ -562,7 +629,12 @@ async fn agent(args: AgentArgs) -> Result<()> {
         .data_dir
         .clone()
         .unwrap_or_else(|| default_data_dir().join("agent"));
-    let options = agent_options(&args.node, data_dir, ca_from_kubeconfig(&args.kubeconfig)?)?;
+    let options = agent_options(
+        &args.node,
+        data_dir,
+        ca_from_kubeconfig(&args.kubeconfig)?,
+        &args.cluster_cidr,
+    )?;
     let t0 = std::time::Instant::now();
     let progress = move |m: &str| eprintln!("[{:6.2}s] {m}", t0.elapsed().as_secs_f64());
     tokio::select! {
@@ -586,6 +658,12 @@ async fn up(args: UpArgs) -> Result<()> {
     let tls = s.pki.server_config()?;
     let router = s.api.router();
     let listener = s.listener;
+    if let Some(l) = s.pod_listener {
+        let (tls, router) = (tls.clone(), router.clone());
+        tokio::spawn(async move {
+            skiff_apiserver::serve::serve_tls(l, tls, router, std::future::pending()).await;
+        });
+    }
     tokio::spawn(async move {
         skiff_apiserver::serve::serve_tls(listener, tls, router, std::future::pending()).await;
     });
@@ -608,6 +686,7 @@ async fn up(args: UpArgs) -> Result<()> {
         &node,
         s.data_dir.join("agent"),
         Some(s.pki.ca.cert_pem.clone()),
+        &args.server.cluster_cidr,
     )?;
     let node_name = options.node_name.clone();
     let client = skiff_kube::in_process(&s.api, &format!("node:{node_name}"));
@@ -682,6 +761,11 @@ async fn down(args: DownArgs) -> Result<()> {
         let _ = std::process::Command::new("ip")
             .args(["link", "del", &bridge])
             .output();
+    }
+    let table = skiff_agent::proxy::table_name(&data_dir.join("agent"));
+    match skiff_agent::proxy::nft::delete_table(&table) {
+        Ok(()) => eprintln!("skiff: removed the service proxy's rules"),
+        Err(e) => eprintln!("skiff: could not remove the nftables table {table}: {e}"),
     }
     let pods = data_dir.join("agent").join("pods");
     skiff_agent::inputs::unmount_all(&pods);

@@ -1,0 +1,570 @@
+//! The service proxy (skiff's kube-proxy, nftables mode), run by every real
+//! agent: it watches Services and EndpointSlices and programs skiff's own
+//! nftables table (`ip skiff-proxy`) so ClusterIPs, NodePorts, externalIPs
+//! and LoadBalancer IPs reach ready endpoints.
+//!
+//! - [`model`] decides, from data alone, what each service port needs.
+//! - [`rules`] renders that as nftables objects and diffs two versions.
+//! - [`nft`] applies a diff as one nftables transaction (through the
+//!   `nftables` crate, which drives `nft -j -f -`), and flushes stale UDP
+//!   conntrack entries.
+//!
+//! The table is replaced whole once the first lists of Services and
+//! EndpointSlices are complete; after that a change touches only the
+//! service it belongs to. A failed transaction changes nothing in the
+//! kernel; the proxy then retries with a full resync. Rules stay when the
+//! agent stops (fail-static); `skiff down` deletes the table.
+//! [`lb`] is the small LoadBalancer controller (ServiceLB-like) that gives
+//! LoadBalancer services the nodes' addresses.
+
+pub mod lb;
+pub mod model;
+pub mod nft;
+pub mod rules;
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::Api;
+use kube::runtime::watcher;
+
+use model::{NodeFacts, PortPlan, Protocol, Skip};
+use rules::PortRules;
+
+/// The proxy's table name (ip family) for an agent in the default data dir.
+pub const TABLE: &str = "skiff-proxy";
+
+/// The table of the agent keeping its data in `data_dir`: `skiff-proxy`
+/// for the default (`/var/lib/skiff/agent`), else `skiff-proxy-<hash>`, so
+/// several clusters on one machine (tests) never replace each other's.
+pub fn table_name(data_dir: &std::path::Path) -> String {
+    if data_dir == std::path::Path::new("/var/lib/skiff/agent") {
+        return TABLE.to_string();
+    }
+    let d = ring::digest::digest(&ring::digest::SHA256, data_dir.to_string_lossy().as_bytes());
+    let hex: String = d.as_ref()[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{TABLE}-{hex}")
+}
+
+/// What an agent's options say about its proxy (None: no proxy).
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// The cluster's pod range (`--cluster-cidr`), for masquerading
+    /// off-cluster traffic to ClusterIPs.
+    pub cluster_cidr: Option<String>,
+}
+
+/// Starts the proxy of a real agent (its one entry point in `run`); logs
+/// and returns if it cannot run.
+pub async fn run_for_agent(
+    client: kube::Client,
+    node_name: String,
+    node_ip: String,
+    data_dir: std::path::PathBuf,
+    settings: Settings,
+) {
+    let cluster_cidr = settings.cluster_cidr.as_deref().and_then(|c| {
+        let (ip, bits) = c.split_once('/')?;
+        Some((ip.parse().ok()?, bits.parse().ok()?))
+    });
+    let lb_client = client.clone();
+    let identity = node_name.clone();
+    let service_lb = async move {
+        let r = skiff_kube::leader::run_elected(
+            lb_client.clone(),
+            "skiff-service-lb",
+            &identity,
+            Default::default(),
+            lb::run(lb_client),
+        )
+        .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "the LoadBalancer controller stopped");
+        }
+    };
+    let options = ProxyOptions {
+        node: NodeFacts {
+            name: node_name,
+            ips: node_ip.parse().into_iter().collect(),
+            cluster_cidr,
+        },
+        table: table_name(&data_dir),
+    };
+    let proxy = async move {
+        if let Err(e) = run(client, options).await {
+            tracing::error!(error = %e, "the service proxy stopped");
+        }
+    };
+    tokio::join!(proxy, service_lb);
+}
+
+/// Settings of the proxy in one agent.
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    pub node: NodeFacts,
+    /// The nftables table to own (tests use their own).
+    pub table: String,
+}
+
+type Key = (String, String);
+
+/// The cluster state the proxy works from.
+#[derive(Default)]
+struct State {
+    services: HashMap<Key, Service>,
+    /// (namespace, slice name) → slice.
+    slices: HashMap<Key, EndpointSlice>,
+    /// (namespace, service name) → its slices' names.
+    by_service: HashMap<Key, BTreeSet<String>>,
+}
+
+fn key_of(ns: Option<&String>, name: Option<&String>) -> Key {
+    (
+        ns.cloned().unwrap_or_default(),
+        name.cloned().unwrap_or_default(),
+    )
+}
+
+fn slice_service(s: &EndpointSlice) -> Option<Key> {
+    let svc = s
+        .metadata
+        .labels
+        .as_ref()?
+        .get(model::SERVICE_NAME_LABEL)?
+        .clone();
+    Some((s.metadata.namespace.clone().unwrap_or_default(), svc))
+}
+
+impl State {
+    /// Records a slice; returns the services it belonged to and belongs to.
+    fn put_slice(&mut self, s: EndpointSlice) -> Vec<Key> {
+        let k = key_of(s.metadata.namespace.as_ref(), s.metadata.name.as_ref());
+        let mut touched = self.remove_slice(&k);
+        if let Some(svc) = slice_service(&s) {
+            self.by_service
+                .entry(svc.clone())
+                .or_default()
+                .insert(k.1.clone());
+            touched.push(svc);
+        }
+        self.slices.insert(k, s);
+        touched
+    }
+
+    fn remove_slice(&mut self, k: &Key) -> Vec<Key> {
+        let Some(old) = self.slices.remove(k) else {
+            return vec![];
+        };
+        let Some(svc) = slice_service(&old) else {
+            return vec![];
+        };
+        if let Some(set) = self.by_service.get_mut(&svc) {
+            set.remove(&k.1);
+            if set.is_empty() {
+                self.by_service.remove(&svc);
+            }
+        }
+        vec![svc]
+    }
+
+    /// The plans of a service's ports, or why it has none.
+    fn plan(&self, key: &Key, node: &NodeFacts) -> Result<Vec<PortPlan>, Skip> {
+        let Some(svc) = self.services.get(key) else {
+            return Err(Skip::NotProxied);
+        };
+        let slices: Vec<&EndpointSlice> = self
+            .by_service
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|n| self.slices.get(&(key.0.clone(), n.clone())))
+            .collect();
+        model::plan_service(svc, &slices, node)
+    }
+}
+
+/// What is in the kernel, per service.
+#[derive(Default)]
+struct Applied {
+    rules: HashMap<Key, PortRules>,
+    plans: HashMap<Key, Vec<PortPlan>>,
+    /// How many services send to each endpoint (its `hairpin` pair stays
+    /// while one does).
+    hairpin: HashMap<Ipv4Addr, usize>,
+}
+
+/// The objects and plans of one service (empty when it is not proxied).
+fn service_objects(
+    state: &State,
+    key: &Key,
+    node: &NodeFacts,
+    warned: &mut HashMap<Key, String>,
+) -> (PortRules, Vec<PortPlan>) {
+    match state.plan(key, node) {
+        Ok(plans) => {
+            warned.remove(key);
+            let mut r = PortRules::default();
+            for p in &plans {
+                r.extend(rules::port_rules(p, node.cluster_cidr));
+            }
+            (r, plans)
+        }
+        Err(Skip::NotProxied) => (PortRules::default(), vec![]),
+        Err(Skip::Unsupported(why)) => {
+            if warned.get(key) != Some(&why) {
+                tracing::warn!(service = %format!("{}/{}", key.0, key.1), reason = %why, "service not programmed: the dataplane cannot express it");
+                warned.insert(key.clone(), why);
+            }
+            (PortRules::default(), vec![])
+        }
+    }
+}
+
+/// Which service holds each map key (an address, protocol and port, or a
+/// NodePort). Two services claiming one (the same externalIP and port, say)
+/// would make nftables refuse the whole transaction, so the first keeps it
+/// and the other is reported.
+#[derive(Default)]
+struct Owners(HashMap<rules::MapKey, Key>);
+
+impl Owners {
+    fn release(&mut self, key: &Key) {
+        self.0.retain(|_, k| k != key);
+    }
+
+    fn claim(&mut self, key: &Key, r: &mut PortRules) {
+        r.elements.retain(|(_, mk), _| match self.0.get(mk) {
+            Some(owner) if owner != key => {
+                tracing::warn!(service = %format!("{}/{}", key.0, key.1), address = %mk, owner = %format!("{}/{}", owner.0, owner.1), "address and port already used by another service; not programmed");
+                false
+            }
+            _ => true,
+        });
+        for (_, mk) in r.elements.keys() {
+            self.0.insert(mk.clone(), key.clone());
+        }
+    }
+}
+
+/// Enables what routing to service endpoints needs on the node: forwarding,
+/// and bridged pod-to-pod replies through netfilter so their DNAT is undone.
+fn prepare_kernel() {
+    for (path, v) in [
+        ("/proc/sys/net/ipv4/ip_forward", "1"),
+        ("/proc/sys/net/bridge/bridge-nf-call-iptables", "1"),
+    ] {
+        if !std::fs::read_to_string(path).is_ok_and(|s| s.trim() == v) {
+            if let Err(e) = std::fs::write(path, v) {
+                tracing::warn!(path, error = %e, "cannot enable a setting the service proxy needs");
+            }
+        }
+    }
+}
+
+/// One observation the benchmark and tests can wait for: how long the last
+/// transaction took and how many services it touched.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sync {
+    pub generation: u64,
+    pub services: usize,
+    pub elapsed: Duration,
+    pub full: bool,
+}
+
+/// Runs the proxy until the client's watches end (they retry forever).
+pub async fn run(client: kube::Client, options: ProxyOptions) -> anyhow::Result<()> {
+    run_with_progress(
+        client,
+        options,
+        tokio::sync::watch::channel(Sync::default()).0,
+    )
+    .await
+}
+
+/// [`run`], reporting each applied transaction on `progress`.
+pub async fn run_with_progress(
+    client: kube::Client,
+    options: ProxyOptions,
+    progress: tokio::sync::watch::Sender<Sync>,
+) -> anyhow::Result<()> {
+    prepare_kernel();
+    let node = options.node.clone();
+    let nft = nft::Nft::new(&options.table);
+    let services: Api<Service> = Api::all(client.clone());
+    let slices: Api<EndpointSlice> = Api::all(client.clone());
+    let mut svc_stream = watcher(services, watcher::Config::default()).boxed();
+    let mut slice_stream = watcher(slices, watcher::Config::default()).boxed();
+
+    let mut state = State::default();
+    // Relists fill these and replace the state at InitDone.
+    let mut svc_listing: Option<HashMap<Key, Service>> = None;
+    let mut slice_listing: Option<Vec<EndpointSlice>> = None;
+    let mut svc_synced = false;
+    let mut slice_synced = false;
+    let mut applied = Applied::default();
+    let mut dirty: BTreeSet<Key> = BTreeSet::new();
+    let mut need_full = true;
+    let mut warned: HashMap<Key, String> = HashMap::new();
+    let mut owners = Owners::default();
+    let mut generation = 0u64;
+    let mut retry_at: Option<tokio::time::Instant> = None;
+
+    loop {
+        // Wait for at least one event (or a retry), then take every event
+        // already queued so a burst becomes one transaction.
+        let mut first = true;
+        loop {
+            let ev = if first {
+                let retry = async {
+                    match retry_at {
+                        Some(t) => tokio::time::sleep_until(t).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    e = svc_stream.next() => Some(Either::Svc(e)),
+                    e = slice_stream.next() => Some(Either::Slice(e)),
+                    _ = retry => None,
+                }
+            } else {
+                match svc_stream.next().now_or_never() {
+                    Some(e) => Some(Either::Svc(e)),
+                    None => slice_stream.next().now_or_never().map(Either::Slice),
+                }
+            };
+            first = false;
+            let Some(ev) = ev else { break };
+            match ev {
+                Either::Svc(None) | Either::Slice(None) => return Ok(()),
+                Either::Svc(Some(Err(e))) | Either::Slice(Some(Err(e))) => {
+                    // The API server is away: the rules stay as they are.
+                    tracing::debug!(error = %e, "service proxy watch error");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    break;
+                }
+                Either::Svc(Some(Ok(ev))) => match ev {
+                    watcher::Event::Init => svc_listing = Some(HashMap::new()),
+                    watcher::Event::InitApply(s) => {
+                        let k = key_of(s.metadata.namespace.as_ref(), s.metadata.name.as_ref());
+                        svc_listing.get_or_insert_with(HashMap::new).insert(k, s);
+                    }
+                    watcher::Event::InitDone => {
+                        let list = svc_listing.take().unwrap_or_default();
+                        dirty.extend(state.services.keys().cloned());
+                        dirty.extend(list.keys().cloned());
+                        state.services = list;
+                        svc_synced = true;
+                    }
+                    watcher::Event::Apply(s) => {
+                        let k = key_of(s.metadata.namespace.as_ref(), s.metadata.name.as_ref());
+                        state.services.insert(k.clone(), s);
+                        dirty.insert(k);
+                    }
+                    watcher::Event::Delete(s) => {
+                        let k = key_of(s.metadata.namespace.as_ref(), s.metadata.name.as_ref());
+                        state.services.remove(&k);
+                        dirty.insert(k);
+                    }
+                },
+                Either::Slice(Some(Ok(ev))) => match ev {
+                    watcher::Event::Init => slice_listing = Some(vec![]),
+                    watcher::Event::InitApply(s) => {
+                        slice_listing.get_or_insert_with(Vec::new).push(s);
+                    }
+                    watcher::Event::InitDone => {
+                        let list = slice_listing.take().unwrap_or_default();
+                        dirty.extend(state.by_service.keys().cloned());
+                        state.slices.clear();
+                        state.by_service.clear();
+                        for s in list {
+                            dirty.extend(state.put_slice(s));
+                        }
+                        slice_synced = true;
+                    }
+                    watcher::Event::Apply(s) => dirty.extend(state.put_slice(s)),
+                    watcher::Event::Delete(s) => {
+                        let k = key_of(s.metadata.namespace.as_ref(), s.metadata.name.as_ref());
+                        dirty.extend(state.remove_slice(&k));
+                    }
+                },
+            }
+        }
+        if !(svc_synced && slice_synced) {
+            // Never program a partial view: services without their slices
+            // would reject traffic that has endpoints.
+            continue;
+        }
+        if retry_at.is_some_and(|t| t <= tokio::time::Instant::now()) {
+            retry_at = None;
+            need_full = true;
+        }
+        if !need_full && dirty.is_empty() {
+            continue;
+        }
+        let started = Instant::now();
+        let result = if need_full {
+            let mut next = Applied::default();
+            owners = Owners::default();
+            let keys: BTreeSet<&Key> = state.services.keys().collect();
+            for k in keys {
+                let (mut r, p) = service_objects(&state, k, &node, &mut warned);
+                owners.claim(k, &mut r);
+                next.rules.insert(k.clone(), r);
+                next.plans.insert(k.clone(), p);
+            }
+            let n = next.rules.len();
+            for r in next.rules.values() {
+                for ip in &r.endpoints {
+                    *next.hairpin.entry(*ip).or_insert(0) += 1;
+                }
+            }
+            let all: Vec<&PortRules> = next.rules.values().collect();
+            match nft.replace_all(&node.ips, &all).await {
+                Ok(()) => {
+                    flush_udp_changes(&applied.plans, &next.plans).await;
+                    applied = next;
+                    Ok((n, true))
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            let mut ops = vec![];
+            let mut next_rules = vec![];
+            for k in &dirty {
+                owners.release(k);
+                let (mut r, p) = service_objects(&state, k, &node, &mut warned);
+                owners.claim(k, &mut r);
+                let empty = PortRules::default();
+                let old = applied.rules.get(k).unwrap_or(&empty);
+                ops.extend(rules::diff(old, &r));
+                next_rules.push((k.clone(), r, p));
+            }
+            // Hairpin pairs are shared: count the dirty services' changes.
+            let mut delta: HashMap<Ipv4Addr, i64> = HashMap::new();
+            for (k, r, _) in &next_rules {
+                if let Some(old) = applied.rules.get(k) {
+                    for ip in &old.endpoints {
+                        *delta.entry(*ip).or_insert(0) -= 1;
+                    }
+                }
+                for ip in &r.endpoints {
+                    *delta.entry(*ip).or_insert(0) += 1;
+                }
+            }
+            delta.retain(|_, d| *d != 0);
+            for (ip, d) in &delta {
+                let before = applied.hairpin.get(ip).copied().unwrap_or(0) as i64;
+                let after = before + d;
+                if before == 0 && after > 0 {
+                    ops.push(rules::Op::AddHairpin(*ip));
+                } else if before > 0 && after <= 0 {
+                    ops.push(rules::Op::DeleteHairpin(*ip));
+                }
+            }
+            ops.sort_by_key(rules::Op::phase);
+            match nft.apply(&ops).await {
+                Ok(()) => {
+                    for (ip, d) in delta {
+                        let c = applied.hairpin.entry(ip).or_insert(0);
+                        *c = (*c as i64 + d).max(0) as usize;
+                        if *c == 0 {
+                            applied.hairpin.remove(&ip);
+                        }
+                    }
+                    let mut old_plans = HashMap::new();
+                    let mut new_plans = HashMap::new();
+                    for (k, r, p) in next_rules.iter().cloned() {
+                        if let Some(o) = applied.plans.remove(&k) {
+                            old_plans.insert(k.clone(), o);
+                        }
+                        new_plans.insert(k.clone(), p.clone());
+                        if state.services.contains_key(&k) {
+                            applied.rules.insert(k.clone(), r);
+                            applied.plans.insert(k, p);
+                        } else {
+                            applied.rules.remove(&k);
+                        }
+                    }
+                    flush_udp_changes(&old_plans, &new_plans).await;
+                    Ok((next_rules.len(), false))
+                }
+                Err(e) => Err(e),
+            }
+        };
+        match result {
+            Ok((n, full)) => {
+                dirty.clear();
+                need_full = false;
+                generation += 1;
+                let s = Sync {
+                    generation,
+                    services: n,
+                    elapsed: started.elapsed(),
+                    full,
+                };
+                tracing::debug!(?s, "service rules applied");
+                let _ = progress.send(s);
+            }
+            Err(e) => {
+                // Nothing changed in the kernel (one transaction); try again
+                // from scratch shortly.
+                tracing::warn!(error = %e, "programming service rules failed; retrying with a full resync");
+                retry_at = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+enum Either<A, B> {
+    Svc(A),
+    Slice(B),
+}
+
+/// Deletes conntrack entries that would keep UDP clients on endpoints that
+/// are gone (or on the reject path of a service that now has endpoints), as
+/// kube-proxy does; TCP needs none of this.
+async fn flush_udp_changes(old: &HashMap<Key, Vec<PortPlan>>, new: &HashMap<Key, Vec<PortPlan>>) {
+    let mut flushes: Vec<nft::ConntrackFlush> = vec![];
+    let keys: BTreeSet<&Key> = old.keys().chain(new.keys()).collect();
+    for k in keys {
+        let olds = old.get(k).map(Vec::as_slice).unwrap_or(&[]);
+        let news = new.get(k).map(Vec::as_slice).unwrap_or(&[]);
+        for o in olds.iter().filter(|p| p.key.protocol == Protocol::Udp) {
+            let n = news.iter().find(|n| n.key == o.key);
+            let kept: BTreeSet<Ipv4Addr> = n
+                .map(|n| n.cluster_endpoints.iter().map(|e| e.ip).collect())
+                .unwrap_or_default();
+            for ep in &o.cluster_endpoints {
+                if !kept.contains(&ep.ip) {
+                    flushes.push(nft::ConntrackFlush::Endpoint {
+                        vip: o.cluster_ip,
+                        port: o.port,
+                        node_port: o.node_port,
+                        endpoint: ep.ip,
+                    });
+                }
+            }
+        }
+        for n in news.iter().filter(|p| p.key.protocol == Protocol::Udp) {
+            let before = olds
+                .iter()
+                .find(|o| o.key == n.key)
+                .map(|o| o.has_endpoints)
+                .unwrap_or(false);
+            if n.has_endpoints && !before {
+                flushes.push(nft::ConntrackFlush::Service {
+                    vip: n.cluster_ip,
+                    port: n.port,
+                    node_port: n.node_port,
+                });
+            }
+        }
+    }
+    if !flushes.is_empty() {
+        nft::flush_conntrack(flushes).await;
+    }
+}

@@ -1,0 +1,603 @@
+//! Applies [`rules`](super::rules) to the kernel: each change is one nftables
+//! transaction, built with the `nftables` crate's JSON schema and run by
+//! `nft -j -f -` (so it is applied whole or not at all). Only skiff's own
+//! table is ever named. Stale UDP conntrack entries are deleted with the
+//! `conntrack` tool (conntrack-tools), as no maintained crate speaks
+//! ctnetlink deletion.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+
+use nftables::expr::{
+    BinaryOperation, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, NgMode,
+    Numgen, Payload, PayloadField, Prefix, Verdict as NfVerdict, CT,
+};
+use nftables::schema::{
+    Chain, Element, FlushObject, NfCmd, NfListObject, NfObject, Rule as NfRule, Set, SetFlag,
+    SetType, SetTypeValue, Table,
+};
+use nftables::stmt::{
+    JumpTarget, Mangle, Match, NATFamily, NATFlag, Operator, Reject, RejectType, Statement,
+    VerdictMap, NAT,
+};
+use nftables::types::{NfChainType, NfFamily, NfHook};
+use serde_json::{json, Value};
+
+use super::rules::{self, MapKey, Op, PortRules, Rule, Verdict};
+
+/// Why a transaction failed; retryable (the kernel kept the previous rules).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("nft refused the transaction: {0}")]
+    TransactionFailed(String),
+    #[error("running nft: {0}")]
+    NftUnavailable(String),
+}
+
+/// skiff's table in the kernel.
+#[derive(Debug, Clone)]
+pub struct Nft {
+    table: String,
+}
+
+impl Nft {
+    pub fn new(table: &str) -> Nft {
+        Nft {
+            table: table.to_string(),
+        }
+    }
+
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Replaces the whole table (skeleton, node addresses, every service)
+    /// in one transaction: existing connections keep their conntrack state.
+    pub async fn replace_all(
+        &self,
+        node_ips: &[Ipv4Addr],
+        services: &[&PortRules],
+    ) -> Result<(), Error> {
+        let endpoints: std::collections::BTreeSet<Ipv4Addr> = services
+            .iter()
+            .flat_map(|s| s.endpoints.iter().copied())
+            .collect();
+        let mut objs = vec![];
+        let table = NfListObject::Table(Table {
+            family: NfFamily::IP,
+            name: Cow::Owned(self.table.clone()),
+            handle: None,
+        });
+        objs.push(cmd(NfCmd::Add(table.clone())));
+        objs.push(cmd(NfCmd::Delete(table.clone())));
+        objs.push(cmd(NfCmd::Add(table)));
+        for (name, by_ip) in rules::MAPS {
+            let key = if by_ip {
+                json!(["ipv4_addr", "inet_proto", "inet_service"])
+            } else {
+                json!(["inet_proto", "inet_service"])
+            };
+            // The crate's set types have no `verdict`, so the maps are
+            // declared as raw JSON of the same schema.
+            objs.push(json!({"add": {"map": {
+                "family": "ip", "table": self.table, "name": name,
+                "type": key, "map": "verdict",
+            }}}));
+        }
+        objs.push(cmd(NfCmd::Add(NfListObject::Set(Box::new(Set {
+            family: NfFamily::IP,
+            table: Cow::Owned(self.table.clone()),
+            name: Cow::Borrowed(rules::NODEPORT_IPS),
+            set_type: SetTypeValue::Single(SetType::Ipv4Addr),
+            elem: (!node_ips.is_empty()).then(|| {
+                Cow::Owned(
+                    node_ips
+                        .iter()
+                        .map(|ip| Expression::String(Cow::Owned(ip.to_string())))
+                        .collect(),
+                )
+            }),
+            ..Default::default()
+        })))));
+        objs.push(cmd(NfCmd::Add(NfListObject::Set(Box::new(Set {
+            family: NfFamily::IP,
+            table: Cow::Owned(self.table.clone()),
+            name: Cow::Borrowed(rules::HAIRPIN),
+            set_type: SetTypeValue::Concatenated(Cow::Borrowed(&[
+                SetType::Ipv4Addr,
+                SetType::Ipv4Addr,
+            ])),
+            ..Default::default()
+        })))));
+        for (name, hook, _) in rules::skeleton() {
+            let mut chain = self.chain(name);
+            if let Some(h) = hook {
+                chain._type = Some(if h.nat {
+                    NfChainType::NAT
+                } else {
+                    NfChainType::Filter
+                });
+                chain.hook = Some(match h.hook {
+                    "prerouting" => NfHook::Prerouting,
+                    "input" => NfHook::Input,
+                    "forward" => NfHook::Forward,
+                    "output" => NfHook::Output,
+                    _ => NfHook::Postrouting,
+                });
+                chain.prio = Some(h.priority);
+            }
+            objs.push(cmd(NfCmd::Add(NfListObject::Chain(chain))));
+        }
+        for (name, _, rules) in rules::skeleton() {
+            for r in rules {
+                objs.push(self.op(&Op::AddRule(name.to_string(), r)));
+            }
+        }
+        let empty = PortRules::default();
+        for s in services {
+            for op in rules::diff(&empty, s) {
+                objs.push(self.op(&op));
+            }
+        }
+        for ip in endpoints {
+            objs.push(self.op(&Op::AddHairpin(ip)));
+        }
+        self.run(objs).await
+    }
+
+    /// Applies `ops` in one transaction (nothing to do for none).
+    pub async fn apply(&self, ops: &[Op]) -> Result<(), Error> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let objs = ops.iter().map(|o| self.op(o)).collect();
+        self.run(objs).await
+    }
+
+    async fn run(&self, objs: Vec<Value>) -> Result<(), Error> {
+        let payload = json!({"nftables": objs}).to_string();
+        tokio::task::spawn_blocking(move || run_nft(&payload))
+            .await
+            .map_err(|e| Error::NftUnavailable(e.to_string()))?
+    }
+
+    fn chain(&self, name: &str) -> Chain<'static> {
+        Chain {
+            family: NfFamily::IP,
+            table: Cow::Owned(self.table.clone()),
+            name: Cow::Owned(name.to_string()),
+            ..Default::default()
+        }
+    }
+
+    fn set(&self, name: &str) -> Set<'static> {
+        Set {
+            family: NfFamily::IP,
+            table: Cow::Owned(self.table.clone()),
+            name: Cow::Owned(name.to_string()),
+            set_type: SetTypeValue::Single(SetType::Ipv4Addr),
+            ..Default::default()
+        }
+    }
+
+    fn element(&self, map: &str, elem: Expression<'static>) -> Element<'static> {
+        Element {
+            family: NfFamily::IP,
+            table: Cow::Owned(self.table.clone()),
+            name: Cow::Owned(map.to_string()),
+            elem: Cow::Owned(vec![elem]),
+        }
+    }
+
+    /// One op as nft JSON.
+    pub fn op(&self, op: &Op) -> Value {
+        let c = match op {
+            Op::DeleteElement(map, key) => {
+                NfCmd::Delete(NfListObject::Element(self.element(map, key_expr(key))))
+            }
+            Op::AddSet(name, timeout) => {
+                let mut s = self.set(name);
+                // `dynamic` is implied by the `update` rules (nft 1.0.6 refuses it
+                // in JSON).
+                s.flags = Some(HashSet::from([SetFlag::Timeout]));
+                s.timeout = Some(*timeout);
+                NfCmd::Add(NfListObject::Set(Box::new(s)))
+            }
+            Op::AddChain(name) => NfCmd::Add(NfListObject::Chain(self.chain(name))),
+            Op::FlushChain(name) => NfCmd::Flush(FlushObject::Chain(self.chain(name))),
+            Op::AddRule(chain, rule) => NfCmd::Add(NfListObject::Rule(NfRule {
+                family: NfFamily::IP,
+                table: Cow::Owned(self.table.clone()),
+                chain: Cow::Owned(chain.clone()),
+                expr: Cow::Owned(statements(rule)),
+                ..Default::default()
+            })),
+            Op::AddElement(map, key, verdict) => NfCmd::Add(NfListObject::Element(self.element(
+                map,
+                Expression::List(vec![key_expr(key), verdict_expr(verdict)]),
+            ))),
+            Op::DeleteChain(name) => NfCmd::Delete(NfListObject::Chain(self.chain(name))),
+            Op::DeleteSet(name) => NfCmd::Delete(NfListObject::Set(Box::new(self.set(name)))),
+            Op::AddHairpin(ip) => NfCmd::Add(NfListObject::Element(
+                self.element(rules::HAIRPIN, hairpin_elem(*ip)),
+            )),
+            Op::DeleteHairpin(ip) => NfCmd::Delete(NfListObject::Element(
+                self.element(rules::HAIRPIN, hairpin_elem(*ip)),
+            )),
+        };
+        cmd(c)
+    }
+}
+
+fn cmd(c: NfCmd<'_>) -> Value {
+    serde_json::to_value(NfObject::CmdObject(c)).expect("nftables objects serialize")
+}
+
+fn s(v: impl Into<String>) -> Expression<'static> {
+    Expression::String(Cow::Owned(v.into()))
+}
+
+fn payload(protocol: &'static str, field: &'static str) -> Expression<'static> {
+    Expression::Named(NamedExpression::Payload(Payload::PayloadField(
+        PayloadField {
+            protocol: Cow::Borrowed(protocol),
+            field: Cow::Borrowed(field),
+        },
+    )))
+}
+
+fn meta(key: MetaKey) -> Expression<'static> {
+    Expression::Named(NamedExpression::Meta(Meta { key }))
+}
+
+fn matches(
+    left: Expression<'static>,
+    op: Operator,
+    right: Expression<'static>,
+) -> Statement<'static> {
+    Statement::Match(Match { left, right, op })
+}
+
+fn prefix((ip, len): (Ipv4Addr, u8)) -> Expression<'static> {
+    Expression::Named(NamedExpression::Prefix(Prefix {
+        addr: Box::new(s(ip.to_string())),
+        len: len as u32,
+    }))
+}
+
+fn target(c: &str) -> JumpTarget<'static> {
+    JumpTarget {
+        target: Cow::Owned(c.to_string()),
+    }
+}
+
+fn fib_saddr_local() -> Statement<'static> {
+    matches(
+        Expression::Named(NamedExpression::Fib(Fib {
+            result: FibResult::Type,
+            flags: HashSet::from([FibFlag::Saddr]),
+        })),
+        Operator::EQ,
+        s("local"),
+    )
+}
+
+fn mark() -> Expression<'static> {
+    meta(MetaKey::Mark)
+}
+
+/// `numgen random mod k == 0` (nothing for k ≤ 1: the last pick).
+fn pick(k: u32) -> Vec<Statement<'static>> {
+    if k <= 1 {
+        return vec![];
+    }
+    vec![matches(
+        Expression::Named(NamedExpression::Numgen(Numgen {
+            mode: NgMode::Random,
+            ng_mod: k,
+            offset: None,
+        })),
+        Operator::EQ,
+        Expression::Number(0),
+    )]
+}
+
+fn hairpin_elem(ip: Ipv4Addr) -> Expression<'static> {
+    Expression::Named(NamedExpression::Concat(vec![
+        s(ip.to_string()),
+        s(ip.to_string()),
+    ]))
+}
+
+fn key_expr(k: &MapKey) -> Expression<'static> {
+    match k {
+        MapKey::Ip(ip, p, port) => Expression::Named(NamedExpression::Concat(vec![
+            s(ip.to_string()),
+            s(p.nft()),
+            Expression::Number(*port as u32),
+        ])),
+        MapKey::NodePort(p, port) => Expression::Named(NamedExpression::Concat(vec![
+            s(p.nft()),
+            Expression::Number(*port as u32),
+        ])),
+    }
+}
+
+fn verdict_expr(v: &Verdict) -> Expression<'static> {
+    match v {
+        Verdict::Goto(c) => Expression::Verdict(NfVerdict::Goto(target(c))),
+        Verdict::Drop => Expression::Verdict(NfVerdict::Drop),
+    }
+}
+
+fn daddr_proto_port() -> Expression<'static> {
+    Expression::Named(NamedExpression::Concat(vec![
+        payload("ip", "daddr"),
+        meta(MetaKey::L4proto),
+        payload("th", "dport"),
+    ]))
+}
+
+/// A rule's statements in the crate's schema.
+pub fn statements(r: &Rule) -> Vec<Statement<'static>> {
+    let mark_for_masq = Statement::Jump(target(rules::MARK_FOR_MASQ));
+    match r {
+        Rule::Jump(c) => vec![Statement::Jump(target(c))],
+        Rule::Goto(c) => vec![Statement::Goto(target(c))],
+        Rule::Drop => vec![Statement::Drop(None)],
+        Rule::JumpIfNew(c) => vec![
+            matches(
+                Expression::Named(NamedExpression::CT(CT {
+                    key: Cow::Borrowed("state"),
+                    family: None,
+                    dir: None,
+                })),
+                Operator::IN,
+                s("new"),
+            ),
+            Statement::Jump(target(c)),
+        ],
+        Rule::DaddrProtoPortVmap(m) => vec![Statement::VerdictMap(VerdictMap {
+            key: daddr_proto_port(),
+            data: s(format!("@{m}")),
+        })],
+        Rule::NodePortVmap(m) => vec![
+            matches(
+                payload("ip", "daddr"),
+                Operator::EQ,
+                s(format!("@{}", rules::NODEPORT_IPS)),
+            ),
+            Statement::VerdictMap(VerdictMap {
+                key: Expression::Named(NamedExpression::Concat(vec![
+                    meta(MetaKey::L4proto),
+                    payload("th", "dport"),
+                ])),
+                data: s(format!("@{m}")),
+            }),
+        ],
+        Rule::ReturnIfUnmarked => vec![
+            matches(
+                Expression::BinaryOperation(Box::new(BinaryOperation::AND(
+                    mark(),
+                    Expression::Number(rules::MASQ_MARK),
+                ))),
+                Operator::EQ,
+                Expression::Number(0),
+            ),
+            Statement::Return(None),
+        ],
+        Rule::ClearMark => vec![Statement::Mangle(Mangle {
+            key: mark(),
+            value: Expression::BinaryOperation(Box::new(BinaryOperation::XOR(
+                mark(),
+                Expression::Number(rules::MASQ_MARK),
+            ))),
+        })],
+        Rule::SetMark => vec![Statement::Mangle(Mangle {
+            key: mark(),
+            value: Expression::BinaryOperation(Box::new(BinaryOperation::OR(vec![
+                mark(),
+                Expression::Number(rules::MASQ_MARK),
+            ]))),
+        })],
+        Rule::Masquerade => vec![Statement::Masquerade(Some(NAT {
+            addr: None,
+            family: None,
+            port: None,
+            flags: Some(HashSet::from([NATFlag::FullyRandom])),
+        }))],
+        Rule::RejectTcpReset => vec![
+            matches(meta(MetaKey::L4proto), Operator::EQ, s("tcp")),
+            Statement::Reject(Some(Reject::new(Some(RejectType::TCPReset), None))),
+        ],
+        Rule::Reject => vec![Statement::Reject(None)],
+        Rule::MasqueradeOffCluster {
+            vip,
+            protocol,
+            port,
+            cidr,
+        } => vec![
+            matches(payload("ip", "daddr"), Operator::EQ, s(vip.to_string())),
+            matches(meta(MetaKey::L4proto), Operator::EQ, s(protocol.nft())),
+            matches(
+                payload("th", "dport"),
+                Operator::EQ,
+                Expression::Number(*port as u32),
+            ),
+            matches(payload("ip", "saddr"), Operator::NEQ, prefix(*cidr)),
+            mark_for_masq,
+        ],
+        Rule::HairpinMasquerade => vec![
+            matches(
+                Expression::Named(NamedExpression::Concat(vec![
+                    payload("ip", "saddr"),
+                    payload("ip", "daddr"),
+                ])),
+                Operator::EQ,
+                s(format!("@{}", rules::HAIRPIN)),
+            ),
+            Statement::Masquerade(Some(NAT {
+                addr: None,
+                family: None,
+                port: None,
+                flags: Some(HashSet::from([NATFlag::FullyRandom])),
+            })),
+        ],
+        Rule::MasqueradeIfFromNode => vec![fib_saddr_local(), mark_for_masq],
+        Rule::GotoIfFromNode(c) => vec![fib_saddr_local(), Statement::Goto(target(c))],
+        Rule::GotoIfFrom(cidr, c) => vec![
+            matches(payload("ip", "saddr"), Operator::EQ, prefix(*cidr)),
+            Statement::Goto(target(c)),
+        ],
+        Rule::GotoIfInSet(set, c) => vec![
+            matches(payload("ip", "saddr"), Operator::EQ, s(format!("@{set}"))),
+            Statement::Goto(target(c)),
+        ],
+        Rule::AddSourceToSet(set) => vec![Statement::Set(nftables::stmt::Set {
+            op: nftables::stmt::SetOp::Update,
+            elem: payload("ip", "saddr"),
+            set: Cow::Owned(format!("@{set}")),
+        })],
+        Rule::PickGoto(k, c) => {
+            let mut v = pick(*k);
+            v.push(Statement::Goto(target(c)));
+            v
+        }
+        Rule::PickDnat(k, p, ip, port) => {
+            let mut v = pick(*k);
+            v.push(matches(meta(MetaKey::L4proto), Operator::EQ, s(p.nft())));
+            v.push(Statement::DNAT(Some(NAT {
+                addr: Some(s(ip.to_string())),
+                family: Some(NATFamily::IP),
+                port: Some(Expression::Number(*port as u32)),
+                flags: None,
+            })));
+            v
+        }
+    }
+}
+
+/// Runs `nft -j -f -` on a JSON payload: one transaction. (The crate's own
+/// runner leaves nft's stderr uncaptured, and its message is what says why
+/// a transaction was refused.)
+fn run_nft(payload: &str) -> Result<(), Error> {
+    use std::io::Write;
+    let mut child = std::process::Command::new("nft")
+        .args(["-j", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::NftUnavailable(format!("{e} (apt-get install nftables)")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(payload.as_bytes())
+            .map_err(|e| Error::NftUnavailable(e.to_string()))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| Error::NftUnavailable(e.to_string()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let msg = String::from_utf8_lossy(&out.stderr);
+        // nft repeats the whole offending JSON; its first lines say why.
+        let msg: String = msg.lines().take(4).collect::<Vec<_>>().join(" | ");
+        Err(Error::TransactionFailed(msg.chars().take(2000).collect()))
+    }
+}
+
+/// Deletes skiff's table (what `skiff down` does); absent is fine.
+pub fn delete_table(table: &str) -> Result<(), Error> {
+    let payload = json!({"nftables": [
+        {"add": {"table": {"family": "ip", "name": table}}},
+        {"delete": {"table": {"family": "ip", "name": table}}},
+    ]})
+    .to_string();
+    run_nft(&payload)
+}
+
+/// Conntrack entries to delete after an endpoint change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConntrackFlush {
+    /// Entries of a UDP service port translated to an endpoint now gone.
+    Endpoint {
+        vip: Ipv4Addr,
+        port: u16,
+        node_port: Option<u16>,
+        endpoint: Ipv4Addr,
+    },
+    /// Every entry of a UDP service port that had no endpoints before.
+    Service {
+        vip: Ipv4Addr,
+        port: u16,
+        node_port: Option<u16>,
+    },
+}
+
+impl ConntrackFlush {
+    /// `conntrack -D` argument lists for this flush.
+    pub fn args(&self) -> Vec<Vec<String>> {
+        let mut out = vec![];
+        let (vip, port, node_port, endpoint) = match self {
+            ConntrackFlush::Endpoint {
+                vip,
+                port,
+                node_port,
+                endpoint,
+            } => (*vip, *port, *node_port, Some(*endpoint)),
+            ConntrackFlush::Service {
+                vip,
+                port,
+                node_port,
+            } => (*vip, *port, *node_port, None),
+        };
+        let mut a: Vec<String> = ["-D", "-p", "udp", "--orig-dst"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.push(vip.to_string());
+        a.extend(["--orig-port-dst".to_string(), port.to_string()]);
+        if let Some(ep) = endpoint {
+            a.extend(["--reply-src".to_string(), ep.to_string()]);
+        }
+        out.push(a);
+        if let Some(np) = node_port {
+            let mut a: Vec<String> = ["-D", "-p", "udp", "--orig-port-dst"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            a.push(np.to_string());
+            if let Some(ep) = endpoint {
+                a.extend(["--reply-src".to_string(), ep.to_string()]);
+            }
+            out.push(a);
+        }
+        out
+    }
+}
+
+/// Runs the flushes (the `conntrack` tool; absent → a warning once).
+pub async fn flush_conntrack(flushes: Vec<ConntrackFlush>) {
+    let _ = tokio::task::spawn_blocking(move || {
+        for f in flushes {
+            for args in f.args() {
+                match std::process::Command::new("conntrack")
+                    .args(&args)
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                {
+                    // Exit 1 means "no entry matched".
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot run conntrack to flush stale UDP entries (apt-get install conntrack)");
+                        return;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+}

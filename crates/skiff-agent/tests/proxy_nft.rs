@@ -1,0 +1,169 @@
+//! The service proxy's transactions against the real kernel (root, nft):
+//! a full replace, incremental changes, a refused transaction leaving the
+//! previous rules in force, and the table's removal. Each test uses its own
+//! table and addresses from the benchmarking range 198.18.0.0/15, so
+//! nothing else on the machine is affected.
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+use skiff_agent::proxy::model::{Endpoint, PortKey, PortPlan, Protocol};
+use skiff_agent::proxy::nft::{self, Nft};
+use skiff_agent::proxy::rules::{self, Op, PortRules};
+
+fn nft_available() -> bool {
+    Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn list(table: &str) -> String {
+    let o = Command::new("nft")
+        .args(["list", "table", "ip", table])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+fn ep(ip: &str, port: u16) -> Endpoint {
+    Endpoint {
+        ip: ip.parse().unwrap(),
+        port,
+    }
+}
+
+fn plan(name: &str, vip: &str, eps: &[Endpoint]) -> PortPlan {
+    let node_port = if name == "web" { 30999 } else { 30998 };
+    PortPlan {
+        key: PortKey {
+            namespace: "default".into(),
+            name: name.into(),
+            protocol: Protocol::Tcp,
+            port_name: "http".into(),
+        },
+        cluster_ip: vip.parse().unwrap(),
+        port: 80,
+        node_port: Some(node_port),
+        external_ips: vec![],
+        cluster_endpoints: eps.to_vec(),
+        local_endpoints: vec![],
+        has_endpoints: !eps.is_empty(),
+        internal_local: false,
+        external_local: false,
+        affinity: Some(30),
+    }
+}
+
+struct Table(String);
+impl Drop for Table {
+    fn drop(&mut self) {
+        let _ = nft::delete_table(&self.0);
+    }
+}
+
+const CIDR: Option<(Ipv4Addr, u8)> = Some((Ipv4Addr::new(198, 19, 0, 0), 16));
+
+#[tokio::test]
+async fn transactions_replace_update_and_fail_atomically() {
+    if !nft_available() {
+        eprintln!("skipping: nft is not usable here (needs root and nftables)");
+        return;
+    }
+    let table = Table(format!("skiff-test-{}", std::process::id()));
+    let nft = Nft::new(&table.0);
+    let node: Vec<Ipv4Addr> = vec!["198.18.0.1".parse().unwrap()];
+
+    let web = rules::port_rules(&plan("web", "198.18.10.1", &[ep("198.19.0.5", 8080)]), CIDR);
+    let empty = rules::port_rules(&plan("empty", "198.18.10.2", &[]), CIDR);
+    nft.replace_all(&node, &[&web, &empty]).await.unwrap();
+    let t = list(&table.0);
+    assert!(
+        t.contains("198.18.10.1 . tcp . 80 : goto svc-default/web/tcp/http"),
+        "{t}"
+    );
+    assert!(
+        t.contains("198.18.10.2 . tcp . 80 : goto reject-chain"),
+        "{t}"
+    );
+    assert!(t.contains("tcp . 30998 : goto reject-chain"), "{t}");
+    assert!(t.contains("dnat to 198.19.0.5:8080"), "{t}");
+    assert!(
+        t.contains("198.18.0.1"),
+        "node address in nodeport-ips: {t}"
+    );
+    assert!(
+        t.contains("update @aff-default/web/tcp/http/198.19.0.5:8080 { ip saddr }"),
+        "{t}"
+    );
+
+    // Incremental: a second endpoint for web, the empty service gains one.
+    let web2 = rules::port_rules(
+        &plan(
+            "web",
+            "198.18.10.1",
+            &[ep("198.19.0.5", 8080), ep("198.19.0.6", 8080)],
+        ),
+        CIDR,
+    );
+    let empty2 = rules::port_rules(&plan("empty", "198.18.10.2", &[ep("198.19.0.9", 80)]), CIDR);
+    let mut ops = rules::diff(&web, &web2);
+    ops.extend(rules::diff(&empty, &empty2));
+    ops.push(Op::AddHairpin("198.19.0.6".parse().unwrap()));
+    nft.apply(&ops).await.unwrap();
+    let t = list(&table.0);
+    assert!(t.contains("198.19.0.6 . 198.19.0.6"), "{t}");
+    assert!(
+        t.contains("numgen random mod 2 0 goto ep-default/web/tcp/http/198.19.0.5:8080"),
+        "{t}"
+    );
+    assert!(t.contains("dnat to 198.19.0.6:8080"), "{t}");
+    assert!(
+        !t.contains("198.18.10.2 . tcp . 80 : goto reject-chain"),
+        "{t}"
+    );
+    assert!(
+        t.contains("198.18.10.2 . tcp . 80 : goto svc-default/empty/tcp/http"),
+        "{t}"
+    );
+
+    // A transaction the kernel refuses (a rule in a chain that does not
+    // exist after a valid first step) changes nothing at all.
+    let before = list(&table.0);
+    let bad = vec![
+        Op::DeleteElement(
+            rules::SERVICE_IPS,
+            rules::MapKey::Ip("198.18.10.1".parse().unwrap(), Protocol::Tcp, 80),
+        ),
+        Op::AddRule("no-such-chain".into(), rules::Rule::Drop),
+    ];
+    assert!(nft.apply(&bad).await.is_err());
+    assert_eq!(list(&table.0), before);
+
+    // Removing every endpoint of web: back to a reject, chains gone.
+    let web3 = rules::port_rules(&plan("web", "198.18.10.1", &[]), CIDR);
+    nft.apply(&rules::diff(&web2, &web3)).await.unwrap();
+    let t = list(&table.0);
+    assert!(
+        t.contains("198.18.10.1 . tcp . 80 : goto reject-chain"),
+        "{t}"
+    );
+    assert!(!t.contains("ep-default/web"), "{t}");
+    assert!(!t.contains("aff-default/web"), "{t}");
+
+    // And a full replace of a table that exists works the same way.
+    nft.replace_all(&node, &[&PortRules::default()])
+        .await
+        .unwrap();
+    assert!(!list(&table.0).contains("svc-default"));
+
+    nft::delete_table(&table.0).unwrap();
+    assert!(!Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(&table.0))
+        .unwrap());
+    // Deleting it again is fine.
+    nft::delete_table(&table.0).unwrap();
+}
