@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use skiff_e2e::{text, wait_until, Server};
+use skiff_e2e::{skiff_binary, text, wait_until, Server};
 use skiff_store::testsuite::EtcdServer;
 
 /// The keys under `prefix` in etcd, as `etcdctl get --prefix --keys-only` shows them.
@@ -242,4 +242,75 @@ fn a_server_on_etcd_with_tls_client_certificates() {
     );
     let ready = s.ok(&["get", "--raw", "/readyz?verbose"]);
     assert!(ready.contains("[+]etcd ok"), "{ready}");
+}
+
+/// Hollow nodes (`skiff agent --simulate`) registered through `s`, stopped
+/// (by PID) when dropped.
+struct Hollow(std::process::Child);
+
+impl Drop for Hollow {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Two servers on one etcd, each running a scheduler and a controller
+/// manager behind the Lease election: a Deployment created through one
+/// rolls out on nodes that joined through the other, with exactly its
+/// replicas (one controller manager acts, not two).
+#[test]
+fn two_servers_elect_one_scheduler_and_controller_manager() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let etcd = rt.block_on(EtcdServer::start());
+    let url = etcd.endpoint();
+    let a = Server::start_with(&["--etcd-servers", &url]);
+    let b = Server::start_with_pki_of(&a, &["--etcd-servers", &url]);
+    let nodes = Hollow(
+        Command::new(skiff_binary())
+            .args([
+                "agent",
+                "--simulate",
+                "--nodes",
+                "2",
+                "--node-name",
+                "hollow",
+            ])
+            .args(["--start-delay-ms", "100", "--kubeconfig"])
+            .arg(&a.kubeconfig)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start hollow nodes"),
+    );
+    wait_until("hollow nodes Ready through the other server", 60, || {
+        let out = b.ok(&["get", "nodes", "--no-headers"]);
+        (out.matches(" Ready ").count() == 2).then_some(())
+    });
+    b.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=skiff.local/busybox:1",
+        "--replicas=3",
+    ]);
+    a.ok(&["rollout", "status", "deployment/web", "--timeout=90s"]);
+    let pods = a.ok(&["get", "pods", "-l", "app=web", "--no-headers"]);
+    assert_eq!(pods.lines().count(), 3, "{pods}");
+    let rs = b.ok(&["get", "replicasets", "-l", "app=web", "--no-headers"]);
+    assert_eq!(rs.lines().count(), 1, "{rs}");
+    for lease in ["kube-scheduler", "kube-controller-manager"] {
+        let holder = a.ok(&[
+            "get",
+            "lease",
+            lease,
+            "-n",
+            "kube-system",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ]);
+        assert!(!holder.is_empty(), "{lease} has no holder");
+    }
+    drop(nodes);
 }
