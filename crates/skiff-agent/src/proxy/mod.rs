@@ -192,9 +192,11 @@ impl State {
 struct Applied {
     rules: HashMap<Key, PortRules>,
     plans: HashMap<Key, Vec<PortPlan>>,
-    /// How many services send to each endpoint (its `hairpin` pair stays
-    /// while one does).
-    hairpin: HashMap<Ipv4Addr, usize>,
+    /// Endpoints whose `hairpin` pair is in the kernel. Pairs are added as
+    /// endpoints appear and dropped only by a full resync: a stale pair is
+    /// harmless (only DNAT to that address makes a packet match it), and
+    /// element deletions cost a dump of the set in nft.
+    hairpin: BTreeSet<Ipv4Addr>,
 }
 
 /// The objects and plans of one service (empty when it is not proxied).
@@ -217,12 +219,46 @@ fn service_objects(
         Err(Skip::Unsupported(why)) => {
             if warned.get(key) != Some(&why) {
                 tracing::warn!(service = %format!("{}/{}", key.0, key.1), reason = %why, "service not programmed: the dataplane cannot express it");
-                warned.insert(key.clone(), why);
+                warned.insert(key.clone(), why.clone());
+                if let Some(svc) = state.services.get(key) {
+                    report_unsupported(svc, why);
+                }
             }
             (PortRules::default(), vec![])
         }
     }
 }
+
+/// The Event a Service the dataplane cannot express gets (one per agent
+/// and reason; the recorder aggregates repeats into a series).
+fn report_unsupported(svc: &Service, why: String) {
+    let Some(recorder) = RECORDER.get().cloned() else {
+        return;
+    };
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        name: svc.metadata.name.clone(),
+        namespace: svc.metadata.namespace.clone(),
+        uid: svc.metadata.uid.clone(),
+        resource_version: svc.metadata.resource_version.clone(),
+        field_path: None,
+    };
+    tokio::spawn(async move {
+        let ev = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: "UnsupportedService".into(),
+            note: Some(format!("the service proxy cannot program it: {why}")),
+            action: "Program".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            tracing::debug!(error = %e, "recording an event");
+        }
+    });
+}
+
+static RECORDER: std::sync::OnceLock<kube::runtime::events::Recorder> = std::sync::OnceLock::new();
 
 /// Which service holds each map key (an address, protocol and port, or a
 /// NodePort). Two services claiming one (the same externalIP and port, say)
@@ -272,6 +308,8 @@ pub struct Sync {
     pub generation: u64,
     pub services: usize,
     pub elapsed: Duration,
+    /// The part of `elapsed` spent in nft (the transaction itself).
+    pub nft: Duration,
     pub full: bool,
 }
 
@@ -293,6 +331,13 @@ pub async fn run_with_progress(
 ) -> anyhow::Result<()> {
     prepare_kernel();
     let node = options.node.clone();
+    let _ = RECORDER.set(kube::runtime::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "skiff-proxy".into(),
+            instance: Some(node.name.clone()),
+        },
+    ));
     let nft = nft::Nft::new(&options.table);
     let services: Api<Service> = Api::all(client.clone());
     let slices: Api<EndpointSlice> = Api::all(client.clone());
@@ -406,6 +451,7 @@ pub async fn run_with_progress(
             continue;
         }
         let started = Instant::now();
+        let nft_time;
         let result = if need_full {
             let mut next = Applied::default();
             owners = Owners::default();
@@ -418,12 +464,13 @@ pub async fn run_with_progress(
             }
             let n = next.rules.len();
             for r in next.rules.values() {
-                for ip in &r.endpoints {
-                    *next.hairpin.entry(*ip).or_insert(0) += 1;
-                }
+                next.hairpin.extend(r.endpoints.iter().copied());
             }
             let all: Vec<&PortRules> = next.rules.values().collect();
-            match nft.replace_all(&node.ips, &all).await {
+            let t = Instant::now();
+            let r = nft.replace_all(&node.ips, &all).await;
+            nft_time = t.elapsed();
+            match r {
                 Ok(()) => {
                     flush_udp_changes(&applied.plans, &next.plans).await;
                     applied = next;
@@ -443,38 +490,19 @@ pub async fn run_with_progress(
                 ops.extend(rules::diff(old, &r));
                 next_rules.push((k.clone(), r, p));
             }
-            // Hairpin pairs are shared: count the dirty services' changes.
-            let mut delta: HashMap<Ipv4Addr, i64> = HashMap::new();
-            for (k, r, _) in &next_rules {
-                if let Some(old) = applied.rules.get(k) {
-                    for ip in &old.endpoints {
-                        *delta.entry(*ip).or_insert(0) -= 1;
-                    }
-                }
-                for ip in &r.endpoints {
-                    *delta.entry(*ip).or_insert(0) += 1;
-                }
-            }
-            delta.retain(|_, d| *d != 0);
-            for (ip, d) in &delta {
-                let before = applied.hairpin.get(ip).copied().unwrap_or(0) as i64;
-                let after = before + d;
-                if before == 0 && after > 0 {
-                    ops.push(rules::Op::AddHairpin(*ip));
-                } else if before > 0 && after <= 0 {
-                    ops.push(rules::Op::DeleteHairpin(*ip));
-                }
-            }
+            let new_pairs: BTreeSet<Ipv4Addr> = next_rules
+                .iter()
+                .flat_map(|(_, r, _)| r.endpoints.iter().copied())
+                .filter(|ip| !applied.hairpin.contains(ip))
+                .collect();
+            ops.extend(new_pairs.iter().map(|ip| rules::Op::AddHairpin(*ip)));
             ops.sort_by_key(rules::Op::phase);
-            match nft.apply(&ops).await {
+            let t = Instant::now();
+            let r = nft.apply(&ops).await;
+            nft_time = t.elapsed();
+            match r {
                 Ok(()) => {
-                    for (ip, d) in delta {
-                        let c = applied.hairpin.entry(ip).or_insert(0);
-                        *c = (*c as i64 + d).max(0) as usize;
-                        if *c == 0 {
-                            applied.hairpin.remove(&ip);
-                        }
-                    }
+                    applied.hairpin.extend(new_pairs);
                     let mut old_plans = HashMap::new();
                     let mut new_plans = HashMap::new();
                     for (k, r, p) in next_rules.iter().cloned() {
@@ -504,6 +532,7 @@ pub async fn run_with_progress(
                     generation,
                     services: n,
                     elapsed: started.elapsed(),
+                    nft: nft_time,
                     full,
                 };
                 tracing::debug!(?s, "service rules applied");
