@@ -6,7 +6,8 @@
 //! its ingress and answers there, ClientIP affinity holds, a backend
 //! failing readiness stops receiving traffic, a pod reaches itself through
 //! its service (hairpin), the `kubernetes` Service reaches the API server,
-//! and a Service without endpoints refuses at once.
+//! a Service without endpoints refuses at once, and the rules keep serving
+//! while skiff is killed and after it starts again.
 //! Each cluster uses a service range of its own so concurrent clusters on
 //! the machine never share a ClusterIP.
 
@@ -135,7 +136,7 @@ fn ready(s: &Server, pod: &str) -> bool {
 #[test]
 fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_the_proxy() {
     let cidr = service_cidr();
-    let s = Server::up_with(&["--service-cidr", &cidr]);
+    let mut s = Server::up_with(&["--service-cidr", &cidr]);
     s.ok_stdin(&["apply", "-f", "-"], &backend("web-a"));
     s.ok_stdin(&["apply", "-f", "-"], &backend("web-b"));
     s.ok_stdin(&["apply", "-f", "-"], CLIENT);
@@ -263,6 +264,17 @@ fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_th
     // Hairpin: web-a reaches itself through its service.
     let counts = spread(&s, "web-a", &format!("http://{web_ip}:80/"), 3);
     assert_eq!(counts.get("web-a"), Some(&3), "{counts:?}");
+
+    // Fail-static: with skiff killed the rules stay and keep serving; after
+    // the restart (a full resync) they still do.
+    s.kill9();
+    let body = http_get(&web_ip, 80).expect("ClusterIP while skiff is down");
+    assert!(body.contains("web-a"), "{body}");
+    s.start_again();
+    let body = wait_until("ClusterIP after the restart", 30, || {
+        http_get(&web_ip, 80).ok()
+    });
+    assert!(body.contains("web-a"), "{body}");
 
     // An endpoint appearing again is served again.
     s.ok(&["exec", "web-b", "--", "sh", "-c", "echo ok > /www/ready"]);
