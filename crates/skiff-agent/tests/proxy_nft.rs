@@ -53,6 +53,7 @@ fn plan(name: &str, vip: &str, eps: &[Endpoint]) -> PortPlan {
         internal_local: false,
         external_local: false,
         affinity: Some(30),
+        health_check_node_port: None,
     }
 }
 

@@ -81,6 +81,16 @@ spec:
 ---
 apiVersion: v1
 kind: Service
+metadata: {name: local}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32123
+  selector: {app: web}
+  ports: [{name: http, port: 18081, targetPort: http}]
+---
+apiVersion: v1
+kind: Service
 metadata: {name: empty}
 spec:
   selector: {app: nothing-matches}
@@ -190,6 +200,14 @@ fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_th
         http_get(&node_ip, 18080).ok()
     });
     assert!(body.contains("web-a") || body.contains("web-b"), "{body}");
+
+    // externalTrafficPolicy Local: the health check node port counts this
+    // node's endpoints.
+    let health = wait_until("the health check node port answers", 30, || {
+        http_get(&node_ip, 32123).ok()
+    });
+    assert!(health.starts_with("HTTP/1.0 200"), "{health}");
+    assert!(health.contains("\"localEndpoints\":2"), "{health}");
 
     // ClientIP affinity: one client, one backend.
     let counts = spread(&s, "client", &format!("http://{sticky_ip}:80/"), 20);

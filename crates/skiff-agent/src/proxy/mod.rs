@@ -17,6 +17,7 @@
 //! [`lb`] is the small LoadBalancer controller (ServiceLB-like) that gives
 //! LoadBalancer services the nodes' addresses.
 
+pub mod health;
 pub mod lb;
 pub mod model;
 pub mod nft;
@@ -355,6 +356,10 @@ pub async fn run_with_progress(
     let mut need_full = true;
     let mut warned: HashMap<Key, String> = HashMap::new();
     let mut owners = Owners::default();
+    // Health check node ports, per service (few), and their listeners.
+    let mut health_by_service: HashMap<Key, std::collections::BTreeMap<u16, health::Report>> =
+        HashMap::new();
+    let mut health_servers = health::Servers::default();
     let mut generation = 0u64;
     let mut retry_at: Option<tokio::time::Instant> = None;
 
@@ -525,6 +530,36 @@ pub async fn run_with_progress(
         };
         match result {
             Ok((n, full)) => {
+                let keys: Vec<Key> = if full {
+                    health_by_service.clear();
+                    applied.plans.keys().cloned().collect()
+                } else {
+                    dirty.iter().cloned().collect()
+                };
+                let mut health_changed = false;
+                for k in keys {
+                    let want = applied
+                        .plans
+                        .get(&k)
+                        .map(|p| health::desired(p.iter()))
+                        .unwrap_or_default();
+                    let old = if want.is_empty() {
+                        health_by_service.remove(&k)
+                    } else {
+                        health_by_service.insert(k, want.clone())
+                    };
+                    if old.unwrap_or_default() != want {
+                        health_changed = true;
+                    }
+                }
+                if health_changed || full {
+                    health_servers.update(
+                        health_by_service
+                            .values()
+                            .flat_map(|m| m.iter().map(|(p, r)| (*p, r.clone())))
+                            .collect(),
+                    );
+                }
                 dirty.clear();
                 need_full = false;
                 generation += 1;
