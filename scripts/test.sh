@@ -31,6 +31,8 @@ command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 { [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || missing+=(busybox-static)
 command -v ip >/dev/null || missing+=(iproute2)
+# curl drives raw HTTP/2 requests in the API tests.
+command -v curl >/dev/null || missing+=(curl)
 # Debian's python3 makes a virtualenv (tools.sh's fallback) only with ensurepip.
 if ! python3 -c 'import kubernetes' 2>/dev/null && ! python3 -c 'import ensurepip' 2>/dev/null; then
   missing+=(python3-venv)

@@ -122,6 +122,30 @@ def main():
     one = v1.list_namespaced_config_map(NS, field_selector="metadata.name=item-4")
     assert [c.metadata.name for c in one.items] == ["item-4"], one.items
 
+    # A Service comes back with its status (clients read resp.status) and
+    # its delete answers the deleted Service, which the typed client decodes.
+    svc = v1.create_namespaced_service(
+        NS,
+        client.V1Service(
+            metadata=client.V1ObjectMeta(name="web"),
+            spec=client.V1ServiceSpec(selector={"app": "web"}, ports=[client.V1ServicePort(port=80)]),
+        ),
+    )
+    assert svc.status is not None and svc.status.load_balancer is not None, svc.status
+    assert v1.read_namespaced_service("web", NS).status.load_balancer is not None
+    patched = v1.patch_namespaced_service("web", NS, {"metadata": {"labels": {"tier": "front"}}})
+    assert patched.status.load_balancer is not None and patched.metadata.labels == {"tier": "front"}
+    gone = v1.delete_namespaced_service("web", NS)
+    assert isinstance(gone, client.V1Service) and gone.metadata.name == "web", gone
+    expect_error(404, "NotFound", v1.read_namespaced_service, "web", NS)
+
+    # stringData is written into data (base64) and never returned.
+    sec = v1.create_namespaced_secret(
+        NS, client.V1Secret(metadata=client.V1ObjectMeta(name="creds"), string_data={"pw": "hunter2"})
+    )
+    assert sec.data == {"pw": "aHVudGVyMg=="} and sec.string_data is None, sec
+    assert v1.read_namespaced_secret("creds", NS).data == {"pw": "aHVudGVyMg=="}
+
     # Delete by name, by selector (deletecollection), then the namespace.
     v1.delete_namespaced_config_map("cfg", NS)
     expect_error(404, "NotFound", v1.read_namespaced_config_map, "cfg", NS)

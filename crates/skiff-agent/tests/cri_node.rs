@@ -401,10 +401,30 @@ async fn a_crashing_container_backs_off_and_a_failing_liveness_probe_restarts() 
         msg.starts_with("back-off 10s restarting failed container=c pod=crash_default"),
         "{msg}"
     );
+    // A liveness restart: the container was killed and runs again, its end
+    // reported as the last state, as `kubectl describe pod` shows it.
     let p = node
-        .wait_for("sick", "a liveness restart", 60, |p| restarts(p) >= 1)
+        .wait_for("sick", "a liveness restart, running again", 60, |p| {
+            restarts(p) >= 1 && running(p)
+        })
         .await;
-    assert!(running(&p) || restarts(&p) >= 1);
+    let cs = &p
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0];
+    let ended = cs
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .expect("the killed container's end is its lastState");
+    assert_ne!(ended.exit_code, 0, "{ended:?}");
+    assert!(
+        cs.state.as_ref().and_then(|s| s.running.as_ref()).is_some(),
+        "{cs:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -170,6 +170,20 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
             };
         }
         "/openapi/v2" if get => {
+            // client-go asks for gnostic's protobuf Document (Accept:
+            // `...spec.v2@v1.0+protobuf`); the answer's type has a dot for the
+            // `@`, which Go's media type parser refuses. JSON otherwise.
+            const PB: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+            let a = accept.as_deref().unwrap_or("");
+            let pb = a.find("application/com.github.proto-openapi.spec.v2");
+            let json = a.find("application/json");
+            if matches!((pb, json), (Some(p), j) if j.is_none_or(|j| p < j)) {
+                return Ok(bytes_response(
+                    200,
+                    PB,
+                    Bytes::from_static(skiff_core::openapi_pb::openapi_v2_protobuf()),
+                ));
+            }
             return Ok(bytes_response(
                 200,
                 "application/json",
@@ -249,37 +263,56 @@ pub fn version() -> Value {
 }
 
 async fn read_body(req: Request<Body>) -> Result<(HeaderMap, Bytes), ApiError> {
-    let (parts, body) = req.into_parts();
-    if let Some(len) = parts
+    let (parts, mut body) = req.into_parts();
+    let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        if len > negotiate::MAX_BODY {
-            return Err(ApiError::too_large(
-                "Request entity too large: limit is 3145728",
-            ));
-        }
-    }
-    let limited = http_body_util::Limited::new(body, negotiate::MAX_BODY);
-    match limited.collect().await {
-        Ok(c) => Ok((parts.headers, c.to_bytes())),
-        Err(e) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                Err(ApiError::too_large(
-                    "Request entity too large: limit is 3145728",
-                ))
-            } else {
-                Err(ApiError::bad_request(format!(
+        .and_then(|v| v.parse::<usize>().ok());
+    let mut too_large = declared.is_some_and(|len| len > negotiate::MAX_BODY);
+    let mut buf = bytes::BytesMut::new();
+    let mut discarded = 0usize;
+    // A body over the limit is still read (and dropped, up to a bound) so
+    // the client gets its 413 Status: refusing mid-upload resets the
+    // HTTP/2 stream or the connection before the answer can arrive.
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) if too_large => {
+                tracing::debug!("request body over the limit ended early: {e}");
+                break;
+            }
+            Err(e) => {
+                return Err(ApiError::bad_request(format!(
                     "error reading request body: {e}"
                 )))
             }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if !too_large && buf.len() + data.len() <= negotiate::MAX_BODY {
+            buf.extend_from_slice(&data);
+            continue;
+        }
+        too_large = true;
+        discarded += data.len();
+        if discarded > DRAIN_LIMIT {
+            break;
         }
     }
+    if too_large {
+        return Err(ApiError::too_large(format!(
+            "Request entity too large: limit is {}",
+            negotiate::MAX_BODY
+        )));
+    }
+    Ok((parts.headers, buf.freeze()))
 }
+
+/// How much of a body over the limit is read and thrown away before the
+/// 413 is sent anyway.
+const DRAIN_LIMIT: usize = 64 * 1024 * 1024;
 
 /// A create or replace request's body: the object, the write options, and
 /// the raw bytes (for the duplicate-field check) with whether they are JSON.
@@ -733,8 +766,13 @@ async fn resource(
                     render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
                 }
                 Deleted::Gone(obj) => {
-                    if res.kind == "Pod" {
-                        return render_object(api_res, 200, &obj, output);
+                    if res.returns_deleted_object() {
+                        return render_object(
+                            api_res,
+                            200,
+                            &convert::from_storage(api_res, obj),
+                            output,
+                        );
                     }
                     let uid = obj.pointer("/metadata/uid").cloned().unwrap_or(json!(""));
                     let mut details = json!({"name": name, "kind": res.plural, "uid": uid});

@@ -89,8 +89,18 @@ pub fn encode(obj: &Value) -> Result<Bytes, ApiError> {
         }
     }
     out.push(b'}');
+    if out.len() > MAX_OBJECT {
+        return Err(ApiError::too_large(format!(
+            "Request entity too large: the object is {} bytes, more than the store's limit of {MAX_OBJECT} bytes",
+            out.len()
+        )));
+    }
     Ok(Bytes::from(out))
 }
+
+/// The largest object the store keeps: etcd's default request limit
+/// (1.5 MiB), which every backend enforces alike.
+pub const MAX_OBJECT: usize = 1536 * 1024;
 
 /// Writes `"k":v` into a JSON object being written (a comma before all but
 /// the first field).

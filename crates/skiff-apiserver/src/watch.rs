@@ -12,12 +12,13 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use skiff_core::resources::ResourceInfo;
 use skiff_core::ApiError;
-use tokio::sync::mpsc;
 
 use crate::handlers::{self, AppState};
 use crate::negotiate::Output;
 use crate::request::Query;
-use crate::watchcache::{CacheEvent, CachedObject, EventType, Filter, Since};
+use crate::watchcache::{
+    CacheEvent, CachedObject, EventType, Filter, ResourceCache, Since, Subscription,
+};
 
 /// How often an idle watch that allows bookmarks gets one.
 const BOOKMARK_EVERY: Duration = Duration::from_secs(15);
@@ -79,93 +80,175 @@ pub async fn serve(
             )));
         }
     }
-    if start.unwrap_or(0) == 0 && !send_initial {
-        // Start from now, without the initial state.
-    }
-    let (initial, cursor) = if send_initial {
-        let (objs, rev) = cache.snapshot_at(&filter);
-        (objs, rev)
+    // Registered before anything is sent: every later event reaches the
+    // watch through its queue (only the events its selection can concern,
+    // by the cache's index); earlier ones come from the history.
+    let mut sub = cache.subscribe_filtered(&filter, send_initial);
+    let cursor = if send_initial {
+        sub.from
     } else {
-        (
-            Vec::new(),
-            start
-                .filter(|n| *n > 0)
-                .unwrap_or_else(|| cache.last_revision()),
-        )
+        start.filter(|n| *n > 0).unwrap_or(sub.from)
     };
-    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-    let enc = Encoder {
-        res,
-        output,
-        first: std::sync::atomic::AtomicBool::new(true),
+    let initial = std::mem::take(&mut sub.initial).into_iter();
+    let st = WatchState {
+        enc: Encoder {
+            res,
+            output,
+            first: std::sync::atomic::AtomicBool::new(true),
+        },
+        filter,
+        cache,
+        reg,
+        sub,
+        cursor,
+        replaying: true,
+        initial,
+        initial_end_bookmark: q.get("sendInitialEvents") == Some("true") && bookmarks,
+        bookmarks,
+        deadline: tokio::time::Instant::now() + timeout,
+        last_sent: tokio::time::Instant::now(),
+        done: false,
     };
-    let initial_end_bookmark = q.get("sendInitialEvents") == Some("true") && bookmarks;
-    tokio::spawn(async move {
-        let deadline = tokio::time::Instant::now() + timeout;
-        for o in &initial {
-            if tx.send(Ok(enc.event("ADDED", &o.bytes))).await.is_err() {
-                return;
-            }
-        }
-        let mut cursor = cursor;
-        if initial_end_bookmark {
-            let rev = cursor.max(reg.cache.revision());
-            if tx.send(Ok(enc.bookmark(rev, true))).await.is_err() {
-                return;
-            }
-        }
-        let mut changed = cache.subscribe();
-        let mut last_sent = tokio::time::Instant::now();
-        loop {
-            match cache.since(cursor, 1000) {
-                Since::TooOld { oldest } => {
-                    let status =
-                        ApiError::gone(format!("too old resource version: {cursor} ({oldest})"))
-                            .to_status();
-                    let line = format!("{{\"type\":\"ERROR\",\"object\":{status}}}\n");
-                    let _ = tx.send(Ok(Bytes::from(line))).await;
-                    return;
-                }
-                Since::Events(events) if !events.is_empty() => {
-                    for ev in &events {
-                        cursor = ev.revision;
-                        if let Some((ty, obj)) = transition(ev, &filter) {
-                            if tx.send(Ok(enc.event(ty, &obj.bytes))).await.is_err() {
-                                return;
-                            }
-                            last_sent = tokio::time::Instant::now();
-                        }
-                    }
-                    continue;
-                }
-                Since::Events(_) => {}
-            }
-            let bookmark_at = last_sent + BOOKMARK_EVERY;
-            tokio::select! {
-                r = changed.changed() => {
-                    if r.is_err() {
-                        return;
-                    }
-                }
-                _ = tokio::time::sleep_until(deadline) => return,
-                _ = tokio::time::sleep_until(bookmark_at), if bookmarks => {
-                    let rev = cursor.max(reg.cache.revision());
-                    if tx.send(Ok(enc.bookmark(rev, false))).await.is_err() {
-                        return;
-                    }
-                    last_sent = tokio::time::Instant::now();
-                }
-                _ = tx.closed() => return,
-            }
-        }
+    // The body is the watch itself: no task or channel per watch, and the
+    // watch (and its registration) ends when the client goes.
+    let stream = futures::stream::unfold(st, |mut st| async move {
+        let chunk = st.next_chunk().await?;
+        Some((Ok::<_, std::io::Error>(chunk), st))
     });
-    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     Ok(Response::builder()
         .status(200)
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::CACHE_CONTROL, "no-cache, private")
         .body(Body::from_stream(stream))
         .unwrap_or_else(|_| handlers::json_response(500, &json!({}))))
+}
+
+/// Events written into one chunk of the response at most (more wait for
+/// the next).
+const CHUNK_BYTES: usize = 64 * 1024;
+
+/// One watch in progress.
+struct WatchState {
+    enc: Encoder,
+    filter: Filter,
+    cache: Arc<ResourceCache>,
+    reg: Arc<crate::registry::Registry>,
+    sub: Subscription,
+    /// The revision of the last event looked at.
+    cursor: i64,
+    /// Still sending the history between the requested revision and the
+    /// registration.
+    replaying: bool,
+    initial: std::vec::IntoIter<Arc<CachedObject>>,
+    initial_end_bookmark: bool,
+    bookmarks: bool,
+    deadline: tokio::time::Instant,
+    last_sent: tokio::time::Instant,
+    done: bool,
+}
+
+impl WatchState {
+    fn too_old(&mut self, why: String) -> Bytes {
+        self.done = true;
+        let status = ApiError::gone(format!("too old resource version: {} ({why})", self.cursor))
+            .to_status();
+        Bytes::from(format!("{{\"type\":\"ERROR\",\"object\":{status}}}\n"))
+    }
+
+    /// Appends what this watch sees of `ev`.
+    fn push(&mut self, ev: &CacheEvent, out: &mut Vec<u8>) {
+        if ev.revision <= self.cursor {
+            return;
+        }
+        self.cursor = ev.revision;
+        if let Some((ty, obj)) = transition(ev, &self.filter) {
+            out.extend_from_slice(&self.enc.event(ty, &obj.bytes));
+        }
+    }
+
+    /// The next piece of the response; `None` ends it.
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        if self.done {
+            return None;
+        }
+        let mut out = Vec::new();
+        // The initial state, as ADDED events.
+        for o in self.initial.by_ref() {
+            out.extend_from_slice(&self.enc.event("ADDED", &o.bytes));
+            if out.len() >= CHUNK_BYTES {
+                return Some(Bytes::from(out));
+            }
+        }
+        if !out.is_empty() {
+            return Some(Bytes::from(out));
+        }
+        if self.initial_end_bookmark {
+            self.initial_end_bookmark = false;
+            let rev = self.cursor.max(self.reg.cache.revision());
+            return Some(self.enc.bookmark(rev, true));
+        }
+        // Resuming from an older revision: the history up to the
+        // registration, then the queue.
+        while self.replaying && self.cursor < self.sub.from {
+            match self.cache.since(self.cursor, 1000) {
+                Since::TooOld { oldest } => return Some(self.too_old(oldest.to_string())),
+                Since::Events(events) if !events.is_empty() => {
+                    for ev in &events {
+                        if ev.revision > self.sub.from {
+                            self.replaying = false;
+                            break;
+                        }
+                        self.push(ev, &mut out);
+                    }
+                    if out.len() >= CHUNK_BYTES || (!out.is_empty() && !self.replaying) {
+                        return Some(Bytes::from(out));
+                    }
+                }
+                Since::Events(_) => self.replaying = false,
+            }
+        }
+        self.replaying = false;
+        if !out.is_empty() {
+            return Some(Bytes::from(out));
+        }
+        loop {
+            let bookmark_at = self.last_sent + BOOKMARK_EVERY;
+            tokio::select! {
+                ev = self.sub.events.recv() => match ev {
+                    Some(ev) => {
+                        self.push(&ev, &mut out);
+                        // Whatever else is queued goes in the same chunk.
+                        while out.len() < CHUNK_BYTES {
+                            match self.sub.events.try_recv() {
+                                Ok(ev) => self.push(&ev, &mut out),
+                                Err(_) => break,
+                            }
+                        }
+                        if !out.is_empty() {
+                            self.last_sent = tokio::time::Instant::now();
+                            return Some(Bytes::from(out));
+                        }
+                    }
+                    None => {
+                        // Dropped for falling behind (or the cache restarted):
+                        // the client relists.
+                        let why = if self.sub.evicted() {
+                            format!("the watch fell {} events behind", crate::watchcache::WATCH_QUEUE)
+                        } else {
+                            "the watch cache was reset".to_string()
+                        };
+                        return Some(self.too_old(why));
+                    }
+                },
+                _ = tokio::time::sleep_until(self.deadline) => return None,
+                _ = tokio::time::sleep_until(bookmark_at), if self.bookmarks => {
+                    self.last_sent = tokio::time::Instant::now();
+                    let rev = self.cursor.max(self.reg.cache.revision());
+                    return Some(self.enc.bookmark(rev, false));
+                }
+            }
+        }
+    }
 }
 
 /// What a watcher with `filter` sees of an event: the type and object, or nothing.

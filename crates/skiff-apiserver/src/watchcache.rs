@@ -168,6 +168,203 @@ pub struct ResourceCache {
     view: SelectorView,
     inner: RwLock<Inner>,
     changed: watch::Sender<i64>,
+    /// The watches on this resource, indexed by what they select.
+    watchers: std::sync::Mutex<Watchers>,
+}
+
+/// How many events a watch may fall behind its client before it is closed
+/// with a 410 (the client relists), so a client that stops reading neither
+/// holds the others up nor makes the server's memory grow.
+pub const WATCH_QUEUE: usize = 1024;
+
+/// An exact-match term of a watch's selection: an event can only concern a
+/// watch if the object (before or after the change) has this term.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum IndexKey {
+    Namespace(String),
+    Label(String, String),
+    Field(String, String),
+}
+
+impl IndexKey {
+    /// The most selective exact term of a filter: a field (`spec.nodeName=`,
+    /// `metadata.name=`), else a label (`app=web`), else the namespace.
+    /// `None`: every event may concern the watch.
+    fn of(filter: &Filter) -> Option<IndexKey> {
+        if let Some((f, v)) = filter.fields.as_ref().and_then(|f| f.exact_terms().next()) {
+            return Some(IndexKey::Field(f.to_string(), v.to_string()));
+        }
+        if let Some((k, v)) = filter.labels.as_ref().and_then(|l| l.exact_terms().next()) {
+            return Some(IndexKey::Label(k.to_string(), v.to_string()));
+        }
+        filter.namespace.clone().map(IndexKey::Namespace)
+    }
+}
+
+/// One registered watch: where its events go.
+struct Slot {
+    key: Option<IndexKey>,
+    tx: tokio::sync::mpsc::Sender<Arc<CacheEvent>>,
+    /// Set when the watch is dropped for falling behind (or the cache was
+    /// reset): the watch then ends with a 410.
+    evicted: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The registered watches and the inverted index from exact terms to them.
+#[derive(Default)]
+struct Watchers {
+    next_id: u64,
+    slots: HashMap<u64, Slot>,
+    by_key: HashMap<IndexKey, Vec<u64>>,
+    /// Watches without an exact term: they see every event.
+    unindexed: Vec<u64>,
+    /// Fields some watch is indexed by, with how many watches use each.
+    fields: HashMap<String, usize>,
+}
+
+impl Watchers {
+    fn add(
+        &mut self,
+        filter: &Filter,
+        tx: tokio::sync::mpsc::Sender<Arc<CacheEvent>>,
+    ) -> (u64, Arc<std::sync::atomic::AtomicBool>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let key = IndexKey::of(filter);
+        match &key {
+            Some(k) => {
+                if let IndexKey::Field(f, _) = k {
+                    *self.fields.entry(f.clone()).or_default() += 1;
+                }
+                self.by_key.entry(k.clone()).or_default().push(id);
+            }
+            None => self.unindexed.push(id),
+        }
+        let evicted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        self.slots.insert(
+            id,
+            Slot {
+                key,
+                tx,
+                evicted: evicted.clone(),
+            },
+        );
+        (id, evicted)
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Slot> {
+        let slot = self.slots.remove(&id)?;
+        match &slot.key {
+            Some(k) => {
+                if let Some(ids) = self.by_key.get_mut(k) {
+                    ids.retain(|i| *i != id);
+                    if ids.is_empty() {
+                        self.by_key.remove(k);
+                    }
+                }
+                if let IndexKey::Field(f, _) = k {
+                    if let Some(n) = self.fields.get_mut(f) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.fields.remove(f);
+                        }
+                    }
+                }
+            }
+            None => self.unindexed.retain(|i| *i != id),
+        }
+        Some(slot)
+    }
+
+    /// The watches an object's terms can concern.
+    fn candidates(&self, obj: &CachedObject, out: &mut Vec<u64>) {
+        let mut look = |k: &IndexKey| {
+            if let Some(ids) = self.by_key.get(k) {
+                out.extend_from_slice(ids);
+            }
+        };
+        look(&IndexKey::Namespace(obj.namespace.clone()));
+        for (k, v) in &obj.labels {
+            if let Some(v) = v.as_str() {
+                look(&IndexKey::Label(k.clone(), v.to_string()));
+            }
+        }
+        for f in self.fields.keys() {
+            look(&IndexKey::Field(
+                f.clone(),
+                obj.field(f).unwrap_or_default(),
+            ));
+        }
+    }
+
+    /// Hands an event to the watches it can concern; a watch whose queue is
+    /// full is dropped (and told so).
+    fn dispatch(&mut self, ev: &Arc<CacheEvent>) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let mut ids = self.unindexed.clone();
+        self.candidates(&ev.object, &mut ids);
+        if let Some(prev) = &ev.prev {
+            self.candidates(prev, &mut ids);
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        for id in ids {
+            let full = match self.slots.get(&id) {
+                Some(slot) => slot.tx.try_send(ev.clone()).is_err(),
+                None => false,
+            };
+            if full {
+                if let Some(slot) = self.remove(id) {
+                    slot.evicted
+                        .store(true, std::sync::atomic::Ordering::Release);
+                }
+            }
+        }
+    }
+
+    /// Ends every watch (with a 410): the history they resume from is gone.
+    fn evict_all(&mut self) {
+        for (_, slot) in self.slots.drain() {
+            slot.evicted
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        self.by_key.clear();
+        self.unindexed.clear();
+        self.fields.clear();
+    }
+}
+
+/// A registered watch: its events arrive on `events`; dropping it
+/// unregisters the watch.
+pub struct Subscription {
+    cache: Arc<ResourceCache>,
+    id: u64,
+    pub events: tokio::sync::mpsc::Receiver<Arc<CacheEvent>>,
+    /// Events after this revision arrive on `events`; earlier ones are in
+    /// the history.
+    pub from: i64,
+    evicted: Arc<std::sync::atomic::AtomicBool>,
+    /// With initial events: the objects matching at `from`.
+    pub initial: Vec<Arc<CachedObject>>,
+}
+
+impl Subscription {
+    /// Whether the watch was dropped for falling behind.
+    pub fn evicted(&self) -> bool {
+        self.evicted.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.cache
+            .watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(self.id);
+    }
 }
 
 /// The outcome of asking for the events after a revision.
@@ -191,7 +388,52 @@ impl ResourceCache {
                 last_rev: 0,
             }),
             changed: watch::channel(0).0,
+            watchers: Default::default(),
         }
+    }
+
+    /// Registers a watch with `filter`: every event after the returned
+    /// subscription's `from` reaches it (those it can concern, by the
+    /// index), and with `initial` it carries the matching objects at `from`.
+    pub fn subscribe_filtered(self: &Arc<Self>, filter: &Filter, initial: bool) -> Subscription {
+        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_QUEUE);
+        // Under the read lock no event is applied, so nothing falls between
+        // `from` and the registration.
+        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let from = inner.last_rev;
+        let objects = if initial {
+            inner
+                .objects
+                .values()
+                .filter(|o| o.matches(filter))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let (id, evicted) = self
+            .watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(filter, tx);
+        drop(inner);
+        Subscription {
+            cache: self.clone(),
+            id,
+            events: rx,
+            from,
+            evicted,
+            initial: objects,
+        }
+    }
+
+    /// How many watches are registered.
+    pub fn watch_count(&self) -> usize {
+        self.watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .slots
+            .len()
     }
 
     /// Current objects that match `filter`, in key order.
@@ -322,7 +564,15 @@ impl ResourceCache {
         };
         let rev = event.revision;
         inner.last_rev = rev;
-        inner.history.push_back(Arc::new(event));
+        let event = Arc::new(event);
+        inner.history.push_back(event.clone());
+        // Dispatched before the write lock goes, so a watch registering
+        // (under the read lock) sees this event either in the history or
+        // in its queue, never in neither.
+        self.watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .dispatch(&event);
         drop(inner);
         self.changed.send_replace(rev);
     }
@@ -339,6 +589,10 @@ impl ResourceCache {
         inner.history.clear();
         inner.history_start = revision;
         inner.last_rev = revision;
+        self.watchers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .evict_all();
         drop(inner);
         self.changed.send_replace(revision);
     }

@@ -390,8 +390,13 @@ async fn bound_pods_wait_for_their_node_and_binding_happens_once() {
     let a = api().await;
     let pods = "/api/v1/namespaces/default/pods";
     let pod = |n: &str| json!({"metadata": {"name": n}, "spec": {"containers": [{"name": "c", "image": "i:1"}]}});
-    a.post(pods, pod("unbound")).await;
-    a.delete(&format!("{pods}/unbound")).await;
+    assert_eq!(
+        a.post(pods, pod("unbound")).await.status,
+        StatusCode::CREATED
+    );
+    let gone = a.delete(&format!("{pods}/unbound")).await;
+    assert_eq!(gone.status, StatusCode::OK);
+    assert_eq!(gone.body["kind"], "Pod", "a pod's delete answers the pod");
     assert_eq!(
         a.get(&format!("{pods}/unbound")).await.status,
         StatusCode::NOT_FOUND,
@@ -1381,4 +1386,274 @@ async fn the_scale_subresource_answers_a_table_request() {
     assert_eq!(t["rows"][0]["cells"][0], "web");
     assert_eq!(t["rows"][0]["cells"][1], 4);
     assert_eq!(t["rows"][0]["cells"][2], 0);
+}
+
+#[tokio::test]
+async fn secret_string_data_is_merged_into_data_and_never_stored() {
+    let a = api().await;
+    let secrets = "/api/v1/namespaces/default/secrets";
+    let s = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
+        "data": {"keep": "a2VlcA==", "pw": "b2xk"}, "stringData": {"pw": "hunter2", "user": "me"}});
+    let created = a.post(secrets, s).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    // stringData wins over data for the same key and is gone from the answer.
+    let want = json!({"keep": "a2VlcA==", "pw": "aHVudGVyMg==", "user": "bWU="});
+    assert_eq!(created.body["data"], want);
+    assert!(created.body.get("stringData").is_none(), "{}", created.body);
+    let read = a.get(&format!("{secrets}/s")).await.body;
+    assert_eq!(read["data"], want);
+    assert!(read.get("stringData").is_none());
+    // On update and on patch too.
+    let mut upd = read.clone();
+    upd["stringData"] = json!({"user": "you"});
+    let put = a.put(&format!("{secrets}/s"), upd).await;
+    assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+    assert_eq!(put.body["data"]["user"], "eW91");
+    assert!(put.body.get("stringData").is_none());
+    let patched = a
+        .req(
+            "PATCH",
+            &format!("{secrets}/s"),
+            "application/merge-patch+json",
+            json!({"stringData": {"new": "x"}}).to_string(),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{}", patched.body);
+    assert_eq!(patched.body["data"]["new"], "eA==");
+    assert_eq!(patched.body["data"]["keep"], "a2VlcA==");
+    assert!(patched.body.get("stringData").is_none());
+    // A bad key in stringData is refused like one in data.
+    let bad = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bad"},
+        "stringData": {"no/slash": "x"}});
+    assert_eq!(
+        a.post(secrets, bad).await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+}
+
+#[tokio::test]
+async fn a_statefulset_may_mount_its_volume_claim_templates() {
+    let a = api().await;
+    let sts = |mount: &str| {
+        json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": format!("db-{mount}")},
+        "spec": {"serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+            "template": {"metadata": {"labels": {"app": "db"}}, "spec": {"containers": [{
+                "name": "c", "image": "db:1",
+                "volumeMounts": [{"name": mount, "mountPath": "/data"}]}]}},
+            "volumeClaimTemplates": [{"metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]}})
+    };
+    let path = "/apis/apps/v1/namespaces/default/statefulsets";
+    let ok = a.post(path, sts("data")).await;
+    assert_eq!(ok.status, StatusCode::CREATED, "{}", ok.body);
+    // A mount of a volume that is neither in the pod nor a claim template
+    // is still refused, with the field named.
+    let bad = a.post(path, sts("other")).await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        bad.body["details"]["causes"][0]["field"],
+        "spec.template.spec.containers[0].volumeMounts[0].name"
+    );
+}
+
+#[tokio::test]
+async fn new_objects_come_back_with_the_status_kubernetes_initialises() {
+    let a = api().await;
+    let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}});
+    let services = "/api/v1/namespaces/default/services";
+    let created = a.post(services, svc).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    assert_eq!(created.body["status"], json!({"loadBalancer": {}}));
+    assert_eq!(
+        a.get(&format!("{services}/web")).await.body["status"],
+        json!({"loadBalancer": {}})
+    );
+    let patched = a
+        .req(
+            "PATCH",
+            &format!("{services}/web"),
+            "application/merge-patch+json",
+            json!({"metadata": {"labels": {"x": "y"}}}).to_string(),
+        )
+        .await;
+    assert_eq!(patched.body["status"], json!({"loadBalancer": {}}));
+    // Emptying the status through the subresource keeps the zero value.
+    let mut s = patched.body.clone();
+    s["status"] = json!({});
+    let put = a.put(&format!("{services}/web/status"), s).await;
+    assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+    assert_eq!(put.body["status"], json!({"loadBalancer": {}}));
+    let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "rs"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}},
+            "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}});
+    let created = a
+        .post("/apis/apps/v1/namespaces/default/replicasets", rs)
+        .await;
+    assert_eq!(created.body["status"], json!({"replicas": 0}));
+    let d = a
+        .post(
+            "/apis/apps/v1/namespaces/default/deployments",
+            deployment("d"),
+        )
+        .await;
+    assert_eq!(d.body["status"], json!({}));
+}
+
+#[tokio::test]
+async fn deletes_answer_the_object_for_the_kinds_kubernetes_does_and_a_status_otherwise() {
+    let a = api().await;
+    let services = "/api/v1/namespaces/default/services";
+    let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"ports": [{"port": 80}]}});
+    assert_eq!(a.post(services, svc).await.status, StatusCode::CREATED);
+    let d = a.delete(&format!("{services}/web")).await;
+    assert_eq!(d.status, StatusCode::OK);
+    assert_eq!(d.body["kind"], "Service", "{}", d.body);
+    assert_eq!(d.body["metadata"]["name"], "web");
+    let sas = "/api/v1/namespaces/default/serviceaccounts";
+    let sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "robot"}});
+    assert_eq!(a.post(sas, sa).await.status, StatusCode::CREATED);
+    let d = a.delete(&format!("{sas}/robot")).await;
+    assert_eq!(d.body["kind"], "ServiceAccount", "{}", d.body);
+    // A ConfigMap's delete answers a Success Status naming it.
+    assert_eq!(
+        a.post(CMS, cm("c", json!({}))).await.status,
+        StatusCode::CREATED
+    );
+    let d = a.delete(&format!("{CMS}/c")).await;
+    assert_eq!(d.status, StatusCode::OK);
+    assert_eq!(d.body["kind"], "Status");
+    assert_eq!(d.body["status"], "Success");
+    assert_eq!(d.body["details"]["name"], "c");
+}
+
+/// A live watch's response body, read line by line.
+async fn open_watch(a: &Api, path: &str) -> axum::body::BodyDataStream {
+    let r = Request::builder().uri(path).body(Body::empty()).unwrap();
+    let resp = a.router.clone().oneshot(r).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    resp.into_body().into_data_stream()
+}
+
+async fn next_events(
+    stream: &mut axum::body::BodyDataStream,
+    buf: &mut Vec<u8>,
+    n: usize,
+) -> Vec<Value> {
+    let mut out = Vec::new();
+    loop {
+        while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=i).collect();
+            out.push(serde_json::from_slice(&line).unwrap());
+            if out.len() == n {
+                return out;
+            }
+        }
+        match tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("an event within 10 s")
+        {
+            Some(chunk) => buf.extend_from_slice(&chunk.unwrap()),
+            None => return out,
+        }
+    }
+}
+
+fn summary(evs: &[Value]) -> Vec<String> {
+    evs.iter()
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["type"].as_str().unwrap(),
+                e["object"]["metadata"]["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn live_watches_get_exactly_the_events_their_selectors_concern() {
+    let a = api().await;
+    let mut by_label = open_watch(&a, &format!("{CMS}?watch=1&labelSelector=app%3Dweb")).await;
+    let mut by_name = open_watch(
+        &a,
+        &format!("{CMS}?watch=1&fieldSelector=metadata.name%3Dc"),
+    )
+    .await;
+    let mut other_ns = open_watch(
+        &a,
+        "/api/v1/namespaces/kube-public/configmaps?watch=1&labelSelector=app%3Dweb",
+    )
+    .await;
+    let (mut b1, mut b2, mut b3) = (Vec::new(), Vec::new(), Vec::new());
+    let c = a.post(CMS, cm("c", json!({"app": "web"}))).await.body;
+    let mut moved = c.clone();
+    moved["metadata"]["labels"] = json!({"app": "db"});
+    assert_eq!(
+        a.put(&format!("{CMS}/c"), moved).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        a.post(CMS, cm("other", json!({"app": "db"}))).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(a.delete(&format!("{CMS}/c")).await.status, StatusCode::OK);
+    // A last object each watch selects: what came before it is all it saw.
+    a.post(CMS, cm("z", json!({"app": "web"}))).await;
+    let mut zc = cm("c", json!({"app": "none"}));
+    zc["metadata"]["name"] = json!("c");
+    a.post(CMS, zc).await;
+    let mut public = cm("p", json!({"app": "web"}));
+    public["metadata"]["namespace"] = json!("kube-public");
+    a.post("/api/v1/namespaces/kube-public/configmaps", public)
+        .await;
+    assert_eq!(
+        summary(&next_events(&mut by_label, &mut b1, 3).await),
+        ["ADDED c", "DELETED c", "ADDED z"]
+    );
+    assert_eq!(
+        summary(&next_events(&mut by_name, &mut b2, 4).await),
+        ["ADDED c", "MODIFIED c", "DELETED c", "ADDED c"]
+    );
+    assert_eq!(
+        summary(&next_events(&mut other_ns, &mut b3, 1).await),
+        ["ADDED p"]
+    );
+}
+
+#[tokio::test]
+async fn a_watch_whose_client_stops_reading_ends_with_410_and_others_go_on() {
+    let a = api().await;
+    let mut slow = open_watch(&a, &format!("{CMS}?watch=1")).await;
+    let mut fast = open_watch(&a, &format!("{CMS}?watch=1&labelSelector=app%3Dfast")).await;
+    let mut fast_buf = Vec::new();
+    let n = 1400;
+    for i in 0..n {
+        let labels = if i % 100 == 0 {
+            json!({"app": "fast"})
+        } else {
+            json!({})
+        };
+        assert_eq!(
+            a.post(CMS, cm(&format!("c{i}"), labels)).await.status,
+            StatusCode::CREATED
+        );
+        if i % 100 == 0 {
+            // The reading watch keeps up while the other falls behind.
+            let ev = next_events(&mut fast, &mut fast_buf, 1).await;
+            assert_eq!(summary(&ev), [format!("ADDED c{i}")]);
+        }
+    }
+    let mut buf = Vec::new();
+    let evs = next_events(&mut slow, &mut buf, n + 1).await;
+    let last = evs.last().unwrap();
+    assert_eq!(last["type"], "ERROR", "{last}");
+    assert_eq!(last["object"]["code"], 410);
+    assert_eq!(last["object"]["reason"], "Expired");
+    // It got a prefix of the events, in order, before it was dropped.
+    assert!(evs.len() < n, "{}", evs.len());
+    for (i, e) in evs[..evs.len() - 1].iter().enumerate() {
+        assert_eq!(summary(std::slice::from_ref(e)), [format!("ADDED c{i}")]);
+    }
 }

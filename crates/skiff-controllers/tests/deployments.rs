@@ -322,16 +322,19 @@ async fn scaling_a_deployment_scales_its_set_and_paused_deployments_do_not_roll_
     api.patch("api", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "busybox:3"}]}}}})))
         .await
         .unwrap();
-    eventually("the paused condition", 20, || async {
+    // The controller has seen the template change (observedGeneration) and
+    // still made no set for it: a sentinel, not a sleep.
+    eventually("the paused condition for the new template", 20, || async {
         let d = api.get("api").await.ok()?;
+        let generation = d.metadata.generation;
         let s = d.status?;
-        s.conditions?
-            .iter()
-            .any(|c| c.reason.as_deref() == Some("DeploymentPaused"))
-            .then_some(())
+        (s.observed_generation == generation
+            && s.conditions?
+                .iter()
+                .any(|c| c.reason.as_deref() == Some("DeploymentPaused")))
+        .then_some(())
     })
     .await;
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert_eq!(
         sets(c, "api").await.len(),
         1,

@@ -293,7 +293,19 @@ async fn a_suspended_job_runs_nothing_until_resumed() {
     let h = start().await;
     let c = &h.client;
     let _: Job = create(c, "default", job("later", json!({"suspend": true}), "0")).await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Once the controller has marked it Suspended it has decided: no pods.
+    eventually("the Suspended condition", 20, || async {
+        let j = Api::<Job>::namespaced(c.clone(), "default")
+            .get("later")
+            .await
+            .ok()?;
+        j.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Suspended" && c.status == "True")
+            .then_some(())
+    })
+    .await;
     assert!(pods(c, "default", "batch.kubernetes.io/job-name=later")
         .await
         .is_empty());

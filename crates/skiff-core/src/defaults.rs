@@ -136,6 +136,7 @@ pub fn apply_defaults(res: &ResourceInfo, obj_v: &mut Value) {
         ("", "Secret") => {
             if let Some(m) = obj_v.as_object_mut() {
                 set_default(m, "type", json!("Opaque"));
+                string_data_into_data(m);
             }
         }
         ("", "Namespace") => {
@@ -179,6 +180,74 @@ pub fn apply_defaults(res: &ResourceInfo, obj_v: &mut Value) {
             }
         }
         _ => {}
+    }
+    initial_status(res, obj_v);
+}
+
+/// `stringData` is write-only: Kubernetes merges it into `data` (base64,
+/// its keys winning over `data`'s) when it decodes a Secret, so it is never
+/// stored and never returned.
+fn string_data_into_data(secret: &mut Map<String, Value>) {
+    use base64::Engine;
+    let Some(string_data) = secret.remove("stringData") else {
+        return;
+    };
+    let Value::Object(string_data) = string_data else {
+        return;
+    };
+    if string_data.is_empty() {
+        return;
+    }
+    let data = secret.entry("data").or_insert_with(|| json!({}));
+    if !data.is_object() {
+        *data = json!({});
+    }
+    if let Some(data) = data.as_object_mut() {
+        for (k, v) in string_data {
+            let text = match v {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            data.insert(
+                k,
+                json!(base64::engine::general_purpose::STANDARD.encode(text)),
+            );
+        }
+    }
+}
+
+/// The status Kubernetes returns for a kind even before anything reports
+/// one: Go serializes a status struct and its fields without `omitempty`
+/// as zero values, so a new Service shows `status: {loadBalancer: {}}`, a
+/// ReplicaSet `status: {replicas: 0}` and a Deployment `status: {}`.
+/// Missing parts are filled in on every write, never overwriting a value.
+fn initial_status(res: &ResourceInfo, obj_v: &mut Value) {
+    let zero = match (res.group, res.kind) {
+        ("", "Service") => json!({"loadBalancer": {}}),
+        ("", "ReplicationController") | ("apps", "ReplicaSet") => json!({"replicas": 0}),
+        ("apps", "StatefulSet") => json!({"replicas": 0, "availableReplicas": 0}),
+        ("apps", "DaemonSet") => json!({
+            "currentNumberScheduled": 0,
+            "numberMisscheduled": 0,
+            "desiredNumberScheduled": 0,
+            "numberReady": 0,
+        }),
+        ("policy", "PodDisruptionBudget") => json!({
+            "disruptionsAllowed": 0,
+            "currentHealthy": 0,
+            "desiredHealthy": 0,
+            "expectedPods": 0,
+        }),
+        ("apps", "Deployment") | ("batch", "Job" | "CronJob") | ("", "ResourceQuota") => json!({}),
+        _ => return,
+    };
+    let Some(status) = obj(obj_v, "status") else {
+        return;
+    };
+    if let Value::Object(zero) = zero {
+        for (k, v) in zero {
+            set_default(status, &k, v);
+        }
     }
 }
 

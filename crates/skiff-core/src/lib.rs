@@ -16,6 +16,7 @@ pub mod error;
 pub mod fields;
 pub mod meta;
 pub mod openapi;
+pub mod openapi_pb;
 pub mod patch;
 pub mod protobuf;
 pub mod resources;

@@ -164,12 +164,36 @@ fn rewrite_refs(v: &mut Value) {
     }
 }
 
+/// Swagger 2.0 as kube-apiserver writes it: a property that refers to
+/// another definition carries the `$ref` beside its description, where
+/// OpenAPI 3 wraps it in a one-element `allOf`. kubectl's v2 reader follows
+/// only the former.
+fn ref_beside_description(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            let single_ref = match m.get("allOf").and_then(Value::as_array) {
+                Some(a) if a.len() == 1 => a[0].get("$ref").cloned(),
+                _ => None,
+            };
+            if let Some(r) = single_ref {
+                m.remove("allOf");
+                m.insert("$ref".into(), r);
+            }
+            m.values_mut().for_each(ref_beside_description);
+        }
+        Value::Array(a) => a.iter_mut().for_each(ref_beside_description),
+        _ => {}
+    }
+}
+
 static V2: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    let mut definitions = Value::Object(definitions_with_gvk());
+    ref_beside_description(&mut definitions);
     let doc = json!({
         "swagger": "2.0",
         "info": {"title": "Kubernetes", "version": "v1.33.0"},
         "paths": paths(false, |_| true),
-        "definitions": definitions_with_gvk(),
+        "definitions": definitions,
     });
     serde_json::to_vec(&doc).unwrap_or_default()
 });
@@ -262,6 +286,29 @@ mod tests {
         assert!(!serde_json::to_string(&doc)
             .unwrap()
             .contains("#/definitions/"));
+    }
+
+    #[test]
+    fn every_served_kind_is_in_its_v3_document_with_its_gvk() {
+        for r in RESOURCES.iter().filter(|r| !r.is_review()) {
+            let doc = openapi_v3_group_version(r.group, r.version).unwrap();
+            let tagged = doc["components"]["schemas"]
+                .as_object()
+                .unwrap()
+                .values()
+                .any(|d| {
+                    d["x-kubernetes-group-version-kind"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|g| *g == gvk(r.group, r.version, r.kind))
+                });
+            assert!(
+                tagged,
+                "{}/{} {} has no schema in OpenAPI v3",
+                r.group, r.version, r.kind
+            );
+        }
     }
 
     #[test]

@@ -59,6 +59,33 @@ impl ResourceInfo {
         matches!(self.group, "authorization.k8s.io" | "authentication.k8s.io")
     }
 
+    /// Whether a delete that removes the object at once answers with the
+    /// deleted object rather than a `Success` Status: kube-apiserver's
+    /// registries for these kinds set `ReturnDeletedObject`, and typed
+    /// clients decode the answer as the kind.
+    pub fn returns_deleted_object(&self) -> bool {
+        matches!(
+            (self.group, self.kind),
+            (
+                "",
+                "Pod"
+                    | "Service"
+                    | "ServiceAccount"
+                    | "PodTemplate"
+                    | "ResourceQuota"
+                    | "PersistentVolume"
+                    | "PersistentVolumeClaim"
+            ) | (
+                "storage.k8s.io",
+                "StorageClass"
+                    | "CSIDriver"
+                    | "CSINode"
+                    | "VolumeAttachment"
+                    | "VolumeAttributesClass"
+            )
+        )
+    }
+
     pub fn has_subresource(&self, sub: &str) -> bool {
         self.subresources.contains(&sub)
     }

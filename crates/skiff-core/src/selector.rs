@@ -294,6 +294,17 @@ impl LabelSelector {
     pub fn is_empty(&self) -> bool {
         self.reqs.is_empty()
     }
+
+    /// `(key, value)` of each requirement that only one value satisfies
+    /// (`k=v`, `k==v`, `k in (v)`): what a watch can be indexed by.
+    pub fn exact_terms(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.reqs
+            .iter()
+            .filter_map(|r| match (&r.op, r.values.as_slice()) {
+                (Op::Eq | Op::In, [v]) => Some((r.key.as_str(), v.as_str())),
+                _ => None,
+            })
+    }
 }
 
 /// A field selector: `field=value` / `field!=value` requirements, all of which hold.
@@ -339,6 +350,14 @@ impl FieldSelector {
             .iter()
             .map(|(f, neg, v)| (f.as_str(), if *neg { "!=" } else { "=" }, v.as_str()))
             .collect()
+    }
+
+    /// `(field, value)` of each `field=value` requirement.
+    pub fn exact_terms(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.reqs
+            .iter()
+            .filter(|(_, neg, _)| !neg)
+            .map(|(f, _, v)| (f.as_str(), v.as_str()))
     }
 
     /// The same requirements on renamed fields.

@@ -131,12 +131,12 @@ fn validate_kind(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
     match (res.group, res.kind) {
         ("", "Pod") => {
             if let Some(spec) = obj.get("spec") {
-                pod_spec(spec, "spec", &mut c);
+                pod_spec(spec, "spec", &[], &mut c);
             } else {
                 c.push(Cause::required("spec.containers"));
             }
         }
-        ("", "PodTemplate") => template(obj.get("template"), "template", None, &mut c),
+        ("", "PodTemplate") => template(obj.get("template"), "template", None, &[], &mut c),
         ("", "ReplicationController") => {
             replicas(obj, &mut c);
             let sel = obj.pointer("/spec/selector").cloned();
@@ -147,6 +147,7 @@ fn validate_kind(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
                 obj.pointer("/spec/template"),
                 "spec.template",
                 ls.as_ref(),
+                &[],
                 &mut c,
             );
         }
@@ -176,10 +177,19 @@ fn validate_kind(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
                     }
                 },
             };
+            let claims: Vec<String> = obj
+                .pointer("/spec/volumeClaimTemplates")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t.pointer("/metadata/name").and_then(Value::as_str))
+                .map(str::to_string)
+                .collect();
             template(
                 obj.pointer("/spec/template"),
                 "spec.template",
                 ls.as_ref(),
+                &claims,
                 &mut c,
             );
         }
@@ -223,7 +233,13 @@ fn replicas(obj: &Value, c: &mut Vec<Cause>) {
     }
 }
 
-fn template(t: Option<&Value>, path: &str, selector: Option<&LabelSelector>, c: &mut Vec<Cause>) {
+fn template(
+    t: Option<&Value>,
+    path: &str,
+    selector: Option<&LabelSelector>,
+    claim_volumes: &[String],
+    c: &mut Vec<Cause>,
+) {
     let Some(t) = t else {
         c.push(Cause::required(path));
         return;
@@ -243,7 +259,7 @@ fn template(t: Option<&Value>, path: &str, selector: Option<&LabelSelector>, c: 
         }
     }
     match t.get("spec") {
-        Some(spec) => pod_spec(spec, &format!("{path}.spec"), c),
+        Some(spec) => pod_spec(spec, &format!("{path}.spec"), claim_volumes, c),
         None => c.push(Cause::required(format!("{path}.spec.containers"))),
     }
 }
@@ -263,7 +279,7 @@ fn job_spec(spec: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
             ));
         }
         match t.get("spec") {
-            Some(s) => pod_spec(s, &format!("{path}.template.spec"), c),
+            Some(s) => pod_spec(s, &format!("{path}.template.spec"), &[], c),
             None => c.push(Cause::required(format!("{path}.template.spec.containers"))),
         }
     }
@@ -285,7 +301,10 @@ fn job_spec(spec: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
     }
 }
 
-fn pod_spec(spec: &Value, path: &str, c: &mut Vec<Cause>) {
+/// A pod spec. `claim_volumes` are the names a StatefulSet's
+/// volumeClaimTemplates add to its pods' volumes, which containers may
+/// mount like any other volume.
+fn pod_spec(spec: &Value, path: &str, claim_volumes: &[String], c: &mut Vec<Cause>) {
     let volumes: Vec<String> = spec
         .get("volumes")
         .and_then(Value::as_array)
@@ -366,7 +385,7 @@ fn pod_spec(spec: &Value, path: &str, c: &mut Vec<Cause>) {
             if let Some(mounts) = ctr.get("volumeMounts").and_then(Value::as_array) {
                 for (j, m) in mounts.iter().enumerate() {
                     let vn = m.get("name").and_then(Value::as_str).unwrap_or("");
-                    if !volumes.iter().any(|v| v == vn) {
+                    if !volumes.iter().chain(claim_volumes).any(|v| v == vn) {
                         c.push(Cause::new(
                             "FieldValueNotFound",
                             format!("{p}.volumeMounts[{j}].name"),

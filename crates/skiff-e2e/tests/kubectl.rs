@@ -1987,3 +1987,117 @@ spec:
     assert!(out.contains("node/n1 drained"), "{out}");
     assert_eq!(s.ok(&["get", "pods", "-o", "name"]).trim(), "");
 }
+
+/// curl (HTTP/2 over TLS, as the admin) against the server: the status code
+/// and the body it printed.
+fn curl(s: &Server, args: &[&str]) -> (String, String) {
+    let pki = s.dir.path().join("data/pki");
+    let out = std::process::Command::new("curl")
+        .args(["-sk", "--http2", "-o", "-", "-w", "\n%{http_code}"])
+        .arg("--cert")
+        .arg(pki.join("admin.crt"))
+        .arg("--key")
+        .arg(pki.join("admin.key"))
+        .args(args)
+        .output()
+        .expect("run curl");
+    let all = text(&out.stdout);
+    let (body, code) = all.rsplit_once('\n').unwrap_or(("", &all));
+    (code.trim().to_string(), body.to_string())
+}
+
+#[test]
+fn bodies_over_the_limit_get_a_413_status_over_http2_not_a_dropped_stream() {
+    let s = Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "https://127.0.0.1:{}/api/v1/namespaces/default/configmaps",
+        s.port
+    );
+    // A 4 MB body (declared up front) and a 3.5 MB ConfigMap.
+    let raw = dir.path().join("raw");
+    std::fs::write(&raw, vec![b'a'; 4_000_000]).unwrap();
+    let cm = dir.path().join("cm.json");
+    std::fs::write(
+        &cm,
+        format!(
+            "{{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"metadata\":{{\"name\":\"big\"}},\"data\":{{\"k\":\"{}\"}}}}",
+            "x".repeat(3_500_000)
+        ),
+    )
+    .unwrap();
+    for file in [&raw, &cm] {
+        let data = format!("@{}", file.display());
+        let (code, body) = curl(
+            &s,
+            &[
+                "-X",
+                "POST",
+                "-H",
+                "Content-Type: application/json",
+                "--data-binary",
+                &data,
+                &url,
+            ],
+        );
+        assert_eq!(code, "413", "{body}");
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(status["kind"], "Status");
+        assert_eq!(status["reason"], "RequestEntityTooLarge");
+        assert_eq!(
+            status["message"],
+            "Request entity too large: limit is 3145728"
+        );
+    }
+    // The connection and the server are fine afterwards.
+    assert_eq!(s.ok(&["get", "cm", "big", "--ignore-not-found"]), "");
+}
+
+#[test]
+fn an_object_over_the_store_limit_is_refused_with_a_status() {
+    let s = Server::start();
+    // Under the 3 MiB request limit and not a ConfigMap (whose data has its
+    // own 1 MiB limit), but over the 1.5 MiB an object may take in the store.
+    let pod = format!(
+        "{{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{{\"name\":\"fat\"}},\"spec\":{{\"containers\":[{{\"name\":\"c\",\"image\":\"i\",\"args\":[\"{}\"]}}]}}}}",
+        "y".repeat(1_700_000)
+    );
+    let out = s.kubectl_stdin(&["create", "-f", "-"], &pod);
+    assert!(!out.status.success(), "a 1.7 MB pod was stored");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("Request entity too large") && err.contains("1572864"),
+        "{err}"
+    );
+    assert_eq!(s.ok(&["get", "pod", "fat", "--ignore-not-found"]), "");
+}
+
+#[test]
+fn kubectl_reads_openapi_v2_as_protobuf() {
+    let s = Server::start();
+    // `plaintext-openapiv2` makes kubectl fetch /openapi/v2 as protobuf.
+    let out = s.ok(&[
+        "explain",
+        "deployment.spec.replicas",
+        "--output=plaintext-openapiv2",
+    ]);
+    assert!(
+        out.contains("KIND:     Deployment") || out.contains("KIND:       Deployment"),
+        "{out}"
+    );
+    assert!(out.contains("replicas") && out.contains("integer"), "{out}");
+}
+
+#[test]
+fn secret_string_data_reads_back_as_data() {
+    let s = Server::start();
+    s.ok_stdin(&["apply", "-f", "-"], SECRET);
+    assert_eq!(
+        s.ok(&["get", "secret", "creds", "-o", "jsonpath={.data.password}"]),
+        "aHVudGVyMg=="
+    );
+    assert_eq!(
+        s.ok(&["get", "secret", "creds", "-o", "jsonpath={.stringData}"]),
+        ""
+    );
+}

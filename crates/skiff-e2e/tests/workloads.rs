@@ -435,8 +435,9 @@ fn a_controller_manager_killed_mid_rollout_finishes_it_with_exactly_the_right_po
         );
         (u.parse::<i32>().unwrap_or(0) > 0).then_some(())
     });
+    // Dropping the process handle kills it and reaps it; a new one must
+    // take over the Lease the dead one never released.
     drop(cm);
-    std::thread::sleep(Duration::from_secs(1));
     let _cm = controller_manager(&s);
     s.ok(&["rollout", "status", "deployment/web", "--timeout=90s"]);
     let pods = wait_until("8 pods of the new template and nothing else", 30, || {
@@ -455,6 +456,33 @@ fn a_controller_manager_killed_mid_rollout_finishes_it_with_exactly_the_right_po
         (lines.len() == 8 && lines.iter().all(|l| *l == "pause:2")).then_some(all)
     });
     assert_eq!(pods.lines().count(), 8);
+    // What kubectl shows once it is over: the Deployment counts 8 updated
+    // and available replicas, and the old ReplicaSet is scaled to 0.
+    let status = get(
+        &s,
+        &[
+            "get",
+            "deployment",
+            "web",
+            "-o",
+            "jsonpath={.status.replicas} {.status.updatedReplicas} {.status.availableReplicas}",
+        ],
+    );
+    assert_eq!(status, "8 8 8");
+    let sets = get(
+        &s,
+        &[
+            "get",
+            "replicasets",
+            "-l",
+            "app=web",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.template.spec.containers[0].image}={.spec.replicas}{\"\\n\"}{end}",
+        ],
+    );
+    let mut sets: Vec<&str> = sets.lines().collect();
+    sets.sort();
+    assert_eq!(sets, ["pause:1=0", "pause:2=8"]);
 }
 
 const SHORT_TOLERANCE_DEPLOYMENT: &str = r#"
