@@ -592,6 +592,17 @@ enum Either<A, B> {
 /// are gone (or on the reject path of a service that now has endpoints), as
 /// kube-proxy does; TCP needs none of this.
 async fn flush_udp_changes(old: &HashMap<Key, Vec<PortPlan>>, new: &HashMap<Key, Vec<PortPlan>>) {
+    let flushes = udp_flushes(old, new);
+    if !flushes.is_empty() {
+        nft::flush_conntrack(flushes).await;
+    }
+}
+
+/// The conntrack deletions a change of plans calls for.
+pub fn udp_flushes(
+    old: &HashMap<Key, Vec<PortPlan>>,
+    new: &HashMap<Key, Vec<PortPlan>>,
+) -> Vec<nft::ConntrackFlush> {
     let mut flushes: Vec<nft::ConntrackFlush> = vec![];
     let keys: BTreeSet<&Key> = old.keys().chain(new.keys()).collect();
     for k in keys {
@@ -628,7 +639,78 @@ async fn flush_udp_changes(old: &HashMap<Key, Vec<PortPlan>>, new: &HashMap<Key,
             }
         }
     }
-    if !flushes.is_empty() {
-        nft::flush_conntrack(flushes).await;
+    flushes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::model::{Endpoint, PortKey};
+    use super::*;
+
+    fn plan(protocol: Protocol, eps: &[&str]) -> PortPlan {
+        PortPlan {
+            key: PortKey {
+                namespace: "default".into(),
+                name: "dns".into(),
+                protocol,
+                port_name: "dns".into(),
+            },
+            cluster_ip: "10.43.0.53".parse().unwrap(),
+            port: 53,
+            node_port: None,
+            external_ips: vec![],
+            cluster_endpoints: eps
+                .iter()
+                .map(|ip| Endpoint {
+                    ip: ip.parse().unwrap(),
+                    port: 5353,
+                })
+                .collect(),
+            local_endpoints: vec![],
+            has_endpoints: !eps.is_empty(),
+            internal_local: false,
+            external_local: false,
+            affinity: None,
+            health_check_node_port: None,
+        }
+    }
+
+    fn one(p: PortPlan) -> HashMap<Key, Vec<PortPlan>> {
+        HashMap::from([(("default".to_string(), "dns".to_string()), vec![p])])
+    }
+
+    #[test]
+    fn a_udp_endpoint_that_goes_has_its_entries_deleted_and_tcp_needs_nothing() {
+        let f = udp_flushes(
+            &one(plan(Protocol::Udp, &["10.42.0.5", "10.42.0.6"])),
+            &one(plan(Protocol::Udp, &["10.42.0.5"])),
+        );
+        assert_eq!(
+            f.iter()
+                .flat_map(|f| f.args())
+                .map(|a| a.join(" "))
+                .collect::<Vec<_>>(),
+            vec!["-D -p udp --orig-dst 10.43.0.53 --orig-port-dst 53 --reply-src 10.42.0.6"]
+        );
+        let f = udp_flushes(
+            &one(plan(Protocol::Tcp, &["10.42.0.5", "10.42.0.6"])),
+            &one(plan(Protocol::Tcp, &["10.42.0.5"])),
+        );
+        assert!(f.is_empty());
+    }
+
+    #[test]
+    fn a_udp_service_getting_its_first_endpoint_drops_every_entry_of_its_port() {
+        let f = udp_flushes(
+            &one(plan(Protocol::Udp, &[])),
+            &one(plan(Protocol::Udp, &["10.42.0.5"])),
+        );
+        assert_eq!(
+            f.iter()
+                .flat_map(|f| f.args())
+                .map(|a| a.join(" "))
+                .collect::<Vec<_>>(),
+            vec!["-D -p udp --orig-dst 10.43.0.53 --orig-port-dst 53"]
+        );
     }
 }
