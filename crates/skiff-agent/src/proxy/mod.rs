@@ -362,6 +362,7 @@ pub async fn run_with_progress(
     let mut health_servers = health::Servers::default();
     let mut generation = 0u64;
     let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut failures = 0u32;
 
     loop {
         // Wait for at least one event (or a retry), then take every event
@@ -561,6 +562,7 @@ pub async fn run_with_progress(
                     );
                 }
                 dirty.clear();
+                failures = 0;
                 need_full = false;
                 generation += 1;
                 let s = Sync {
@@ -575,9 +577,11 @@ pub async fn run_with_progress(
             }
             Err(e) => {
                 // Nothing changed in the kernel (one transaction); try again
-                // from scratch shortly.
-                tracing::warn!(error = %e, "programming service rules failed; retrying with a full resync");
-                retry_at = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+                // from scratch, backing off (2 s doubling to a minute).
+                failures += 1;
+                let wait = Duration::from_secs((1u64 << failures.min(6)).min(60));
+                tracing::warn!(error = %e, retry_in = ?wait, "programming service rules failed; retrying with a full resync");
+                retry_at = Some(tokio::time::Instant::now() + wait);
             }
         }
     }
