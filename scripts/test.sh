@@ -31,6 +31,9 @@ command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 { [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || missing+=(busybox-static)
 command -v ip >/dev/null || missing+=(iproute2)
+# The agent's service proxy programs nftables and flushes UDP conntrack.
+command -v nft >/dev/null || missing+=(nftables)
+command -v conntrack >/dev/null || missing+=(conntrack)
 # curl drives raw HTTP/2 requests in the API tests.
 command -v curl >/dev/null || missing+=(curl)
 # Debian's python3 makes a virtualenv (tools.sh's fallback) only with ensurepip.
