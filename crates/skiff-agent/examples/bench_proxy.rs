@@ -164,7 +164,7 @@ async fn main() -> anyhow::Result<()> {
         pct(&mut nft, 0.5),
         pct(&mut nft, 0.99)
     );
-    let out = std::process::Command::new("nft")
+    let out = std::process::Command::new(skiff_agent::proxy::nft::tool("nft"))
         .args([
             "list",
             "chain",

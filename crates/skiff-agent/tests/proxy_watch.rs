@@ -17,7 +17,7 @@ use serde_json::json;
 use skiff_agent::proxy::{self, model::NodeFacts, ProxyOptions};
 
 fn list(table: &str) -> String {
-    let o = Command::new("nft")
+    let o = Command::new(skiff_agent::proxy::nft::tool("nft"))
         .args(["list", "table", "ip", table])
         .output()
         .unwrap();
@@ -59,7 +59,7 @@ fn slice(service: &str, ready: &[(&str, bool)]) -> EndpointSlice {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_table_follows_services_and_slices_and_skips_node_local_services() {
-    if !Command::new("nft")
+    if !Command::new(skiff_agent::proxy::nft::tool("nft"))
         .args(["list", "tables"])
         .output()
         .map(|o| o.status.success())
