@@ -69,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
     let config = skiff_apiserver::Config {
         registry: skiff_apiserver::registry::RegistryConfig {
             service_cidr: ("198.18.0.0".parse()?, 16),
+            ..Default::default()
         },
         ..Default::default()
     };

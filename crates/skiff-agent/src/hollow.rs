@@ -73,6 +73,8 @@ pub async fn run(client: kube::Client, options: HollowOptions) -> Result<()> {
             allocatable,
             events: options.events,
             resync: options.resync,
+            // Hollow nodes serve no DNS (their pods run nothing).
+            dns: Default::default(),
         });
         tasks.push(crate::manage_pods(ctx));
     }

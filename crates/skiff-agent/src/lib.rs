@@ -9,6 +9,7 @@
 
 pub mod containerd;
 pub mod cri;
+pub mod dns;
 pub mod hollow;
 pub mod image;
 pub mod inputs;
@@ -55,6 +56,14 @@ pub struct AgentOptions {
     pub labels: BTreeMap<String, String>,
     /// The service proxy's settings; None runs no proxy.
     pub proxy: Option<proxy::Settings>,
+    /// The cluster DNS address (kubelet's `--cluster-dns`); None: the
+    /// `kube-dns` Service's ClusterIP.
+    pub cluster_dns: Option<std::net::IpAddr>,
+    /// The cluster domain (kubelet's `--cluster-domain`).
+    pub cluster_domain: String,
+    /// Serve cluster DNS on this node (`dns`); off in tests that run
+    /// several agents on one machine.
+    pub serve_dns: bool,
 }
 
 /// The IPv4 address of the interface holding the default route, else
@@ -215,6 +224,7 @@ pub async fn run(
             p,
         ));
     }
+    let dns = dns::start(&client, &options, &mut tasks).await;
     let mut allocatable = BTreeMap::new();
     allocatable.insert("cpu".to_string(), facts.cpu.parse().unwrap_or(1.0));
     let ctx = Arc::new(NodeContext {
@@ -226,6 +236,7 @@ pub async fn run(
         allocatable,
         events: true,
         resync: Duration::from_secs(1),
+        dns,
     });
     let r = manage_pods(ctx).await;
     tasks.abort_all();

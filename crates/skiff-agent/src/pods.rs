@@ -33,6 +33,8 @@ pub struct NodeContext {
     pub events: bool,
     /// How often a pod is looked at without a change.
     pub resync: Duration,
+    /// Cluster DNS settings for pods' resolv.conf.
+    pub dns: crate::dns::ClusterDns,
 }
 
 impl NodeContext {
@@ -291,7 +293,7 @@ impl PodWorker {
                 let attempt = sb.metadata.as_ref().map(|m| m.attempt).unwrap_or(0);
                 (
                     sb.id.clone(),
-                    spec::sandbox_config(pod, attempt, &logs_root),
+                    spec::sandbox_config(pod, attempt, &logs_root, &self.ctx.dns),
                 )
             }
             None => {
@@ -303,7 +305,8 @@ impl PodWorker {
                     let _ = self.ctx.runtime.stop_sandbox(&sb.id).await;
                     let _ = self.ctx.runtime.remove_sandbox(&sb.id).await;
                 }
-                let cfg = spec::sandbox_config(pod, sandboxes.len() as u32, &logs_root);
+                let cfg =
+                    spec::sandbox_config(pod, sandboxes.len() as u32, &logs_root, &self.ctx.dns);
                 if self.ctx.runtime.is_real() {
                     std::fs::create_dir_all(&cfg.log_directory)?;
                 }

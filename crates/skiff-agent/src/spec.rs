@@ -30,7 +30,12 @@ pub fn log_dir(logs_root: &Path, pod: &Pod) -> std::path::PathBuf {
 }
 
 /// The sandbox config of a pod (attempt: how many sandboxes it had before).
-pub fn sandbox_config(pod: &Pod, attempt: u32, logs_root: &Path) -> cri::PodSandboxConfig {
+pub fn sandbox_config(
+    pod: &Pod,
+    attempt: u32,
+    logs_root: &Path,
+    dns: &crate::dns::ClusterDns,
+) -> cri::PodSandboxConfig {
     let spec = pod.spec.clone().unwrap_or_default();
     let mut labels: HashMap<String, String> = pod
         .metadata
@@ -75,19 +80,7 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, logs_root: &Path) -> cri::PodSand
             }
         }
     }
-    let dns_config = spec.dns_config.as_ref().map(|d| cri::DnsConfig {
-        servers: d.nameservers.clone().unwrap_or_default(),
-        searches: d.searches.clone().unwrap_or_default(),
-        options: d
-            .options
-            .iter()
-            .flatten()
-            .map(|o| match &o.value {
-                Some(v) => format!("{}:{v}", o.name.clone().unwrap_or_default()),
-                None => o.name.clone().unwrap_or_default(),
-            })
-            .collect(),
-    });
+    let dns_config = Some(crate::dns::resolvconf::sandbox_dns_config(pod, dns));
     let privileged = spec
         .containers
         .iter()
@@ -381,7 +374,7 @@ mod tests {
             .and_then(|l| l.security_context)
             .and_then(|s| s.namespace_options)
             .expect("container namespace options");
-        let sandbox = sandbox_config(&pod, 0, Path::new("/logs"))
+        let sandbox = sandbox_config(&pod, 0, Path::new("/logs"), &Default::default())
             .linux
             .and_then(|l| l.security_context)
             .and_then(|s| s.namespace_options)

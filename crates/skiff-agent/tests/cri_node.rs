@@ -61,6 +61,10 @@ impl Node {
             client_ca_pem: Some(test_ca()),
             labels: Default::default(),
             proxy: None,
+            cluster_dns: None,
+            cluster_domain: "cluster.local".into(),
+            // Concurrent test agents would fight over the DNS address.
+            serve_dns: false,
         };
         let mut node = Node {
             _cluster: cluster,

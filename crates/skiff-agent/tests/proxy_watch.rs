@@ -76,6 +76,7 @@ async fn the_table_follows_services_and_slices_and_skips_node_local_services() {
     let config = skiff_apiserver::Config {
         registry: skiff_apiserver::registry::RegistryConfig {
             service_cidr: ("198.18.0.0".parse().unwrap(), 16),
+            ..Default::default()
         },
         ..Default::default()
     };

@@ -1,5 +1,5 @@
 //! Loops the API server runs for itself: the built-in namespaces, the
-//! system PriorityClasses and the `kubernetes` service at first start, namespace finalization (emptying a
+//! system PriorityClasses, the `kubernetes` and `kube-dns` services at first start, namespace finalization (emptying a
 //! terminating namespace, then removing it), and store compaction.
 
 use std::collections::VecDeque;
@@ -18,7 +18,7 @@ use crate::watchcache::Filter;
 pub const SYSTEM_NAMESPACES: [&str; 4] =
     ["default", "kube-system", "kube-public", "kube-node-lease"];
 
-/// Creates what a fresh cluster has: the system namespaces and the `kubernetes` service.
+/// Creates what a fresh cluster has: the system namespaces and the `kubernetes` and `kube-dns` services.
 pub async fn bootstrap(reg: &Registry) -> Result<(), ApiError> {
     let ns = resources::lookup("", "v1", "namespaces").expect("namespaces");
     let opts = WriteOptions {
@@ -53,15 +53,60 @@ pub async fn bootstrap(reg: &Registry) -> Result<(), ApiError> {
         "spec": {"type": "ClusterIP", "clusterIP": first.to_string(), "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}
     });
     // Only at first start: after that the service exists (and owns its IP).
-    if reg.get(svc, Some("default"), "kubernetes").await.is_ok() {
-        return Ok(());
+    if reg.get(svc, Some("default"), "kubernetes").await.is_err() {
+        match reg.create(svc, Some("default"), obj, &opts).await {
+            Ok(_) => {}
+            Err(e) if e.code == 409 => {}
+            Err(e) => return Err(e),
+        }
     }
-    match reg.create(svc, Some("default"), obj, &opts).await {
+    ensure_kube_dns(reg, &opts).await;
+    Ok(())
+}
+
+/// The cluster DNS address: `--cluster-dns`, else the 10th address of the
+/// service CIDR (10.43.0.10 by default), as kubeadm and k3s choose it.
+pub fn cluster_dns_ip(config: &crate::registry::RegistryConfig) -> std::net::Ipv4Addr {
+    config.cluster_dns.unwrap_or_else(|| {
+        let (base, _) = config.service_cidr;
+        std::net::Ipv4Addr::from(u32::from(base) + 10)
+    })
+}
+
+/// The `kube-dns` Service in kube-system: what pods' resolv.conf names and
+/// `kubectl cluster-info` lists. It has no selector and no endpoints: every
+/// agent answers on its address itself (`skiff.io/node-local`), so the
+/// service proxy leaves it alone. Created when missing; an existing one is
+/// left as the cluster's administrator has it.
+async fn ensure_kube_dns(reg: &Registry, opts: &WriteOptions) {
+    let svc = resources::lookup("", "v1", "services").expect("services");
+    if reg.get(svc, Some("kube-system"), "kube-dns").await.is_ok() {
+        return;
+    }
+    let ip = cluster_dns_ip(&reg.config).to_string();
+    let obj = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {
+            "k8s-app": "kube-dns",
+            "kubernetes.io/cluster-service": "true",
+            "kubernetes.io/name": "CoreDNS",
+            "skiff.io/node-local": "true",
+        }},
+        "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip], "ports": [
+            {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 53},
+            {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 53},
+            {"name": "metrics", "port": 9153, "protocol": "TCP", "targetPort": 9153},
+        ]}
+    });
+    match reg.create(svc, Some("kube-system"), obj, opts).await {
         Ok(_) => {}
         Err(e) if e.code == 409 => {}
-        Err(e) => return Err(e),
+        // Its address taken by another service (a cluster from before the
+        // DNS): serve on without it rather than refuse to start.
+        Err(e) => {
+            tracing::warn!(error = %e, cluster_dns = %ip, "cannot create the kube-dns service")
+        }
     }
-    Ok(())
 }
 
 /// Empties namespaces that are being deleted, then removes them.

@@ -91,12 +91,16 @@ pub struct ListOutput {
 pub struct RegistryConfig {
     /// ClusterIPs are allocated from this IPv4 range.
     pub service_cidr: (Ipv4Addr, u8),
+    /// The `kube-dns` Service's ClusterIP (`--cluster-dns`); None: the 10th
+    /// address of the service CIDR.
+    pub cluster_dns: Option<Ipv4Addr>,
 }
 
 impl Default for RegistryConfig {
     fn default() -> Self {
         RegistryConfig {
             service_cidr: (Ipv4Addr::new(10, 43, 0, 0), 16),
+            cluster_dns: None,
         }
     }
 }

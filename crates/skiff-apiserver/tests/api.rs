@@ -1657,3 +1657,111 @@ async fn a_watch_whose_client_stops_reading_ends_with_410_and_others_go_on() {
         assert_eq!(summary(std::slice::from_ref(e)), [format!("ADDED c{i}")]);
     }
 }
+
+#[tokio::test]
+async fn the_kube_dns_service_has_the_cluster_dns_address_and_coredns_labels() {
+    let a = api().await;
+    let svc = a
+        .get("/api/v1/namespaces/kube-system/services/kube-dns")
+        .await;
+    assert_eq!(svc.status, StatusCode::OK, "{}", svc.body);
+    let s = &svc.body;
+    assert_eq!(
+        s["spec"]["clusterIP"], "10.43.0.10",
+        "the 10th address of 10.43.0.0/16"
+    );
+    assert_eq!(s["spec"]["type"], "ClusterIP");
+    assert!(s["spec"].get("selector").is_none(), "{s}");
+    let ports: Vec<(String, i64, String)> = s["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["port"].as_i64().unwrap(),
+                p["protocol"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            ("dns".to_string(), 53, "UDP".to_string()),
+            ("dns-tcp".to_string(), 53, "TCP".to_string()),
+            ("metrics".to_string(), 9153, "TCP".to_string())
+        ]
+    );
+    let labels = &s["metadata"]["labels"];
+    assert_eq!(labels["k8s-app"], "kube-dns");
+    assert_eq!(
+        labels["kubernetes.io/cluster-service"], "true",
+        "kubectl cluster-info lists it"
+    );
+    assert_eq!(labels["kubernetes.io/name"], "CoreDNS");
+    assert_eq!(
+        labels["skiff.io/node-local"], "true",
+        "the service proxy skips it"
+    );
+    // What `kubectl cluster-info` asks for.
+    let listed = a
+        .get("/api/v1/namespaces/kube-system/services?labelSelector=kubernetes.io%2Fcluster-service%3Dtrue")
+        .await;
+    let names: Vec<&str> = listed.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["kube-dns"]);
+    // A new service never gets the DNS address.
+    let other = a
+        .post(
+            "/api/v1/namespaces/default/services",
+            json!({"metadata": {"name": "x"}, "spec": {"clusterIP": "10.43.0.10", "ports": [{"port": 53}]}}),
+        )
+        .await;
+    assert_eq!(
+        other.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        other.body
+    );
+}
+
+#[tokio::test]
+async fn cluster_dns_and_the_service_cidr_choose_the_kube_dns_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let mut config = skiff_apiserver::Config::default();
+    config.registry.service_cidr = ("10.96.0.0".parse().unwrap(), 12);
+    let server = skiff_apiserver::ApiServer::start(store.clone(), config.clone())
+        .await
+        .unwrap();
+    let a = Api {
+        router: server.in_process_router("test"),
+        _dir: tempfile::tempdir().unwrap(),
+    };
+    let s = a
+        .get("/api/v1/namespaces/kube-system/services/kube-dns")
+        .await;
+    assert_eq!(s.body["spec"]["clusterIP"], "10.96.0.10");
+
+    let dir2 = tempfile::tempdir().unwrap();
+    let store2: Arc<dyn Store> =
+        RedbStore::open(&dir2.path().join("s.redb"), Default::default()).unwrap();
+    config.registry.cluster_dns = Some("10.96.0.53".parse().unwrap());
+    let server2 = skiff_apiserver::ApiServer::start(store2, config)
+        .await
+        .unwrap();
+    let b = Api {
+        router: server2.in_process_router("test"),
+        _dir: dir2,
+    };
+    let s = b
+        .get("/api/v1/namespaces/kube-system/services/kube-dns")
+        .await;
+    assert_eq!(s.body["spec"]["clusterIP"], "10.96.0.53");
+    drop(dir);
+}

@@ -110,6 +110,9 @@ pub struct Address {
     pub terminating: bool,
     pub pod: Arc<Pod>,
     pub ports: Vec<(String, i32, String)>,
+    /// The pod's `hostname` when its `subdomain` names this service (in
+    /// the same namespace): `<hostname>.<svc>.<ns>.svc.<zone>` in DNS.
+    pub hostname: Option<String>,
 }
 
 /// The addresses of a service's selected pods.
@@ -157,7 +160,18 @@ pub fn addresses(svc: &Service, pods: &[Arc<Pod>]) -> Vec<Address> {
                 })
             })
             .collect();
+        // Kubernetes' ShouldSetHostname.
+        let hostname = p
+            .spec
+            .as_ref()
+            .filter(|s| {
+                s.subdomain.as_deref() == svc.metadata.name.as_deref()
+                    && p.metadata.namespace == svc.metadata.namespace
+            })
+            .and_then(|s| s.hostname.clone())
+            .filter(|h| !h.is_empty());
         out.push(Address {
+            hostname,
             ip,
             ready,
             serving,
@@ -196,11 +210,14 @@ type PortSet = Vec<(String, i32, String)>;
 pub fn subsets(addrs: &[Address]) -> Vec<Value> {
     let mut groups: BTreeMap<PortSet, (Vec<Value>, Vec<Value>)> = BTreeMap::new();
     for a in addrs.iter().filter(|a| !a.terminating || a.ready) {
-        let addr = json!({
+        let mut addr = json!({
             "ip": a.ip,
             "nodeName": a.pod.spec.as_ref().and_then(|s| s.node_name.clone()),
             "targetRef": target_ref(a),
         });
+        if let Some(h) = &a.hostname {
+            addr["hostname"] = json!(h);
+        }
         let g = groups.entry(a.ports.clone()).or_default();
         if a.ready {
             g.0.push(addr);
@@ -237,6 +254,9 @@ pub fn slice_contents(addrs: &[Address]) -> Vec<(Vec<Value>, Vec<Value>)> {
         });
         if let Some(n) = a.pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
             ep["nodeName"] = json!(n);
+        }
+        if let Some(h) = &a.hostname {
+            ep["hostname"] = json!(h);
         }
         groups.entry(a.ports.clone()).or_default().push(ep);
     }
@@ -476,5 +496,34 @@ mod tests {
             c.iter().map(|(_, e)| e.len()).collect::<Vec<_>>(),
             vec![100, 100, 50]
         );
+    }
+
+    #[test]
+    fn a_pod_whose_subdomain_names_the_service_publishes_its_hostname() {
+        let mut named = pod("db-0", "10.0.0.1", true, "web", 8080);
+        let mut other = pod("x", "10.0.0.2", true, "web", 8080);
+        let mut elsewhere = pod("y", "10.0.0.3", true, "web", 8080);
+        {
+            let p = Arc::make_mut(&mut named);
+            let spec = p.spec.as_mut().unwrap();
+            spec.hostname = Some("db-0".into());
+            spec.subdomain = Some("web".into());
+            let p = Arc::make_mut(&mut other);
+            p.spec.as_mut().unwrap().hostname = Some("x".into());
+            let p = Arc::make_mut(&mut elsewhere);
+            let spec = p.spec.as_mut().unwrap();
+            spec.hostname = Some("y".into());
+            spec.subdomain = Some("other".into());
+        }
+        let a = addresses(&svc(false), &[named, other, elsewhere]);
+        let eps = &slice_contents(&a)[0].1;
+        assert_eq!(eps[0]["hostname"], "db-0");
+        assert!(eps[1].get("hostname").is_none(), "no subdomain: {}", eps[1]);
+        assert!(
+            eps[2].get("hostname").is_none(),
+            "another subdomain: {}",
+            eps[2]
+        );
+        assert_eq!(subsets(&a)[0]["addresses"][0]["hostname"], "db-0");
     }
 }

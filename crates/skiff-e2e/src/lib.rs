@@ -180,6 +180,7 @@ impl Server {
     }
 
     /// [`Server::up`] with extra flags for `skiff up`.
+    /// [`Server::up`] with extra flags.
     pub fn up_with(extra: &[&str]) -> Server {
         // A /16 of its own per cluster, so bridges of concurrent tests differ.
         let n = std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64 ^ rand_u64();

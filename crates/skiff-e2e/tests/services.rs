@@ -182,6 +182,11 @@ fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_th
     assert_eq!(counts.values().sum::<usize>(), 30, "{counts:?}");
     assert!(!counts.contains_key("FAILED"), "{counts:?}");
 
+    // By name, through the cluster DNS.
+    let counts = spread(&s, "client", "http://web.default.svc.cluster.local:80/", 4);
+    assert_eq!(counts.values().sum::<usize>(), 4, "{counts:?}");
+    assert!(!counts.contains_key("FAILED"), "{counts:?}");
+
     // From the node itself, and the NodePort on the node's address.
     let body = http_get(&web_ip, 80).expect("ClusterIP from the node");
     assert!(body.contains("web-a") || body.contains("web-b"), "{body}");

@@ -5,7 +5,6 @@
 //! finishes it after a restart with exactly the right pods.
 
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use skiff_e2e::{skiff_binary, wait_until, Server};
 

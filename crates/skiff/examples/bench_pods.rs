@@ -250,6 +250,9 @@ async fn main() -> anyhow::Result<()> {
         client_ca_pem: Some(ca),
         labels: Default::default(),
         proxy: None,
+        cluster_dns: None,
+        cluster_domain: "cluster.local".into(),
+        serve_dns: false,
     };
     let client = skiff_kube::in_process(&api, "node:bench-node");
     let agent_client = client.clone();

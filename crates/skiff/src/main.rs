@@ -96,6 +96,21 @@ struct ServerArgs {
     /// Seconds between compactions.
     #[arg(long, default_value_t = 60, hide = true)]
     compact_every: u64,
+    #[command(flatten)]
+    dns: DnsArgs,
+}
+
+/// Cluster DNS: the server gives the `kube-dns` Service this address; the
+/// agent serves DNS on it and writes it into pods' resolv.conf.
+#[derive(Args, Clone)]
+struct DnsArgs {
+    /// The cluster DNS address (default: the 10th address of the service
+    /// CIDR, 10.43.0.10; an agent alone asks the kube-dns Service).
+    #[arg(long)]
+    cluster_dns: Option<std::net::Ipv4Addr>,
+    /// The cluster's DNS domain.
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
 }
 
 #[derive(Args, Clone)]
@@ -144,6 +159,8 @@ struct AgentArgs {
     /// The cluster's pod range, for the service proxy's masquerading.
     #[arg(long, default_value = "10.42.0.0/16")]
     cluster_cidr: String,
+    #[command(flatten)]
+    dns: DnsArgs,
     /// Run hollow nodes (simulated runtime) instead of a real one.
     #[arg(long)]
     simulate: bool,
@@ -320,12 +337,23 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         host
     };
     let advertise = format!("{host}:{}", addr.port());
+    let service_cidr = parse_cidr(&args.service_cidr)?;
+    if let Some(ip) = args.dns.cluster_dns {
+        let (base, bits) = service_cidr;
+        let mask = u32::MAX << (32 - bits);
+        anyhow::ensure!(
+            u32::from(ip) & mask == u32::from(base) & mask,
+            "--cluster-dns {ip} is outside the service CIDR {}",
+            args.service_cidr
+        );
+    }
     let config = skiff_apiserver::Config {
         advertise: advertise.clone(),
         compact_keep: Duration::from_secs(args.compact_keep),
         compact_every: Duration::from_secs(args.compact_every.max(1)),
         registry: skiff_apiserver::registry::RegistryConfig {
-            service_cidr: parse_cidr(&args.service_cidr)?,
+            service_cidr,
+            cluster_dns: args.dns.cluster_dns,
         },
         kubelet_client: Some((
             pki.kubelet_client.cert_pem.clone(),
@@ -505,6 +533,7 @@ fn hostname() -> String {
 
 fn agent_options(
     node: &NodeArgs,
+    dns: &DnsArgs,
     data_dir: PathBuf,
     ca_pem: Option<String>,
     cluster_cidr: &str,
@@ -521,6 +550,9 @@ fn agent_options(
         proxy: (!node.proxy.disable_proxy).then(|| skiff_agent::proxy::Settings {
             cluster_cidr: Some(cluster_cidr.to_string()),
         }),
+        cluster_dns: dns.cluster_dns.map(Into::into),
+        cluster_domain: dns.cluster_domain.clone(),
+        serve_dns: true,
     })
 }
 
@@ -568,6 +600,7 @@ async fn agent(args: AgentArgs) -> Result<()> {
         .unwrap_or_else(|| default_data_dir().join("agent"));
     let options = agent_options(
         &args.node,
+        &args.dns,
         data_dir,
         ca_from_kubeconfig(&args.kubeconfig)?,
         &args.cluster_cidr,
@@ -619,8 +652,14 @@ async fn up(args: UpArgs) -> Result<()> {
         // CIDR, as the node IPAM controller would give it.
         node.pod_cidr = Some(first_subnet(&args.server.cluster_cidr));
     }
+    // One cluster DNS address for the kube-dns Service and the agent.
+    let mut dns = args.server.dns.clone();
+    dns.cluster_dns = Some(skiff_apiserver::lifecycle::cluster_dns_ip(
+        &s.api.state.registry.config,
+    ));
     let options = agent_options(
         &node,
+        &dns,
         s.data_dir.join("agent"),
         Some(s.pki.ca.cert_pem.clone()),
         &args.server.cluster_cidr,
@@ -703,6 +742,9 @@ async fn down(args: DownArgs) -> Result<()> {
     match skiff_agent::proxy::nft::delete_table(&table) {
         Ok(()) => eprintln!("skiff: removed the service proxy's rules"),
         Err(e) => eprintln!("skiff: could not remove the nftables table {table}: {e}"),
+    }
+    if let Err(e) = skiff_agent::dns::teardown(&data_dir.join("agent")).await {
+        eprintln!("skiff: removing the cluster DNS address: {e}");
     }
     let pods = data_dir.join("agent").join("pods");
     skiff_agent::inputs::unmount_all(&pods);
