@@ -249,6 +249,18 @@ fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_th
         out.trim().starts_with("15 03"),
         "expected a TLS alert record: {out:?}"
     );
+    let out = s.ok(&[
+        "exec",
+        "client",
+        "--",
+        "sh",
+        "-c",
+        "printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 kubernetes.default.svc.cluster.local 443 | od -An -tx1 | head -1",
+    ]);
+    assert!(
+        out.trim().starts_with("15 03"),
+        "kubernetes.default.svc by name: {out:?}"
+    );
 
     // No endpoints: refused at once, from a pod and from the node.
     let started = Instant::now();
