@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a clean clone, as root (the node tests run real
 # containers): installs what is missing (build tools, protoc, containerd,
-# runc, CNI plugins, busybox-static and python's venv support through apt; the real
+# runc, CNI plugins, busybox-static, etcd and python's venv support through apt; the real
 # kubectl, helm and python client through scripts/tools.sh), builds skiff,
 # and runs every crate's tests — unit, store conformance and crash, API
 # semantics, and the end-to-end tests that drive the real kubectl, helm and
@@ -36,6 +36,10 @@ command -v nft >/dev/null || missing+=(nftables)
 command -v conntrack >/dev/null || missing+=(conntrack)
 # curl drives raw HTTP/2 requests in the API tests.
 command -v curl >/dev/null || missing+=(curl)
+# etcd 3.4 for the etcd backend's conformance and end-to-end tests (each
+# test starts its own member on loopback), etcdctl to look at its keys.
+[ -x /usr/bin/etcd ] || command -v etcd >/dev/null || missing+=(etcd-server)
+command -v etcdctl >/dev/null || missing+=(etcd-client)
 # Debian's python3 makes a virtualenv (tools.sh's fallback) only with ensurepip.
 if ! python3 -c 'import kubernetes' 2>/dev/null && ! python3 -c 'import ensurepip' 2>/dev/null; then
   missing+=(python3-venv)

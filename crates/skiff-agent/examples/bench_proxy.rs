@@ -117,13 +117,15 @@ async fn main() -> anyhow::Result<()> {
     rx.wait_for(|s| s.generation >= 1).await?;
     let first = *rx.borrow();
     println!(
-        "full resync: {services} services × {eps} endpoints: transaction {:.0} ms (from proxy start incl. initial lists: {:.0} ms)",
+        "full resync: {services} services × {eps} endpoints: {:.0} ms, of which nft {:.0} ms (from proxy start incl. initial lists: {:.0} ms)",
         first.elapsed.as_secs_f64() * 1000.0,
+        first.nft.as_secs_f64() * 1000.0,
         t.elapsed().as_secs_f64() * 1000.0
     );
 
     let mut lat = vec![];
     let mut txn = vec![];
+    let mut nft = vec![];
     let mut unready = vec![false; services];
     let mut seed = 0x9E3779B97F4A7C15u64;
     let mut last = 0;
@@ -151,16 +153,19 @@ async fn main() -> anyhow::Result<()> {
         .await??;
         lat.push(t.elapsed().as_secs_f64() * 1000.0);
         txn.push(rx.borrow().elapsed.as_secs_f64() * 1000.0);
+        nft.push(rx.borrow().nft.as_secs_f64() * 1000.0);
         last = i;
     }
     println!(
-        "endpoint change -> rules in the kernel over {changes} changes: p50 {:.1} ms, p99 {:.1} ms (nft transaction alone p50 {:.1} ms, p99 {:.1} ms)",
+        "endpoint change -> rules in the kernel over {changes} changes: p50 {:.1} ms, p99 {:.1} ms (proxy's sync p50 {:.1}/p99 {:.1} ms, of which nft p50 {:.1}/p99 {:.1} ms)",
         pct(&mut lat, 0.5),
         pct(&mut lat, 0.99),
         pct(&mut txn, 0.5),
-        pct(&mut txn, 0.99)
+        pct(&mut txn, 0.99),
+        pct(&mut nft, 0.5),
+        pct(&mut nft, 0.99)
     );
-    let out = std::process::Command::new("nft")
+    let out = std::process::Command::new(skiff_agent::proxy::nft::tool("nft"))
         .args([
             "list",
             "chain",

@@ -12,7 +12,7 @@ use skiff_agent::proxy::nft::{self, Nft};
 use skiff_agent::proxy::rules::{self, Op, PortRules};
 
 fn nft_available() -> bool {
-    Command::new("nft")
+    Command::new(skiff_agent::proxy::nft::tool("nft"))
         .args(["list", "tables"])
         .output()
         .map(|o| o.status.success())
@@ -20,7 +20,7 @@ fn nft_available() -> bool {
 }
 
 fn list(table: &str) -> String {
-    let o = Command::new("nft")
+    let o = Command::new(skiff_agent::proxy::nft::tool("nft"))
         .args(["list", "table", "ip", table])
         .output()
         .unwrap();
@@ -53,6 +53,7 @@ fn plan(name: &str, vip: &str, eps: &[Endpoint]) -> PortPlan {
         internal_local: false,
         external_local: false,
         affinity: Some(30),
+        health_check_node_port: None,
     }
 }
 
@@ -159,7 +160,7 @@ async fn transactions_replace_update_and_fail_atomically() {
     assert!(!list(&table.0).contains("svc-default"));
 
     nft::delete_table(&table.0).unwrap();
-    assert!(!Command::new("nft")
+    assert!(!Command::new(skiff_agent::proxy::nft::tool("nft"))
         .args(["list", "tables"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains(&table.0))

@@ -1,9 +1,10 @@
 //! Benchmark B3: the API server's throughput and latency over HTTPS.
 //!
-//! `cargo run --release -p skiff-apiserver --example bench_api -- [--seconds S] [--clients C]`
+//! `cargo run --release -p skiff-apiserver --example bench_api -- [--seconds S] [--clients C] [--etcd]`
 //!
 //! Starts skiff's API server in this process on a fresh embedded store
-//! (durable writes), serving TLS on a loopback port, and drives it from C
+//! (durable writes) — or, with `--etcd`, on a single-member etcd (Debian's
+//! `/usr/bin/etcd`) that the benchmark starts on loopback and stops — serving TLS on a loopback port, and drives it from C
 //! concurrent clients, each on its own HTTP/2 connection with the admin
 //! client certificate. Reports, per verb, requests/s and p50/p99 latency:
 //! ConfigMap create, get, list (100 items) and watch delivery; then a paced
@@ -99,8 +100,15 @@ async fn main() {
 
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::load_or_create(&dir.path().join("pki"), &[]).unwrap();
-    let store: Arc<dyn Store> =
-        RedbStore::open(&dir.path().join("store.redb"), Default::default()).unwrap();
+    let etcd = if args.iter().any(|a| a == "--etcd") {
+        Some(skiff_store::testsuite::EtcdServer::start().await)
+    } else {
+        None
+    };
+    let store: Arc<dyn Store> = match &etcd {
+        Some(e) => e.store().await,
+        None => RedbStore::open(&dir.path().join("store.redb"), Default::default()).unwrap(),
+    };
     let api = skiff_apiserver::ApiServer::start(store, Default::default())
         .await
         .unwrap();
@@ -137,7 +145,10 @@ async fn main() {
     for _ in 0..clients {
         conns.push(connect(port, tls.clone()).await);
     }
-    println!("B3 — {clients} HTTPS/2 clients, {secs} s per phase, ConfigMaps of ~300 bytes, durable store\n");
+    println!(
+        "B3 — {clients} HTTPS/2 clients, {secs} s per phase, ConfigMaps of ~300 bytes, durable store ({})\n",
+        if etcd.is_some() { "etcd" } else { "embedded" }
+    );
     println!("| verb | requests/s | p50 ms | p99 ms |");
     println!("|---|---:|---:|---:|");
 
@@ -310,8 +321,16 @@ async fn main() {
     report("get, during the paced creates", rl, el);
 
     // Raw store creates at the same concurrency, for the API-layer cost.
-    let raw: Arc<dyn Store> =
-        RedbStore::open(&dir.path().join("raw.redb"), Default::default()).unwrap();
+    let raw: Arc<dyn Store> = match &etcd {
+        // The same etcd, under another prefix than the API server's.
+        Some(e) => skiff_store::EtcdStore::connect(skiff_store::EtcdOptions {
+            prefix: "/raw".into(),
+            ..e.options()
+        })
+        .await
+        .unwrap(),
+        None => RedbStore::open(&dir.path().join("raw.redb"), Default::default()).unwrap(),
+    };
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -323,12 +342,9 @@ async fn main() {
             let v = Bytes::from(cm("x").into_bytes());
             while Instant::now() < deadline {
                 let t = Instant::now();
-                raw.create(
-                    &format!("/registry/core/configmaps/default/r{c}-{i}"),
-                    v.clone(),
-                )
-                .await
-                .unwrap();
+                raw.create(&format!("/registry/configmaps/default/r{c}-{i}"), v.clone())
+                    .await
+                    .unwrap();
                 lat.push(t.elapsed());
                 i += 1;
             }

@@ -76,6 +76,45 @@ fn text(code: u16, s: &str) -> Resp {
     )
 }
 
+/// `/readyz`: the store answers (Kubernetes' `etcd` check) and the
+/// server is ready (`informer-sync`), as kube-apiserver lists its checks.
+async fn readyz(state: &AppState, verbose: bool) -> Resp {
+    let store = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        state.registry.store.current_revision(),
+    )
+    .await;
+    let etcd = match store {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 2s".to_string()),
+    };
+    let synced = state.ready.load(std::sync::atomic::Ordering::Relaxed);
+    if etcd.is_ok() && synced && !verbose {
+        return text(200, "ok");
+    }
+    let mut out = String::from("[+]ping ok\n");
+    match &etcd {
+        Ok(()) => out.push_str("[+]etcd ok\n"),
+        Err(e) => {
+            tracing::warn!(error = %e, "readyz: the store does not answer");
+            out.push_str("[-]etcd failed: reason withheld\n");
+        }
+    }
+    out.push_str(if synced {
+        "[+]informer-sync ok\n"
+    } else {
+        "[-]informer-sync failed: not ready\n"
+    });
+    if etcd.is_ok() && synced {
+        out.push_str("readyz check passed");
+        text(200, &out)
+    } else {
+        out.push_str("readyz check failed");
+        text(500, &out)
+    }
+}
+
 /// The one handler behind the router.
 pub async fn handle(State(state): State<Arc<AppState>>, mut req: Request<Body>) -> Resp {
     let path = req.uri().path().to_string();
@@ -163,17 +202,8 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
         .map(str::to_string);
     let get = req.method() == Method::GET;
     match path.as_str() {
-        "/healthz" | "/livez" | "/readyz" => {
-            let ok = path != "/readyz" || state.ready.load(std::sync::atomic::Ordering::Relaxed);
-            return Ok(if ok {
-                text(200, "ok")
-            } else {
-                text(
-                    500,
-                    "[-]informer-sync failed: not ready\nreadyz check failed",
-                )
-            });
-        }
+        "/healthz" | "/livez" => return Ok(text(200, "ok")),
+        "/readyz" => return Ok(readyz(state.as_ref(), query.0.contains_key("verbose")).await),
         "/version" if get => return Ok(json_response(200, &version())),
         "/.well-known/openid-configuration" | "/openid/v1/jwks" if get => {
             let Some(t) = &state.tokens else {

@@ -92,6 +92,9 @@ impl ApiServer {
     /// Loads the watch cache from `store`, creates the built-in namespaces,
     /// and starts the server's own loops.
     pub async fn start(store: Arc<dyn Store>, config: Config) -> anyhow::Result<ApiServer> {
+        lifecycle::migrate_key_layout(&*store)
+            .await
+            .map_err(|e| anyhow::anyhow!("moving objects to Kubernetes' key layout: {e}"))?;
         let cache = WatchCache::start(store.clone()).await?;
         let registry = Arc::new(Registry::new(store, cache, config.registry.clone()));
         lifecycle::bootstrap(&registry)

@@ -220,8 +220,10 @@ async fn finalize_namespace(reg: &Registry, ns: &str) -> Result<bool, ApiError> 
     Ok(false)
 }
 
-/// Compacts the store's history older than `keep`, every `every`, and trims
-/// the watch cache's history with it (watches from before then get 410).
+/// Compacts the store's history older than `keep`, every `every` (on etcd
+/// the store claims each compaction, so of several API servers one does
+/// it), and trims the watch cache's history with it (watches from before
+/// then get 410).
 pub async fn compactor(reg: Arc<Registry>, keep: Duration, every: Duration) {
     let mut samples: VecDeque<(Instant, i64)> = VecDeque::new();
     let mut ticker = tokio::time::interval(every);
@@ -242,14 +244,118 @@ pub async fn compactor(reg: Arc<Registry>, keep: Duration, every: Duration) {
             }
         }
         if let Some(r) = target {
+            // Another API server on the same etcd may have compacted already.
             let done = reg.store.compacted_revision().await.unwrap_or(0);
-            if r > done {
-                match reg.store.compact(r).await {
-                    Ok(()) => reg.cache.trim(r),
-                    Err(e) => tracing::warn!(error = %e, "compaction failed"),
-                }
+            if r <= done {
+                reg.cache.trim(r);
+                continue;
+            }
+            match reg.store.compact(r).await {
+                Ok(()) => reg.cache.trim(r),
+                Err(e) => tracing::warn!(error = %e, "compaction failed"),
             }
         }
+    }
+}
+
+/// Moves objects kept under skiff's first key layout
+/// (`/registry/<group|core>/<plural>/…`) to Kubernetes' (`/registry/pods/…`,
+/// `/registry/services/specs/…`), before anything reads them. Each object is
+/// created at its new key, then deleted at its old one, so a crash midway
+/// loses nothing and the next start finishes the move. Returns how many
+/// objects moved.
+pub async fn migrate_key_layout(
+    store: &dyn skiff_store::Store,
+) -> Result<usize, skiff_store::Error> {
+    use skiff_store::{Error, ListOptions};
+    let mut moved = 0;
+    let mut done = std::collections::HashSet::new();
+    for r in RESOURCES {
+        if !done.insert(r.storage) {
+            continue;
+        }
+        let Some(old) = crate::object::legacy_prefix(r.storage) else {
+            continue;
+        };
+        let new = crate::object::resource_prefix(r);
+        loop {
+            let page = store
+                .list(
+                    &old,
+                    ListOptions {
+                        limit: 1000,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            for kv in &page.items {
+                let key = format!("{new}{}", &kv.key[old.len()..]);
+                match store.create(&key, kv.value.clone()).await {
+                    Ok(_) | Err(Error::AlreadyExists(_)) => {}
+                    Err(e) => return Err(e),
+                }
+                match store.delete(&kv.key, None).await {
+                    Ok(_) | Err(Error::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+                moved += 1;
+            }
+            if !page.more || page.items.is_empty() {
+                break;
+            }
+        }
+    }
+    if moved > 0 {
+        tracing::info!(moved, "moved objects to Kubernetes' key layout");
+    }
+    Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_store::Store;
+
+    #[tokio::test]
+    async fn objects_in_the_first_key_layout_move_to_kubernetes_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            skiff_store::RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+        let b = |s: &str| bytes::Bytes::copy_from_slice(s.as_bytes());
+        store
+            .create("/registry/core/configmaps/default/a", b("cm"))
+            .await
+            .unwrap();
+        store
+            .create("/registry/core/nodes/n1", b("node"))
+            .await
+            .unwrap();
+        store
+            .create("/registry/apps/deployments/ns/d", b("deploy"))
+            .await
+            .unwrap();
+        store
+            .create("/registry/pods/ns/p", b("already moved"))
+            .await
+            .unwrap();
+        assert_eq!(migrate_key_layout(&*store).await.unwrap(), 3);
+        let all = store.list("/registry/", Default::default()).await.unwrap();
+        let got: Vec<_> = all
+            .items
+            .iter()
+            .map(|kv| (kv.key.as_str(), kv.value.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("/registry/configmaps/default/a", b("cm")),
+                ("/registry/deployments/ns/d", b("deploy")),
+                ("/registry/minions/n1", b("node")),
+                ("/registry/pods/ns/p", b("already moved")),
+            ]
+        );
+        // Nothing left to move the next time.
+        assert_eq!(migrate_key_layout(&*store).await.unwrap(), 0);
     }
 }
 

@@ -13,11 +13,63 @@ use skiff_store::KeyValue;
 /// Every object lives under this prefix.
 pub const ROOT: &str = "/registry/";
 
-/// `/registry/<group|core>/<plural>/` — the prefix of one resource's objects.
+/// Groups whose resources Kubernetes keeps directly under `/registry/`
+/// (the built-in ones); any other group's resources are kept under
+/// `/registry/<group>/<plural>/`.
+const UNPREFIXED_GROUPS: &[&str] = &[
+    "",
+    "apps",
+    "autoscaling",
+    "batch",
+    "coordination.k8s.io",
+    "discovery.k8s.io",
+    "events.k8s.io",
+    "policy",
+    "scheduling.k8s.io",
+    "rbac.authorization.k8s.io",
+    "storage.k8s.io",
+    "networking.k8s.io",
+    "node.k8s.io",
+    "certificates.k8s.io",
+    "admissionregistration.k8s.io",
+    "flowcontrol.apiserver.k8s.io",
+    "authentication.k8s.io",
+    "authorization.k8s.io",
+];
+
+/// Where Kubernetes keeps a storage's objects under `/registry/` (as
+/// kube-apiserver lays out etcd): mostly the plural, with its historical
+/// names for services, endpoints, nodes and replication controllers, and
+/// the group in front for groups that are not built in.
+fn storage_path(storage: &str) -> String {
+    let (group, plural) = storage.split_once('/').unwrap_or(("", storage));
+    match (group, plural) {
+        ("", "services") => "services/specs".into(),
+        ("", "endpoints") => "services/endpoints".into(),
+        ("", "nodes") => "minions".into(),
+        ("", "replicationcontrollers") => "controllers".into(),
+        ("networking.k8s.io", "ingresses") => "ingress".into(),
+        (g, p) if UNPREFIXED_GROUPS.contains(&g) => p.to_string(),
+        (g, p) => format!("{g}/{p}"),
+    }
+}
+
+/// Every served storage by its path under `/registry/`.
+fn storages_by_path() -> &'static std::collections::HashMap<String, &'static str> {
+    static MAP: std::sync::OnceLock<std::collections::HashMap<String, &'static str>> =
+        std::sync::OnceLock::new();
+    MAP.get_or_init(|| {
+        skiff_core::resources::RESOURCES
+            .iter()
+            .map(|r| (storage_path(r.storage), r.storage))
+            .collect()
+    })
+}
+
+/// `/registry/<path>/` — the prefix of one resource's objects (e.g.
+/// `/registry/pods/`, `/registry/services/specs/`, `/registry/deployments/`).
 pub fn resource_prefix(res: &ResourceInfo) -> String {
-    let (group, plural) = res.storage.split_once('/').unwrap_or(("", res.storage));
-    let group = if group.is_empty() { "core" } else { group };
-    format!("{ROOT}{group}/{plural}/")
+    format!("{ROOT}{}/", storage_path(res.storage))
 }
 
 /// The prefix of one namespace's objects of a resource (or all, for `None`).
@@ -39,11 +91,28 @@ pub fn object_key(res: &ResourceInfo, namespace: Option<&str>, name: &str) -> St
 /// The storage id (`<group>/<plural>`, as in `ResourceInfo::storage`) of a key.
 pub fn storage_of_key(key: &str) -> Option<String> {
     let rest = key.strip_prefix(ROOT)?;
-    let mut parts = rest.splitn(3, '/');
-    let group = parts.next()?;
-    let plural = parts.next()?;
-    let group = if group == "core" { "" } else { group };
-    Some(format!("{group}/{plural}"))
+    let map = storages_by_path();
+    let mut cut = rest.match_indices('/').map(|(i, _)| i);
+    let first = cut.next()?;
+    // Two segments (`services/specs`, `<group>/<plural>`) before one.
+    if let Some(second) = cut.next() {
+        if let Some(s) = map.get(&rest[..second]) {
+            return Some(s.to_string());
+        }
+    }
+    map.get(&rest[..first]).map(|s| s.to_string())
+}
+
+/// Where skiff's first key layout (`/registry/<group|core>/<plural>/…`)
+/// kept a storage's objects, when that differs from today's.
+pub fn legacy_prefix(storage: &str) -> Option<String> {
+    let (group, plural) = storage.split_once('/').unwrap_or(("", storage));
+    let old = format!(
+        "{ROOT}{}/{plural}/",
+        if group.is_empty() { "core" } else { group }
+    );
+    let new = format!("{ROOT}{}/", storage_path(storage));
+    (old != new).then_some(old)
 }
 
 /// Serializes an object for the store (without its resourceVersion), with
@@ -284,24 +353,56 @@ mod tests {
     }
 
     #[test]
-    fn keys_separate_namespaces_and_groups() {
+    fn keys_are_laid_out_as_kubernetes_lays_out_etcd() {
         let pods = lookup("", "v1", "pods").unwrap();
-        assert_eq!(
-            object_key(pods, Some("ns1"), "p"),
-            "/registry/core/pods/ns1/p"
-        );
-        assert_eq!(list_prefix(pods, None), "/registry/core/pods/");
+        assert_eq!(object_key(pods, Some("ns1"), "p"), "/registry/pods/ns1/p");
+        assert_eq!(list_prefix(pods, None), "/registry/pods/");
         let deploy = lookup("apps", "v1", "deployments").unwrap();
         assert_eq!(
             object_key(deploy, Some("a"), "d"),
-            "/registry/apps/deployments/a/d"
+            "/registry/deployments/a/d"
         );
         assert_eq!(
-            storage_of_key("/registry/apps/deployments/a/d").unwrap(),
+            storage_of_key("/registry/deployments/a/d").unwrap(),
             "apps/deployments"
         );
-        assert_eq!(storage_of_key("/registry/core/nodes/n1").unwrap(), "/nodes");
         let nodes = lookup("", "v1", "nodes").unwrap();
         assert_eq!(nodes.storage, "/nodes");
+        assert_eq!(object_key(nodes, None, "n1"), "/registry/minions/n1");
+        assert_eq!(storage_of_key("/registry/minions/n1").unwrap(), "/nodes");
+        let svc = lookup("", "v1", "services").unwrap();
+        assert_eq!(
+            object_key(svc, Some("default"), "kubernetes"),
+            "/registry/services/specs/default/kubernetes"
+        );
+        let eps = lookup("", "v1", "endpoints").unwrap();
+        assert_eq!(
+            storage_of_key(&object_key(eps, Some("specs"), "x")).unwrap(),
+            "/endpoints"
+        );
+        assert_eq!(
+            storage_of_key("/registry/services/specs/specs/x").unwrap(),
+            "/services"
+        );
+        // Both event versions share one storage.
+        let ev = lookup("events.k8s.io", "v1", "events").unwrap();
+        assert_eq!(object_key(ev, Some("n"), "e"), "/registry/events/n/e");
+        // Every served resource's keys map back to its storage, and no two
+        // storages share a prefix.
+        let mut prefixes = std::collections::HashSet::new();
+        for r in skiff_core::resources::RESOURCES {
+            let key = object_key(r, Some("ns"), "name");
+            assert_eq!(storage_of_key(&key).as_deref(), Some(r.storage), "{key}");
+            prefixes.insert((resource_prefix(r), r.storage));
+        }
+        let distinct: std::collections::HashSet<_> = prefixes.iter().map(|(p, _)| p).collect();
+        assert_eq!(distinct.len(), prefixes.len());
+        // The first layout's prefixes, for moving old data.
+        assert_eq!(
+            legacy_prefix("apps/deployments").unwrap(),
+            "/registry/apps/deployments/"
+        );
+        assert_eq!(legacy_prefix("/pods").unwrap(), "/registry/core/pods/");
+        assert_eq!(legacy_prefix("example.com/widgets"), None);
     }
 }

@@ -142,6 +142,12 @@ fn store_err(res: &ResourceInfo, name: &str, e: skiff_store::Error) -> ApiError 
         E::FutureRevision { requested, current } => ApiError::timeout(format!(
             "Too large resource version: {requested}, current: {current}"
         )),
+        E::Unavailable(msg) => ApiError::new(
+            503,
+            "ServiceUnavailable",
+            format!("the storage backend is unavailable: {msg}"),
+        ),
+        E::Timeout(msg) => ApiError::timeout(format!("storage request timed out: {msg}")),
         other => ApiError::internal(other.to_string()),
     }
 }
@@ -225,11 +231,13 @@ impl Registry {
     }
 
     /// Waits (up to 3 s) until the watch cache has seen every write the
-    /// store has acknowledged, so a read from it is consistent.
+    /// store has acknowledged, so a read from it is consistent: the store's
+    /// progress request makes the cache's watch report its revision even
+    /// when the latest writes are outside it (another server's, or etcd's).
     async fn cache_is_current(&self, res: &ResourceInfo) -> ApiResult<bool> {
         let current = self
             .store
-            .current_revision()
+            .request_progress()
             .await
             .map_err(|e| store_err(res, "", e))?;
         Ok(self.cache.wait_for(current, Duration::from_secs(3)).await)

@@ -238,11 +238,31 @@ impl Server {
         }
     }
 
+    /// Starts another server with the certificates of `other` (its CA,
+    /// serving and admin certificates), so both are one cluster to clients:
+    /// for several servers on one etcd.
+    pub fn start_with_pki_of(other: &Server, extra: &[&str]) -> Server {
+        let from = other.dir.path().join("data/pki");
+        Server::launch_prepared("server", extra, |dir| {
+            let to = dir.join("data/pki");
+            std::fs::create_dir_all(&to).expect("pki dir");
+            for entry in std::fs::read_dir(&from).expect("the first server's pki") {
+                let entry = entry.expect("pki entry");
+                std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy pki");
+            }
+        })
+    }
+
     fn launch(mode: &'static str, extra: &[&str]) -> Server {
+        Server::launch_prepared(mode, extra, |_| {})
+    }
+
+    fn launch_prepared(mode: &'static str, extra: &[&str], prepare: impl FnOnce(&Path)) -> Server {
         let dir = tempfile::Builder::new()
             .prefix("skf")
             .tempdir_in("/tmp")
             .expect("temp dir");
+        prepare(dir.path());
         let kubeconfig = dir.path().join("admin.kubeconfig");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         // A port found free can be taken by another process before the

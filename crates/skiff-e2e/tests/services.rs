@@ -6,7 +6,8 @@
 //! its ingress and answers there, ClientIP affinity holds, a backend
 //! failing readiness stops receiving traffic, a pod reaches itself through
 //! its service (hairpin), the `kubernetes` Service reaches the API server,
-//! and a Service without endpoints refuses at once.
+//! a Service without endpoints refuses at once, and the rules keep serving
+//! while skiff is killed and after it starts again.
 //! Each cluster uses a service range of its own so concurrent clusters on
 //! the machine never share a ClusterIP.
 
@@ -80,6 +81,16 @@ spec:
 ---
 apiVersion: v1
 kind: Service
+metadata: {name: local}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32123
+  selector: {app: web}
+  ports: [{name: http, port: 18081, targetPort: http}]
+---
+apiVersion: v1
+kind: Service
 metadata: {name: empty}
 spec:
   selector: {app: nothing-matches}
@@ -135,7 +146,7 @@ fn ready(s: &Server, pod: &str) -> bool {
 #[test]
 fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_the_proxy() {
     let cidr = service_cidr();
-    let s = Server::up_with(&["--service-cidr", &cidr]);
+    let mut s = Server::up_with(&["--service-cidr", &cidr]);
     s.ok_stdin(&["apply", "-f", "-"], &backend("web-a"));
     s.ok_stdin(&["apply", "-f", "-"], &backend("web-b"));
     s.ok_stdin(&["apply", "-f", "-"], CLIENT);
@@ -171,6 +182,11 @@ fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_th
     assert_eq!(counts.values().sum::<usize>(), 30, "{counts:?}");
     assert!(!counts.contains_key("FAILED"), "{counts:?}");
 
+    // By name, through the cluster DNS.
+    let counts = spread(&s, "client", "http://web.default.svc.cluster.local:80/", 4);
+    assert_eq!(counts.values().sum::<usize>(), 4, "{counts:?}");
+    assert!(!counts.contains_key("FAILED"), "{counts:?}");
+
     // From the node itself, and the NodePort on the node's address.
     let body = http_get(&web_ip, 80).expect("ClusterIP from the node");
     assert!(body.contains("web-a") || body.contains("web-b"), "{body}");
@@ -189,6 +205,14 @@ fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_th
         http_get(&node_ip, 18080).ok()
     });
     assert!(body.contains("web-a") || body.contains("web-b"), "{body}");
+
+    // externalTrafficPolicy Local: the health check node port counts this
+    // node's endpoints.
+    let health = wait_until("the health check node port answers", 30, || {
+        http_get(&node_ip, 32123).ok()
+    });
+    assert!(health.starts_with("HTTP/1.0 200"), "{health}");
+    assert!(health.contains("\"localEndpoints\":2"), "{health}");
 
     // ClientIP affinity: one client, one backend.
     let counts = spread(&s, "client", &format!("http://{sticky_ip}:80/"), 20);
@@ -224,6 +248,18 @@ fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_th
     assert!(
         out.trim().starts_with("15 03"),
         "expected a TLS alert record: {out:?}"
+    );
+    let out = s.ok(&[
+        "exec",
+        "client",
+        "--",
+        "sh",
+        "-c",
+        "printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 3 kubernetes.default.svc.cluster.local 443 | od -An -tx1 | head -1",
+    ]);
+    assert!(
+        out.trim().starts_with("15 03"),
+        "kubernetes.default.svc by name: {out:?}"
     );
 
     // No endpoints: refused at once, from a pod and from the node.
@@ -263,6 +299,17 @@ fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_th
     // Hairpin: web-a reaches itself through its service.
     let counts = spread(&s, "web-a", &format!("http://{web_ip}:80/"), 3);
     assert_eq!(counts.get("web-a"), Some(&3), "{counts:?}");
+
+    // Fail-static: with skiff killed the rules stay and keep serving; after
+    // the restart (a full resync) they still do.
+    s.kill9();
+    let body = http_get(&web_ip, 80).expect("ClusterIP while skiff is down");
+    assert!(body.contains("web-a"), "{body}");
+    s.start_again();
+    let body = wait_until("ClusterIP after the restart", 30, || {
+        http_get(&web_ip, 80).ok()
+    });
+    assert!(body.contains("web-a"), "{body}");
 
     // An endpoint appearing again is served again.
     s.ok(&["exec", "web-b", "--", "sh", "-c", "echo ok > /www/ready"]);

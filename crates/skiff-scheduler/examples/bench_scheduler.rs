@@ -100,6 +100,9 @@ impl Store for TimedStore {
     async fn current_revision(&self) -> skiff_store::Result<i64> {
         self.inner.current_revision().await
     }
+    async fn request_progress(&self) -> skiff_store::Result<i64> {
+        self.inner.request_progress().await
+    }
     async fn compact(&self, revision: i64) -> skiff_store::Result<()> {
         self.inner.compact(revision).await
     }

@@ -6,14 +6,19 @@
 //!
 //! etcd is driven through its v3 JSON gateway over HTTP/1.1 keep-alive
 //! connections (one per writer), which costs etcd some JSON work that a
-//! gRPC client would not; both sides fsync before acknowledging.
+//! gRPC client would not; both sides fsync before acknowledging. The same
+//! etcd is also driven through skiff's own store trait (`EtcdStore`: gRPC,
+//! each create a transaction guarded on the key being absent), to show what
+//! the trait costs.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use skiff_store::{RedbStore, Store};
+use std::sync::Arc;
+
+use skiff_store::{EtcdOptions, EtcdStore, RedbStore, Store};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -43,6 +48,13 @@ fn summarize(mut lat: Vec<Duration>, elapsed: Duration) -> Result {
 async fn bench_embedded(writers: usize, secs: f64, run: usize) -> Result {
     let dir = tempfile::tempdir().unwrap();
     let store = RedbStore::open(&dir.path().join("bench.redb"), Default::default()).unwrap();
+    let r = bench_trait(store.clone(), writers, secs, &format!("/bench/{run}")).await;
+    store.close();
+    r
+}
+
+/// Creates through the store trait: `writers` tasks, unique keys under `prefix`.
+async fn bench_trait(store: Arc<dyn Store>, writers: usize, secs: f64, prefix: &str) -> Result {
     let value = Bytes::from(vec![b'x'; 256]);
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
@@ -50,13 +62,14 @@ async fn bench_embedded(writers: usize, secs: f64, run: usize) -> Result {
     for w in 0..writers {
         let store = store.clone();
         let value = value.clone();
+        let prefix = prefix.to_string();
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut i = 0u64;
             while Instant::now() < deadline {
                 let t = Instant::now();
                 store
-                    .create(&format!("/bench/{run}/{w}/{i}"), value.clone())
+                    .create(&format!("{prefix}/{w}/{i}"), value.clone())
                     .await
                     .unwrap();
                 lat.push(t.elapsed());
@@ -69,9 +82,7 @@ async fn bench_embedded(writers: usize, secs: f64, run: usize) -> Result {
     for t in tasks {
         all.extend(t.await.unwrap());
     }
-    let elapsed = start.elapsed();
-    store.close();
-    summarize(all, elapsed)
+    summarize(all, start.elapsed())
 }
 
 fn free_port() -> u16 {
@@ -246,11 +257,23 @@ async fn main() {
     if etcd.is_none() {
         eprintln!("etcd not found at {etcd_bin}: measuring the embedded store only (apt-get install etcd-server)");
     }
-    println!("| writers | embedded writes/s | embedded p50 / p99 ms | etcd writes/s | etcd p50 / p99 ms | embedded ÷ etcd |");
-    println!("|---:|---:|---:|---:|---:|---:|");
+    let through_trait: Option<Arc<dyn Store>> = match &etcd {
+        Some(e) => Some(
+            EtcdStore::connect(EtcdOptions {
+                endpoints: vec![format!("http://127.0.0.1:{}", e.port)],
+                ..Default::default()
+            })
+            .await
+            .expect("connecting to the benchmark's etcd"),
+        ),
+        None => None,
+    };
+    println!("| writers | embedded writes/s | embedded p50 / p99 ms | etcd writes/s | etcd p50 / p99 ms | embedded ÷ etcd | etcd via trait writes/s | via trait p50 / p99 ms | via trait ÷ etcd |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for writers in [1usize, 16, 256] {
         let (mut ew, mut e50, mut e99, mut tw, mut t50, mut t99) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut vw, mut v50, mut v99) = (vec![], vec![], vec![]);
         for run in 0..runs {
             // Alternate which side goes first so neither always gets the warmer disk.
             let order = if run % 2 == 0 {
@@ -269,6 +292,13 @@ async fn main() {
                     tw.push(r.writes_per_sec);
                     t50.push(r.p50_ms);
                     t99.push(r.p99_ms);
+                    if let Some(st) = &through_trait {
+                        let prefix = format!("/trait/{}", run * 1000 + writers);
+                        let r = bench_trait(st.clone(), writers, secs, &prefix).await;
+                        vw.push(r.writes_per_sec);
+                        v50.push(r.p50_ms);
+                        v99.push(r.p99_ms);
+                    }
                 }
             }
         }
@@ -280,24 +310,45 @@ async fn main() {
                 median(tw.clone())
             },
         );
+        let dash = || "–".to_string();
+        let via = if vw.is_empty() {
+            f64::NAN
+        } else {
+            median(vw.clone())
+        };
         println!(
-            "| {writers} | {emb:.0} | {:.2} / {:.2} | {} | {} | {} |",
+            "| {writers} | {emb:.0} | {:.2} / {:.2} | {} | {} | {} | {} | {} | {} |",
             median(e50),
             median(e99),
             if tw.is_empty() {
-                "–".into()
+                dash()
             } else {
                 format!("{et:.0}")
             },
             if t50.is_empty() {
-                "–".into()
+                dash()
             } else {
                 format!("{:.2} / {:.2}", median(t50), median(t99))
             },
             if tw.is_empty() {
-                "–".into()
+                dash()
             } else {
                 format!("{:.2}×", emb / et)
+            },
+            if vw.is_empty() {
+                dash()
+            } else {
+                format!("{via:.0}")
+            },
+            if v50.is_empty() {
+                dash()
+            } else {
+                format!("{:.2} / {:.2}", median(v50), median(v99))
+            },
+            if vw.is_empty() || tw.is_empty() {
+                dash()
+            } else {
+                format!("{:.2}×", via / et)
             },
         );
     }

@@ -1,15 +1,18 @@
 //! The store contract skiff's API server needs — the one Kubernetes needs from
 //! etcd — and its backends.
 //!
-//! Keys are strings (`/registry/<group>/<resource>/<namespace>/<name>`), values
+//! Keys are strings (`/registry/<resource>/<namespace>/<name>`, as Kubernetes
+//! lays out etcd), values
 //! are opaque bytes (serialized objects). One global revision orders every
 //! write; it is the `resourceVersion` clients see. Only the API server uses
 //! this crate.
 
+pub mod etcd;
 mod redb_store;
 #[cfg(feature = "testsuite")]
 pub mod testsuite;
 
+pub use etcd::{EtcdOptions, EtcdStore, EtcdTls};
 pub use redb_store::{RedbOptions, RedbStore};
 
 use async_trait::async_trait;
@@ -103,6 +106,14 @@ pub enum Error {
     FutureRevision { requested: i64, current: i64 },
     #[error("store backend error: {0}")]
     Backend(String),
+    /// The backend cannot be reached (etcd down or without a leader); HTTP 503
+    /// upstream. May be retried.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The backend did not answer in time; HTTP 504 upstream. The write may or
+    /// may not have happened.
+    #[error("store request timed out: {0}")]
+    Timeout(String),
     #[error("store is closed")]
     Closed,
 }
@@ -151,6 +162,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// The revision of the last committed write (0 in an empty store).
     async fn current_revision(&self) -> Result<i64>;
+
+    /// Asks every open watch of this store for progress (etcd's
+    /// `RequestProgress`) and returns the store's current revision: each
+    /// watch then sends, after every event at or below that revision, a
+    /// `Progress` at that revision or later. A watch cache waits for it to
+    /// serve a read that is consistent with the store.
+    async fn request_progress(&self) -> Result<i64>;
 
     /// Forgets history older than `revision`; reads and watches before it answer
     /// `Compacted`. The latest value of every live key is kept.

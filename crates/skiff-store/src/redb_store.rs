@@ -75,6 +75,9 @@ pub struct RedbStore {
     events: broadcast::Sender<Arc<Event>>,
     revision: Arc<AtomicI64>,
     compacted: Arc<AtomicI64>,
+    /// Held while a revision is published with its events, so that a
+    /// progress event never overtakes the events it vouches for.
+    publish: Arc<std::sync::Mutex<()>>,
 }
 
 fn backend<E: std::fmt::Display>(e: E) -> Error {
@@ -248,15 +251,17 @@ impl RedbStore {
         let (events, _) = broadcast::channel(opts.watch_buffer.max(16));
         let revision = Arc::new(AtomicI64::new(rev));
         let compacted = Arc::new(AtomicI64::new(compacted));
+        let publish = Arc::new(std::sync::Mutex::new(()));
         {
             let db = db.clone();
             let events = events.clone();
             let revision = revision.clone();
             let compacted = compacted.clone();
+            let publish = publish.clone();
             let max_batch = opts.max_batch.max(1);
             std::thread::Builder::new()
                 .name("skiff-store-commit".into())
-                .spawn(move || committer(db, rx, events, revision, compacted, max_batch))
+                .spawn(move || committer(db, rx, events, revision, compacted, publish, max_batch))
                 .map_err(backend)?;
         }
         Ok(Arc::new(RedbStore {
@@ -265,6 +270,7 @@ impl RedbStore {
             events,
             revision,
             compacted,
+            publish,
         }))
     }
 
@@ -359,6 +365,7 @@ fn committer(
     events: broadcast::Sender<Arc<Event>>,
     revision: Arc<AtomicI64>,
     compacted: Arc<AtomicI64>,
+    publish: Arc<std::sync::Mutex<()>>,
     max_batch: usize,
 ) {
     // The record being inserted, reused across writes.
@@ -503,11 +510,13 @@ fn committer(
         })();
         match outcome {
             Ok(()) => {
+                let published = publish.lock().unwrap_or_else(|e| e.into_inner());
                 compacted.store(compact_to, Ordering::Release);
                 revision.store(rev, Ordering::Release);
                 for ev in new_events {
                     let _ = events.send(Arc::new(ev));
                 }
+                drop(published);
                 for (op, r) in batch.into_iter().zip(results) {
                     let _ = op.reply.send(r);
                 }
@@ -745,6 +754,17 @@ impl Store for RedbStore {
                 match next {
                     Ok(ev) => {
                         let rev = ev.revision();
+                        if let Event::Progress { .. } = &*ev {
+                            // A requested progress: every event up to `rev`
+                            // was published before it.
+                            let p = Event::Progress {
+                                revision: rev.max(last),
+                            };
+                            if tx.send(Ok(p)).await.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
                         if rev <= last {
                             continue;
                         }
@@ -773,6 +793,15 @@ impl Store for RedbStore {
 
     async fn current_revision(&self) -> Result<i64> {
         Ok(self.revision.load(Ordering::Acquire))
+    }
+
+    async fn request_progress(&self) -> Result<i64> {
+        let _published = self.publish.lock().unwrap_or_else(|e| e.into_inner());
+        let rev = self.revision.load(Ordering::Acquire);
+        let _ = self
+            .events
+            .send(Arc::new(Event::Progress { revision: rev }));
+        Ok(rev)
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {

@@ -465,23 +465,94 @@ pub async fn replayed_events_carry_previous_values(s: Arc<dyn Store>) {
     assert_eq!(expect(&after), all[3..]);
 }
 
-/// Runs every conformance test, each against a fresh store from `make`.
-pub async fn run_all<F, Fut>(make: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Arc<dyn Store>>,
-{
-    create_then_get(make().await).await;
-    update_requires_the_current_revision(make().await).await;
-    delete_with_and_without_a_guard(make().await).await;
-    list_is_ordered_and_prefix_isolated(make().await).await;
-    pages_come_from_one_snapshot(make().await).await;
-    future_revisions_are_refused(make().await).await;
-    watch_from_now_sees_only_later_changes(make().await).await;
-    watch_from_the_past_replays_then_follows(make().await).await;
-    idle_watches_get_progress(make().await).await;
-    compaction_forgets_history_but_keeps_values(make().await).await;
-    concurrent_writes_are_all_kept(make().await).await;
-    reads_after_updates_and_compactions(make().await).await;
-    replayed_events_carry_previous_values(make().await).await;
+/// A progress request reaches a watch without a progress interval: after
+/// every event up to the returned revision, it reports progress at that
+/// revision or later (so a watch cache can serve consistent reads).
+pub async fn requested_progress_follows_every_event(s: Arc<dyn Store>) {
+    let mut w = s.watch("/q/", 0, None).await.unwrap();
+    let a = s.create("/q/a", b("1")).await.unwrap();
+    s.create("/elsewhere", b("x")).await.unwrap();
+    let rev = s.request_progress().await.unwrap();
+    assert_eq!(rev, s.current_revision().await.unwrap());
+    assert!(rev > a.mod_revision);
+    match next_event(&mut w).await {
+        Event::Put { kv, prev: None } => assert_eq!(kv, a),
+        e => panic!("expected the create first, got {e:?}"),
+    }
+    loop {
+        match next_event(&mut w).await {
+            Event::Progress { revision } if revision >= rev => break,
+            Event::Progress { .. } => continue,
+            e => panic!("expected progress, got {e:?}"),
+        }
+    }
+    // Without a request, an idle watch without an interval stays quiet.
+    let quiet = tokio::time::timeout(Duration::from_millis(300), w.next()).await;
+    assert!(quiet.is_err(), "unrequested: {quiet:?}");
 }
+
+/// What a backend's constructor gives the conformance tests: the store and
+/// anything that must live as long as it (a temp dir, an etcd process).
+pub struct Fixture {
+    pub store: Arc<dyn Store>,
+    _keep: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl From<Arc<dyn Store>> for Fixture {
+    fn from(store: Arc<dyn Store>) -> Self {
+        Fixture { store, _keep: None }
+    }
+}
+
+impl<G: Send + 'static> From<(Arc<dyn Store>, G)> for Fixture {
+    fn from((store, keep): (Arc<dyn Store>, G)) -> Self {
+        Fixture {
+            store,
+            _keep: Some(Box::new(keep)),
+        }
+    }
+}
+
+/// Expands to one `#[tokio::test]` per conformance test, each against a
+/// fresh backend from `$make` — an expression whose value is a future of an
+/// `Arc<dyn Store>`, or of `(Arc<dyn Store>, guard)` where the guard lives
+/// until the test ends. Every backend's tests are this one line, so no
+/// backend can miss a test:
+///
+/// ```ignore
+/// skiff_store::conformance_tests!(async { store() });
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@each $make;
+            create_then_get,
+            update_requires_the_current_revision,
+            delete_with_and_without_a_guard,
+            list_is_ordered_and_prefix_isolated,
+            pages_come_from_one_snapshot,
+            future_revisions_are_refused,
+            watch_from_now_sees_only_later_changes,
+            watch_from_the_past_replays_then_follows,
+            idle_watches_get_progress,
+            compaction_forgets_history_but_keeps_values,
+            concurrent_writes_are_all_kept,
+            reads_after_updates_and_compactions,
+            replayed_events_carry_previous_values,
+            requested_progress_follows_every_event,
+        );
+    };
+    (@each $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                let fixture: $crate::testsuite::Fixture = ($make).await.into();
+                $crate::testsuite::$name(fixture.store.clone()).await;
+                drop(fixture);
+            }
+        )*
+    };
+}
+
+mod etcd_server;
+pub use etcd_server::EtcdServer;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use futures::StreamExt;
-use skiff_store::{testsuite, RedbStore, Store};
+use skiff_store::{RedbStore, Store};
 
 /// A store in a temp dir that lives as long as the test process.
 fn store() -> Arc<dyn Store> {
@@ -11,32 +11,7 @@ fn store() -> Arc<dyn Store> {
     RedbStore::open(&dir.join("store.redb"), Default::default()).unwrap()
 }
 
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test]
-            async fn $name() {
-                testsuite::$name(store()).await;
-            }
-        )*
-    };
-}
-
-conformance!(
-    create_then_get,
-    update_requires_the_current_revision,
-    delete_with_and_without_a_guard,
-    list_is_ordered_and_prefix_isolated,
-    pages_come_from_one_snapshot,
-    future_revisions_are_refused,
-    watch_from_now_sees_only_later_changes,
-    watch_from_the_past_replays_then_follows,
-    idle_watches_get_progress,
-    compaction_forgets_history_but_keeps_values,
-    concurrent_writes_are_all_kept,
-    reads_after_updates_and_compactions,
-    replayed_events_carry_previous_values,
-);
+skiff_store::conformance_tests!(async { store() });
 
 #[tokio::test]
 async fn writes_survive_reopening_the_store() {

@@ -9,7 +9,7 @@
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,9 +115,26 @@ struct ServerArgs {
     /// Seconds of history kept for watches (Kubernetes keeps 5 minutes).
     #[arg(long, default_value_t = 300, hide = true)]
     compact_keep: u64,
-    /// Seconds between compactions.
-    #[arg(long, default_value_t = 60, hide = true)]
-    compact_every: u64,
+    /// Seconds between compactions (default: 60 on the embedded store, 300
+    /// on etcd, as kube-apiserver's --etcd-compaction-interval).
+    #[arg(long, hide = true)]
+    compact_every: Option<u64>,
+    /// Keep the cluster's state in etcd at these client URLs
+    /// (comma-separated) instead of the embedded store in DATA.
+    #[arg(long = "etcd-servers", value_delimiter = ',')]
+    etcd_servers: Vec<String>,
+    /// CA bundle (PEM) verifying the etcd servers' certificates.
+    #[arg(long = "etcd-cafile")]
+    etcd_cafile: Option<PathBuf>,
+    /// Client certificate (PEM) presented to etcd.
+    #[arg(long = "etcd-certfile")]
+    etcd_certfile: Option<PathBuf>,
+    /// Key (PEM) of the etcd client certificate.
+    #[arg(long = "etcd-keyfile")]
+    etcd_keyfile: Option<PathBuf>,
+    /// The etcd key prefix objects are stored under.
+    #[arg(long = "etcd-prefix", default_value = "/registry")]
+    etcd_prefix: String,
     #[command(flatten)]
     dns: DnsArgs,
 }
@@ -304,6 +321,46 @@ struct Started {
     data_dir: PathBuf,
 }
 
+/// The embedded store in DATA, or etcd with `--etcd-servers`.
+async fn open_store(args: &ServerArgs, data_dir: &Path) -> Result<Arc<dyn skiff_store::Store>> {
+    if args.etcd_servers.is_empty() {
+        let store = skiff_store::RedbStore::open(&data_dir.join("store.redb"), Default::default())
+            .with_context(|| format!("opening the store in {}", data_dir.display()))?;
+        return Ok(store);
+    }
+    let read = |flag: &str, p: &Option<PathBuf>| -> Result<Option<Vec<u8>>> {
+        p.as_ref()
+            .map(|p| std::fs::read(p).with_context(|| format!("reading {flag} {}", p.display())))
+            .transpose()
+    };
+    let tls = skiff_store::EtcdTls {
+        ca_pem: read("--etcd-cafile", &args.etcd_cafile)?,
+        cert_pem: read("--etcd-certfile", &args.etcd_certfile)?,
+        key_pem: read("--etcd-keyfile", &args.etcd_keyfile)?,
+    };
+    if tls.cert_pem.is_some() != tls.key_pem.is_some() {
+        anyhow::bail!("--etcd-certfile and --etcd-keyfile go together");
+    }
+    let https = args.etcd_servers.iter().any(|u| u.starts_with("https://"));
+    let use_tls = https || tls.ca_pem.is_some() || tls.cert_pem.is_some();
+    if !args.etcd_prefix.starts_with('/') {
+        anyhow::bail!(
+            "--etcd-prefix must start with '/', not {:?}",
+            args.etcd_prefix
+        );
+    }
+    let opts = skiff_store::EtcdOptions {
+        endpoints: args.etcd_servers.clone(),
+        prefix: args.etcd_prefix.clone(),
+        tls: use_tls.then_some(tls),
+        ..Default::default()
+    };
+    let store = skiff_store::EtcdStore::connect(opts)
+        .await
+        .with_context(|| format!("connecting to etcd at {}", args.etcd_servers.join(",")))?;
+    Ok(store)
+}
+
 async fn start_server(args: &ServerArgs) -> Result<Started> {
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     std::fs::create_dir_all(&data_dir)
@@ -327,9 +384,7 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         sans.push(ip.to_string());
     }
     let pki = skiff_apiserver::tls::Pki::load_or_create(&data_dir.join("pki"), &sans)?;
-    let store = skiff_store::RedbStore::open(&data_dir.join("store.redb"), Default::default())
-        .with_context(|| format!("opening the store in {}", data_dir.display()))?;
-    let store: Arc<dyn skiff_store::Store> = store;
+    let store = open_store(args, &data_dir).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -372,7 +427,15 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
     let config = skiff_apiserver::Config {
         advertise: advertise.clone(),
         compact_keep: Duration::from_secs(args.compact_keep),
-        compact_every: Duration::from_secs(args.compact_every.max(1)),
+        compact_every: Duration::from_secs(
+            args.compact_every
+                .unwrap_or(if args.etcd_servers.is_empty() {
+                    60
+                } else {
+                    300
+                })
+                .max(1),
+        ),
         registry: skiff_apiserver::registry::RegistryConfig {
             service_cidr,
             cluster_dns: args.dns.cluster_dns,

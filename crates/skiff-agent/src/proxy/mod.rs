@@ -17,6 +17,7 @@
 //! [`lb`] is the small LoadBalancer controller (ServiceLB-like) that gives
 //! LoadBalancer services the nodes' addresses.
 
+pub mod health;
 pub mod lb;
 pub mod model;
 pub mod nft;
@@ -192,9 +193,11 @@ impl State {
 struct Applied {
     rules: HashMap<Key, PortRules>,
     plans: HashMap<Key, Vec<PortPlan>>,
-    /// How many services send to each endpoint (its `hairpin` pair stays
-    /// while one does).
-    hairpin: HashMap<Ipv4Addr, usize>,
+    /// Endpoints whose `hairpin` pair is in the kernel. Pairs are added as
+    /// endpoints appear and dropped only by a full resync: a stale pair is
+    /// harmless (only DNAT to that address makes a packet match it), and
+    /// element deletions cost a dump of the set in nft.
+    hairpin: BTreeSet<Ipv4Addr>,
 }
 
 /// The objects and plans of one service (empty when it is not proxied).
@@ -217,12 +220,46 @@ fn service_objects(
         Err(Skip::Unsupported(why)) => {
             if warned.get(key) != Some(&why) {
                 tracing::warn!(service = %format!("{}/{}", key.0, key.1), reason = %why, "service not programmed: the dataplane cannot express it");
-                warned.insert(key.clone(), why);
+                warned.insert(key.clone(), why.clone());
+                if let Some(svc) = state.services.get(key) {
+                    report_unsupported(svc, why);
+                }
             }
             (PortRules::default(), vec![])
         }
     }
 }
+
+/// The Event a Service the dataplane cannot express gets (one per agent
+/// and reason; the recorder aggregates repeats into a series).
+fn report_unsupported(svc: &Service, why: String) {
+    let Some(recorder) = RECORDER.get().cloned() else {
+        return;
+    };
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Service".into()),
+        name: svc.metadata.name.clone(),
+        namespace: svc.metadata.namespace.clone(),
+        uid: svc.metadata.uid.clone(),
+        resource_version: svc.metadata.resource_version.clone(),
+        field_path: None,
+    };
+    tokio::spawn(async move {
+        let ev = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Warning,
+            reason: "UnsupportedService".into(),
+            note: Some(format!("the service proxy cannot program it: {why}")),
+            action: "Program".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&ev, &reference).await {
+            tracing::debug!(error = %e, "recording an event");
+        }
+    });
+}
+
+static RECORDER: std::sync::OnceLock<kube::runtime::events::Recorder> = std::sync::OnceLock::new();
 
 /// Which service holds each map key (an address, protocol and port, or a
 /// NodePort). Two services claiming one (the same externalIP and port, say)
@@ -272,6 +309,8 @@ pub struct Sync {
     pub generation: u64,
     pub services: usize,
     pub elapsed: Duration,
+    /// The part of `elapsed` spent in nft (the transaction itself).
+    pub nft: Duration,
     pub full: bool,
 }
 
@@ -293,6 +332,13 @@ pub async fn run_with_progress(
 ) -> anyhow::Result<()> {
     prepare_kernel();
     let node = options.node.clone();
+    let _ = RECORDER.set(kube::runtime::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "skiff-proxy".into(),
+            instance: Some(node.name.clone()),
+        },
+    ));
     let nft = nft::Nft::new(&options.table);
     let services: Api<Service> = Api::all(client.clone());
     let slices: Api<EndpointSlice> = Api::all(client.clone());
@@ -310,8 +356,13 @@ pub async fn run_with_progress(
     let mut need_full = true;
     let mut warned: HashMap<Key, String> = HashMap::new();
     let mut owners = Owners::default();
+    // Health check node ports, per service (few), and their listeners.
+    let mut health_by_service: HashMap<Key, std::collections::BTreeMap<u16, health::Report>> =
+        HashMap::new();
+    let mut health_servers = health::Servers::default();
     let mut generation = 0u64;
     let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut failures = 0u32;
 
     loop {
         // Wait for at least one event (or a retry), then take every event
@@ -406,6 +457,7 @@ pub async fn run_with_progress(
             continue;
         }
         let started = Instant::now();
+        let nft_time;
         let result = if need_full {
             let mut next = Applied::default();
             owners = Owners::default();
@@ -418,12 +470,13 @@ pub async fn run_with_progress(
             }
             let n = next.rules.len();
             for r in next.rules.values() {
-                for ip in &r.endpoints {
-                    *next.hairpin.entry(*ip).or_insert(0) += 1;
-                }
+                next.hairpin.extend(r.endpoints.iter().copied());
             }
             let all: Vec<&PortRules> = next.rules.values().collect();
-            match nft.replace_all(&node.ips, &all).await {
+            let t = Instant::now();
+            let r = nft.replace_all(&node.ips, &all).await;
+            nft_time = t.elapsed();
+            match r {
                 Ok(()) => {
                     flush_udp_changes(&applied.plans, &next.plans).await;
                     applied = next;
@@ -443,38 +496,19 @@ pub async fn run_with_progress(
                 ops.extend(rules::diff(old, &r));
                 next_rules.push((k.clone(), r, p));
             }
-            // Hairpin pairs are shared: count the dirty services' changes.
-            let mut delta: HashMap<Ipv4Addr, i64> = HashMap::new();
-            for (k, r, _) in &next_rules {
-                if let Some(old) = applied.rules.get(k) {
-                    for ip in &old.endpoints {
-                        *delta.entry(*ip).or_insert(0) -= 1;
-                    }
-                }
-                for ip in &r.endpoints {
-                    *delta.entry(*ip).or_insert(0) += 1;
-                }
-            }
-            delta.retain(|_, d| *d != 0);
-            for (ip, d) in &delta {
-                let before = applied.hairpin.get(ip).copied().unwrap_or(0) as i64;
-                let after = before + d;
-                if before == 0 && after > 0 {
-                    ops.push(rules::Op::AddHairpin(*ip));
-                } else if before > 0 && after <= 0 {
-                    ops.push(rules::Op::DeleteHairpin(*ip));
-                }
-            }
+            let new_pairs: BTreeSet<Ipv4Addr> = next_rules
+                .iter()
+                .flat_map(|(_, r, _)| r.endpoints.iter().copied())
+                .filter(|ip| !applied.hairpin.contains(ip))
+                .collect();
+            ops.extend(new_pairs.iter().map(|ip| rules::Op::AddHairpin(*ip)));
             ops.sort_by_key(rules::Op::phase);
-            match nft.apply(&ops).await {
+            let t = Instant::now();
+            let r = nft.apply(&ops).await;
+            nft_time = t.elapsed();
+            match r {
                 Ok(()) => {
-                    for (ip, d) in delta {
-                        let c = applied.hairpin.entry(ip).or_insert(0);
-                        *c = (*c as i64 + d).max(0) as usize;
-                        if *c == 0 {
-                            applied.hairpin.remove(&ip);
-                        }
-                    }
+                    applied.hairpin.extend(new_pairs);
                     let mut old_plans = HashMap::new();
                     let mut new_plans = HashMap::new();
                     for (k, r, p) in next_rules.iter().cloned() {
@@ -497,13 +531,45 @@ pub async fn run_with_progress(
         };
         match result {
             Ok((n, full)) => {
+                let keys: Vec<Key> = if full {
+                    health_by_service.clear();
+                    applied.plans.keys().cloned().collect()
+                } else {
+                    dirty.iter().cloned().collect()
+                };
+                let mut health_changed = false;
+                for k in keys {
+                    let want = applied
+                        .plans
+                        .get(&k)
+                        .map(|p| health::desired(p.iter()))
+                        .unwrap_or_default();
+                    let old = if want.is_empty() {
+                        health_by_service.remove(&k)
+                    } else {
+                        health_by_service.insert(k, want.clone())
+                    };
+                    if old.unwrap_or_default() != want {
+                        health_changed = true;
+                    }
+                }
+                if health_changed || full {
+                    health_servers.update(
+                        health_by_service
+                            .values()
+                            .flat_map(|m| m.iter().map(|(p, r)| (*p, r.clone())))
+                            .collect(),
+                    );
+                }
                 dirty.clear();
+                failures = 0;
                 need_full = false;
                 generation += 1;
                 let s = Sync {
                     generation,
                     services: n,
                     elapsed: started.elapsed(),
+                    nft: nft_time,
                     full,
                 };
                 tracing::debug!(?s, "service rules applied");
@@ -511,9 +577,11 @@ pub async fn run_with_progress(
             }
             Err(e) => {
                 // Nothing changed in the kernel (one transaction); try again
-                // from scratch shortly.
-                tracing::warn!(error = %e, "programming service rules failed; retrying with a full resync");
-                retry_at = Some(tokio::time::Instant::now() + Duration::from_secs(2));
+                // from scratch, backing off (2 s doubling to a minute).
+                failures += 1;
+                let wait = Duration::from_secs((1u64 << failures.min(6)).min(60));
+                tracing::warn!(error = %e, retry_in = ?wait, "programming service rules failed; retrying with a full resync");
+                retry_at = Some(tokio::time::Instant::now() + wait);
             }
         }
     }
@@ -528,6 +596,17 @@ enum Either<A, B> {
 /// are gone (or on the reject path of a service that now has endpoints), as
 /// kube-proxy does; TCP needs none of this.
 async fn flush_udp_changes(old: &HashMap<Key, Vec<PortPlan>>, new: &HashMap<Key, Vec<PortPlan>>) {
+    let flushes = udp_flushes(old, new);
+    if !flushes.is_empty() {
+        nft::flush_conntrack(flushes).await;
+    }
+}
+
+/// The conntrack deletions a change of plans calls for.
+pub fn udp_flushes(
+    old: &HashMap<Key, Vec<PortPlan>>,
+    new: &HashMap<Key, Vec<PortPlan>>,
+) -> Vec<nft::ConntrackFlush> {
     let mut flushes: Vec<nft::ConntrackFlush> = vec![];
     let keys: BTreeSet<&Key> = old.keys().chain(new.keys()).collect();
     for k in keys {
@@ -564,7 +643,78 @@ async fn flush_udp_changes(old: &HashMap<Key, Vec<PortPlan>>, new: &HashMap<Key,
             }
         }
     }
-    if !flushes.is_empty() {
-        nft::flush_conntrack(flushes).await;
+    flushes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::model::{Endpoint, PortKey};
+    use super::*;
+
+    fn plan(protocol: Protocol, eps: &[&str]) -> PortPlan {
+        PortPlan {
+            key: PortKey {
+                namespace: "default".into(),
+                name: "dns".into(),
+                protocol,
+                port_name: "dns".into(),
+            },
+            cluster_ip: "10.43.0.53".parse().unwrap(),
+            port: 53,
+            node_port: None,
+            external_ips: vec![],
+            cluster_endpoints: eps
+                .iter()
+                .map(|ip| Endpoint {
+                    ip: ip.parse().unwrap(),
+                    port: 5353,
+                })
+                .collect(),
+            local_endpoints: vec![],
+            has_endpoints: !eps.is_empty(),
+            internal_local: false,
+            external_local: false,
+            affinity: None,
+            health_check_node_port: None,
+        }
+    }
+
+    fn one(p: PortPlan) -> HashMap<Key, Vec<PortPlan>> {
+        HashMap::from([(("default".to_string(), "dns".to_string()), vec![p])])
+    }
+
+    #[test]
+    fn a_udp_endpoint_that_goes_has_its_entries_deleted_and_tcp_needs_nothing() {
+        let f = udp_flushes(
+            &one(plan(Protocol::Udp, &["10.42.0.5", "10.42.0.6"])),
+            &one(plan(Protocol::Udp, &["10.42.0.5"])),
+        );
+        assert_eq!(
+            f.iter()
+                .flat_map(|f| f.args())
+                .map(|a| a.join(" "))
+                .collect::<Vec<_>>(),
+            vec!["-D -p udp --orig-dst 10.43.0.53 --orig-port-dst 53 --reply-src 10.42.0.6"]
+        );
+        let f = udp_flushes(
+            &one(plan(Protocol::Tcp, &["10.42.0.5", "10.42.0.6"])),
+            &one(plan(Protocol::Tcp, &["10.42.0.5"])),
+        );
+        assert!(f.is_empty());
+    }
+
+    #[test]
+    fn a_udp_service_getting_its_first_endpoint_drops_every_entry_of_its_port() {
+        let f = udp_flushes(
+            &one(plan(Protocol::Udp, &[])),
+            &one(plan(Protocol::Udp, &["10.42.0.5"])),
+        );
+        assert_eq!(
+            f.iter()
+                .flat_map(|f| f.args())
+                .map(|a| a.join(" "))
+                .collect::<Vec<_>>(),
+            vec!["-D -p udp --orig-dst 10.43.0.53 --orig-port-dst 53"]
+        );
     }
 }

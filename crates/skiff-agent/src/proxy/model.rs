@@ -115,6 +115,9 @@ pub struct PortPlan {
     pub external_local: bool,
     /// ClientIP session affinity timeout in seconds.
     pub affinity: Option<u32>,
+    /// The port answering load balancers' health checks for this node
+    /// (externalTrafficPolicy Local LoadBalancer services).
+    pub health_check_node_port: Option<u16>,
 }
 
 impl PortPlan {
@@ -212,6 +215,11 @@ pub fn plan_service(
     });
     let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
     let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
+    let health_check_node_port = spec
+        .health_check_node_port
+        .filter(|_| external_local && spec.type_.as_deref() == Some("LoadBalancer"))
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p != 0);
     let mut plans = vec![];
     for sp in spec.ports.iter().flatten() {
         let Some(protocol) = Protocol::parse(sp.protocol.as_deref()) else {
@@ -248,6 +256,7 @@ pub fn plan_service(
             internal_local,
             external_local,
             affinity,
+            health_check_node_port,
         });
     }
     Ok(plans)

@@ -478,12 +478,23 @@ pub fn statements(r: &Rule) -> Vec<Statement<'static>> {
     }
 }
 
+/// A system tool by name: from PATH, else /usr/sbin or /sbin (where Debian
+/// puts nft and conntrack, and which a non-login PATH may lack).
+pub fn tool(name: &str) -> std::path::PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d: std::path::PathBuf| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| name.into())
+}
+
 /// Runs `nft -j -f -` on a JSON payload: one transaction. (The crate's own
 /// runner leaves nft's stderr uncaptured, and its message is what says why
 /// a transaction was refused.)
 fn run_nft(payload: &str) -> Result<(), Error> {
     use std::io::Write;
-    let mut child = std::process::Command::new("nft")
+    let mut child = std::process::Command::new(tool("nft"))
         .args(["-j", "-f", "-"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
@@ -583,7 +594,7 @@ pub async fn flush_conntrack(flushes: Vec<ConntrackFlush>) {
     let _ = tokio::task::spawn_blocking(move || {
         for f in flushes {
             for args in f.args() {
-                match std::process::Command::new("conntrack")
+                match std::process::Command::new(tool("conntrack"))
                     .args(&args)
                     .stdout(std::process::Stdio::null())
                     .stderr(std::process::Stdio::null())

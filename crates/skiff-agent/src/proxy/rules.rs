@@ -605,6 +605,7 @@ mod tests {
             internal_local: false,
             external_local: false,
             affinity: None,
+            health_check_node_port: None,
         }
     }
 

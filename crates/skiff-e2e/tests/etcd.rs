@@ -1,0 +1,316 @@
+//! skiff on etcd: `skiff server --etcd-servers` against a real etcd (Debian's
+//! etcd 3.4, started by the test on its own ports and data dir), driven by
+//! the real kubectl; two servers on one etcd are one cluster.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use skiff_e2e::{skiff_binary, text, wait_until, Server};
+use skiff_store::testsuite::EtcdServer;
+
+/// The keys under `prefix` in etcd, as `etcdctl get --prefix --keys-only` shows them.
+fn etcd_keys(etcd: &EtcdServer, prefix: &str) -> Vec<String> {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            "--endpoints",
+            &etcd.endpoint(),
+            "get",
+            "--prefix",
+            "--keys-only",
+            prefix,
+        ])
+        .output()
+        .expect("run etcdctl (apt-get install etcd-client)");
+    assert!(out.status.success(), "etcdctl: {}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+const NO_LOOPS: [&str; 2] = ["--disable-scheduler", "--disable-controllers"];
+
+#[test]
+fn two_servers_on_one_etcd_are_one_cluster() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut etcd = rt.block_on(EtcdServer::start());
+    let url = etcd.endpoint();
+    let flags = |extra: &[&'static str]| {
+        let mut f = vec!["--etcd-servers", url.as_str()];
+        f.extend_from_slice(extra);
+        f
+    };
+    let a = Server::start_with(&flags(&NO_LOOPS));
+    let b = Server::start_with_pki_of(&a, &flags(&NO_LOOPS));
+
+    let ready = a.ok(&["get", "--raw", "/readyz?verbose"]);
+    assert!(ready.contains("[+]etcd ok"), "{ready}");
+
+    // Written through one, read through the other.
+    a.ok(&["create", "configmap", "shared", "--from-literal=k=v1"]);
+    assert_eq!(
+        b.ok(&["get", "configmap", "shared", "-o", "jsonpath={.data.k}"]),
+        "v1"
+    );
+    // Listed through the other right away (a consistent list from its cache).
+    let names = b.ok(&["get", "configmaps", "-o", "name"]);
+    assert!(names.contains("configmap/shared"), "{names}");
+    // The object is where etcdctl users expect it.
+    let keys = etcd_keys(&etcd, "/registry/configmaps/default/");
+    assert!(
+        keys.contains(&"/registry/configmaps/default/shared".to_string()),
+        "{keys:?}"
+    );
+
+    // Watched through the other.
+    let watch = b.kubectl_background(&[
+        "get",
+        "configmap",
+        "shared",
+        "-w",
+        "-o",
+        "jsonpath={.data.k}{\"\\n\"}",
+    ]);
+    watch.wait_for("the current value", |s| s.lines().any(|l| l == "v1"));
+    a.ok(&[
+        "patch",
+        "configmap",
+        "shared",
+        "-p",
+        r#"{"data":{"k":"v2"}}"#,
+    ]);
+    watch.wait_for("the update made through the other server", |s| {
+        s.lines().any(|l| l == "v2")
+    });
+
+    // A stale update through the other server is a conflict.
+    let stale = a.ok(&["get", "configmap", "shared", "-o", "json"]);
+    a.ok(&[
+        "patch",
+        "configmap",
+        "shared",
+        "-p",
+        r#"{"data":{"k":"v3"}}"#,
+    ]);
+    let out = b.kubectl_stdin(&["replace", "-f", "-"], &stale);
+    assert!(!out.status.success(), "a stale replace succeeded");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("Conflict") || err.contains("the object has been modified"),
+        "{err}"
+    );
+    assert_eq!(
+        b.ok(&["get", "configmap", "shared", "-o", "jsonpath={.data.k}"]),
+        "v3"
+    );
+
+    // etcd down: requests fail fast with 503/504, /readyz says why.
+    etcd.kill();
+    let started = Instant::now();
+    let out = a.kubectl(&["get", "configmap", "shared", "--request-timeout=30s"]);
+    assert!(!out.status.success(), "a read succeeded without etcd");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("ServiceUnavailable") || err.contains("Timeout") || err.contains("timed out"),
+        "{err}"
+    );
+    let out = b.kubectl(&["create", "configmap", "during", "--request-timeout=30s"]);
+    assert!(!out.status.success(), "a write succeeded without etcd");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "failing took {:?}",
+        started.elapsed()
+    );
+    let out = a.kubectl(&["get", "--raw", "/readyz"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("etcd failed"), "{err}");
+
+    // etcd back: both servers serve again, and the watch continues.
+    rt.block_on(etcd.restart());
+    wait_until("server a ready again", 30, || {
+        a.kubectl(&["get", "--raw", "/readyz"])
+            .status
+            .success()
+            .then_some(())
+    });
+    wait_until("a write through b", 30, || {
+        b.kubectl(&[
+            "patch",
+            "configmap",
+            "shared",
+            "-p",
+            r#"{"data":{"k":"v4"}}"#,
+        ])
+        .status
+        .success()
+        .then_some(())
+    });
+    watch.wait_for("the update after etcd came back", |s| {
+        s.lines().any(|l| l == "v4")
+    });
+    assert_eq!(
+        a.ok(&["get", "configmap", "shared", "-o", "jsonpath={.data.k}"]),
+        "v4"
+    );
+    // Each value once, in order: no event lost or repeated by the outage.
+    let seen: Vec<String> = watch.stdout().lines().map(str::to_string).collect();
+    assert_eq!(seen, ["v1", "v2", "v3", "v4"], "{seen:?}");
+}
+
+/// `--etcd-prefix`: a server keeps its objects under that prefix, so two
+/// clusters can share one etcd without seeing each other's objects.
+#[test]
+fn the_etcd_prefix_separates_clusters() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let etcd = rt.block_on(EtcdServer::start());
+    let url = etcd.endpoint();
+    let one = Server::start_with(&["--etcd-servers", &url, NO_LOOPS[0], NO_LOOPS[1]]);
+    let two = Server::start_with(&[
+        "--etcd-servers",
+        &url,
+        "--etcd-prefix",
+        "/cluster-two",
+        NO_LOOPS[0],
+        NO_LOOPS[1],
+    ]);
+    one.ok(&["create", "configmap", "only-in-one"]);
+    two.ok(&["create", "configmap", "only-in-two"]);
+    assert!(two
+        .fails(&["get", "configmap", "only-in-one"])
+        .contains("NotFound"));
+    assert!(one
+        .fails(&["get", "configmap", "only-in-two"])
+        .contains("NotFound"));
+    let keys = etcd_keys(&etcd, "/cluster-two/configmaps/");
+    assert_eq!(keys, ["/cluster-two/configmaps/default/only-in-two"]);
+}
+
+/// A server given an etcd that does not answer refuses to start, saying so.
+#[test]
+fn an_unreachable_etcd_stops_the_server_with_a_clear_message() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = Command::new(skiff_e2e::skiff_binary())
+        .args(["server", "--data-dir"])
+        .arg(dir.path())
+        .args(["--listen", "127.0.0.1:0", "--etcd-servers"])
+        .arg(format!("http://127.0.0.1:{port}"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("connecting to etcd at"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+/// `--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`: a server on an etcd
+/// that serves TLS and requires client certificates.
+#[test]
+fn a_server_on_etcd_with_tls_client_certificates() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let etcd = rt.block_on(EtcdServer::start_tls());
+    let url = etcd.endpoint();
+    let (ca, cert, key) = (
+        etcd.ca_file().display().to_string(),
+        etcd.client_cert_file().display().to_string(),
+        etcd.client_key_file().display().to_string(),
+    );
+    let s = Server::start_with(&[
+        "--etcd-servers",
+        &url,
+        "--etcd-cafile",
+        &ca,
+        "--etcd-certfile",
+        &cert,
+        "--etcd-keyfile",
+        &key,
+        NO_LOOPS[0],
+        NO_LOOPS[1],
+    ]);
+    s.ok(&["create", "configmap", "over-tls", "--from-literal=k=v"]);
+    assert_eq!(
+        s.ok(&["get", "configmap", "over-tls", "-o", "jsonpath={.data.k}"]),
+        "v"
+    );
+    let ready = s.ok(&["get", "--raw", "/readyz?verbose"]);
+    assert!(ready.contains("[+]etcd ok"), "{ready}");
+}
+
+/// Hollow nodes (`skiff agent --simulate`) registered through `s`, stopped
+/// (by PID) when dropped.
+struct Hollow(std::process::Child);
+
+impl Drop for Hollow {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Two servers on one etcd, each running a scheduler and a controller
+/// manager behind the Lease election: a Deployment created through one
+/// rolls out on nodes that joined through the other, with exactly its
+/// replicas (one controller manager acts, not two).
+#[test]
+fn two_servers_elect_one_scheduler_and_controller_manager() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let etcd = rt.block_on(EtcdServer::start());
+    let url = etcd.endpoint();
+    let a = Server::start_with(&["--etcd-servers", &url]);
+    let b = Server::start_with_pki_of(&a, &["--etcd-servers", &url]);
+    let nodes = Hollow(
+        Command::new(skiff_binary())
+            .args([
+                "agent",
+                "--simulate",
+                "--nodes",
+                "2",
+                "--node-name",
+                "hollow",
+            ])
+            .args(["--start-delay-ms", "100", "--kubeconfig"])
+            .arg(&a.kubeconfig)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start hollow nodes"),
+    );
+    wait_until("hollow nodes Ready through the other server", 60, || {
+        let out = b.ok(&["get", "nodes", "--no-headers"]);
+        (out.matches(" Ready ").count() == 2).then_some(())
+    });
+    b.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=skiff.local/busybox:1",
+        "--replicas=3",
+    ]);
+    a.ok(&["rollout", "status", "deployment/web", "--timeout=90s"]);
+    let pods = a.ok(&["get", "pods", "-l", "app=web", "--no-headers"]);
+    assert_eq!(pods.lines().count(), 3, "{pods}");
+    let rs = b.ok(&["get", "replicasets", "-l", "app=web", "--no-headers"]);
+    assert_eq!(rs.lines().count(), 1, "{rs}");
+    for lease in ["kube-scheduler", "kube-controller-manager"] {
+        let holder = a.ok(&[
+            "get",
+            "lease",
+            lease,
+            "-n",
+            "kube-system",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ]);
+        assert!(!holder.is_empty(), "{lease} has no holder");
+    }
+    drop(nodes);
+}
