@@ -244,12 +244,7 @@ impl Server {
     pub fn start_with_pki_of(other: &Server, extra: &[&str]) -> Server {
         let from = other.dir.path().join("data/pki");
         Server::launch_prepared("server", extra, |dir| {
-            let to = dir.join("data/pki");
-            std::fs::create_dir_all(&to).expect("pki dir");
-            for entry in std::fs::read_dir(&from).expect("the first server's pki") {
-                let entry = entry.expect("pki entry");
-                std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy pki");
-            }
+            copy_tree(&from, &dir.join("data/pki"))
         })
     }
 
@@ -639,4 +634,19 @@ pub fn wait_until<T>(what: &str, secs: u64, mut f: impl FnMut() -> Option<T>) ->
 
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
+}
+
+/// Copies a directory and everything below it (the PKI holds the
+/// service-account keys in a subdirectory).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create a directory");
+    for entry in std::fs::read_dir(from).expect("read a directory") {
+        let entry = entry.expect("a directory entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy a file");
+        }
+    }
 }

@@ -519,7 +519,7 @@ impl<G: Send + 'static> From<(Arc<dyn Store>, G)> for Fixture {
 /// until the test ends. Every backend's tests are this one line, so no
 /// backend can miss a test:
 ///
-/// ```ignore
+/// ```text
 /// skiff_store::conformance_tests!(async { store() });
 /// ```
 #[macro_export]

@@ -61,56 +61,46 @@ pub async fn discover(client: &kube::Client) -> Option<IpAddr> {
 
 /// Keeps `index` equal to the cluster's Services.
 pub async fn watch_services(client: kube::Client, index: Arc<RwLock<Index>>) {
-    let api: Api<Service> = Api::all(client);
-    let mut stream = watcher(api, watcher::Config::default()).boxed();
-    let mut known: HashSet<(String, String)> = HashSet::new();
-    let mut listing: Option<HashSet<(String, String)>> = None;
-    while let Some(ev) = stream.next().await {
-        let ev = match ev {
-            Ok(ev) => ev,
-            Err(e) => {
-                tracing::debug!(error = %e, "dns: service watch error");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-        };
-        let key = |s: &Service| (s.namespace().unwrap_or_default(), s.name_any());
-        match ev {
-            watcher::Event::Init => listing = Some(HashSet::new()),
-            watcher::Event::InitApply(s) | watcher::Event::Apply(s) => {
-                let k = key(&s);
-                let rec = ServiceRecord::from_service(&s);
-                if let Ok(mut ix) = index.write() {
-                    ix.set_service(&k.0, &k.1, rec);
-                }
-                if let Some(l) = listing.as_mut() {
-                    l.insert(k.clone());
-                }
-                known.insert(k);
-            }
-            watcher::Event::Delete(s) => {
-                let k = key(&s);
-                if let Ok(mut ix) = index.write() {
-                    ix.delete_service(&k.0, &k.1);
-                }
-                known.remove(&k);
-            }
-            watcher::Event::InitDone => {
-                let seen = listing.take().unwrap_or_default();
-                if let Ok(mut ix) = index.write() {
-                    for k in known.difference(&seen) {
-                        ix.delete_service(&k.0, &k.1);
-                    }
-                }
-                known = seen;
-            }
-        }
-    }
+    mirror::<Service>(
+        client,
+        index,
+        "service",
+        |ix, ns, name, s| ix.set_service(ns, name, ServiceRecord::from_service(s)),
+        Index::delete_service,
+    )
+    .await
 }
 
 /// Keeps `index` equal to the cluster's EndpointSlices.
 pub async fn watch_slices(client: kube::Client, index: Arc<RwLock<Index>>) {
-    let api: Api<EndpointSlice> = Api::all(client);
+    mirror::<EndpointSlice>(
+        client,
+        index,
+        "endpointslice",
+        |ix, ns, name, s| ix.set_slice(ns, name, SliceRecord::from_slice(s)),
+        Index::delete_slice,
+    )
+    .await
+}
+
+/// Keeps the part of `index` that `set` and `delete` write equal to the
+/// cluster's objects of kind `K`: each added or changed object is set, each
+/// deleted one removed, and after a relist whatever it no longer has.
+async fn mirror<K>(
+    client: kube::Client,
+    index: Arc<RwLock<Index>>,
+    what: &str,
+    set: fn(&mut Index, &str, &str, &K),
+    delete: fn(&mut Index, &str, &str),
+) where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    let api: Api<K> = Api::all(client);
     let mut stream = watcher(api, watcher::Config::default()).boxed();
     let mut known: HashSet<(String, String)> = HashSet::new();
     let mut listing: Option<HashSet<(String, String)>> = None;
@@ -118,29 +108,28 @@ pub async fn watch_slices(client: kube::Client, index: Arc<RwLock<Index>>) {
         let ev = match ev {
             Ok(ev) => ev,
             Err(e) => {
-                tracing::debug!(error = %e, "dns: endpointslice watch error");
+                tracing::debug!(error = %e, "dns: {what} watch error");
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             }
         };
-        let key = |s: &EndpointSlice| (s.namespace().unwrap_or_default(), s.name_any());
+        let key = |o: &K| (o.namespace().unwrap_or_default(), o.name_any());
         match ev {
             watcher::Event::Init => listing = Some(HashSet::new()),
-            watcher::Event::InitApply(s) | watcher::Event::Apply(s) => {
-                let k = key(&s);
-                let rec = SliceRecord::from_slice(&s);
+            watcher::Event::InitApply(o) | watcher::Event::Apply(o) => {
+                let k = key(&o);
                 if let Ok(mut ix) = index.write() {
-                    ix.set_slice(&k.0, &k.1, rec);
+                    set(&mut ix, &k.0, &k.1, &o);
                 }
                 if let Some(l) = listing.as_mut() {
                     l.insert(k.clone());
                 }
                 known.insert(k);
             }
-            watcher::Event::Delete(s) => {
-                let k = key(&s);
+            watcher::Event::Delete(o) => {
+                let k = key(&o);
                 if let Ok(mut ix) = index.write() {
-                    ix.delete_slice(&k.0, &k.1);
+                    delete(&mut ix, &k.0, &k.1);
                 }
                 known.remove(&k);
             }
@@ -148,7 +137,7 @@ pub async fn watch_slices(client: kube::Client, index: Arc<RwLock<Index>>) {
                 let seen = listing.take().unwrap_or_default();
                 if let Ok(mut ix) = index.write() {
                     for k in known.difference(&seen) {
-                        ix.delete_slice(&k.0, &k.1);
+                        delete(&mut ix, &k.0, &k.1);
                     }
                 }
                 known = seen;
