@@ -374,11 +374,15 @@ async fn a_cordoned_node_takes_no_new_pods_until_uncordoned() {
     let env = start(None).await;
     env.node(small("n1", "4").unschedulable(true)).await;
     env.pod(PodBuilder::new("waiting")).await;
-    let msg = env.failed_message("waiting").await;
-    assert!(
-        msg.starts_with("0/1 nodes are available: 1 node(s) were unschedulable."),
-        "{msg}"
-    );
+    // The pod may be tried before the scheduler has seen the node ("no
+    // nodes available"); the node's arrival retries it.
+    let want = "0/1 nodes are available: 1 node(s) were unschedulable.";
+    let msg = eventually(Duration::from_secs(10), || async {
+        let m = env.failed_message("waiting").await;
+        m.starts_with(want).then_some(m)
+    })
+    .await;
+    assert!(msg.is_some(), "no FailedScheduling event saying: {want}");
     let nodes: Api<Node> = Api::all(env.client.clone());
     nodes
         .patch(
