@@ -400,43 +400,7 @@ fn tokio_stream_from(
 
 fn query_all(req: &Request) -> Vec<(String, String)> {
     let q = req.uri().query().unwrap_or("");
-    url_pairs(q)
-}
-
-fn url_pairs(q: &str) -> Vec<(String, String)> {
-    q.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                let h = std::str::from_utf8(&b[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match h {
-                    Some(v) => {
-                        out.push(v);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    skiff_core::query::pairs(q)
 }
 
 fn flag_of(pairs: &[(String, String)], k: &str) -> bool {
@@ -639,7 +603,7 @@ mod tests {
 
     #[test]
     fn repeated_command_parameters_keep_their_order_and_decode() {
-        let q = url_pairs("command=sh&command=-c&command=echo+hi%21&stdin=true");
+        let q = skiff_core::query::pairs("command=sh&command=-c&command=echo+hi%21&stdin=true");
         let cmd: Vec<_> = q
             .iter()
             .filter(|(k, _)| k == "command")

@@ -101,7 +101,7 @@ pub fn impersonate(
         if let Some(key) = k.as_str().strip_prefix(IMPERSONATE_EXTRA) {
             if let Ok(v) = v.to_str() {
                 extra
-                    .entry(pct_decode(key))
+                    .entry(skiff_core::query::percent_decode(key))
                     .or_default()
                     .push(v.to_string());
             }
@@ -191,25 +191,4 @@ pub fn impersonate(
         uid,
         extra,
     })
-}
-
-fn pct_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Some(v) = std::str::from_utf8(&b[i + 1..i + 3])
-                .ok()
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-            {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }

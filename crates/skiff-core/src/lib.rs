@@ -20,6 +20,7 @@ pub mod openapi;
 pub mod openapi_pb;
 pub mod patch;
 pub mod protobuf;
+pub mod query;
 pub mod rbac;
 pub mod resources;
 pub mod schema;

@@ -211,7 +211,7 @@ pub fn request_info(method: &str, path: &str, query: Option<&str>) -> Attributes
     }
     a.resource = rest[0].to_string();
     if a.name.is_empty() && a.verb == "get" {
-        let q = parse_query(query);
+        let q = crate::query::pairs(query.unwrap_or(""));
         let watch = q
             .iter()
             .any(|(k, v)| k == "watch" && matches!(v.as_str(), "true" | "1" | "True"));
@@ -226,43 +226,6 @@ pub fn request_info(method: &str, path: &str, query: Option<&str>) -> Attributes
         a.verb = "deletecollection".into();
     }
     a
-}
-
-fn parse_query(q: Option<&str>) -> Vec<(String, String)> {
-    q.unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (pct_decode(k), pct_decode(v))
-        })
-        .collect()
-}
-
-fn pct_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                match std::str::from_utf8(&b[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                {
-                    Some(v) => {
-                        out.push(v);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The name a field selector requires exactly (`metadata.name=x` or `==`),
