@@ -21,38 +21,12 @@ use axum::body::Body;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use skiff_apiserver::tls::Pki;
 use skiff_store::{RedbStore, Store};
 use tower::ServiceExt;
 
-type Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
-
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
-}
-
-async fn connect(port: u16, tls: Arc<rustls::ClientConfig>) -> Sender {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    tcp.set_nodelay(true).unwrap();
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap();
-    let (send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    send
-}
+mod common;
+use common::{connect, pct, Sender};
 
 async fn call(
     s: &mut Sender,
@@ -226,30 +200,10 @@ async fn main() {
         api.router(),
         std::future::pending(),
     ));
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(pki.ca.cert_pem.as_bytes()).unwrap())
-        .unwrap();
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(pki.admin.cert_pem.as_bytes())
-            .map(|c| c.unwrap())
-            .collect();
-    let key = PrivateKeyDer::from_pem_slice(pki.admin.key_pem.as_bytes()).unwrap();
-    let mut with_cert = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots.clone())
-        .with_client_auth_cert(certs, key)
-        .unwrap();
-    with_cert.alpn_protocols = vec![b"h2".to_vec()];
-    let mut no_cert = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    no_cert.alpn_protocols = vec![b"h2".to_vec()];
-    let (with_cert, no_cert) = (Arc::new(with_cert), Arc::new(no_cert));
+    let (with_cert, no_cert) = (
+        common::client_tls(&pki, true),
+        common::client_tls(&pki, false),
+    );
     let mut admin_conns = Vec::new();
     let mut token_conns = Vec::new();
     for _ in 0..clients {

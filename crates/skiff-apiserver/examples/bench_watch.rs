@@ -25,42 +25,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use skiff_apiserver::tls::Pki;
 use skiff_store::{RedbStore, Store};
 
-type Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
+mod common;
+use common::{connect, pct, Sender};
 
 const PODS: usize = 5000;
 const LABELS: usize = 50;
 const CONNECTIONS: usize = 10;
-
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
-}
-
-async fn connect(port: u16, tls: Arc<rustls::ClientConfig>) -> Sender {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    tcp.set_nodelay(true).unwrap();
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap();
-    let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .max_concurrent_reset_streams(1000)
-        .handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    send
-}
 
 fn request(method: &str, path: &str, ct: &str, body: String) -> Request<Full<Bytes>> {
     Request::builder()
@@ -161,25 +134,7 @@ async fn main() {
         .parse()
         .unwrap();
     let pki = Pki::load_or_create(&dir.path().join("pki"), &[]).unwrap();
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(pki.ca.cert_pem.as_bytes()).unwrap())
-        .unwrap();
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(pki.admin.cert_pem.as_bytes())
-            .map(|c| c.unwrap())
-            .collect();
-    let key = PrivateKeyDer::from_pem_slice(pki.admin.key_pem.as_bytes()).unwrap();
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_client_auth_cert(certs, key)
-    .unwrap();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    let tls = Arc::new(cfg);
+    let tls = common::client_tls(&pki, true);
     let mut conns = Vec::new();
     for _ in 0..CONNECTIONS {
         conns.push(connect(port, tls.clone()).await);
