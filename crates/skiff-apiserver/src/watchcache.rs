@@ -688,6 +688,22 @@ impl WatchCache {
             .watch(object::ROOT, rev, Some(Duration::from_secs(5)))
             .await?;
         tokio::spawn(follow(wc.clone(), store, stream));
+        // A quiet resource gets no event to trim its history on: sweep.
+        let weak = Arc::downgrade(&wc);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(HISTORY_WINDOW / 5);
+            loop {
+                tick.tick().await;
+                let Some(wc) = weak.upgrade() else { return };
+                let now = Instant::now();
+                for c in wc.caches.values() {
+                    c.inner
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .forget_stale_history(now);
+                }
+            }
+        });
         Ok(wc)
     }
 
