@@ -21,6 +21,7 @@ pub mod health;
 pub mod lb;
 pub mod model;
 pub mod nft;
+pub mod policy;
 pub mod rules;
 
 use std::collections::{BTreeSet, HashMap};
@@ -95,12 +96,15 @@ pub async fn run_for_agent(
         },
         table: table_name(&data_dir),
     };
+    let (policy_tx, policy_rx) = tokio::sync::watch::channel(None);
+    let policies = policy::run(client.clone(), options.node.name.clone(), policy_tx);
     let proxy = async move {
-        if let Err(e) = run(client, options).await {
+        let progress = tokio::sync::watch::channel(Sync::default()).0;
+        if let Err(e) = run_with_policy(client, options, progress, Some(policy_rx)).await {
             tracing::error!(error = %e, "the service proxy stopped");
         }
     };
-    tokio::join!(proxy, service_lb);
+    tokio::join!(proxy, service_lb, policies);
 }
 
 /// Settings of the proxy in one agent.
@@ -113,10 +117,18 @@ pub struct ProxyOptions {
 
 type Key = (String, String);
 
+/// The key NetworkPolicy's objects are kept under beside the services'
+/// (no Service has an empty namespace).
+fn policy_key() -> Key {
+    (String::new(), "networkpolicy".into())
+}
+
 /// The cluster state the proxy works from.
 #[derive(Default)]
 struct State {
     services: HashMap<Key, Service>,
+    /// NetworkPolicy's objects as [`policy`] last rendered them.
+    policy: PortRules,
     /// (namespace, slice name) → slice.
     slices: HashMap<Key, EndpointSlice>,
     /// (namespace, service name) → its slices' names.
@@ -207,6 +219,9 @@ fn service_objects(
     node: &NodeFacts,
     warned: &mut HashMap<Key, String>,
 ) -> (PortRules, Vec<PortPlan>) {
+    if *key == policy_key() {
+        return (state.policy.clone(), vec![]);
+    }
     match state.plan(key, node) {
         Ok(plans) => {
             warned.remove(key);
@@ -330,7 +345,21 @@ pub async fn run_with_progress(
     options: ProxyOptions,
     progress: tokio::sync::watch::Sender<Sync>,
 ) -> anyhow::Result<()> {
+    run_with_policy(client, options, progress, None).await
+}
+
+/// [`run_with_progress`], also programming the NetworkPolicy objects
+/// [`policy::run`] sends on `policy` (nothing is programmed before its
+/// first rendering, so a restart never opens what policies closed).
+pub async fn run_with_policy(
+    client: kube::Client,
+    options: ProxyOptions,
+    progress: tokio::sync::watch::Sender<Sync>,
+    mut policy: Option<tokio::sync::watch::Receiver<Option<std::sync::Arc<PortRules>>>>,
+) -> anyhow::Result<()> {
     prepare_kernel();
+    let policy_enabled = policy.is_some();
+    let mut policy_ready = false;
     let node = options.node.clone();
     let _ = RECORDER.set(kube::runtime::events::Recorder::new(
         client.clone(),
@@ -376,9 +405,29 @@ pub async fn run_with_progress(
                         None => std::future::pending().await,
                     }
                 };
+                let policy_changed = async {
+                    match policy.as_mut() {
+                        Some(rx) => rx.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     e = svc_stream.next() => Some(Either::Svc(e)),
                     e = slice_stream.next() => Some(Either::Slice(e)),
+                    alive = policy_changed => {
+                        match policy.as_mut().filter(|_| alive) {
+                            Some(rx) => {
+                                if let Some(r) = rx.borrow_and_update().clone() {
+                                    state.policy = (*r).clone();
+                                    policy_ready = true;
+                                    dirty.insert(policy_key());
+                                }
+                            }
+                            // The policy task ended: keep its last rules.
+                            None => policy = None,
+                        }
+                        break;
+                    }
                     _ = retry => None,
                 }
             } else {
@@ -444,7 +493,7 @@ pub async fn run_with_progress(
                 },
             }
         }
-        if !(svc_synced && slice_synced) {
+        if !(svc_synced && slice_synced && (policy_ready || !policy_enabled)) {
             // Never program a partial view: services without their slices
             // would reject traffic that has endpoints.
             continue;
@@ -461,7 +510,11 @@ pub async fn run_with_progress(
         let result = if need_full {
             let mut next = Applied::default();
             owners = Owners::default();
-            let keys: BTreeSet<&Key> = state.services.keys().collect();
+            let pk = policy_key();
+            let mut keys: BTreeSet<&Key> = state.services.keys().collect();
+            if policy_ready {
+                keys.insert(&pk);
+            }
             for k in keys {
                 let (mut r, p) = service_objects(&state, k, &node, &mut warned);
                 owners.claim(k, &mut r);
@@ -516,7 +569,7 @@ pub async fn run_with_progress(
                             old_plans.insert(k.clone(), o);
                         }
                         new_plans.insert(k.clone(), p.clone());
-                        if state.services.contains_key(&k) {
+                        if state.services.contains_key(&k) || k == policy_key() {
                             applied.rules.insert(k.clone(), r);
                             applied.plans.insert(k, p);
                         } else {
