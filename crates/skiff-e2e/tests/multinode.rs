@@ -266,6 +266,37 @@ fn hosts_on_another_subnet_are_reached_through_vxlan_and_routes_follow_the_nodes
         assert_eq!(fetch(&h, "client", &format!("http://{ip}:8080/")), pod);
     }
 
+    // host-1's address changes: its agent notices, writes it to its Node,
+    // and host-0 re-routes to the new address.
+    let old = h.hosts[1].ip;
+    let new = std::net::Ipv4Addr::new(old.octets()[0], old.octets()[1], old.octets()[2], 200);
+    let gw = std::net::Ipv4Addr::new(old.octets()[0], old.octets()[1], old.octets()[2], 1);
+    for args in [
+        vec!["addr", "del", &format!("{old}/24"), "dev", "eth0"],
+        vec!["addr", "add", &format!("{new}/24"), "dev", "eth0"],
+        vec!["route", "replace", "default", "via", &gw.to_string()],
+    ] {
+        let out = h.in_host(1, "ip", &args).output().expect("ip");
+        assert!(out.status.success(), "ip {args:?}: {}", text(&out.stderr));
+    }
+    wait_until("host-1's Node reporting its new address", 60, || {
+        let ip = h.ok(&[
+            "get",
+            "node",
+            "host-1",
+            "-o",
+            "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
+        ]);
+        (ip == new.to_string()).then_some(())
+    });
+    wait_until("host-0 routing to host-1's new address", 60, || {
+        skiff_routes(&h, 0)
+            .contains(&format!("{cidr1} via {new}"))
+            .then_some(())
+    });
+    let near = pod_ip(&h, "near");
+    assert_eq!(fetch(&h, "client", &format!("http://{near}:8080/")), "near");
+
     // A Node that goes away takes its route with it.
     h.ok(&["delete", "node", "host-1", "--wait=false"]);
     wait_until("host-0 dropping the route to host-1's pods", 60, || {
@@ -293,4 +324,222 @@ fn hosts_on_another_subnet_are_reached_through_vxlan_and_routes_follow_the_nodes
         "{}",
         text(&tables.stdout)
     );
+}
+
+fn in_namespace(manifest: String, ns: &str) -> String {
+    manifest.replacen("metadata:\n", &format!("metadata:\n  namespace: {ns}\n"), 1)
+}
+
+/// Whether `pod` (in `ns`) gets an answer from `url` within a few seconds.
+fn reaches(h: &Hosts, ns: &str, pod: &str, url: &str) -> bool {
+    h.kubectl(&[
+        "exec",
+        "-n",
+        ns,
+        pod,
+        "--",
+        "sh",
+        "-c",
+        &format!("timeout 4 wget -q -O- {url}"),
+    ])
+    .status
+    .success()
+}
+
+/// Waits until `pod` reaching `url` is `want` (policies take effect within
+/// a second or two of being applied); on a timeout, fails with every
+/// host's policy rules and the agents' logs.
+fn until_reaches(h: &Hosts, ns: &str, pod: &str, url: &str, want: bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while reaches(h, ns, pod, url) != want {
+        if std::time::Instant::now() > deadline {
+            let what = if want { "reach" } else { "be blocked from" };
+            let mut rules = String::new();
+            for i in 0..h.hosts.len() {
+                let out = h
+                    .in_host(i, "nft", &["list", "ruleset"])
+                    .output()
+                    .expect("nft");
+                rules.push_str(&format!("--- host-{i}\n{}", text(&out.stdout)));
+            }
+            panic!(
+                "{ns}/{pod} did not {what} {url} within 60 s\n{rules}\n{}",
+                h.logs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn resolves(h: &Hosts, ns: &str, pod: &str, name: &str) -> bool {
+    h.kubectl(&[
+        "exec",
+        "-n",
+        ns,
+        pod,
+        "--",
+        "sh",
+        "-c",
+        &format!("timeout 4 nslookup {name}"),
+    ])
+    .status
+    .success()
+}
+
+#[test]
+fn network_policies_deny_and_allow_across_nodes_by_pod_namespace_and_port() {
+    let h = Hosts::start(Options::default());
+    h.ok(&["create", "namespace", "trusted"]);
+    h.ok(&["label", "namespace", "trusted", "team=trusted"]);
+    h.ok(&["create", "namespace", "other"]);
+    let mut m = String::new();
+    m.push_str(&backend("web-1", "host-1", "web"));
+    m.push_str(&client("frontend", "host-0"));
+    m.push_str(&in_namespace(client("tclient", "host-2"), "trusted"));
+    m.push_str(&in_namespace(client("oclient", "host-2"), "other"));
+    m.push_str(
+        r#"apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: http}]
+"#,
+    );
+    h.ok_stdin(&["apply", "-f", "-"], &m);
+    h.wait_pods_ready("app=web", 1);
+    h.wait_pods_ready("app=client", 1);
+    for ns in ["trusted", "other"] {
+        wait_until(&format!("the client in {ns} ready"), 120, || {
+            let out = h.kubectl(&[
+                "get",
+                "pods",
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.items[0].status.conditions[?(@.type==\"Ready\")].status}",
+            ]);
+            (text(&out.stdout) == "True").then_some(())
+        });
+    }
+    let web = format!("http://{}:8080/", pod_ip(&h, "web-1"));
+    let svc = "http://web.default.svc.cluster.local/";
+    until_reaches(&h, "default", "frontend", &web, true);
+    until_reaches(&h, "other", "oclient", svc, true);
+
+    // Default deny: a policy selecting web with no ingress rule.
+    h.ok_stdin(
+        &["apply", "-f", "-"],
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-web}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  policyTypes: [Ingress]
+"#,
+    );
+    until_reaches(&h, "default", "frontend", &web, false);
+    // Through the Service too: the policy is checked after DNAT.
+    assert!(!reaches(&h, "default", "frontend", svc));
+
+    // An allow rule re-opens it for pods of the policy's namespace (on the
+    // named port), not for look-alikes in other namespaces.
+    h.ok_stdin(
+        &["apply", "-f", "-"],
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-clients}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: client}}}]
+    ports: [{port: http}]
+"#,
+    );
+    until_reaches(&h, "default", "frontend", &web, true);
+    until_reaches(&h, "default", "frontend", svc, true);
+    assert!(!reaches(&h, "other", "oclient", svc));
+    assert!(!reaches(&h, "trusted", "tclient", svc));
+
+    // A namespaceSelector lets a whole namespace in.
+    h.ok_stdin(
+        &["apply", "-f", "-"],
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-trusted}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from: [{namespaceSelector: {matchLabels: {team: trusted}}}]
+"#,
+    );
+    until_reaches(&h, "trusted", "tclient", svc, true);
+    assert!(!reaches(&h, "other", "oclient", svc));
+
+    // Egress deny in `other`: even DNS stops, until a rule allows it; then
+    // names resolve but the web port stays closed.
+    assert!(resolves(
+        &h,
+        "other",
+        "oclient",
+        "web.default.svc.cluster.local"
+    ));
+    h.ok_stdin(
+        &["apply", "-n", "other", "-f", "-"],
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny-egress}
+spec:
+  podSelector: {}
+  policyTypes: [Egress]
+"#,
+    );
+    wait_until("DNS blocked by the egress deny", 60, || {
+        (!resolves(&h, "other", "oclient", "web.default.svc.cluster.local")).then_some(())
+    });
+    h.ok_stdin(
+        &["apply", "-n", "other", "-f", "-"],
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-dns}
+spec:
+  podSelector: {}
+  policyTypes: [Egress]
+  egress:
+  - to:
+    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: kube-system}}
+      podSelector: {matchLabels: {k8s-app: kube-dns}}
+    ports: [{port: 53, protocol: UDP}, {port: 53, protocol: TCP}]
+"#,
+    );
+    wait_until("DNS allowed again by a rule", 60, || {
+        resolves(&h, "other", "oclient", "web.default.svc.cluster.local").then_some(())
+    });
+    assert!(!reaches(&h, "other", "oclient", &web));
+
+    // A policy the dataplane cannot express is reported on the object.
+    h.ok_stdin(
+        &["apply", "-f", "-"],
+        r#"apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: v6-only}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  ingress:
+  - from: [{ipBlock: {cidr: "fd00::/8"}}]
+"#,
+    );
+    wait_until("an UnsupportedNetworkPolicy event", 60, || {
+        let out = h.kubectl(&[
+            "get",
+            "events",
+            "--field-selector",
+            "reason=UnsupportedNetworkPolicy,involvedObject.name=v6-only",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ]);
+        text(&out.stdout).contains("IPv6").then_some(())
+    });
+    // The rest of the policies still apply.
+    assert!(reaches(&h, "default", "frontend", svc));
 }

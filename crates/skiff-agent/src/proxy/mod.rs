@@ -360,6 +360,11 @@ pub async fn run_with_policy(
     prepare_kernel();
     let policy_enabled = policy.is_some();
     let mut policy_ready = false;
+    // Services are not held hostage by policies: if none could be rendered
+    // in this time (the API server serves no NetworkPolicies, or RBAC
+    // refuses them), services are programmed without them.
+    let policy_deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut policy_waived = false;
     let node = options.node.clone();
     let _ = RECORDER.set(kube::runtime::events::Recorder::new(
         client.clone(),
@@ -390,7 +395,7 @@ pub async fn run_with_policy(
         HashMap::new();
     let mut health_servers = health::Servers::default();
     let mut generation = 0u64;
-    let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut retry_at: Option<tokio::time::Instant> = policy_enabled.then_some(policy_deadline);
     let mut failures = 0u32;
 
     loop {
@@ -493,7 +498,19 @@ pub async fn run_with_policy(
                 },
             }
         }
-        if !(svc_synced && slice_synced && (policy_ready || !policy_enabled)) {
+        if retry_at == Some(policy_deadline) && tokio::time::Instant::now() >= policy_deadline {
+            // That wake-up was only the policy deadline (no failure to retry).
+            retry_at = None;
+        }
+        if policy_enabled
+            && !policy_ready
+            && !policy_waived
+            && tokio::time::Instant::now() >= policy_deadline
+        {
+            tracing::warn!("no NetworkPolicy rendering yet (cannot list networkpolicies, pods or namespaces?); programming services without policies");
+            policy_waived = true;
+        }
+        if !(svc_synced && slice_synced && (policy_ready || !policy_enabled || policy_waived)) {
             // Never program a partial view: services without their slices
             // would reject traffic that has endpoints.
             continue;
