@@ -266,15 +266,25 @@ fn hosts_on_another_subnet_are_reached_through_vxlan_and_routes_follow_the_nodes
         assert_eq!(fetch(&h, "client", &format!("http://{ip}:8080/")), pod);
     }
 
-    // host-1's address changes: its agent notices, writes it to its Node,
-    // and host-0 re-routes to the new address.
+    // host-1 is renumbered (the new address becomes the default route's
+    // source; the old one stays a while, as during a DHCP change, so open
+    // connections survive): its agent notices, writes it to its Node, and
+    // host-0 re-routes to the new address.
     let old = h.hosts[1].ip;
-    let new = std::net::Ipv4Addr::new(old.octets()[0], old.octets()[1], old.octets()[2], 200);
-    let gw = std::net::Ipv4Addr::new(old.octets()[0], old.octets()[1], old.octets()[2], 1);
+    let [a, b, c, _] = old.octets();
+    let new = std::net::Ipv4Addr::new(a, b, c, 200);
+    let gw = std::net::Ipv4Addr::new(a, b, c, 1);
     for args in [
-        vec!["addr", "del", &format!("{old}/24"), "dev", "eth0"],
         vec!["addr", "add", &format!("{new}/24"), "dev", "eth0"],
-        vec!["route", "replace", "default", "via", &gw.to_string()],
+        vec![
+            "route",
+            "replace",
+            "default",
+            "via",
+            &gw.to_string(),
+            "src",
+            &new.to_string(),
+        ],
     ] {
         let out = h.in_host(1, "ip", &args).output().expect("ip");
         assert!(out.status.success(), "ip {args:?}: {}", text(&out.stderr));

@@ -67,16 +67,17 @@ pub struct NodeAddress {
 }
 
 /// The node's address: `want` (`--node-ip`) wherever it is configured, else
-/// the first IPv4 address of the interface holding the default route.
+/// the default route's preferred source (`ip route ... src A`) or, without
+/// one, the first IPv4 address of the interface holding the default route.
 pub async fn node_address(handle: &Handle, want: Option<Ipv4Addr>) -> Result<NodeAddress, Error> {
-    let link = match want {
-        Some(_) => None,
-        None => Some(
-            default_route_link(handle)
-                .await?
-                .ok_or(Error::NoDefaultRoute)?,
-        ),
+    let (link, src) = match want {
+        Some(_) => (None, None),
+        None => {
+            let (l, s) = default_route(handle).await?.ok_or(Error::NoDefaultRoute)?;
+            (Some(l), s)
+        }
     };
+    let want = want.or(src);
     let mut addrs = handle.address().get();
     if let Some(l) = link {
         addrs = addrs.set_link_index_filter(l);
@@ -105,7 +106,8 @@ pub async fn node_address(handle: &Handle, want: Option<Ipv4Addr>) -> Result<Nod
     })
 }
 
-async fn default_route_link(handle: &Handle) -> Result<Option<u32>, Error> {
+/// The main table's IPv4 default route: its interface and preferred source.
+async fn default_route(handle: &Handle) -> Result<Option<(u32, Option<Ipv4Addr>)>, Error> {
     let mut routes = handle
         .route()
         .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
@@ -116,11 +118,15 @@ async fn default_route_link(handle: &Handle) -> Result<Option<u32>, Error> {
         {
             continue;
         }
+        let src = r.attributes.iter().find_map(|a| match a {
+            RouteAttribute::PrefSource(RouteAddress::Inet(ip)) => Some(*ip),
+            _ => None,
+        });
         if let Some(oif) = r.attributes.iter().find_map(|a| match a {
             RouteAttribute::Oif(i) => Some(*i),
             _ => None,
         }) {
-            return Ok(Some(oif));
+            return Ok(Some((oif, src)));
         }
     }
     Ok(None)
