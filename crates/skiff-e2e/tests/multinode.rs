@@ -553,3 +553,69 @@ spec:
     // The rest of the policies still apply.
     assert!(reaches(&h, "default", "frontend", svc));
 }
+
+/// Benchmark, not a check (run with `--ignored --nocapture`): what the
+/// cross-node path costs. A client pod on host-0 fetches a 64 MiB file and
+/// pings servers on its own node (bridge), on host-1 (host-gw route) and on
+/// host-2 (another subnet: VXLAN), and prints throughput and RTT.
+#[test]
+#[ignore]
+fn bench_cross_node_path() {
+    let h = Hosts::start(Options {
+        second_subnet: vec![2],
+        ..Options::default()
+    });
+    let server = |name: &str, node: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  labels: {{app: bench}}
+spec:
+  nodeName: {node}
+  containers:
+  - name: httpd
+    image: {BUSYBOX}
+    imagePullPolicy: IfNotPresent
+    command: ["sh", "-c", "mkdir -p /www; dd if=/dev/zero of=/www/big bs=1M count=64 2>/dev/null; exec httpd -f -p 8080 -h /www"]
+    readinessProbe:
+      tcpSocket: {{port: 8080}}
+      periodSeconds: 1
+---
+"#
+        )
+    };
+    let mut m = String::new();
+    m.push_str(&server("same-node", "host-0"));
+    m.push_str(&server("host-gw", "host-1"));
+    m.push_str(&server("vxlan", "host-2"));
+    m.push_str(&client("client", "host-0"));
+    h.ok_stdin(&["apply", "-f", "-"], &m);
+    h.wait_pods_ready("app=bench", 3);
+    h.wait_pods_ready("app=client", 1);
+    for target in ["same-node", "host-gw", "vxlan"] {
+        let ip = pod_ip(&h, target);
+        // Warm up (routes, ARP), then measure.
+        fetch(
+            &h,
+            "client",
+            &format!("http://{ip}:8080/big >/dev/null; echo ok"),
+        );
+        // (busybox `date` has no %N: /proc/uptime times it, in 10 ms.)
+        let script = format!(
+            "best=0; for i in 1 2 3; do s=$(cut -d' ' -f1 /proc/uptime | tr -d .); wget -q -O /dev/null http://{ip}:8080/big; \
+             e=$(cut -d' ' -f1 /proc/uptime | tr -d .); t=$(( (e - s) * 10 )); if [ $best = 0 ] || [ $t -lt $best ]; then best=$t; fi; done; \
+             echo $best; ping -q -c 20 -i 0.2 {ip} | tail -1"
+        );
+        let (ok, out) = h.exec("client", &script);
+        assert!(ok, "{out}");
+        let mut lines = out.lines();
+        let ms: f64 = lines.next().unwrap_or("0").trim().parse().unwrap_or(0.0);
+        let rtt = lines.next().unwrap_or("").trim().to_string();
+        println!(
+            "BENCH {target}: 64 MiB in {ms} ms ({:.0} MiB/s), ping {rtt}",
+            64.0 * 1000.0 / ms.max(1.0)
+        );
+    }
+}
