@@ -250,6 +250,14 @@ async fn network_policy_chains_are_programmed_whole_and_changed_incrementally() 
         t.contains("ip saddr { 198.18.8.6, 198.18.8.7 } tcp dport 8080 return"),
         "{t}"
     );
+    // A transaction nft refuses (a rule in a chain that does not exist)
+    // changes nothing: the policy rules in force stay as they were.
+    let before = list(&table.0);
+    let mut bad = rules::diff(&second.rules, &first.rules);
+    bad.push(Op::AddRule("pol-in/198.18.99.99".into(), rules::Rule::Drop));
+    assert!(nft.apply(&bad).await.is_err());
+    assert_eq!(list(&table.0), before);
+
     // No policy left: the chains and map elements go, the base chains stay.
     let none = render(&more, &namespaces, &[], &dns);
     nft.apply(&rules::diff(&second.rules, &none.rules))

@@ -176,10 +176,12 @@ impl Hosts {
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 ip(&args).expect("host network");
             }
-            hosts
-                .in_host(i, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])
+            // /proc/sys/net is the namespace's own (no procps needed).
+            let out = hosts
+                .in_host(i, "sh", &["-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"])
                 .output()
-                .expect("sysctl");
+                .expect("nsenter (util-linux)");
+            assert!(out.status.success(), "ip_forward: {}", text(&out.stderr));
         }
         hosts.start_server();
         for i in 0..options.hosts {
@@ -393,9 +395,11 @@ impl Hosts {
         text(&out.stdout)
     }
 
-    /// Waits until every pod matching `selector` is Ready.
+    /// Waits until `count` pods matching `selector` are Ready; on a
+    /// timeout, fails with the pods, their events and the logs.
     pub fn wait_pods_ready(&self, selector: &str, count: usize) {
-        wait_until(&format!("{count} ready pods {selector}"), 120, || {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
             let out = self.kubectl(&[
                 "get",
                 "pods",
@@ -405,8 +409,19 @@ impl Hosts {
                 "jsonpath={range .items[*]}{.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
             ]);
             let s = text(&out.stdout);
-            (s.lines().filter(|l| *l == "True").count() == count).then_some(())
-        });
+            if s.lines().filter(|l| *l == "True").count() == count {
+                return;
+            }
+            if Instant::now() > deadline {
+                let pods = text(&self.kubectl(&["get", "pods", "-A", "-o", "wide"]).stdout);
+                let events = text(&self.kubectl(&["get", "events", "-A"]).stdout);
+                panic!(
+                    "{count} pods {selector} not Ready after 120 s:\n{pods}\n{events}\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// `kubectl exec POD -- sh -c SCRIPT`: (success, stdout + stderr).

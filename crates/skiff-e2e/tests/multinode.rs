@@ -398,7 +398,12 @@ fn resolves(h: &Hosts, ns: &str, pod: &str, name: &str) -> bool {
 
 #[test]
 fn network_policies_deny_and_allow_across_nodes_by_pod_namespace_and_port() {
-    let h = Hosts::start(Options::default());
+    // Forced VXLAN between hosts on one subnet: policies, Services and DNS
+    // work over the overlay too.
+    let h = Hosts::start(Options {
+        backend: "vxlan",
+        ..Options::default()
+    });
     h.ok(&["create", "namespace", "trusted"]);
     h.ok(&["label", "namespace", "trusted", "team=trusted"]);
     h.ok(&["create", "namespace", "other"]);
@@ -432,6 +437,11 @@ spec:
             (text(&out.stdout) == "True").then_some(())
         });
     }
+    let routes = wait_until("host-0's routes through VXLAN", 60, || {
+        let r = skiff_routes(&h, 0);
+        (r.matches("dev skiff.vxlan").count() == 2).then_some(r)
+    });
+    assert!(!routes.contains("dev eth0"), "{routes}");
     let web = format!("http://{}:8080/", pod_ip(&h, "web-1"));
     let svc = "http://web.default.svc.cluster.local/";
     until_reaches(&h, "default", "frontend", &web, true);
