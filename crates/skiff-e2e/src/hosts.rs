@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{private_home, rand_u64, skiff_binary, text, wait_until};
+use crate::{private_home, rand_u64, skiff_binary, text};
 
 /// How to lay out the hosts.
 #[derive(Debug, Clone)]
