@@ -226,12 +226,14 @@ pub async fn run(
         uid,
         Duration::from_secs(10),
     ));
+    // The node's address as pod routing re-detects it, for the status
+    // heartbeat and the proxy's NodePorts.
     let (address_tx, address_rx) = watch::channel(node_ip.clone());
     tasks.spawn(node::report_status_following(
         client.clone(),
         facts.clone(),
         Duration::from_secs(60),
-        address_rx,
+        address_rx.clone(),
     ));
     if let Some(n) = options.network.clone() {
         tasks.spawn(net::run_for_agent(
@@ -244,7 +246,8 @@ pub async fn run(
         ));
     }
     tasks.spawn(endpoint.serve());
-    if let Some(p) = options.proxy.clone() {
+    if let Some(mut p) = options.proxy.clone() {
+        p.address = Some(address_rx.clone());
         tasks.spawn(proxy::run_for_agent(
             client.clone(),
             options.node_name.clone(),

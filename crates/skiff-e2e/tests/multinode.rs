@@ -211,6 +211,16 @@ fn hosts_on_another_subnet_are_reached_through_vxlan_and_routes_follow_the_nodes
     manifests.push_str(&backend("near", "host-1", "web"));
     manifests.push_str(&backend("far", "host-2", "web"));
     manifests.push_str(&client("client", "host-0"));
+    manifests.push_str(
+        r#"apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: NodePort
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: http}]
+"#,
+    );
     h.ok_stdin(&["apply", "-f", "-"], &manifests);
     h.wait_pods_ready("app=web", 2);
     h.wait_pods_ready("app=client", 1);
@@ -306,6 +316,21 @@ fn hosts_on_another_subnet_are_reached_through_vxlan_and_routes_follow_the_nodes
     });
     let near = pod_ip(&h, "near");
     assert_eq!(fetch(&h, "client", &format!("http://{near}:8080/")), "near");
+    // Its NodePorts answer on the new address too.
+    let node_port: u16 = h
+        .ok(&[
+            "get",
+            "svc",
+            "web",
+            "-o",
+            "jsonpath={.spec.ports[0].nodePort}",
+        ])
+        .parse()
+        .expect("a node port");
+    let got = wait_until("the NodePort on host-1's new address", 60, || {
+        http_get(new, node_port)
+    });
+    assert!(got == "near" || got == "far", "{got}");
 
     // A Node that goes away takes its route with it.
     h.ok(&["delete", "node", "host-1", "--wait=false"]);

@@ -649,6 +649,7 @@ fn agent_options(
         labels: parse_labels(&node.node_labels)?,
         proxy: (!node.proxy.disable_proxy).then(|| skiff_agent::proxy::Settings {
             cluster_cidr: Some(cluster_cidr.to_string()),
+            address: None,
         }),
         cluster_dns: dns.cluster_dns.map(Into::into),
         cluster_domain: dns.cluster_domain.clone(),

@@ -58,6 +58,9 @@ pub struct Settings {
     /// The cluster's pod range (`--cluster-cidr`), for masquerading
     /// off-cluster traffic to ClusterIPs.
     pub cluster_cidr: Option<String>,
+    /// The node's address as pod routing re-detects it (NodePorts follow
+    /// it); None: the address given at start stays.
+    pub address: Option<tokio::sync::watch::Receiver<String>>,
 }
 
 /// Starts the proxy of a real agent (its one entry point in `run`); logs
@@ -100,7 +103,8 @@ pub async fn run_for_agent(
     let policies = policy::run(client.clone(), options.node.name.clone(), policy_tx);
     let proxy = async move {
         let progress = tokio::sync::watch::channel(Sync::default()).0;
-        if let Err(e) = run_with_policy(client, options, progress, Some(policy_rx)).await {
+        let r = run_with_policy(client, options, progress, Some(policy_rx), settings.address).await;
+        if let Err(e) = r {
             tracing::error!(error = %e, "the service proxy stopped");
         }
     };
@@ -345,7 +349,7 @@ pub async fn run_with_progress(
     options: ProxyOptions,
     progress: tokio::sync::watch::Sender<Sync>,
 ) -> anyhow::Result<()> {
-    run_with_policy(client, options, progress, None).await
+    run_with_policy(client, options, progress, None, None).await
 }
 
 /// [`run_with_progress`], also programming the NetworkPolicy objects
@@ -356,6 +360,7 @@ pub async fn run_with_policy(
     options: ProxyOptions,
     progress: tokio::sync::watch::Sender<Sync>,
     mut policy: Option<tokio::sync::watch::Receiver<Option<std::sync::Arc<PortRules>>>>,
+    mut address: Option<tokio::sync::watch::Receiver<String>>,
 ) -> anyhow::Result<()> {
     prepare_kernel();
     let policy_enabled = policy.is_some();
@@ -365,7 +370,7 @@ pub async fn run_with_policy(
     // refuses them), services are programmed without them.
     let policy_deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let mut policy_waived = false;
-    let node = options.node.clone();
+    let mut node = options.node.clone();
     let _ = RECORDER.set(kube::runtime::events::Recorder::new(
         client.clone(),
         kube::runtime::events::Reporter {
@@ -416,7 +421,29 @@ pub async fn run_with_policy(
                         None => std::future::pending().await,
                     }
                 };
+                let address_changed = async {
+                    match address.as_mut() {
+                        Some(rx) => rx.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
+                    alive = address_changed => {
+                        match address.as_mut().filter(|_| alive) {
+                            Some(rx) => {
+                                let ips: Vec<Ipv4Addr> =
+                                    rx.borrow_and_update().parse().into_iter().collect();
+                                if ips != node.ips {
+                                    // NodePorts answer on the new address:
+                                    // every plan depends on it.
+                                    node.ips = ips;
+                                    need_full = true;
+                                }
+                            }
+                            None => address = None,
+                        }
+                        break;
+                    }
                     e = svc_stream.next() => Some(Either::Svc(e)),
                     e = slice_stream.next() => Some(Either::Slice(e)),
                     alive = policy_changed => {
