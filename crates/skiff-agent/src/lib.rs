@@ -13,6 +13,7 @@ pub mod dns;
 pub mod hollow;
 pub mod image;
 pub mod inputs;
+pub mod net;
 pub mod node;
 pub mod pods;
 pub mod probes;
@@ -64,6 +65,9 @@ pub struct AgentOptions {
     /// Serve cluster DNS on this node (`dns`); off in tests that run
     /// several agents on one machine.
     pub serve_dns: bool,
+    /// Pod routing between nodes and masquerading (`net`); None leaves
+    /// the pods of a lone node masqueraded by the CNI bridge.
+    pub network: Option<net::Settings>,
 }
 
 /// The IPv4 address of the interface holding the default route, else
@@ -160,10 +164,16 @@ async fn configure_network(client: &kube::Client, options: &AgentOptions) -> Res
         None => containerd::Layout::new(&options.data_dir).cni_conf_dir(),
     };
     std::fs::create_dir_all(&conf_dir)?;
+    let mtu = match &options.network {
+        Some(n) => net::pod_mtu(n, options.node_ip.as_deref().and_then(|i| i.parse().ok())).await,
+        None => None,
+    };
     let conflist = containerd::cni_conflist(
         &bridge_name(&options.data_dir),
         &cidr,
         &options.data_dir.join("cni-ipam"),
+        options.network.is_none(),
+        mtu,
     );
     std::fs::write(conf_dir.join("10-skiff.conflist"), conflist)?;
     Ok(cidr)
@@ -181,7 +191,14 @@ pub async fn run(
     let cri = prepare_runtime(&options, &mut tasks, progress).await?;
     let runtime: Arc<dyn Runtime> = cri.clone();
     let version = runtime.version().await?;
-    let node_ip = options.node_ip.clone().unwrap_or_else(default_node_ip);
+    let node_ip = match (&options.node_ip, &options.network) {
+        (Some(ip), _) => ip.clone(),
+        (None, Some(_)) => match net::detect_node_ip(None).await {
+            Some(ip) => ip.to_string(),
+            None => default_node_ip(),
+        },
+        (None, None) => default_node_ip(),
+    };
     let endpoint = server::Endpoint::bind(&options, runtime.clone()).await?;
     let port = endpoint.port();
     let mut facts = node::NodeFacts::of_this_machine(
@@ -209,13 +226,28 @@ pub async fn run(
         uid,
         Duration::from_secs(10),
     ));
-    tasks.spawn(node::report_status_forever(
+    // The node's address as pod routing re-detects it, for the status
+    // heartbeat and the proxy's NodePorts.
+    let (address_tx, address_rx) = watch::channel(node_ip.clone());
+    tasks.spawn(node::report_status_following(
         client.clone(),
         facts.clone(),
         Duration::from_secs(60),
+        address_rx.clone(),
     ));
+    if let Some(n) = options.network.clone() {
+        tasks.spawn(net::run_for_agent(
+            client.clone(),
+            options.node_name.clone(),
+            options.node_ip.as_deref().and_then(|i| i.parse().ok()),
+            options.data_dir.clone(),
+            n,
+            address_tx,
+        ));
+    }
     tasks.spawn(endpoint.serve());
-    if let Some(p) = options.proxy.clone() {
+    if let Some(mut p) = options.proxy.clone() {
+        p.address = Some(address_rx.clone());
         tasks.spawn(proxy::run_for_agent(
             client.clone(),
             options.node_name.clone(),

@@ -425,6 +425,18 @@ pub static RESOURCES: &[ResourceInfo] = &[
         [],
         ["status"]
     ),
+    // networking.k8s.io/v1 (enforced by the agents' service proxy)
+    res!(
+        "networking.k8s.io",
+        "v1",
+        "NetworkPolicy",
+        "networkpolicies",
+        "networkpolicy",
+        true,
+        ["netpol"],
+        [],
+        []
+    ),
     // scheduling.k8s.io/v1
     res!(
         "scheduling.k8s.io",

@@ -174,6 +174,18 @@ struct NodeArgs {
     node_labels: Vec<String>,
     #[command(flatten)]
     proxy: ProxyArgs,
+    #[command(flatten)]
+    network: NetworkArgs,
+}
+
+/// Pod routing between nodes (skiff's flannel).
+#[derive(Args, Clone)]
+struct NetworkArgs {
+    /// How pods reach other nodes' pods: host-gw (direct routes; nodes
+    /// share a subnet), vxlan, or auto (direct routes to nodes on this
+    /// node's subnet, VXLAN to the others).
+    #[arg(long, default_value = "auto")]
+    flannel_backend: skiff_agent::net::plan::Backend,
 }
 
 /// The agent's service proxy (nftables).
@@ -637,10 +649,16 @@ fn agent_options(
         labels: parse_labels(&node.node_labels)?,
         proxy: (!node.proxy.disable_proxy).then(|| skiff_agent::proxy::Settings {
             cluster_cidr: Some(cluster_cidr.to_string()),
+            address: None,
         }),
         cluster_dns: dns.cluster_dns.map(Into::into),
         cluster_domain: dns.cluster_domain.clone(),
         serve_dns: true,
+        network: Some(skiff_agent::net::Settings {
+            backend: node.network.flannel_backend,
+            cluster_cidr: skiff_agent::net::plan::Cidr::parse(cluster_cidr)
+                .with_context(|| format!("--cluster-cidr {cluster_cidr:?} is not an IPv4 CIDR"))?,
+        }),
     })
 }
 
@@ -830,6 +848,10 @@ async fn down(args: DownArgs) -> Result<()> {
     match skiff_agent::proxy::nft::delete_table(&table) {
         Ok(()) => eprintln!("skiff: removed the service proxy's rules"),
         Err(e) => eprintln!("skiff: could not remove the nftables table {table}: {e}"),
+    }
+    match skiff_agent::net::teardown(&data_dir.join("agent")).await {
+        Ok(()) => {}
+        Err(e) => eprintln!("skiff: removing pod routes: {e}"),
     }
     if let Err(e) = skiff_agent::dns::teardown(&data_dir.join("agent")).await {
         eprintln!("skiff: removing the cluster DNS address: {e}");
