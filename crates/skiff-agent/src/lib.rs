@@ -18,6 +18,7 @@ pub mod pods;
 pub mod probes;
 pub mod proxy;
 pub mod runtime;
+pub mod satoken;
 pub mod server;
 pub mod sim;
 pub mod spec;

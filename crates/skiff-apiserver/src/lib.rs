@@ -23,6 +23,7 @@ pub mod metricsapi;
 pub mod negotiate;
 pub mod nodeproxy;
 pub mod object;
+pub mod podtoken;
 pub mod registry;
 pub mod request;
 pub mod serve;
@@ -96,7 +97,9 @@ impl ApiServer {
             .await
             .map_err(|e| anyhow::anyhow!("moving objects to Kubernetes' key layout: {e}"))?;
         let cache = WatchCache::start(store.clone()).await?;
-        let registry = Arc::new(Registry::new(store, cache, config.registry.clone()));
+        let mut registry_config = config.registry.clone();
+        registry_config.service_account_tokens = config.service_account_key_dir.is_some();
+        let registry = Arc::new(Registry::new(store, cache, registry_config));
         lifecycle::bootstrap(&registry)
             .await
             .map_err(|e| anyhow::anyhow!("bootstrapping: {e}"))?;

@@ -98,6 +98,9 @@ pub struct RegistryConfig {
     /// The `kube-dns` Service's ClusterIP (`--cluster-dns`); None: the 10th
     /// address of the service CIDR.
     pub cluster_dns: Option<Ipv4Addr>,
+    /// Whether the server issues ServiceAccount tokens (set by
+    /// `ApiServer::start`): only then do pods get the token volume.
+    pub service_account_tokens: bool,
 }
 
 impl Default for RegistryConfig {
@@ -105,6 +108,7 @@ impl Default for RegistryConfig {
         RegistryConfig {
             service_cidr: (Ipv4Addr::new(10, 43, 0, 0), 16),
             cluster_dns: None,
+            service_account_tokens: false,
         }
     }
 }

@@ -439,6 +439,7 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         registry: skiff_apiserver::registry::RegistryConfig {
             service_cidr,
             cluster_dns: args.dns.cluster_dns,
+            ..Default::default()
         },
         kubelet_client: Some((
             pki.kubelet_client.cert_pem.clone(),
