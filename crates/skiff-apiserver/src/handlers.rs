@@ -131,7 +131,11 @@ pub async fn handle(State(state): State<Arc<AppState>>, mut req: Request<Body>) 
         a.user = who.user.clone();
         a.groups = who.groups.clone();
         if !state.registry.authz.authorize(&a) {
-            return error_response(&skiff_core::rbac::forbidden(&a, ""));
+            let why = state.registry.authz.reason(&a);
+            return error_response(&skiff_core::rbac::forbidden(&a, &why));
+        }
+        if let Err(e) = crate::noderestriction::admit_request(&state.registry, &a).await {
+            return error_response(&e);
         }
     }
     req.extensions_mut().insert(who);
@@ -860,6 +864,14 @@ async fn resource(
                     "the server has no ServiceAccount token issuer",
                 ));
             };
+            crate::noderestriction::admit_token_request(
+                reg,
+                name,
+                ns.unwrap_or(""),
+                &tr,
+                who.as_ref(),
+            )
+            .await?;
             let out = t.request(reg, ns.unwrap_or(""), name, &tr).await?;
             Ok(json_response(201, &out))
         }

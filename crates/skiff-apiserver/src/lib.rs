@@ -22,6 +22,7 @@ pub mod lifecycle;
 pub mod metricsapi;
 pub mod negotiate;
 pub mod nodeproxy;
+pub mod noderestriction;
 pub mod object;
 pub mod podtoken;
 pub mod registry;

@@ -450,6 +450,7 @@ impl Registry {
             }
         }
         self.prepare_for_create(res, &mut obj);
+        crate::noderestriction::admit_create(self, res, &obj, opts.user.as_ref()).await?;
         skiff_core::defaults::apply_defaults(res, &mut obj);
         crate::admission::mutate_create(self, res, ns, &mut obj).await?;
         self.check_escalation(res, ns, &obj, opts).await?;
@@ -712,6 +713,7 @@ impl Registry {
         check_type_meta(res, &mut new)?;
         check_types(res, &new)?;
         new = prepare_for_update(res, &old, new, sub);
+        crate::noderestriction::admit_update(res, sub, &old, &new, opts.user.as_ref())?;
         self.check_escalation(res, ns, &new, opts).await?;
         // Allocations an update leaves out are carried over before validation
         // (as Kubernetes' service registry does).

@@ -341,6 +341,7 @@ pub fn cluster_roles() -> Vec<Value> {
                 ),
             ],
         ),
+        cluster_role("system:node", &[], crate::bootstrap_nodes::node_rules()),
     ]
 }
 
@@ -399,6 +400,9 @@ pub fn cluster_role_bindings() -> Vec<Value> {
             "system:node-proxier",
             &[("User", "system:kube-proxy")],
         ),
+        // Bound to nobody, as in Kubernetes: nodes are authorized by the
+        // Node authorizer, not through this role.
+        cluster_role_binding("system:node", "system:node", &[]),
     ]
 }
 
