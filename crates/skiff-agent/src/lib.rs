@@ -13,6 +13,7 @@ pub mod dns;
 pub mod hollow;
 pub mod image;
 pub mod inputs;
+pub mod join;
 pub mod node;
 pub mod pods;
 pub mod probes;

@@ -451,6 +451,7 @@ impl Registry {
         }
         self.prepare_for_create(res, &mut obj);
         crate::noderestriction::admit_create(self, res, &obj, opts.user.as_ref()).await?;
+        crate::certificates::prepare_create(res, &mut obj, opts.user.as_ref());
         skiff_core::defaults::apply_defaults(res, &mut obj);
         crate::admission::mutate_create(self, res, ns, &mut obj).await?;
         self.check_escalation(res, ns, &obj, opts).await?;

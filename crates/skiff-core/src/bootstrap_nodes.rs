@@ -61,3 +61,81 @@ pub fn node_rules() -> Vec<PolicyRule> {
         r(READ, &["node.k8s.io"], &["runtimeclasses"]),
     ]
 }
+
+/// The certificate roles of Kubernetes' bootstrap policy: bootstrapping
+/// nodes create CertificateSigningRequests (`system:node-bootstrapper`);
+/// the `nodeclient` and `selfnodeclient` roles are what the CSR approver
+/// checks before approving a node's client certificate.
+pub fn cluster_roles() -> Vec<serde_json::Value> {
+    use crate::bootstrap_policy::cluster_role;
+    let csr = "certificates.k8s.io";
+    vec![
+        cluster_role(
+            "system:node-bootstrapper",
+            &[],
+            vec![r(
+                &["create", "get", "list", "watch"],
+                &[csr],
+                &["certificatesigningrequests"],
+            )],
+        ),
+        cluster_role(
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            &[],
+            vec![r(
+                &["create"],
+                &[csr],
+                &["certificatesigningrequests/nodeclient"],
+            )],
+        ),
+        cluster_role(
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            &[],
+            vec![r(
+                &["create"],
+                &[csr],
+                &["certificatesigningrequests/selfnodeclient"],
+            )],
+        ),
+        // What skiff's agent does beyond kubelet: the service proxy and
+        // cluster DNS watch EndpointSlices (kube-proxy's and CoreDNS's
+        // reads), and the ServiceLB writes LoadBalancer ingress.
+        cluster_role(
+            "skiff:node",
+            &[],
+            vec![
+                r(
+                    &["get", "list", "watch"],
+                    &["discovery.k8s.io"],
+                    &["endpointslices"],
+                ),
+                r(&["patch", "update"], &[""], &["services/status"]),
+            ],
+        ),
+    ]
+}
+
+/// skiff's bindings for joining nodes (kubeadm makes the same three): join
+/// tokens may request node client certificates, which are approved at
+/// once, and nodes may renew their own.
+pub fn cluster_role_bindings() -> Vec<serde_json::Value> {
+    use crate::bootstrap_policy::cluster_role_binding;
+    vec![
+        cluster_role_binding(
+            "skiff:kubelet-bootstrap",
+            "system:node-bootstrapper",
+            &[("Group", "system:bootstrappers")],
+        ),
+        cluster_role_binding(
+            "skiff:node-autoapprove-bootstrap",
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            &[("Group", "system:bootstrappers")],
+        ),
+        cluster_role_binding("skiff:node", "skiff:node", &[("Group", "system:nodes")]),
+        cluster_role_binding(
+            "skiff:node-autoapprove-certificate-rotation",
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            &[("Group", "system:nodes")],
+        ),
+    ]
+}

@@ -187,9 +187,16 @@ struct ProxyArgs {
 
 #[derive(Args, Clone)]
 struct AgentArgs {
-    /// Kubeconfig of the cluster to join.
-    #[arg(long)]
-    kubeconfig: PathBuf,
+    /// Kubeconfig of the cluster to join (or --server with --token).
+    #[arg(long, required_unless_present = "token")]
+    kubeconfig: Option<PathBuf>,
+    /// The API server to join with --token (https://HOST:PORT).
+    #[arg(long, requires = "token")]
+    server: Option<String>,
+    /// The server's join token (`DATA/token`): the agent verifies the
+    /// server's CA by its hash and obtains its own client certificate.
+    #[arg(long, requires = "server", conflicts_with = "kubeconfig")]
+    token: Option<String>,
     /// Where the agent keeps its containerd, logs and volumes.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -451,9 +458,18 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
             .then_some(skiff_controllers::metrics_text as fn() -> String),
         kubernetes_endpoint: endpoint.map(|ip| (ip.to_string(), addr.port())),
         service_account_key_dir: Some(data_dir.join("pki").join("service-account")),
+        cluster_signing: Some((pki.ca.cert_pem.clone(), pki.ca.key_pem.clone())),
         ..Default::default()
     };
     let api = skiff_apiserver::ApiServer::start(store, config).await?;
+    // The join token agents use (`skiff agent --server --token`).
+    skiff_apiserver::bootstrap_token::ensure(
+        &api.state.registry,
+        &data_dir,
+        &pki.ca.cert_pem,
+        &format!("https://{advertise}"),
+    )
+    .await?;
     let kubeconfig_path = args
         .write_kubeconfig
         .clone()
@@ -662,7 +678,19 @@ fn ca_from_kubeconfig(path: &std::path::Path) -> Result<Option<String>> {
 }
 
 async fn agent(args: AgentArgs) -> Result<()> {
-    let client = skiff_kube::client_from_kubeconfig(&args.kubeconfig).await?;
+    let kubeconfig = match (&args.kubeconfig, &args.server, &args.token) {
+        (Some(k), _, _) => k.clone(),
+        (None, Some(server), Some(token)) => {
+            let dir = args
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| default_data_dir().join("agent"));
+            let node = args.node.node_name.clone().unwrap_or_else(hostname);
+            skiff_agent::join::join(server, token, &node, &dir).await?
+        }
+        _ => anyhow::bail!("give --kubeconfig, or --server and --token"),
+    };
+    let client = skiff_kube::client_from_kubeconfig(&kubeconfig).await?;
     if args.simulate {
         let options = skiff_agent::hollow::HollowOptions {
             nodes: args.nodes,
@@ -691,7 +719,7 @@ async fn agent(args: AgentArgs) -> Result<()> {
         &args.node,
         &args.dns,
         data_dir,
-        ca_from_kubeconfig(&args.kubeconfig)?,
+        ca_from_kubeconfig(&kubeconfig)?,
         &args.cluster_cidr,
     )?;
     let t0 = std::time::Instant::now();
