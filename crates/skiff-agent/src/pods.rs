@@ -710,9 +710,10 @@ impl PodWorker {
         } else {
             vec![]
         };
+        // Hollow nodes materialize no volumes: nothing to mount or check.
         let mounts = match inputs::mounts(c, volumes) {
-            Ok(m) if rt.is_real() => m,
-            Ok(_) => vec![],
+            _ if !rt.is_real() => vec![],
+            Ok(m) => m,
             Err(msg) => {
                 self.waiting
                     .insert(c.name.clone(), ("CreateContainerConfigError".into(), msg));
