@@ -255,6 +255,23 @@ pub async fn ensure(
         lease_binding,
     )
     .await?;
+    // Return once authorization sees them (it reads the watch cache), so
+    // an agent started next is not refused its first requests.
+    let node = Identity::new("system:node:probe", vec!["system:nodes".into()]);
+    let lease = crate::authz::resource_attributes(
+        "get",
+        "coordination.k8s.io",
+        "leases",
+        "",
+        "kube-system",
+        "skiff-service-lb",
+    );
+    for _ in 0..250 {
+        if reg.authz.allows(&node, lease.clone()) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     create(
         resources::lookup(g, "v1", "rolebindings").expect("rolebindings"),
         "kube-public",

@@ -146,20 +146,42 @@ pub async fn admit_create(
     match (res.group, res.plural) {
         ("", "nodes") => check_node_object(res, node, None, obj),
         ("", "pods") => admit_mirror_pod(reg, res, node, obj).await,
-        ("coordination.k8s.io", "leases") | ("storage.k8s.io", "csinodes") if name != node => {
-            let what = if res.plural == "leases" {
-                "node lease"
-            } else {
-                "CSINode"
-            };
-            Err(forbidden(
-                res,
-                name,
-                &format!("can only access {what} with the same name as the requesting node"),
-            ))
-        }
+        ("coordination.k8s.io", "leases") => check_lease(res, node, obj),
+        ("storage.k8s.io", "csinodes") if name != node => Err(forbidden(
+            res,
+            name,
+            "can only access CSINode with the same name as the requesting node",
+        )),
         _ => Ok(()),
     }
+}
+
+/// The Lease skiff's agents elect their ServiceLB with (k3s runs ServiceLB
+/// in its server; skiff runs it in whichever agent holds this Lease).
+const SERVICE_LB_LEASE: (&str, &str) = ("kube-system", "skiff-service-lb");
+
+/// A node writes only its own Lease in kube-node-lease (and skiff's
+/// ServiceLB Lease, which RBAC grants to nodes).
+fn check_lease(res: &ResourceInfo, node: &str, lease: &Value) -> ApiResult<()> {
+    let (ns, name) = (meta_str(lease, "namespace"), meta_str(lease, "name"));
+    if (ns, name) == SERVICE_LB_LEASE {
+        return Ok(());
+    }
+    if ns != "kube-node-lease" {
+        return Err(forbidden(
+            res,
+            name,
+            "can only access leases in the \"kube-node-lease\" system namespace",
+        ));
+    }
+    if name != node {
+        return Err(forbidden(
+            res,
+            name,
+            "can only access node lease with the same name as the requesting node",
+        ));
+    }
+    Ok(())
 }
 
 async fn admit_mirror_pod(
@@ -260,6 +282,7 @@ pub fn admit_update(
     };
     match (res.group, res.plural, sub) {
         ("", "nodes", None | Some("status")) => check_node_object(res, node, Some(old), new),
+        ("coordination.k8s.io", "leases", None) => check_lease(res, node, old),
         ("", "pods", Some("status")) => {
             if old.pointer("/spec/nodeName").and_then(Value::as_str) != Some(node) {
                 return Err(forbidden(

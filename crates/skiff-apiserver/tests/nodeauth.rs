@@ -505,6 +505,54 @@ async fn a_node_has_its_own_lease_and_tokens_for_its_pods_only() {
     )
     .await;
     assert_eq!(s, StatusCode::FORBIDDEN, "only in kube-node-lease");
+    // RBAC may grant nodes more leases; NodeRestriction still keeps a node
+    // to its own, except skiff's ServiceLB election Lease.
+    c.admin_ok(
+        "POST",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "lease-writer"},
+            "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "update"]}]}),
+    )
+    .await;
+    c.admin_ok(
+        "POST",
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "lease-writer"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "lease-writer"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}]}),
+    )
+    .await;
+    let mut last = Value::Null;
+    for _ in 0..250 {
+        let (_, b) = call(
+            &n1,
+            "POST",
+            "/apis/coordination.k8s.io/v1/namespaces/default/leases",
+            Some(lease("n1")),
+        )
+        .await;
+        if message(&b)
+            .ends_with("can only access leases in the \"kube-node-lease\" system namespace")
+        {
+            last = Value::Null;
+            break;
+        }
+        last = b;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        last,
+        Value::Null,
+        "NodeRestriction refuses other namespaces"
+    );
+    let (s, b) = call(
+        &n1,
+        "POST",
+        "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases",
+        Some(lease("skiff-service-lb")),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
 
     // Tokens: for the ServiceAccount of a pod on the node, bound to it.
     c.admin_ok(

@@ -113,6 +113,9 @@ pub fn cluster_roles() -> Vec<serde_json::Value> {
             ],
         ),
     ]
+    .into_iter()
+    .chain(scheduler_roles())
+    .collect()
 }
 
 /// skiff's bindings for joining nodes (kubeadm makes the same three): join
@@ -138,4 +141,84 @@ pub fn cluster_role_bindings() -> Vec<serde_json::Value> {
             &[("Group", "system:nodes")],
         ),
     ]
+    .into_iter()
+    .chain(scheduler_bindings())
+    .collect()
+}
+
+/// The scheduler's roles as Kubernetes' bootstrap policy has them
+/// (`system:kube-scheduler`, `system:volume-scheduler`), and what skiff's
+/// scheduler reads beyond them (`skiff:kube-scheduler`: PriorityClasses).
+pub fn scheduler_roles() -> Vec<serde_json::Value> {
+    use crate::bootstrap_policy::cluster_role;
+    const READ: &[&str] = &["get", "list", "watch"];
+    let mut leases = r(&["get", "update"], &["coordination.k8s.io"], &["leases"]);
+    leases.resource_names = vec!["kube-scheduler".into()];
+    vec![
+        cluster_role(
+            "system:kube-scheduler",
+            &[],
+            vec![
+                r(
+                    &["create", "update", "patch"],
+                    &["", "events.k8s.io"],
+                    &["events"],
+                ),
+                r(&["create"], &["coordination.k8s.io"], &["leases"]),
+                leases,
+                r(READ, &[""], &["nodes"]),
+                r(&["get", "list", "watch", "delete"], &[""], &["pods"]),
+                r(&["create"], &[""], &["pods/binding", "bindings"]),
+                r(&["patch", "update"], &[""], &["pods/status"]),
+                r(READ, &[""], &["services", "replicationcontrollers"]),
+                r(READ, &["apps", "extensions"], &["replicasets"]),
+                r(READ, &["apps"], &["statefulsets"]),
+                r(READ, &["policy"], &["poddisruptionbudgets"]),
+                r(
+                    READ,
+                    &[""],
+                    &["persistentvolumeclaims", "persistentvolumes"],
+                ),
+                r(READ, &["storage.k8s.io"], &["csinodes"]),
+                r(READ, &[""], &["namespaces"]),
+                r(READ, &["storage.k8s.io"], &["csidrivers"]),
+                r(READ, &["storage.k8s.io"], &["csistoragecapacities"]),
+            ],
+        ),
+        cluster_role(
+            "system:volume-scheduler",
+            &[],
+            vec![
+                r(
+                    &["get", "list", "patch", "update", "watch"],
+                    &[""],
+                    &["persistentvolumes"],
+                ),
+                r(READ, &["storage.k8s.io"], &["storageclasses"]),
+                r(
+                    &["get", "list", "patch", "update", "watch"],
+                    &[""],
+                    &["persistentvolumeclaims"],
+                ),
+            ],
+        ),
+        cluster_role(
+            "skiff:kube-scheduler",
+            &[],
+            vec![r(READ, &["scheduling.k8s.io"], &["priorityclasses"])],
+        ),
+    ]
+}
+
+/// Bindings of the scheduler's roles to `system:kube-scheduler`.
+pub fn scheduler_bindings() -> Vec<serde_json::Value> {
+    use crate::bootstrap_policy::cluster_role_binding;
+    [
+        "system:kube-scheduler",
+        "system:volume-scheduler",
+        "skiff:kube-scheduler",
+    ]
+    .iter()
+    .map(|role| cluster_role_binding(role, role, &[("User", "system:kube-scheduler")]))
+    .collect()
 }

@@ -520,8 +520,16 @@ fn uuid_like() -> String {
 
 /// Runs the scheduler and the controller manager on `client`, each behind
 /// its own leader election, until one of them fails.
+/// A client into this process's API server acting as `user` (the
+/// in-process components' own identities, as standalone ones would have).
+fn in_process_as(api: &skiff_apiserver::ApiServer, user: &str) -> kube::Client {
+    let id = skiff_apiserver::auth::Identity::new(user, Vec::new());
+    kube::Client::new(api.router_as(id), "default")
+}
+
 fn spawn_control_loops(
     client: kube::Client,
+    scheduler_client: kube::Client,
     scheduler: bool,
     controllers: bool,
     cluster_cidr: &str,
@@ -530,7 +538,7 @@ fn spawn_control_loops(
 ) {
     let id = identity();
     if scheduler {
-        let c = client.clone();
+        let c = scheduler_client;
         let id = id.clone();
         tokio::spawn(async move {
             let r = skiff_kube::leader::run_elected(
@@ -589,6 +597,7 @@ async fn server(args: ServerArgs) -> Result<()> {
     let addr = s.listener.local_addr()?;
     spawn_control_loops(
         skiff_kube::in_process(&s.api, "kube-controller-manager"),
+        in_process_as(&s.api, "system:kube-scheduler"),
         !args.disable_scheduler,
         !args.disable_controllers,
         &args.cluster_cidr,
@@ -756,6 +765,7 @@ async fn up(args: UpArgs) -> Result<()> {
     });
     spawn_control_loops(
         skiff_kube::in_process(&s.api, "kube-controller-manager"),
+        in_process_as(&s.api, "system:kube-scheduler"),
         !args.server.disable_scheduler,
         !args.server.disable_controllers,
         &args.server.cluster_cidr,
@@ -782,7 +792,15 @@ async fn up(args: UpArgs) -> Result<()> {
         &args.server.cluster_cidr,
     )?;
     let node_name = options.node_name.clone();
-    let client = skiff_kube::in_process(&s.api, &format!("node:{node_name}"));
+    // The agent acts as its node, as a joined agent does: the Node
+    // authorizer and NodeRestriction apply to it.
+    let client = kube::Client::new(
+        s.api.router_as(skiff_apiserver::auth::Identity::new(
+            format!("system:node:{node_name}"),
+            vec!["system:nodes".into()],
+        )),
+        "default",
+    );
     let agent_client = client.clone();
     let agent =
         tokio::spawn(async move { skiff_agent::run(agent_client, options, &progress).await });
