@@ -184,7 +184,9 @@ pub async fn run(
     let runtime: Arc<dyn Runtime> = cri.clone();
     let version = runtime.version().await?;
     let node_ip = options.node_ip.clone().unwrap_or_else(default_node_ip);
-    let endpoint = server::Endpoint::bind(&options, runtime.clone()).await?;
+    let endpoint = server::Endpoint::bind(&options, runtime.clone())
+        .await?
+        .authorizing_with(client.clone());
     let port = endpoint.port();
     let mut facts = node::NodeFacts::of_this_machine(
         &options.node_name,
