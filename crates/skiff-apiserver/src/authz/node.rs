@@ -286,7 +286,6 @@ impl NodeAuthorizer {
                     }
                     g.applied = g.applied.max(ev.revision);
                 }
-                g.applied = g.applied.max(pods.last_revision());
                 return;
             }
         }
