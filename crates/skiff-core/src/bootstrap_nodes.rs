@@ -115,6 +115,7 @@ pub fn cluster_roles() -> Vec<serde_json::Value> {
     ]
     .into_iter()
     .chain(scheduler_roles())
+    .chain(controller_manager_roles())
     .collect()
 }
 
@@ -143,6 +144,11 @@ pub fn cluster_role_bindings() -> Vec<serde_json::Value> {
     ]
     .into_iter()
     .chain(scheduler_bindings())
+    .chain([cluster_role_binding(
+        "skiff:kube-controller-manager",
+        "skiff:kube-controller-manager",
+        &[("User", "system:kube-controller-manager")],
+    )])
     .collect()
 }
 
@@ -221,4 +227,67 @@ pub fn scheduler_bindings() -> Vec<serde_json::Value> {
     .iter()
     .map(|role| cluster_role_binding(role, role, &[("User", "system:kube-scheduler")]))
     .collect()
+}
+
+/// The in-process controller manager's role (skiff runs every controller
+/// under one identity, `system:kube-controller-manager`): the union of what
+/// Kubernetes' `system:controller:*` roles grant the controllers skiff
+/// has. The garbage collector and namespace controller read and delete
+/// every kind (as theirs do); creation is limited to the kinds controllers
+/// make; the ClusterRole aggregation controller needs `escalate`.
+pub fn controller_manager_roles() -> Vec<serde_json::Value> {
+    use crate::bootstrap_policy::cluster_role;
+    vec![cluster_role(
+        "skiff:kube-controller-manager",
+        &[],
+        vec![
+            r(
+                &[
+                    "get",
+                    "list",
+                    "watch",
+                    "update",
+                    "patch",
+                    "delete",
+                    "deletecollection",
+                ],
+                &["*"],
+                &["*"],
+            ),
+            r(
+                &["create"],
+                &[""],
+                &[
+                    "pods",
+                    "events",
+                    "endpoints",
+                    "serviceaccounts",
+                    "configmaps",
+                    "persistentvolumeclaims",
+                    "pods/eviction",
+                    "pods/binding",
+                ],
+            ),
+            r(
+                &["create"],
+                &["apps"],
+                &["replicasets", "controllerrevisions"],
+            ),
+            r(&["create"], &["batch"], &["jobs"]),
+            r(&["create"], &["discovery.k8s.io"], &["endpointslices"]),
+            r(&["create"], &["events.k8s.io"], &["events"]),
+            r(&["create"], &["coordination.k8s.io"], &["leases"]),
+            r(&["create"], &["authentication.k8s.io"], &["tokenreviews"]),
+            r(
+                &["create"],
+                &["authorization.k8s.io"],
+                &["subjectaccessreviews"],
+            ),
+            r(
+                &["escalate"],
+                &["rbac.authorization.k8s.io"],
+                &["clusterroles"],
+            ),
+        ],
+    )]
 }

@@ -596,7 +596,7 @@ async fn server(args: ServerArgs) -> Result<()> {
     let tls = s.pki.server_config()?;
     let addr = s.listener.local_addr()?;
     spawn_control_loops(
-        skiff_kube::in_process(&s.api, "kube-controller-manager"),
+        in_process_as(&s.api, "system:kube-controller-manager"),
         in_process_as(&s.api, "system:kube-scheduler"),
         !args.disable_scheduler,
         !args.disable_controllers,
@@ -764,7 +764,7 @@ async fn up(args: UpArgs) -> Result<()> {
         skiff_apiserver::serve::serve_tls(listener, tls, router, std::future::pending()).await;
     });
     spawn_control_loops(
-        skiff_kube::in_process(&s.api, "kube-controller-manager"),
+        in_process_as(&s.api, "system:kube-controller-manager"),
         in_process_as(&s.api, "system:kube-scheduler"),
         !args.server.disable_scheduler,
         !args.server.disable_controllers,
