@@ -342,10 +342,13 @@ async fn pod_loop(ctx: Arc<NodeContext>, uid: String, mut rx: watch::Receiver<Op
     loop {
         let pod = rx.borrow_and_update().clone();
         let Some(pod) = pod else {
-            worker.cleanup(&uid).await;
+            Box::pin(worker.cleanup(&uid)).await;
             return;
         };
-        let wait = worker.sync(&pod).await;
+        // Boxed: the sync's state machine is large (tens of KiB), and this
+        // task lives as long as its pod. Inline, every idle pod's task
+        // would carry that much; boxed, only a syncing one does.
+        let wait = Box::pin(worker.sync(&pod)).await;
         tokio::select! {
             changed = rx.changed() => {
                 if changed.is_err() {
