@@ -13,12 +13,14 @@ pub mod dns;
 pub mod hollow;
 pub mod image;
 pub mod inputs;
+pub mod join;
 pub mod net;
 pub mod node;
 pub mod pods;
 pub mod probes;
 pub mod proxy;
 pub mod runtime;
+pub mod satoken;
 pub mod server;
 pub mod sim;
 pub mod spec;
@@ -199,7 +201,9 @@ pub async fn run(
         },
         (None, None) => default_node_ip(),
     };
-    let endpoint = server::Endpoint::bind(&options, runtime.clone()).await?;
+    let endpoint = server::Endpoint::bind(&options, runtime.clone())
+        .await?
+        .authorizing_with(client.clone());
     let port = endpoint.port();
     let mut facts = node::NodeFacts::of_this_machine(
         &options.node_name,

@@ -554,7 +554,7 @@ pub(crate) fn rand_u64() -> u64 {
 
 /// The busybox image archive, built once per test process from Debian's
 /// busybox-static.
-pub(crate) fn busybox_archive() -> PathBuf {
+pub fn busybox_archive() -> PathBuf {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
         let path =
