@@ -14,6 +14,7 @@ pub mod admission;
 pub mod allocator;
 pub mod auth;
 pub mod authz;
+pub mod encryption;
 pub mod eviction;
 pub mod fieldmanager;
 pub mod handlers;

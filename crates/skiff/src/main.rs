@@ -137,6 +137,19 @@ struct ServerArgs {
     etcd_prefix: String,
     #[command(flatten)]
     dns: DnsArgs,
+    #[command(flatten)]
+    protect: ProtectArgs,
+}
+
+/// Encryption at rest and audit logging, as kube-apiserver's flags.
+#[derive(Args, Clone)]
+struct ProtectArgs {
+    /// An EncryptionConfiguration (apiserver.config.k8s.io/v1) saying which
+    /// resources are encrypted in the store and with which keys. Default:
+    /// DATA/pki/encryption-config.yaml, created at first start, encrypting
+    /// Secrets with a random secretbox key.
+    #[arg(long = "encryption-provider-config")]
+    encryption_provider_config: Option<PathBuf>,
 }
 
 /// Cluster DNS: the server gives the `kube-dns` Service this address; the
@@ -385,6 +398,15 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
     }
     let pki = skiff_apiserver::tls::Pki::load_or_create(&data_dir.join("pki"), &sans)?;
     let store = open_store(args, &data_dir).await?;
+    let store = skiff_apiserver::encryption::wrap(
+        store,
+        match &args.protect.encryption_provider_config {
+            Some(path) => skiff_apiserver::encryption::EncryptionConfig::load(path)?,
+            None => skiff_apiserver::encryption::EncryptionConfig::load_or_create_default(
+                &data_dir.join("pki"),
+            )?,
+        },
+    );
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
