@@ -12,6 +12,7 @@
 
 pub mod admission;
 pub mod allocator;
+pub mod audit;
 pub mod auth;
 pub mod authz;
 pub mod encryption;
@@ -66,6 +67,9 @@ pub struct Config {
     /// Address and port pods reach this server at: the endpoint of the
     /// `kubernetes` Service (none: the Service has no endpoints).
     pub kubernetes_endpoint: Option<(String, u16)>,
+    /// Audit logging (`--audit-policy-file`, `--audit-log-path`): every
+    /// request through [`ApiServer::router`] is audited.
+    pub audit: Option<Arc<audit::Auditor>>,
 }
 
 impl Default for Config {
@@ -80,6 +84,7 @@ impl Default for Config {
             service_account_key_dir: None,
             service_account_issuer: tokens::DEFAULT_ISSUER.into(),
             kubernetes_endpoint: None,
+            audit: None,
         }
     }
 }
@@ -87,6 +92,7 @@ impl Default for Config {
 /// A running API server (without its socket).
 pub struct ApiServer {
     pub state: Arc<AppState>,
+    audit: Option<Arc<audit::Auditor>>,
 }
 
 impl ApiServer {
@@ -130,15 +136,25 @@ impl ApiServer {
                 None => None,
             },
         });
-        Ok(ApiServer { state })
+        Ok(ApiServer {
+            state,
+            audit: config.audit.clone(),
+        })
     }
 
     /// The router serving every path. Requests must carry an
     /// [`auth::Identity`] extension to be authenticated.
     pub fn router(&self) -> Router {
-        Router::new()
+        let router = Router::new()
             .fallback(handlers::handle)
-            .with_state(self.state.clone())
+            .with_state(self.state.clone());
+        match &self.audit {
+            Some(a) => router.layer(axum::middleware::from_fn_with_state(
+                a.clone(),
+                audit::layer,
+            )),
+            None => router,
+        }
     }
 
     /// A router for in-process clients: every request is authenticated as

@@ -25,7 +25,7 @@ pub async fn serve_tls(
     let acceptor = TlsAcceptor::from(tls);
     tokio::pin!(shutdown);
     loop {
-        let (tcp, _peer) = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
@@ -54,6 +54,7 @@ pub async fn serve_tls(
                 if let Some(id) = &identity {
                     req.extensions_mut().insert(id.clone());
                 }
+                req.extensions_mut().insert(crate::audit::PeerAddr(peer));
                 let app = app.clone();
                 async move { app.oneshot(req.map(Body::new)).await }
             });

@@ -150,6 +150,48 @@ struct ProtectArgs {
     /// Secrets with a random secretbox key.
     #[arg(long = "encryption-provider-config")]
     encryption_provider_config: Option<PathBuf>,
+    /// An audit.k8s.io/v1 Policy: which requests are audited, at what level.
+    #[arg(long = "audit-policy-file")]
+    audit_policy_file: Option<PathBuf>,
+    /// Where audit events go, as JSON lines (`-` for stdout).
+    #[arg(long = "audit-log-path")]
+    audit_log_path: Option<PathBuf>,
+    /// Megabytes an audit log file may reach before it is rotated (0: 100).
+    #[arg(long = "audit-log-maxsize", default_value_t = 0)]
+    audit_log_maxsize: u64,
+    /// Rotated audit log files kept (0: all).
+    #[arg(long = "audit-log-maxbackup", default_value_t = 0)]
+    audit_log_maxbackup: usize,
+    /// Days rotated audit log files are kept (0: no limit).
+    #[arg(long = "audit-log-maxage", default_value_t = 0)]
+    audit_log_maxage: u64,
+}
+
+impl ProtectArgs {
+    /// The audit backend, when both a policy and a log path are given (as
+    /// kube-apiserver, either alone records nothing).
+    fn auditor(&self) -> Result<Option<Arc<skiff_apiserver::audit::Auditor>>> {
+        match (&self.audit_policy_file, &self.audit_log_path) {
+            (Some(policy), Some(path)) => Ok(Some(skiff_apiserver::audit::Auditor::start(
+                &skiff_apiserver::audit::Options {
+                    policy_file: policy.clone(),
+                    log_path: path.clone(),
+                    max_size_mb: self.audit_log_maxsize,
+                    max_backup: self.audit_log_maxbackup,
+                    max_age_days: self.audit_log_maxage,
+                },
+            )?)),
+            (None, None) => Ok(None),
+            (Some(_), None) => {
+                eprintln!("skiff: --audit-policy-file without --audit-log-path: no audit events are written");
+                Ok(None)
+            }
+            (None, Some(_)) => {
+                eprintln!("skiff: --audit-log-path without --audit-policy-file: no audit events are written");
+                Ok(None)
+            }
+        }
+    }
 }
 
 /// Cluster DNS: the server gives the `kube-dns` Service this address; the
@@ -472,6 +514,7 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
             .then_some(skiff_controllers::metrics_text as fn() -> String),
         kubernetes_endpoint: endpoint.map(|ip| (ip.to_string(), addr.port())),
         service_account_key_dir: Some(data_dir.join("pki").join("service-account")),
+        audit: args.protect.auditor()?,
         ..Default::default()
     };
     let api = skiff_apiserver::ApiServer::start(store, config).await?;
