@@ -633,7 +633,7 @@ fn controller_options(
 async fn server(args: ServerArgs) -> Result<()> {
     let started = std::time::Instant::now();
     let s = start_server(&args).await?;
-    let tls = s.pki.server_config()?;
+    let tls = s.pki.server_tls()?;
     let addr = s.listener.local_addr()?;
     spawn_control_loops(
         skiff_kube::in_process(&s.api, "kube-controller-manager"),
@@ -651,14 +651,14 @@ async fn server(args: ServerArgs) -> Result<()> {
     if let Some(l) = s.pod_listener {
         let (tls, router) = (tls.clone(), s.api.router());
         tokio::spawn(async move {
-            skiff_apiserver::serve::serve_tls(l, tls, router, std::future::pending()).await;
+            skiff_apiserver::serve::serve_tls_checked(l, tls, router, std::future::pending()).await;
         });
     }
     let shutdown = async {
         shutdown_signal().await;
         eprintln!("skiff: shutting down");
     };
-    skiff_apiserver::serve::serve_tls(s.listener, tls, s.api.router(), shutdown).await;
+    skiff_apiserver::serve::serve_tls_checked(s.listener, tls, s.api.router(), shutdown).await;
     Ok(())
 }
 
@@ -777,17 +777,18 @@ async fn up(args: UpArgs) -> Result<()> {
         "API server on https://{addr}, store in {}",
         s.data_dir.display()
     ));
-    let tls = s.pki.server_config()?;
+    let tls = s.pki.server_tls()?;
     let router = s.api.router();
     let listener = s.listener;
     if let Some(l) = s.pod_listener {
         let (tls, router) = (tls.clone(), router.clone());
         tokio::spawn(async move {
-            skiff_apiserver::serve::serve_tls(l, tls, router, std::future::pending()).await;
+            skiff_apiserver::serve::serve_tls_checked(l, tls, router, std::future::pending()).await;
         });
     }
     tokio::spawn(async move {
-        skiff_apiserver::serve::serve_tls(listener, tls, router, std::future::pending()).await;
+        skiff_apiserver::serve::serve_tls_checked(listener, tls, router, std::future::pending())
+            .await;
     });
     spawn_control_loops(
         skiff_kube::in_process(&s.api, "kube-controller-manager"),
