@@ -251,7 +251,9 @@ async fn main() {
             let prefix = format!("r{round}w{who}");
             let c = phase(conns, tok.clone(), secs, &prefix, None).await;
             let g = phase(conns, tok, secs, &prefix, Some(&c.counts)).await;
-            let row = [c.rate, c.p99, g.rate, g.p99, c.p50, g.p50, c.cpu_us, g.cpu_us];
+            let row = [
+                c.rate, c.p99, g.rate, g.p99, c.p50, g.p50, c.cpu_us, g.cpu_us,
+            ];
             for (i, v) in row.into_iter().enumerate() {
                 results[who][i].push(v);
             }
@@ -268,7 +270,10 @@ async fn main() {
     println!("B10 part 1 — {clients} HTTPS/2 clients, {secs} s per phase, median of {rounds} alternating rounds\n");
     println!("| workload | admin cert req/s | admin p50 / p99 ms | admin CPU µs/req | SA token + RBAC req/s | token p50 / p99 ms | token CPU µs/req | throughput ratio | p99 ratio |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (name, r, p, p50, cpu) in [("create (ConfigMap)", 0, 1, 4, 6), ("get (ConfigMap)", 2, 3, 5, 7)] {
+    for (name, r, p, p50, cpu) in [
+        ("create (ConfigMap)", 0, 1, 4, 6),
+        ("get (ConfigMap)", 2, 3, 5, 7),
+    ] {
         println!(
             "| {name} | {:.0} | {:.2} / {:.2} | {:.0} | {:.0} | {:.2} / {:.2} | {:.0} | {:.0}% | {:.2}× |",
             m(0, r),
