@@ -143,6 +143,8 @@ pub struct PodWorker {
     pull_backoff: HashMap<String, Instant>,
     last_status: Option<Value>,
     terminating: bool,
+    /// The pod's ServiceAccount tokens (projected volumes).
+    tokens: crate::satoken::TokenCache,
 }
 
 fn kind_key(k: Kind) -> &'static str {
@@ -163,6 +165,7 @@ impl PodWorker {
             pull_backoff: HashMap::new(),
             last_status: None,
             terminating: false,
+            tokens: Default::default(),
         }
     }
 
@@ -344,17 +347,19 @@ impl PodWorker {
                 }
             });
         let seen: Vec<Seen> = seen;
-        let mut fetcher = Fetcher::new(self.ctx.client.clone());
+        let mut fetcher =
+            Fetcher::with_tokens(self.ctx.client.clone(), std::mem::take(&mut self.tokens));
         let volumes = if self.ctx.runtime.is_real() {
-            match inputs::prepare_volumes(
+            let prepared = inputs::prepare_volumes(
                 &mut fetcher,
                 pod,
                 &self.ctx.pod_dir(&pod_uid).join("volumes"),
                 &self.ctx.host_ip,
                 &pod_ip,
             )
-            .await
-            {
+            .await;
+            self.tokens = std::mem::take(&mut fetcher.tokens);
+            match prepared {
                 Ok(v) => v,
                 Err(msg) => {
                     self.ctx.event(pod, "Warning", "FailedMount", msg.clone());
@@ -523,8 +528,33 @@ impl PodWorker {
         Ok(if acted {
             Duration::from_millis(500)
         } else {
-            self.ctx.resync
+            self.idle_wait(&spec, &pod_uid).await
         })
+    }
+
+    /// How long a pod with nothing to do waits before it is looked at
+    /// again (a watch event wakes it sooner). A runtime that can say when
+    /// the pod's containers will next change (the simulated one) is
+    /// believed, so hollow nodes wake only for events and scheduled exits;
+    /// probes are due at least every second; otherwise `resync`.
+    async fn idle_wait(
+        &self,
+        spec: &k8s_openapi::api::core::v1::PodSpec,
+        pod_uid: &str,
+    ) -> Duration {
+        let probed = spec.containers.iter().any(|c| {
+            c.liveness_probe.is_some() || c.readiness_probe.is_some() || c.startup_probe.is_some()
+        });
+        let idle = if probed {
+            self.ctx.resync.min(Duration::from_secs(1))
+        } else {
+            self.ctx.resync
+        };
+        match self.ctx.runtime.quiet_for(pod_uid).await {
+            // A little after the change, so the change is seen.
+            Some(q) => idle.min(q.saturating_add(Duration::from_millis(10))),
+            None => idle,
+        }
     }
 
     fn waiting_on_pull(&self, name: &str) -> bool {
@@ -680,9 +710,10 @@ impl PodWorker {
         } else {
             vec![]
         };
+        // Hollow nodes materialize no volumes: nothing to mount or check.
         let mounts = match inputs::mounts(c, volumes) {
-            Ok(m) if rt.is_real() => m,
-            Ok(_) => vec![],
+            _ if !rt.is_real() => vec![],
+            Ok(m) => m,
             Err(msg) => {
                 self.waiting
                     .insert(c.name.clone(), ("CreateContainerConfigError".into(), msg));

@@ -111,6 +111,7 @@ pub async fn mutate_create(
             if obj.get("status").map(Value::is_object).unwrap_or(false) {
                 obj["status"]["qosClass"] = json!(qos);
             }
+            crate::podtoken::admit(reg, ns, obj).await;
         }
         ("scheduling.k8s.io", "PriorityClass")
             if obj.get("globalDefault").and_then(Value::as_bool) == Some(true) =>

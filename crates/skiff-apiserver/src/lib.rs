@@ -15,6 +15,8 @@ pub mod allocator;
 pub mod audit;
 pub mod auth;
 pub mod authz;
+pub mod bootstrap_token;
+pub mod certificates;
 pub mod encryption;
 pub mod eviction;
 pub mod fieldmanager;
@@ -24,7 +26,9 @@ pub mod lifecycle;
 pub mod metricsapi;
 pub mod negotiate;
 pub mod nodeproxy;
+pub mod noderestriction;
 pub mod object;
+pub mod podtoken;
 pub mod registry;
 pub mod request;
 pub mod serve;
@@ -70,6 +74,9 @@ pub struct Config {
     /// Audit logging (`--audit-policy-file`, `--audit-log-path`): every
     /// request through [`ApiServer::router`] is audited.
     pub audit: Option<Arc<audit::Auditor>>,
+    /// The cluster CA (certificate and key, PEM) that signs approved
+    /// CertificateSigningRequests; without it none is signed.
+    pub cluster_signing: Option<(String, String)>,
 }
 
 impl Default for Config {
@@ -85,6 +92,7 @@ impl Default for Config {
             service_account_issuer: tokens::DEFAULT_ISSUER.into(),
             kubernetes_endpoint: None,
             audit: None,
+            cluster_signing: None,
         }
     }
 }
@@ -93,6 +101,8 @@ impl Default for Config {
 pub struct ApiServer {
     pub state: Arc<AppState>,
     audit: Option<Arc<audit::Auditor>>,
+    /// This server's entry in the `kubernetes` Service's endpoints.
+    kubernetes_endpoint: Option<(String, u16)>,
 }
 
 impl ApiServer {
@@ -103,7 +113,9 @@ impl ApiServer {
             .await
             .map_err(|e| anyhow::anyhow!("moving objects to Kubernetes' key layout: {e}"))?;
         let cache = WatchCache::start(store.clone()).await?;
-        let registry = Arc::new(Registry::new(store, cache, config.registry.clone()));
+        let mut registry_config = config.registry.clone();
+        registry_config.service_account_tokens = config.service_account_key_dir.is_some();
+        let registry = Arc::new(Registry::new(store, cache, registry_config));
         lifecycle::bootstrap(&registry)
             .await
             .map_err(|e| anyhow::anyhow!("bootstrapping: {e}"))?;
@@ -111,8 +123,16 @@ impl ApiServer {
             kubernetes_endpoints::reconcile(&registry, ip, *port)
                 .await
                 .map_err(|e| anyhow::anyhow!("writing the kubernetes service's endpoints: {e}"))?;
+            tokio::spawn(kubernetes_endpoints::run(
+                registry.clone(),
+                ip.clone(),
+                *port,
+            ));
         }
         tokio::spawn(lifecycle::namespace_finalizer(registry.clone()));
+        if let Some((cert, key)) = config.cluster_signing.clone() {
+            tokio::spawn(certificates::run(registry.clone(), cert, key));
+        }
         tokio::spawn(lifecycle::compactor(
             registry.clone(),
             config.compact_keep,
@@ -139,7 +159,18 @@ impl ApiServer {
         Ok(ApiServer {
             state,
             audit: config.audit.clone(),
+            kubernetes_endpoint: config.kubernetes_endpoint.clone(),
         })
+    }
+
+    /// A clean stop: takes this server out of the `kubernetes` Service's
+    /// endpoints at once (rather than after its lease lapses).
+    pub async fn leave(&self) {
+        if let Some((ip, port)) = &self.kubernetes_endpoint {
+            if let Err(e) = kubernetes_endpoints::leave(&self.state.registry, ip, *port).await {
+                tracing::warn!(error = %e.message, "removing this server from the kubernetes endpoints");
+            }
+        }
     }
 
     /// The router serving every path. Requests must carry an

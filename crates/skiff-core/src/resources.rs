@@ -376,6 +376,18 @@ pub static RESOURCES: &[ResourceInfo] = &[
         ["all"],
         ["status"]
     ),
+    // certificates.k8s.io/v1
+    res!(
+        "certificates.k8s.io",
+        "v1",
+        "CertificateSigningRequest",
+        "certificatesigningrequests",
+        "certificatesigningrequest",
+        false,
+        ["csr"],
+        [],
+        ["approval", "status"]
+    ),
     // coordination.k8s.io/v1
     res!(
         "coordination.k8s.io",
@@ -424,6 +436,18 @@ pub static RESOURCES: &[ResourceInfo] = &[
         ["pdb"],
         [],
         ["status"]
+    ),
+    // networking.k8s.io/v1 (enforced by the agents' service proxy)
+    res!(
+        "networking.k8s.io",
+        "v1",
+        "NetworkPolicy",
+        "networkpolicies",
+        "networkpolicy",
+        true,
+        ["netpol"],
+        [],
+        []
     ),
     // scheduling.k8s.io/v1
     res!(

@@ -83,6 +83,7 @@ static SCHEMAS: LazyLock<Schemas> = LazyLock::new(|| {
         ("autoscaling", "v2", "HorizontalPodAutoscaler", autoscaling::v2::HorizontalPodAutoscaler),
         ("autoscaling", "v1", "HorizontalPodAutoscaler", autoscaling::v1::HorizontalPodAutoscaler),
         ("autoscaling", "v1", "Scale", autoscaling::v1::Scale),
+        ("certificates.k8s.io", "v1", "CertificateSigningRequest", certificates::v1::CertificateSigningRequest),
         ("coordination.k8s.io", "v1", "Lease", coordination::v1::Lease),
         ("discovery.k8s.io", "v1", "EndpointSlice", discovery::v1::EndpointSlice),
         ("events.k8s.io", "v1", "Event", events::v1::Event),

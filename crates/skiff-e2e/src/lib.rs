@@ -3,6 +3,8 @@
 //! `scripts/tools.sh` into `.tools/bin`) against it, and stops exactly the
 //! process it started when dropped.
 
+pub mod hosts;
+
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -215,6 +217,22 @@ impl Server {
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Stops skiff cleanly with SIGTERM (as `systemctl stop` would) and
+    /// waits for it to exit.
+    pub fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill9();
     }
 
     /// Starts skiff again after [`Server::kill9`].
@@ -432,7 +450,7 @@ impl Server {
 /// Gives a client its own HOME and discovery cache under `dir`: kubectl and
 /// helm cache discovery per host:port in ~/.kube/cache, and a port reused by
 /// a later test's server would otherwise be answered from an earlier one's.
-fn private_home<'a>(c: &'a mut Command, dir: &Path) -> &'a mut Command {
+pub(crate) fn private_home<'a>(c: &'a mut Command, dir: &Path) -> &'a mut Command {
     c.env("HOME", dir.join("home"))
         .env("KUBECACHEDIR", dir.join("home/.kube/cache"))
 }
@@ -526,7 +544,7 @@ fn ups(dir: &Path) -> usize {
 /// The busybox test image the e2e tests run.
 pub const BUSYBOX: &str = "skiff.local/busybox:1";
 
-fn rand_u64() -> u64 {
+pub(crate) fn rand_u64() -> u64 {
     let mut b = [0u8; 8];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
         let _ = std::io::Read::read_exact(&mut f, &mut b);
@@ -536,7 +554,7 @@ fn rand_u64() -> u64 {
 
 /// The busybox image archive, built once per test process from Debian's
 /// busybox-static.
-fn busybox_archive() -> PathBuf {
+pub fn busybox_archive() -> PathBuf {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
         let path =
