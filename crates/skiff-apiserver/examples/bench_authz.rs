@@ -60,14 +60,38 @@ fn cm(name: &str) -> String {
     )
 }
 
-/// One phase: (requests/s, p99 ms).
+/// CPU time (user + system) this process has used, from /proc.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command's closing parenthesis; utime and stime are
+    // the 12th and 13th of them, in clock ticks (100 per second).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// One phase's figures.
+struct Phase {
+    rate: f64,
+    p50: f64,
+    p99: f64,
+    /// Process CPU (server and clients together) per request, µs.
+    cpu_us: f64,
+    counts: Vec<usize>,
+}
+
 async fn phase(
     conns: &[Sender],
     token: Option<Arc<String>>,
     secs: f64,
     prefix: &str,
     get_of: Option<&[usize]>,
-) -> (f64, f64, Vec<usize>) {
+) -> Phase {
+    let cpu0 = cpu_time();
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -120,11 +144,13 @@ async fn phase(
         counts.push(n);
     }
     lat.sort();
-    (
-        lat.len() as f64 / start.elapsed().as_secs_f64(),
-        pct(&lat, 0.99),
+    Phase {
+        rate: lat.len() as f64 / start.elapsed().as_secs_f64(),
+        p50: pct(&lat, 0.5),
+        p99: pct(&lat, 0.99),
+        cpu_us: (cpu_time() - cpu0).as_secs_f64() * 1e6 / lat.len().max(1) as f64,
         counts,
-    )
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -144,6 +170,7 @@ async fn main() {
     let secs: f64 = arg("--seconds").and_then(|s| s.parse().ok()).unwrap_or(3.0);
     let clients: usize = arg("--clients").and_then(|s| s.parse().ok()).unwrap_or(32);
     let rounds: usize = arg("--rounds").and_then(|s| s.parse().ok()).unwrap_or(5);
+    let verbose = args.iter().any(|a| a == "--verbose");
 
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::load_or_create(&dir.path().join("pki"), &[]).unwrap();
@@ -211,7 +238,7 @@ async fn main() {
         token_conns.push(connect(port, no_cert.clone()).await);
     }
 
-    let mut results: [[Vec<f64>; 4]; 2] = Default::default();
+    let mut results: [[Vec<f64>; 8]; 2] = Default::default();
     for round in 0..rounds {
         // Alternate which goes first.
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
@@ -222,24 +249,41 @@ async fn main() {
                 (&token_conns, Some(token.clone()))
             };
             let prefix = format!("r{round}w{who}");
-            let (cr, cp, counts) = phase(conns, tok.clone(), secs, &prefix, None).await;
-            let (gr, gp, _) = phase(conns, tok, secs, &prefix, Some(&counts)).await;
-            for (i, v) in [cr, cp, gr, gp].into_iter().enumerate() {
+            let c = phase(conns, tok.clone(), secs, &prefix, None).await;
+            let g = phase(conns, tok, secs, &prefix, Some(&c.counts)).await;
+            let row = [
+                c.rate, c.p99, g.rate, g.p99, c.p50, g.p50, c.cpu_us, g.cpu_us,
+            ];
+            for (i, v) in row.into_iter().enumerate() {
                 results[who][i].push(v);
+            }
+            if verbose {
+                eprintln!(
+                    "round {round} {}: create {:.0}/s p50 {:.2} p99 {:.2} cpu {:.0}µs; get {:.0}/s p50 {:.2} p99 {:.2} cpu {:.0}µs",
+                    if who == 0 { "admin" } else { "token" },
+                    c.rate, c.p50, c.p99, c.cpu_us, g.rate, g.p50, g.p99, g.cpu_us
+                );
             }
         }
     }
     let m = |who: usize, i: usize| median(results[who][i].clone());
     println!("B10 part 1 — {clients} HTTPS/2 clients, {secs} s per phase, median of {rounds} alternating rounds\n");
-    println!("| workload | admin cert req/s | admin p99 ms | SA token + RBAC req/s | token p99 ms | throughput ratio | p99 ratio |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    for (name, r, p) in [("create (ConfigMap)", 0, 1), ("get (ConfigMap)", 2, 3)] {
+    println!("| workload | admin cert req/s | admin p50 / p99 ms | admin CPU µs/req | SA token + RBAC req/s | token p50 / p99 ms | token CPU µs/req | throughput ratio | p99 ratio |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, r, p, p50, cpu) in [
+        ("create (ConfigMap)", 0, 1, 4, 6),
+        ("get (ConfigMap)", 2, 3, 5, 7),
+    ] {
         println!(
-            "| {name} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0}% | {:.2}× |",
+            "| {name} | {:.0} | {:.2} / {:.2} | {:.0} | {:.0} | {:.2} / {:.2} | {:.0} | {:.0}% | {:.2}× |",
             m(0, r),
+            m(0, p50),
             m(0, p),
+            m(0, cpu),
             m(1, r),
+            m(1, p50),
             m(1, p),
+            m(1, cpu),
             100.0 * m(1, r) / m(0, r),
             m(1, p) / m(0, p)
         );

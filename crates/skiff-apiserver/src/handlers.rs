@@ -122,21 +122,35 @@ pub async fn handle(State(state): State<Arc<AppState>>, mut req: Request<Body>) 
         Ok(who) => who,
         Err(e) => return error_response(&e),
     };
+    let audit = req.extensions().get::<crate::audit::Slot>().cloned();
+    let original = audit.as_ref().map(|a| {
+        a.authenticated(&who);
+        who.clone()
+    });
     let who = match auth::impersonate(&state.registry.authz, who, req.headers()) {
         Ok(who) => who,
         Err(e) => return error_response(&e),
     };
+    if let (Some(a), Some(o)) = (&audit, &original) {
+        a.impersonated(o, &who);
+    }
     if !who.is_master() {
         let mut a = skiff_core::rbac::request_info(req.method().as_str(), &path, req.uri().query());
         a.user = who.user.clone();
         a.groups = who.groups.clone();
-        if !state.registry.authz.authorize(&a) {
+        let allowed = state.registry.authz.authorize(&a);
+        if let Some(slot) = &audit {
+            slot.authorized(allowed);
+        }
+        if !allowed {
             let why = state.registry.authz.reason(&a);
             return error_response(&skiff_core::rbac::forbidden(&a, &why));
         }
         if let Err(e) = crate::noderestriction::admit_request(&state.registry, &a).await {
             return error_response(&e);
         }
+    } else if let Some(slot) = &audit {
+        slot.authorized(true);
     }
     req.extensions_mut().insert(who);
     if let Some((ns, pod, sub)) = crate::nodeproxy::parse(&path) {

@@ -12,10 +12,12 @@
 
 pub mod admission;
 pub mod allocator;
+pub mod audit;
 pub mod auth;
 pub mod authz;
 pub mod bootstrap_token;
 pub mod certificates;
+pub mod encryption;
 pub mod eviction;
 pub mod fieldmanager;
 pub mod handlers;
@@ -69,6 +71,9 @@ pub struct Config {
     /// Address and port pods reach this server at: the endpoint of the
     /// `kubernetes` Service (none: the Service has no endpoints).
     pub kubernetes_endpoint: Option<(String, u16)>,
+    /// Audit logging (`--audit-policy-file`, `--audit-log-path`): every
+    /// request through [`ApiServer::router`] is audited.
+    pub audit: Option<Arc<audit::Auditor>>,
     /// The cluster CA (certificate and key, PEM) that signs approved
     /// CertificateSigningRequests; without it none is signed.
     pub cluster_signing: Option<(String, String)>,
@@ -86,6 +91,7 @@ impl Default for Config {
             service_account_key_dir: None,
             service_account_issuer: tokens::DEFAULT_ISSUER.into(),
             kubernetes_endpoint: None,
+            audit: None,
             cluster_signing: None,
         }
     }
@@ -94,6 +100,7 @@ impl Default for Config {
 /// A running API server (without its socket).
 pub struct ApiServer {
     pub state: Arc<AppState>,
+    audit: Option<Arc<audit::Auditor>>,
     /// This server's entry in the `kubernetes` Service's endpoints.
     kubernetes_endpoint: Option<(String, u16)>,
 }
@@ -151,6 +158,7 @@ impl ApiServer {
         });
         Ok(ApiServer {
             state,
+            audit: config.audit.clone(),
             kubernetes_endpoint: config.kubernetes_endpoint.clone(),
         })
     }
@@ -168,9 +176,16 @@ impl ApiServer {
     /// The router serving every path. Requests must carry an
     /// [`auth::Identity`] extension to be authenticated.
     pub fn router(&self) -> Router {
-        Router::new()
+        let router = Router::new()
             .fallback(handlers::handle)
-            .with_state(self.state.clone())
+            .with_state(self.state.clone());
+        match &self.audit {
+            Some(a) => router.layer(axum::middleware::from_fn_with_state(
+                a.clone(),
+                audit::layer,
+            )),
+            None => router,
+        }
     }
 
     /// A router for in-process clients: every request is authenticated as

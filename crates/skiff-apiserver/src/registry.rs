@@ -817,7 +817,8 @@ impl Registry {
                 check == *old
             }
         };
-        if unchanged {
+        // (Unless the stored form is stale, e.g. encrypted with an old key.)
+        if unchanged && !self.store.stale(cur) {
             return Ok(old.clone());
         }
         if opts.dry_run {

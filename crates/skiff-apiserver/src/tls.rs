@@ -11,6 +11,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 
@@ -207,6 +208,19 @@ impl Pki {
     /// certificates from our CA verified when offered (a request without one is
     /// answered 401 by the authentication layer, not refused at the handshake).
     pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>> {
+        Ok(self.server_tls_with(false)?.config)
+    }
+
+    /// The configuration `serve::serve_tls_checked` serves with: any client
+    /// certificate passes the handshake (the client still proves it holds
+    /// its key) and its chain is checked against our CA per connection, so
+    /// a certificate from another CA is answered with a 401 Status, as
+    /// kube-apiserver answers it, rather than a failed handshake.
+    pub fn server_tls(&self) -> Result<ServerTls> {
+        self.server_tls_with(true)
+    }
+
+    fn server_tls_with(&self, lenient: bool) -> Result<ServerTls> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         for c in CertificateDer::pem_slice_iter(self.ca.cert_pem.as_bytes()) {
@@ -222,12 +236,73 @@ impl Pki {
                 .collect::<Result<_, _>>()?;
         let key = PrivateKeyDer::from_pem_slice(self.serving.key_pem.as_bytes())
             .context("parsing serving key")?;
+        let handshake: Arc<dyn ClientCertVerifier> = if lenient {
+            Arc::new(RequestClientCert(verifier.clone()))
+        } else {
+            verifier.clone()
+        };
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
-            .with_client_cert_verifier(verifier)
+            .with_client_cert_verifier(handshake)
             .with_single_cert(certs, key)?;
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(Arc::new(cfg))
+        Ok(ServerTls {
+            config: Arc::new(cfg),
+            client_verifier: verifier,
+        })
+    }
+}
+
+/// A server's TLS configuration and the verifier of its clients'
+/// certificates (see [`Pki::server_tls`]).
+#[derive(Clone)]
+pub struct ServerTls {
+    pub config: Arc<rustls::ServerConfig>,
+    pub client_verifier: Arc<dyn ClientCertVerifier>,
+}
+
+/// Asks for a client certificate and checks the client's proof of its key,
+/// leaving the chain to the per-connection check (kube-apiserver's
+/// `RequestClientCert` with verification in the x509 authenticator).
+#[derive(Debug)]
+struct RequestClientCert(Arc<dyn ClientCertVerifier>);
+
+impl ClientCertVerifier for RequestClientCert {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: rustls_pki_types::UnixTime,
+    ) -> std::result::Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        Ok(rustls::server::danger::ClientCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> std::result::Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
     }
 }
 

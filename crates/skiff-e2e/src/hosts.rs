@@ -282,7 +282,10 @@ impl Hosts {
                 self.options.backend,
             ])
             .args(&self.options.agent_args)
-            .env("SKIFF_LOG", "warn,skiff=info,skiff_agent=info,skiff_agent::proxy=debug")
+            .env(
+                "SKIFF_LOG",
+                "warn,skiff=info,skiff_agent=info,skiff_agent::proxy=debug",
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);

@@ -8,7 +8,11 @@
 //! cargo run --release -p skiff-scheduler --example bench_scheduler -- --workload topology-spread
 //! ```
 //!
-//! Options: `--nodes N --init-pods N --pods N --creators N`.
+//! Options: `--nodes N --init-pods N --pods N --creators N`, and `--authz`:
+//! the pod creators and the scheduler act as ordinary users
+//! (`bench-creator`, `system:kube-scheduler`) whose rights come from RBAC
+//! bindings, so every request of the measured path is authorized by RBAC
+//! instead of passing as `system:masters`.
 
 /// The allocator the `skiff` binary uses, so the benchmark measures it.
 #[global_allocator]
@@ -124,6 +128,7 @@ struct Args {
     init_pods: usize,
     pods: usize,
     creators: usize,
+    authz: bool,
 }
 
 fn args() -> Args {
@@ -133,6 +138,7 @@ fn args() -> Args {
         init_pods: 1000,
         pods: 10_000,
         creators: 256,
+        authz: false,
     };
     let mut pods_set = false;
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -161,6 +167,11 @@ fn args() -> Args {
                 pods_set = true;
             }
             "--creators" => a.creators = num(),
+            "--authz" => {
+                a.authz = true;
+                i += 1;
+                continue;
+            }
             other => panic!("unknown option {other}"),
         }
         i += 2;
@@ -220,6 +231,58 @@ fn cpu_seconds() -> f64 {
     let f: Vec<&str> = after.split_whitespace().collect();
     let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (t(11) + t(12)) / 100.0
+}
+
+/// RBAC for `--authz`: the rights kube-scheduler's bootstrap role gives it
+/// (reads of what it schedules against, bindings, pod status, events,
+/// leases), and pod creation in `default` for the creators.
+async fn grant(admin: &kube::Client) {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+    let read = json!(["get", "list", "watch"]);
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "bench:kube-scheduler"},
+        "rules": [
+            {"apiGroups": ["*"], "resources": ["*"], "verbs": read},
+            {"apiGroups": [""], "resources": ["pods/binding", "bindings"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["delete", "patch", "update"]},
+            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "update"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "update"]},
+        ]
+    }))
+    .unwrap();
+    let creator: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "bench:pod-creator"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}]
+    }))
+    .unwrap();
+    let crb: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "bench:kube-scheduler"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bench:kube-scheduler"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:kube-scheduler"}]
+    }))
+    .unwrap();
+    let rb: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "bench:pod-creator", "namespace": "default"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bench:pod-creator"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "bench-creator"}]
+    }))
+    .unwrap();
+    let pp = PostParams::default();
+    for r in [role, creator] {
+        Api::<ClusterRole>::all(admin.clone())
+            .create(&pp, &r)
+            .await
+            .unwrap();
+    }
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&pp, &crb)
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), "default")
+        .create(&pp, &rb)
+        .await
+        .unwrap();
 }
 
 async fn create_pods(
@@ -284,6 +347,20 @@ async fn main() {
         .await
         .unwrap();
     let client = skiff_kube::in_process(&api, "bench");
+    // With --authz, the measured clients are RBAC users, not system:masters.
+    let as_user = |user: &str| {
+        kube::Client::new(
+            api.router_as(skiff_apiserver::auth::Identity::new(user, vec![])),
+            "default",
+        )
+    };
+    let (creator_client, scheduler_client) = if a.authz {
+        grant(&client).await;
+        println!("authorization: creators and scheduler are RBAC users (--authz)");
+        (as_user("bench-creator"), as_user("system:kube-scheduler"))
+    } else {
+        (client.clone(), skiff_kube::in_process(&api, "scheduler"))
+    };
     println!(
         "workload {:?}: {} nodes, {} pods first, {} measured; durable redb store in {}",
         a.workload,
@@ -317,15 +394,12 @@ async fn main() {
         config_file: None,
         metrics: Some(metrics.clone()),
     };
-    tokio::spawn(skiff_scheduler::run(
-        skiff_kube::in_process(&api, "scheduler"),
-        opts,
-    ));
+    tokio::spawn(skiff_scheduler::run(scheduler_client, opts));
 
     let lat = Arc::new(AtomicU64::new(0));
     let t = Instant::now();
     create_pods(
-        client.clone(),
+        creator_client.clone(),
         "init",
         a.init_pods,
         a.workload,
@@ -363,7 +437,7 @@ async fn main() {
     let target = start_count + a.pods as u64;
     let t0 = Instant::now();
     let creator = tokio::spawn(create_pods(
-        client.clone(),
+        creator_client.clone(),
         "pod",
         a.pods,
         a.workload,

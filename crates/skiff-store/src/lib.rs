@@ -176,4 +176,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The revision compacted up to (0 if never).
     async fn compacted_revision(&self) -> Result<i64>;
+
+    /// Whether `kv`, as this store last returned it from `get`, is kept in
+    /// an outdated form (encrypted with a key that no longer writes): an
+    /// update must write it again even when the object did not change, as
+    /// kube-apiserver does for stale data. Plain backends never are.
+    fn stale(&self, _kv: &KeyValue) -> bool {
+        false
+    }
 }

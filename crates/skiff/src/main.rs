@@ -137,6 +137,61 @@ struct ServerArgs {
     etcd_prefix: String,
     #[command(flatten)]
     dns: DnsArgs,
+    #[command(flatten)]
+    protect: ProtectArgs,
+}
+
+/// Encryption at rest and audit logging, as kube-apiserver's flags.
+#[derive(Args, Clone)]
+struct ProtectArgs {
+    /// An EncryptionConfiguration (apiserver.config.k8s.io/v1) saying which
+    /// resources are encrypted in the store and with which keys. Default:
+    /// DATA/pki/encryption-config.yaml, created at first start, encrypting
+    /// Secrets with a random secretbox key.
+    #[arg(long = "encryption-provider-config")]
+    encryption_provider_config: Option<PathBuf>,
+    /// An audit.k8s.io/v1 Policy: which requests are audited, at what level.
+    #[arg(long = "audit-policy-file")]
+    audit_policy_file: Option<PathBuf>,
+    /// Where audit events go, as JSON lines (`-` for stdout).
+    #[arg(long = "audit-log-path")]
+    audit_log_path: Option<PathBuf>,
+    /// Megabytes an audit log file may reach before it is rotated (0: 100).
+    #[arg(long = "audit-log-maxsize", default_value_t = 0)]
+    audit_log_maxsize: u64,
+    /// Rotated audit log files kept (0: all).
+    #[arg(long = "audit-log-maxbackup", default_value_t = 0)]
+    audit_log_maxbackup: usize,
+    /// Days rotated audit log files are kept (0: no limit).
+    #[arg(long = "audit-log-maxage", default_value_t = 0)]
+    audit_log_maxage: u64,
+}
+
+impl ProtectArgs {
+    /// The audit backend, when both a policy and a log path are given (as
+    /// kube-apiserver, either alone records nothing).
+    fn auditor(&self) -> Result<Option<Arc<skiff_apiserver::audit::Auditor>>> {
+        match (&self.audit_policy_file, &self.audit_log_path) {
+            (Some(policy), Some(path)) => Ok(Some(skiff_apiserver::audit::Auditor::start(
+                &skiff_apiserver::audit::Options {
+                    policy_file: policy.clone(),
+                    log_path: path.clone(),
+                    max_size_mb: self.audit_log_maxsize,
+                    max_backup: self.audit_log_maxbackup,
+                    max_age_days: self.audit_log_maxage,
+                },
+            )?)),
+            (None, None) => Ok(None),
+            (Some(_), None) => {
+                eprintln!("skiff: --audit-policy-file without --audit-log-path: no audit events are written");
+                Ok(None)
+            }
+            (None, Some(_)) => {
+                eprintln!("skiff: --audit-log-path without --audit-policy-file: no audit events are written");
+                Ok(None)
+            }
+        }
+    }
 }
 
 /// Cluster DNS: the server gives the `kube-dns` Service this address; the
@@ -404,6 +459,15 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
     }
     let pki = skiff_apiserver::tls::Pki::load_or_create(&data_dir.join("pki"), &sans)?;
     let store = open_store(args, &data_dir).await?;
+    let store = skiff_apiserver::encryption::wrap(
+        store,
+        match &args.protect.encryption_provider_config {
+            Some(path) => skiff_apiserver::encryption::EncryptionConfig::load(path)?,
+            None => skiff_apiserver::encryption::EncryptionConfig::load_or_create_default(
+                &data_dir.join("pki"),
+            )?,
+        },
+    );
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -470,6 +534,7 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
             .then_some(skiff_controllers::metrics_text as fn() -> String),
         kubernetes_endpoint: endpoint.map(|ip| (ip.to_string(), addr.port())),
         service_account_key_dir: Some(data_dir.join("pki").join("service-account")),
+        audit: args.protect.auditor()?,
         cluster_signing: Some((pki.ca.cert_pem.clone(), pki.ca.key_pem.clone())),
         ..Default::default()
     };
@@ -605,7 +670,7 @@ fn controller_options(
 async fn server(args: ServerArgs) -> Result<()> {
     let started = std::time::Instant::now();
     let s = start_server(&args).await?;
-    let tls = s.pki.server_config()?;
+    let tls = s.pki.server_tls()?;
     let addr = s.listener.local_addr()?;
     spawn_control_loops(
         in_process_as(&s.api, "system:kube-controller-manager"),
@@ -624,14 +689,14 @@ async fn server(args: ServerArgs) -> Result<()> {
     if let Some(l) = s.pod_listener {
         let (tls, router) = (tls.clone(), s.api.router());
         tokio::spawn(async move {
-            skiff_apiserver::serve::serve_tls(l, tls, router, std::future::pending()).await;
+            skiff_apiserver::serve::serve_tls_checked(l, tls, router, std::future::pending()).await;
         });
     }
     let shutdown = async {
         shutdown_signal().await;
         eprintln!("skiff: shutting down");
     };
-    skiff_apiserver::serve::serve_tls(s.listener, tls, s.api.router(), shutdown).await;
+    skiff_apiserver::serve::serve_tls_checked(s.listener, tls, s.api.router(), shutdown).await;
     s.api.leave().await;
     Ok(())
 }
@@ -769,17 +834,18 @@ async fn up(args: UpArgs) -> Result<()> {
         "API server on https://{addr}, store in {}",
         s.data_dir.display()
     ));
-    let tls = s.pki.server_config()?;
+    let tls = s.pki.server_tls()?;
     let router = s.api.router();
     let listener = s.listener;
     if let Some(l) = s.pod_listener {
         let (tls, router) = (tls.clone(), router.clone());
         tokio::spawn(async move {
-            skiff_apiserver::serve::serve_tls(l, tls, router, std::future::pending()).await;
+            skiff_apiserver::serve::serve_tls_checked(l, tls, router, std::future::pending()).await;
         });
     }
     tokio::spawn(async move {
-        skiff_apiserver::serve::serve_tls(listener, tls, router, std::future::pending()).await;
+        skiff_apiserver::serve::serve_tls_checked(listener, tls, router, std::future::pending())
+            .await;
     });
     spawn_control_loops(
         in_process_as(&s.api, "system:kube-controller-manager"),
