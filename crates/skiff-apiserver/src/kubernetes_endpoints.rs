@@ -38,8 +38,15 @@ pub async fn reconcile(reg: &Registry, ip: &str, port: u16) -> Result<(), ApiErr
         match reg.create(res, Some("default"), body.clone(), &opts).await {
             Ok(_) => {}
             Err(e) if e.code == 409 => {
-                reg.update(res, Some("default"), "kubernetes", body, None, &opts)
-                    .await?;
+                reg.update(
+                    res,
+                    Some("default"),
+                    "kubernetes",
+                    body,
+                    crate::request::Subresource::Main,
+                    &opts,
+                )
+                .await?;
             }
             Err(e) => return Err(e),
         }

@@ -11,10 +11,8 @@
 #![allow(clippy::result_large_err)]
 
 pub mod admission;
-pub mod allocator;
 pub mod auth;
 pub mod authz;
-pub mod eviction;
 pub mod fieldmanager;
 pub mod handlers;
 pub mod kubernetes_endpoints;
@@ -26,6 +24,7 @@ pub mod object;
 pub mod registry;
 pub mod request;
 pub mod serve;
+pub mod strategy;
 pub mod tls;
 pub mod tokens;
 pub mod watch;
@@ -97,6 +96,10 @@ impl ApiServer {
             .map_err(|e| anyhow::anyhow!("moving objects to Kubernetes' key layout: {e}"))?;
         let cache = WatchCache::start(store.clone()).await?;
         let registry = Arc::new(Registry::new(store, cache, config.registry.clone()));
+        registry
+            .repair()
+            .await
+            .map_err(|e| anyhow::anyhow!("repairing the allocation ranges: {}", e.message))?;
         lifecycle::bootstrap(&registry)
             .await
             .map_err(|e| anyhow::anyhow!("bootstrapping: {e}"))?;
