@@ -19,8 +19,13 @@ pub struct HollowOptions {
     pub prefix: String,
     /// How long a container takes to start.
     pub start_delay: Duration,
-    /// How often each pod is looked at without a change.
+    /// How often each pod is looked at without a change (kubelet's sync
+    /// frequency). Pods wake sooner for their watch events and for the
+    /// simulated runtime's scheduled exits, so this is a backstop.
     pub resync: Duration,
+    /// How often each node posts its status when nothing changed
+    /// (kubelet's nodeStatusReportFrequency).
+    pub status_every: Duration,
     pub lease_every: Duration,
     /// Record Events for pods (kubelet does; off by default at scale).
     pub events: bool,
@@ -33,7 +38,8 @@ impl Default for HollowOptions {
             nodes: 1,
             prefix: "hollow".into(),
             start_delay: Duration::from_millis(0),
-            resync: Duration::from_secs(2),
+            resync: Duration::from_secs(60),
+            status_every: Duration::from_secs(300),
             lease_every: Duration::from_secs(10),
             events: false,
             pod_cidr_base: None,
@@ -51,17 +57,33 @@ pub async fn run(client: kube::Client, options: HollowOptions) -> Result<()> {
         let facts = NodeFacts::hollow(&name, 0);
         let n = node::register(&client, &facts).await?;
         let uid = n.metadata.uid.clone().unwrap_or_default();
-        loops.spawn(node::renew_lease_forever(
+        // Spread the nodes' heartbeats over the period, as independent
+        // kubelets' are, rather than in one burst.
+        // The first renewal at once (the Lease exists from registration
+        // on, as kubelet's does).
+        let jitter = options.lease_every.mul_f64(rand::random::<f64>());
+        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(client.clone(), "kube-node-lease");
+        let lease = node::renew_lease_forever(
             client.clone(),
             name.clone(),
-            uid,
+            uid.clone(),
             options.lease_every,
-        ));
-        loops.spawn(node::report_status_forever(
-            client.clone(),
-            facts,
-            Duration::from_secs(60),
-        ));
+        );
+        let first = name.clone();
+        loops.spawn(async move {
+            if let Err(e) = node::renew_lease(&leases, &first, &uid).await {
+                tracing::warn!(node = first, error = %e, "creating the node lease failed");
+            }
+            tokio::time::sleep(jitter).await;
+            lease.await
+        });
+        let jitter = options.status_every.mul_f64(rand::random::<f64>());
+        let status = node::report_status_forever(client.clone(), facts, options.status_every);
+        loops.spawn(async move {
+            tokio::time::sleep(jitter).await;
+            status.await
+        });
         let mut allocatable = BTreeMap::new();
         allocatable.insert("cpu".to_string(), 4.0);
         let ctx = Arc::new(NodeContext {

@@ -523,8 +523,33 @@ impl PodWorker {
         Ok(if acted {
             Duration::from_millis(500)
         } else {
-            self.ctx.resync
+            self.idle_wait(&spec, &pod_uid).await
         })
+    }
+
+    /// How long a pod with nothing to do waits before it is looked at
+    /// again (a watch event wakes it sooner). A runtime that can say when
+    /// the pod's containers will next change (the simulated one) is
+    /// believed, so hollow nodes wake only for events and scheduled exits;
+    /// probes are due at least every second; otherwise `resync`.
+    async fn idle_wait(
+        &self,
+        spec: &k8s_openapi::api::core::v1::PodSpec,
+        pod_uid: &str,
+    ) -> Duration {
+        let probed = spec.containers.iter().any(|c| {
+            c.liveness_probe.is_some() || c.readiness_probe.is_some() || c.startup_probe.is_some()
+        });
+        let idle = if probed {
+            self.ctx.resync.min(Duration::from_secs(1))
+        } else {
+            self.ctx.resync
+        };
+        match self.ctx.runtime.quiet_for(pod_uid).await {
+            // A little after the change, so the change is seen.
+            Some(q) => idle.min(q.saturating_add(Duration::from_millis(10))),
+            None => idle,
+        }
     }
 
     fn waiting_on_pull(&self, name: &str) -> bool {

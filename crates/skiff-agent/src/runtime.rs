@@ -3,6 +3,8 @@
 //! simulated one of hollow nodes ([`crate::sim`]) share the pod logic.
 //! The messages are CRI's own types.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 pub use k8s_cri::v1 as cri;
 
@@ -56,6 +58,13 @@ pub trait Runtime: Send + Sync + 'static {
     /// Whether this runtime runs real processes (false for hollow nodes).
     fn is_real(&self) -> bool {
         true
+    }
+    /// How long this pod's containers are certain not to change state by
+    /// themselves, for a runtime that knows (the simulated one: until its
+    /// next scheduled exit). `None`: it cannot know, so the agent polls it
+    /// (as kubelet's PLEG relists).
+    async fn quiet_for(&self, _pod_uid: &str) -> Option<Duration> {
+        None
     }
 }
 

@@ -341,6 +341,20 @@ impl Runtime for Sim {
             })
             .collect())
     }
+    async fn quiet_for(&self, pod_uid: &str) -> Option<Duration> {
+        let now = now_nanos();
+        let cs = lock(&self.containers);
+        let next_exit = cs
+            .values()
+            .filter(|c| of_pod(&c.config.labels, Some(pod_uid)))
+            .filter(|c| c.state == cri::ContainerState::ContainerRunning)
+            .filter_map(|c| c.run_for.map(|run| c.started_at + run * 1_000_000_000))
+            .min();
+        Some(match next_exit {
+            Some(end) => Duration::from_nanos((end - now).max(0) as u64),
+            None => Duration::MAX,
+        })
+    }
     fn is_real(&self) -> bool {
         false
     }

@@ -85,6 +85,8 @@ impl Default for Config {
 /// A running API server (without its socket).
 pub struct ApiServer {
     pub state: Arc<AppState>,
+    /// This server's entry in the `kubernetes` Service's endpoints.
+    kubernetes_endpoint: Option<(String, u16)>,
 }
 
 impl ApiServer {
@@ -107,6 +109,11 @@ impl ApiServer {
             kubernetes_endpoints::reconcile(&registry, ip, *port)
                 .await
                 .map_err(|e| anyhow::anyhow!("writing the kubernetes service's endpoints: {e}"))?;
+            tokio::spawn(kubernetes_endpoints::run(
+                registry.clone(),
+                ip.clone(),
+                *port,
+            ));
         }
         tokio::spawn(lifecycle::namespace_finalizer(registry.clone()));
         tokio::spawn(lifecycle::compactor(
@@ -132,7 +139,20 @@ impl ApiServer {
                 None => None,
             },
         });
-        Ok(ApiServer { state })
+        Ok(ApiServer {
+            state,
+            kubernetes_endpoint: config.kubernetes_endpoint.clone(),
+        })
+    }
+
+    /// A clean stop: takes this server out of the `kubernetes` Service's
+    /// endpoints at once (rather than after its lease lapses).
+    pub async fn leave(&self) {
+        if let Some((ip, port)) = &self.kubernetes_endpoint {
+            if let Err(e) = kubernetes_endpoints::leave(&self.state.registry, ip, *port).await {
+                tracing::warn!(error = %e.message, "removing this server from the kubernetes endpoints");
+            }
+        }
     }
 
     /// The router serving every path. Requests must carry an

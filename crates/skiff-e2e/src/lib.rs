@@ -217,6 +217,22 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// Stops skiff cleanly with SIGTERM (as `systemctl stop` would) and
+    /// waits for it to exit.
+    pub fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill9();
+    }
+
     /// Starts skiff again after [`Server::kill9`].
     pub fn start_again(&mut self) {
         let expect = ups(self.dir.path()) + 1;

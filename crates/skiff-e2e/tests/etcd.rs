@@ -438,3 +438,86 @@ fn a_restart_keeps_cluster_ip_and_node_port_allocations() {
         "10.43.0.50"
     );
 }
+
+/// The ports in the `kubernetes` Service's Endpoints, as `s` serves them.
+fn endpoint_ports(s: &Server) -> Vec<u16> {
+    let out = s.ok(&[
+        "get",
+        "endpoints",
+        "kubernetes",
+        "-o",
+        "jsonpath={.subsets[*].ports[*].port}",
+    ]);
+    let mut ports: Vec<u16> = out
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    ports.sort();
+    ports
+}
+
+/// Every live server is an endpoint of the `kubernetes` Service (each
+/// renews its own lease): one that stops cleanly leaves at once, one that
+/// dies drops out when its lease lapses, and the slices say the same.
+#[test]
+fn the_kubernetes_endpoints_follow_the_live_servers() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let etcd = rt.block_on(EtcdServer::start());
+    let url = etcd.endpoint();
+    let a = Server::start_with(&["--etcd-servers", &url, NO_LOOPS[0], NO_LOOPS[1]]);
+    let mut b = Server::start_with_pki_of(&a, &["--etcd-servers", &url, NO_LOOPS[0], NO_LOOPS[1]]);
+    let mut c = Server::start_with_pki_of(&a, &["--etcd-servers", &url, NO_LOOPS[0], NO_LOOPS[1]]);
+    let mut all = vec![a.port, b.port, c.port];
+    all.sort();
+    wait_until("all three servers in the endpoints", 30, || {
+        (endpoint_ports(&a) == all).then_some(())
+    });
+    let leases = a.ok(&[
+        "get",
+        "leases",
+        "-n",
+        "kube-system",
+        "-l",
+        "skiff.io/apiserver-endpoint",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(leases.lines().count(), 3, "{leases}");
+
+    // A clean stop takes the server out at once.
+    let started = Instant::now();
+    b.terminate();
+    let mut two = vec![a.port, c.port];
+    two.sort();
+    wait_until("the stopped server gone from the endpoints", 5, || {
+        (endpoint_ports(&a) == two).then_some(())
+    });
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // A crash: the lease lapses (15 s) and a survivor's next round (10 s)
+    // removes it.
+    c.kill9();
+    wait_until("the crashed server gone from the endpoints", 40, || {
+        (endpoint_ports(&a) == vec![a.port]).then_some(())
+    });
+    let slices = a.ok(&[
+        "get",
+        "endpointslices",
+        "-l",
+        "kubernetes.io/service-name=kubernetes",
+        "-o",
+        "jsonpath={.items[*].ports[*].port}",
+    ]);
+    assert_eq!(slices.trim(), a.port.to_string(), "{slices}");
+    let leases = a.ok(&[
+        "get",
+        "leases",
+        "-n",
+        "kube-system",
+        "-l",
+        "skiff.io/apiserver-endpoint",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(leases.lines().count(), 1, "{leases}");
+}

@@ -594,6 +594,7 @@ async fn server(args: ServerArgs) -> Result<()> {
         eprintln!("skiff: shutting down");
     };
     skiff_apiserver::serve::serve_tls(s.listener, tls, s.api.router(), shutdown).await;
+    s.api.leave().await;
     Ok(())
 }
 
