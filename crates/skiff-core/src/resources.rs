@@ -544,6 +544,18 @@ pub static RESOURCES: &[ResourceInfo] = &[
         [],
         &kinds::rbac::RoleBinding("ClusterRoleBinding")
     ),
+    res!(
+        "networking.k8s.io",
+        "v1",
+        "IngressClass",
+        "ingressclasses",
+        "ingressclass",
+        false,
+        [],
+        [],
+        [],
+        &kinds::ingress_class::IngressClass
+    ),
     // authentication.k8s.io/v1 and authorization.k8s.io/v1 (reviews, not stored)
     res!(
         "authentication.k8s.io",

@@ -18,6 +18,7 @@ use crate::Cause;
 pub mod batch;
 pub mod config;
 pub mod event;
+pub mod ingress_class;
 pub mod lease;
 pub mod namespace;
 pub mod network;
