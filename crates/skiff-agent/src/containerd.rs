@@ -197,10 +197,20 @@ fn which(name: &str) -> Option<PathBuf> {
 }
 
 /// The CNI configuration for a node's pod CIDR: a bridge with the gateway on
-/// the node, masquerading for traffic leaving the pod network, host-local
-/// addresses, and portmap for hostPorts.
-pub fn cni_conflist(bridge: &str, pod_cidr: &str, ipam_dir: &Path) -> String {
-    serde_json::json!({
+/// the node, host-local addresses, and portmap for hostPorts. With
+/// `ip_masq` the bridge plugin masquerades everything leaving the node's
+/// pod CIDR (a lone node); with pod routing (`net`) it must not, since
+/// pod-to-pod traffic between nodes keeps its source and `net::masq`
+/// masquerades only what leaves the cluster CIDR. `mtu`: the pods' MTU
+/// (the link's minus VXLAN's overhead), None for the default.
+pub fn cni_conflist(
+    bridge: &str,
+    pod_cidr: &str,
+    ipam_dir: &Path,
+    ip_masq: bool,
+    mtu: Option<u32>,
+) -> String {
+    let mut conf = serde_json::json!({
         "cniVersion": "0.4.0",
         "name": "skiff",
         "plugins": [
@@ -208,7 +218,7 @@ pub fn cni_conflist(bridge: &str, pod_cidr: &str, ipam_dir: &Path) -> String {
                 "type": "bridge",
                 "bridge": bridge,
                 "isGateway": true,
-                "ipMasq": true,
+                "ipMasq": ip_masq,
                 "hairpinMode": true,
                 "ipam": {
                     "type": "host-local",
@@ -219,6 +229,9 @@ pub fn cni_conflist(bridge: &str, pod_cidr: &str, ipam_dir: &Path) -> String {
             },
             {"type": "portmap", "capabilities": {"portMappings": true}}
         ]
-    })
-    .to_string()
+    });
+    if let Some(mtu) = mtu {
+        conf["plugins"][0]["mtu"] = serde_json::json!(mtu);
+    }
+    conf.to_string()
 }

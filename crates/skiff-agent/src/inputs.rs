@@ -19,6 +19,8 @@ pub struct Fetcher {
     client: kube::Client,
     configmaps: HashMap<(String, String), Option<ConfigMap>>,
     secrets: HashMap<(String, String), Option<Secret>>,
+    /// The pod's ServiceAccount tokens, kept across syncs by its worker.
+    pub tokens: crate::satoken::TokenCache,
 }
 
 /// A problem that keeps a container from being created, shown to the user
@@ -31,6 +33,15 @@ impl Fetcher {
             client,
             configmaps: HashMap::new(),
             secrets: HashMap::new(),
+            tokens: Default::default(),
+        }
+    }
+
+    /// A fetcher that reuses (and refreshes) the tokens a worker holds.
+    pub fn with_tokens(client: kube::Client, tokens: crate::satoken::TokenCache) -> Fetcher {
+        Fetcher {
+            tokens,
+            ..Fetcher::new(client)
         }
     }
 
@@ -519,8 +530,14 @@ pub async fn prepare_volumes(
                         }
                     }
                 }
+                if let Some(t) = &src.service_account_token {
+                    let audience = t.audience.as_deref().filter(|a| !a.is_empty());
+                    let secs = t.expiration_seconds.unwrap_or(3600);
+                    let token = f.tokens.get(&f.client, pod, audience, secs).await?;
+                    files.insert(t.path.clone(), (token.into_bytes(), mode));
+                }
             }
-            write_files(&vdir, &files).map_err(io)?;
+            crate::satoken::write_atomic(&vdir, &files).map_err(io)?;
             out.insert(v.name.clone(), vdir);
         } else {
             // Kinds the agent cannot provide (persistent volumes, CSI, …)

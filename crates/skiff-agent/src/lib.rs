@@ -13,11 +13,14 @@ pub mod dns;
 pub mod hollow;
 pub mod image;
 pub mod inputs;
+pub mod join;
+pub mod net;
 pub mod node;
 pub mod pods;
 pub mod probes;
 pub mod proxy;
 pub mod runtime;
+pub mod satoken;
 pub mod server;
 pub mod sim;
 pub mod spec;
@@ -64,6 +67,9 @@ pub struct AgentOptions {
     /// Serve cluster DNS on this node (`dns`); off in tests that run
     /// several agents on one machine.
     pub serve_dns: bool,
+    /// Pod routing between nodes and masquerading (`net`); None leaves
+    /// the pods of a lone node masqueraded by the CNI bridge.
+    pub network: Option<net::Settings>,
 }
 
 /// The IPv4 address of the interface holding the default route, else
@@ -160,10 +166,16 @@ async fn configure_network(client: &kube::Client, options: &AgentOptions) -> Res
         None => containerd::Layout::new(&options.data_dir).cni_conf_dir(),
     };
     std::fs::create_dir_all(&conf_dir)?;
+    let mtu = match &options.network {
+        Some(n) => net::pod_mtu(n, options.node_ip.as_deref().and_then(|i| i.parse().ok())).await,
+        None => None,
+    };
     let conflist = containerd::cni_conflist(
         &bridge_name(&options.data_dir),
         &cidr,
         &options.data_dir.join("cni-ipam"),
+        options.network.is_none(),
+        mtu,
     );
     std::fs::write(conf_dir.join("10-skiff.conflist"), conflist)?;
     Ok(cidr)
@@ -181,8 +193,17 @@ pub async fn run(
     let cri = prepare_runtime(&options, &mut tasks, progress).await?;
     let runtime: Arc<dyn Runtime> = cri.clone();
     let version = runtime.version().await?;
-    let node_ip = options.node_ip.clone().unwrap_or_else(default_node_ip);
-    let endpoint = server::Endpoint::bind(&options, runtime.clone()).await?;
+    let node_ip = match (&options.node_ip, &options.network) {
+        (Some(ip), _) => ip.clone(),
+        (None, Some(_)) => match net::detect_node_ip(None).await {
+            Some(ip) => ip.to_string(),
+            None => default_node_ip(),
+        },
+        (None, None) => default_node_ip(),
+    };
+    let endpoint = server::Endpoint::bind(&options, runtime.clone())
+        .await?
+        .authorizing_with(client.clone());
     let port = endpoint.port();
     let mut facts = node::NodeFacts::of_this_machine(
         &options.node_name,
@@ -209,13 +230,28 @@ pub async fn run(
         uid,
         Duration::from_secs(10),
     ));
-    tasks.spawn(node::report_status_forever(
+    // The node's address as pod routing re-detects it, for the status
+    // heartbeat and the proxy's NodePorts.
+    let (address_tx, address_rx) = watch::channel(node_ip.clone());
+    tasks.spawn(node::report_status_following(
         client.clone(),
         facts.clone(),
         Duration::from_secs(60),
+        address_rx.clone(),
     ));
+    if let Some(n) = options.network.clone() {
+        tasks.spawn(net::run_for_agent(
+            client.clone(),
+            options.node_name.clone(),
+            options.node_ip.as_deref().and_then(|i| i.parse().ok()),
+            options.data_dir.clone(),
+            n,
+            address_tx,
+        ));
+    }
     tasks.spawn(endpoint.serve());
-    if let Some(p) = options.proxy.clone() {
+    if let Some(mut p) = options.proxy.clone() {
+        p.address = Some(address_rx.clone());
         tasks.spawn(proxy::run_for_agent(
             client.clone(),
             options.node_name.clone(),
@@ -338,10 +374,13 @@ async fn pod_loop(ctx: Arc<NodeContext>, uid: String, mut rx: watch::Receiver<Op
     loop {
         let pod = rx.borrow_and_update().clone();
         let Some(pod) = pod else {
-            worker.cleanup(&uid).await;
+            Box::pin(worker.cleanup(&uid)).await;
             return;
         };
-        let wait = worker.sync(&pod).await;
+        // Boxed: the sync's state machine is large (tens of KiB), and this
+        // task lives as long as its pod. Inline, every idle pod's task
+        // would carry that much; boxed, only a syncing one does.
+        let wait = Box::pin(worker.sync(&pod)).await;
         tokio::select! {
             changed = rx.changed() => {
                 if changed.is_err() {

@@ -287,10 +287,23 @@ pub async fn renew_lease(leases: &Api<Lease>, node: &str, uid: &str) -> anyhow::
 /// Writes the node's status every `every` so its conditions' heartbeats
 /// stay fresh, keeping the transition times of conditions that held.
 pub async fn report_status_forever(client: kube::Client, facts: NodeFacts, every: Duration) {
+    let (_keep, address) = tokio::sync::watch::channel(facts.internal_ip.clone());
+    report_status_following(client, facts, every, address).await
+}
+
+/// [`report_status_forever`] with the node's InternalIP taken from
+/// `address` at each write (pod routing re-detects it).
+pub async fn report_status_following(
+    client: kube::Client,
+    mut facts: NodeFacts,
+    every: Duration,
+    address: tokio::sync::watch::Receiver<String>,
+) {
     let nodes: Api<Node> = Api::all(client);
     let since = now();
     loop {
         tokio::time::sleep(every).await;
+        facts.internal_ip = address.borrow().clone();
         let status = facts.status(&since, &now());
         if let Err(e) = nodes
             .patch_status(

@@ -143,6 +143,8 @@ pub struct PodWorker {
     pull_backoff: HashMap<String, Instant>,
     last_status: Option<Value>,
     terminating: bool,
+    /// The pod's ServiceAccount tokens (projected volumes).
+    tokens: crate::satoken::TokenCache,
 }
 
 fn kind_key(k: Kind) -> &'static str {
@@ -163,6 +165,7 @@ impl PodWorker {
             pull_backoff: HashMap::new(),
             last_status: None,
             terminating: false,
+            tokens: Default::default(),
         }
     }
 
@@ -344,17 +347,19 @@ impl PodWorker {
                 }
             });
         let seen: Vec<Seen> = seen;
-        let mut fetcher = Fetcher::new(self.ctx.client.clone());
+        let mut fetcher =
+            Fetcher::with_tokens(self.ctx.client.clone(), std::mem::take(&mut self.tokens));
         let volumes = if self.ctx.runtime.is_real() {
-            match inputs::prepare_volumes(
+            let prepared = inputs::prepare_volumes(
                 &mut fetcher,
                 pod,
                 &self.ctx.pod_dir(&pod_uid).join("volumes"),
                 &self.ctx.host_ip,
                 &pod_ip,
             )
-            .await
-            {
+            .await;
+            self.tokens = std::mem::take(&mut fetcher.tokens);
+            match prepared {
                 Ok(v) => v,
                 Err(msg) => {
                     self.ctx.event(pod, "Warning", "FailedMount", msg.clone());
@@ -705,9 +710,10 @@ impl PodWorker {
         } else {
             vec![]
         };
+        // Hollow nodes materialize no volumes: nothing to mount or check.
         let mounts = match inputs::mounts(c, volumes) {
-            Ok(m) if rt.is_real() => m,
-            Ok(_) => vec![],
+            _ if !rt.is_real() => vec![],
+            Ok(m) => m,
             Err(msg) => {
                 self.waiting
                     .insert(c.name.clone(), ("CreateContainerConfigError".into(), msg));

@@ -1,8 +1,11 @@
 //! The agent's HTTPS endpoint, which the API server calls for `kubectl
 //! logs`, `exec`, `attach` and `port-forward`, and for the node's stats
 //! (`/stats/summary`, `/metrics/resource`, see [`crate::stats`]) —
-//! kubelet's paths. Only a client certificate of the cluster CA with the
-//! API server's kubelet-client name is accepted.
+//! kubelet's paths. Clients present a certificate of the cluster CA: the
+//! API server's kubelet-client certificate may use every path; any other
+//! (CN = user, O = groups) may use `/stats/…` and `/metrics/…` if a
+//! SubjectAccessReview allows it `get` on `nodes/stats` or `nodes/metrics`
+//! of this node, as kubelet's webhook authorization does (others: 403).
 //!
 //! Logs are read from the CRI log files. Exec, attach and port-forward are
 //! handed to the runtime's streaming server: the agent asks CRI for a
@@ -40,6 +43,68 @@ pub struct Endpoint {
     listener: tokio::net::TcpListener,
     tls: Arc<rustls::ServerConfig>,
     router: Router,
+    node_name: String,
+    /// Asks the API server's SubjectAccessReview for other clients.
+    authorizer: Option<kube::Client>,
+}
+
+/// Who is calling, from the client certificate.
+#[derive(Clone, Debug)]
+struct Peer {
+    user: String,
+    groups: Vec<String>,
+}
+
+/// The `nodes` subresource kubelet maps a path to, for other clients.
+fn subresource_of(path: &str) -> Option<&'static str> {
+    if path == "/stats" || path.starts_with("/stats/") {
+        Some("stats")
+    } else if path == "/metrics" || path.starts_with("/metrics/") {
+        Some("metrics")
+    } else {
+        None
+    }
+}
+
+/// kubelet's answer to a denied request.
+fn forbidden(peer: &Peer, verb: &str, sub: &str) -> Response {
+    status(
+        StatusCode::FORBIDDEN,
+        format!(
+            "Forbidden (user={}, verb={verb}, resource=nodes, subresource={sub})",
+            peer.user
+        ),
+    )
+}
+
+/// Whether the API server allows `peer` to `verb` `nodes/<sub>` of `node`.
+async fn review(client: &kube::Client, node: &str, peer: &Peer, verb: &str, sub: &str) -> bool {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let sar = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(peer.user.clone()),
+            groups: Some(peer.groups.clone()),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.into()),
+                resource: Some("nodes".into()),
+                subresource: Some(sub.into()),
+                name: Some(node.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: kube::Api<SubjectAccessReview> = kube::Api::all(client.clone());
+    match api.create(&Default::default(), &sar).await {
+        Ok(r) => r.status.is_some_and(|s| s.allowed),
+        Err(e) => {
+            tracing::warn!(error = %e, "SubjectAccessReview for the agent endpoint failed");
+            false
+        }
+    }
 }
 
 impl Endpoint {
@@ -56,7 +121,16 @@ impl Endpoint {
             listener,
             tls,
             router,
+            node_name: options.node_name.clone(),
+            authorizer: None,
         })
+    }
+
+    /// Lets clients other than the API server read `/stats` and
+    /// `/metrics` when `client`'s SubjectAccessReviews allow them.
+    pub fn authorizing_with(mut self, client: kube::Client) -> Endpoint {
+        self.authorizer = Some(client);
+        self
     }
 
     pub fn port(&self) -> u16 {
@@ -71,22 +145,50 @@ impl Endpoint {
             };
             let acceptor = acceptor.clone();
             let router = self.router.clone();
+            let authorizer = self.authorizer.clone();
+            let node = self.node_name.clone();
             tokio::spawn(async move {
                 let Ok(Ok(tls)) =
                     tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
                 else {
                     return;
                 };
-                let allowed = tls
+                let Some(peer) = tls
                     .get_ref()
                     .1
                     .peer_certificates()
                     .and_then(|c| c.first())
-                    .map(|c| common_name(c.as_ref()).as_deref() == Some(APISERVER_CLIENT_CN))
-                    .unwrap_or(false);
-                if !allowed {
+                    .and_then(|c| subject(c.as_ref()))
+                else {
                     return;
-                }
+                };
+                let router = if peer.user == APISERVER_CLIENT_CN {
+                    router
+                } else {
+                    // Another client: only what a SubjectAccessReview allows.
+                    let Some(client) = authorizer else {
+                        return;
+                    };
+                    router.layer(axum::middleware::from_fn(
+                        move |req: Request, next: axum::middleware::Next| {
+                            let (client, node, peer) = (client.clone(), node.clone(), peer.clone());
+                            async move {
+                                let verb = match *req.method() {
+                                    axum::http::Method::GET | axum::http::Method::HEAD => "get",
+                                    axum::http::Method::POST => "create",
+                                    _ => "update",
+                                };
+                                let Some(sub) = subresource_of(req.uri().path()) else {
+                                    return forbidden(&peer, verb, "proxy");
+                                };
+                                if !review(&client, &node, &peer, verb, sub).await {
+                                    return forbidden(&peer, verb, sub);
+                                }
+                                next.run(req).await
+                            }
+                        },
+                    ))
+                };
                 let service = hyper_util::service::TowerToHyperService::new(router);
                 let _ = hyper_util::server::conn::auto::Builder::new(
                     hyper_util::rt::TokioExecutor::new(),
@@ -98,16 +200,23 @@ impl Endpoint {
     }
 }
 
-fn common_name(der: &[u8]) -> Option<String> {
+/// The user (CN) and groups (O) of a client certificate.
+fn subject(der: &[u8]) -> Option<Peer> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let cn = cert
+    let user = cert
         .subject()
         .iter_common_name()
         .next()?
         .as_str()
         .ok()?
         .to_string();
-    Some(cn)
+    let groups = cert
+        .subject()
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok())
+        .map(str::to_string)
+        .collect();
+    Some(Peer { user, groups })
 }
 
 fn tls_config(options: &AgentOptions) -> Result<rustls::ServerConfig> {

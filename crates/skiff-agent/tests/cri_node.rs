@@ -65,6 +65,7 @@ impl Node {
             cluster_domain: "cluster.local".into(),
             // Concurrent test agents would fight over the DNS address.
             serve_dns: false,
+            network: None,
         };
         let mut node = Node {
             _cluster: cluster,

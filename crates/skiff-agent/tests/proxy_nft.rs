@@ -7,8 +7,10 @@
 use std::net::Ipv4Addr;
 use std::process::Command;
 
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use skiff_agent::proxy::model::{Endpoint, PortKey, PortPlan, Protocol};
 use skiff_agent::proxy::nft::{self, Nft};
+use skiff_agent::proxy::policy::model::{render, NamedPort, PodInfo};
 use skiff_agent::proxy::rules::{self, Op, PortRules};
 
 fn nft_available() -> bool {
@@ -167,4 +169,101 @@ async fn transactions_replace_update_and_fail_atomically() {
         .unwrap());
     // Deleting it again is fine.
     nft::delete_table(&table.0).unwrap();
+}
+
+fn policy_pod(ns: &str, name: &str, ip: &str, app: &str, local: bool) -> PodInfo {
+    PodInfo {
+        namespace: ns.into(),
+        name: name.into(),
+        ip: ip.parse().unwrap(),
+        labels: [("app".to_string(), app.to_string())].into(),
+        ports: vec![NamedPort {
+            name: "http".into(),
+            protocol: Protocol::Tcp,
+            port: 8080,
+        }],
+        local,
+    }
+}
+
+#[tokio::test]
+async fn network_policy_chains_are_programmed_whole_and_changed_incrementally() {
+    if !nft_available() {
+        eprintln!("skipping: nft is not usable here (needs root and nftables)");
+        return;
+    }
+    let table = Table(format!("skiff-test-pol-{}", std::process::id()));
+    let nft = Nft::new(&table.0);
+    let pods = vec![
+        policy_pod("default", "web", "198.18.7.5", "web", true),
+        policy_pod("default", "client", "198.18.8.6", "client", false),
+    ];
+    let namespaces = Default::default();
+    let policy: NetworkPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+          "policyTypes": ["Ingress", "Egress"],
+          "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}},
+                                {"ipBlock": {"cidr": "198.19.0.0/16", "except": ["198.19.5.0/24"]}}],
+                       "ports": [{"port": "http"}, {"port": 9000, "endPort": 9010, "protocol": "UDP"}]}],
+          "egress": [{"ports": [{"port": 53, "protocol": "UDP"}]}]}
+    }))
+    .unwrap();
+    let dns = ["198.18.0.10".parse().unwrap()];
+    let first = render(&pods, &namespaces, std::slice::from_ref(&policy), &dns);
+    assert!(first.unsupported.is_empty());
+    nft.replace_all(&[], &[&first.rules]).await.unwrap();
+    // (nft lists `meta l4proto tcp th dport` as `tcp dport`.)
+    let t = list(&table.0);
+    for want in [
+        "ct state established,related accept",
+        "ip saddr vmap @policy-egress",
+        "ip daddr vmap @policy-ingress",
+        "198.18.7.5 : jump pol-in/198.18.7.5",
+        "ip saddr 198.18.8.6 tcp dport 8080 return",
+        "ip saddr 198.19.0.0/16 ip saddr != 198.19.5.0/24 udp dport 9000-9010 return",
+        "chain pol-out/198.18.7.5 {\n\t\tudp dport 53 return\n\t\tdrop",
+        "ip daddr 198.18.0.10 ip saddr vmap @policy-egress",
+    ] {
+        assert!(t.contains(want), "missing `{want}` in:\n{t}");
+    }
+    // A new client pod changes only the ingress chain's rules.
+    let mut more = pods.clone();
+    more.push(policy_pod(
+        "default",
+        "client2",
+        "198.18.8.7",
+        "client",
+        false,
+    ));
+    let second = render(&more, &namespaces, &[policy], &dns);
+    let ops = rules::diff(&first.rules, &second.rules);
+    assert!(
+        ops.iter().all(
+            |o| matches!(o, Op::FlushChain(c) | Op::AddRule(c, _) if c == "pol-in/198.18.7.5")
+        ),
+        "{ops:?}"
+    );
+    nft.apply(&ops).await.unwrap();
+    let t = list(&table.0);
+    assert!(
+        t.contains("ip saddr { 198.18.8.6, 198.18.8.7 } tcp dport 8080 return"),
+        "{t}"
+    );
+    // A transaction nft refuses (a rule in a chain that does not exist)
+    // changes nothing: the policy rules in force stay as they were.
+    let before = list(&table.0);
+    let mut bad = rules::diff(&second.rules, &first.rules);
+    bad.push(Op::AddRule("pol-in/198.18.99.99".into(), rules::Rule::Drop));
+    assert!(nft.apply(&bad).await.is_err());
+    assert_eq!(list(&table.0), before);
+
+    // No policy left: the chains and map elements go, the base chains stay.
+    let none = render(&more, &namespaces, &[], &dns);
+    nft.apply(&rules::diff(&second.rules, &none.rules))
+        .await
+        .unwrap();
+    let t = list(&table.0);
+    assert!(!t.contains("pol-in/"), "{t}");
+    assert!(t.contains("chain policy-forward"), "{t}");
 }

@@ -132,7 +132,11 @@ pub async fn handle(State(state): State<Arc<AppState>>, mut req: Request<Body>) 
         a.user = who.user.clone();
         a.groups = who.groups.clone();
         if !state.registry.authz.authorize(&a) {
-            return error_response(&skiff_core::rbac::forbidden(&a, ""));
+            let why = state.registry.authz.reason(&a);
+            return error_response(&skiff_core::rbac::forbidden(&a, &why));
+        }
+        if let Err(e) = crate::noderestriction::admit_request(&state.registry, &a).await {
+            return error_response(&e);
         }
     }
     req.extensions_mut().insert(who);
@@ -179,10 +183,15 @@ async fn authenticate(state: &AppState, req: &mut Request<Body>) -> Result<Ident
     let token = auth::bearer_token(req.headers()).map(str::to_string);
     let has_authorization = req.headers().contains_key(header::AUTHORIZATION);
     match token {
-        Some(token) => match &state.tokens {
-            Some(t) => t.authenticate(&state.registry, &token).await,
-            None => Err(ApiError::unauthorized()),
-        },
+        Some(token) => {
+            if let Some(r) = crate::bootstrap_token::authenticate(&state.registry, &token).await {
+                return r;
+            }
+            match &state.tokens {
+                Some(t) => t.authenticate(&state.registry, &token).await,
+                None => Err(ApiError::unauthorized()),
+            }
+        }
         None if has_authorization => Err(ApiError::unauthorized()),
         None => Ok(Identity::anonymous()),
     }
@@ -719,6 +728,12 @@ async fn resource(
             let obj = reg.get(res, ns, name).await?;
             render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
         }
+        (&Method::PUT, Some(name), Some("approval")) => {
+            let WriteBody { obj, mut opts, .. } = read_write_body(req, api_res, &q).await?;
+            opts.user = who;
+            let out = crate::certificates::approve(reg, name, obj, &opts).await?;
+            Ok(json_response(200, &out))
+        }
         (&Method::PUT, Some(name), _)
             if matches!(
                 rr.sub,
@@ -871,6 +886,14 @@ async fn resource(
                     "the server has no ServiceAccount token issuer",
                 ));
             };
+            crate::noderestriction::admit_token_request(
+                reg,
+                name,
+                ns.unwrap_or(""),
+                &tr,
+                who.as_ref(),
+            )
+            .await?;
             let out = t.request(reg, ns.unwrap_or(""), name, &tr).await?;
             Ok(json_response(201, &out))
         }

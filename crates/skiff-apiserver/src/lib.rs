@@ -13,6 +13,8 @@
 pub mod admission;
 pub mod auth;
 pub mod authz;
+pub mod bootstrap_token;
+pub mod certificates;
 pub mod fieldmanager;
 pub mod handlers;
 pub mod kubernetes_endpoints;
@@ -20,7 +22,9 @@ pub mod lifecycle;
 pub mod metricsapi;
 pub mod negotiate;
 pub mod nodeproxy;
+pub mod noderestriction;
 pub mod object;
+pub mod podtoken;
 pub mod registry;
 pub mod request;
 pub mod serve;
@@ -64,6 +68,9 @@ pub struct Config {
     /// Address and port pods reach this server at: the endpoint of the
     /// `kubernetes` Service (none: the Service has no endpoints).
     pub kubernetes_endpoint: Option<(String, u16)>,
+    /// The cluster CA (certificate and key, PEM) that signs approved
+    /// CertificateSigningRequests; without it none is signed.
+    pub cluster_signing: Option<(String, String)>,
 }
 
 impl Default for Config {
@@ -78,6 +85,7 @@ impl Default for Config {
             service_account_key_dir: None,
             service_account_issuer: tokens::DEFAULT_ISSUER.into(),
             kubernetes_endpoint: None,
+            cluster_signing: None,
         }
     }
 }
@@ -97,7 +105,9 @@ impl ApiServer {
             .await
             .map_err(|e| anyhow::anyhow!("moving objects to Kubernetes' key layout: {e}"))?;
         let cache = WatchCache::start(store.clone()).await?;
-        let registry = Arc::new(Registry::new(store, cache, config.registry.clone()));
+        let mut registry_config = config.registry.clone();
+        registry_config.service_account_tokens = config.service_account_key_dir.is_some();
+        let registry = Arc::new(Registry::new(store, cache, registry_config));
         registry
             .repair()
             .await
@@ -116,6 +126,9 @@ impl ApiServer {
             ));
         }
         tokio::spawn(lifecycle::namespace_finalizer(registry.clone()));
+        if let Some((cert, key)) = config.cluster_signing.clone() {
+            tokio::spawn(certificates::run(registry.clone(), cert, key));
+        }
         tokio::spawn(lifecycle::compactor(
             registry.clone(),
             config.compact_keep,

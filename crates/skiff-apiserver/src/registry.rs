@@ -106,6 +106,9 @@ pub struct RegistryConfig {
     /// The `kube-dns` Service's ClusterIP (`--cluster-dns`); None: the 10th
     /// address of the service CIDR.
     pub cluster_dns: Option<Ipv4Addr>,
+    /// Whether the server issues ServiceAccount tokens (set by
+    /// `ApiServer::start`): only then do pods get the token volume.
+    pub service_account_tokens: bool,
 }
 
 impl Default for RegistryConfig {
@@ -113,6 +116,7 @@ impl Default for RegistryConfig {
         RegistryConfig {
             service_cidr: (Ipv4Addr::new(10, 43, 0, 0), 16),
             cluster_dns: None,
+            service_account_tokens: false,
         }
     }
 }
@@ -471,8 +475,11 @@ impl Registry {
             }
         }
         strategy.prepare_for_create(res, &mut obj);
+        crate::noderestriction::admit_create(self, res, &obj, opts.user.as_ref()).await?;
+        crate::certificates::prepare_create(res, &mut obj, opts.user.as_ref());
         skiff_core::defaults::apply_defaults(res, &mut obj);
         strategy.admit_create(self, res, ns, &mut obj).await?;
+        crate::podtoken::admit_create(self, res, ns, &mut obj).await;
         self.check_escalation(res, ns, &obj, opts).await?;
         for attempt in 0..8 {
             if generate {
@@ -710,6 +717,7 @@ impl Registry {
         check_types(res, &new)?;
         new = prepare_for_update(res, &old, new, sub);
         strategy.prepare_for_update(&old, &mut new);
+        crate::noderestriction::admit_update(res, sub.as_str(), &old, &new, opts.user.as_ref())?;
         self.check_escalation(res, ns, &new, opts).await?;
         // Allocations an update leaves out are carried over before validation
         // (as Kubernetes' service registry does).

@@ -140,6 +140,17 @@ impl EventType {
     }
 }
 
+/// History is kept for resuming watches, like kube-apiserver's watch cache:
+/// at least this long (its event-fresh duration) ...
+pub const HISTORY_WINDOW: Duration = Duration::from_secs(75);
+/// ... and at least this many events per resource, but never more than
+/// [`HISTORY_MAX`]. A watch from an older resourceVersion gets 410 Gone and
+/// its client relists. Without the bound the history held every event
+/// since the store's last compaction (up to six minutes): under churn
+/// several old copies of every object, most of the server's memory.
+pub const HISTORY_MIN: usize = 100;
+pub const HISTORY_MAX: usize = 100 * 1024;
+
 /// One change in a resource's history.
 #[derive(Debug)]
 pub struct CacheEvent {
@@ -150,6 +161,28 @@ pub struct CacheEvent {
     pub prev: Option<Arc<CachedObject>>,
     pub revision: i64,
     pub at: Instant,
+}
+
+impl Inner {
+    /// Drops the oldest events beyond the window and the cap (keeping
+    /// [`HISTORY_MIN`]); `history_start` follows, so a cursor before the
+    /// oldest kept event is too old.
+    fn forget_stale_history(&mut self, now: Instant) {
+        while self.history.len() > HISTORY_MIN {
+            let Some(front) = self.history.front() else {
+                break;
+            };
+            let stale = now.saturating_duration_since(front.at) > HISTORY_WINDOW;
+            if !(stale || self.history.len() > HISTORY_MAX) {
+                break;
+            }
+            let dropped = front.revision;
+            self.history.pop_front();
+            if self.history_start < dropped {
+                self.history_start = dropped;
+            }
+        }
+    }
 }
 
 struct Inner {
@@ -566,6 +599,7 @@ impl ResourceCache {
         inner.last_rev = rev;
         let event = Arc::new(event);
         inner.history.push_back(event.clone());
+        inner.forget_stale_history(event.at);
         // Dispatched before the write lock goes, so a watch registering
         // (under the read lock) sees this event either in the history or
         // in its queue, never in neither.
@@ -654,6 +688,22 @@ impl WatchCache {
             .watch(object::ROOT, rev, Some(Duration::from_secs(5)))
             .await?;
         tokio::spawn(follow(wc.clone(), store, stream));
+        // A quiet resource gets no event to trim its history on: sweep.
+        let weak = Arc::downgrade(&wc);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(HISTORY_WINDOW / 5);
+            loop {
+                tick.tick().await;
+                let Some(wc) = weak.upgrade() else { return };
+                let now = Instant::now();
+                for c in wc.caches.values() {
+                    c.inner
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .forget_stale_history(now);
+                }
+            }
+        });
         Ok(wc)
     }
 
@@ -784,5 +834,75 @@ async fn follow(wc: Arc<WatchCache>, store: Arc<dyn Store>, mut stream: skiff_st
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod history_tests {
+    use super::*;
+
+    fn event(revision: i64, at: Instant) -> Arc<CacheEvent> {
+        Arc::new(CacheEvent {
+            kind: EventType::Modified,
+            object: Arc::new(CachedObject {
+                key: "/registry/configmaps/default/a".into(),
+                namespace: "default".into(),
+                name: "a".into(),
+                bytes: Bytes::from_static(b"{}"),
+                labels: Map::new(),
+                fields: vec![],
+                revision,
+                parsed: OnceLock::new(),
+            }),
+            prev: None,
+            revision,
+            at,
+        })
+    }
+
+    fn inner() -> Inner {
+        Inner {
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            history_start: 0,
+            last_rev: 0,
+        }
+    }
+
+    #[test]
+    fn events_older_than_the_window_are_forgotten_beyond_the_minimum() {
+        let now = Instant::now() + HISTORY_WINDOW * 4;
+        let old = now - HISTORY_WINDOW * 2;
+        let mut h = inner();
+        for r in 1..=300 {
+            h.history
+                .push_back(event(r, if r <= 250 { old } else { now }));
+        }
+        h.forget_stale_history(now);
+        // 50 fresh events, topped up to the minimum with the newest old ones.
+        assert_eq!(h.history.len(), HISTORY_MIN);
+        assert_eq!(h.history.front().unwrap().revision, 201);
+        // A cursor at the last forgotten event still resumes; before it, 410.
+        assert_eq!(h.history_start, 200);
+    }
+
+    #[test]
+    fn fresh_events_are_kept_up_to_the_cap() {
+        let now = Instant::now();
+        let mut h = inner();
+        for r in 1..=(HISTORY_MAX as i64 + 10) {
+            h.history.push_back(event(r, now));
+        }
+        h.forget_stale_history(now);
+        assert_eq!(h.history.len(), HISTORY_MAX);
+        assert_eq!(h.history_start, 10);
+
+        let mut h = inner();
+        for r in 1..=1000 {
+            h.history.push_back(event(r, now));
+        }
+        h.forget_stale_history(now);
+        assert_eq!(h.history.len(), 1000, "all fresh and under the cap");
+        assert_eq!(h.history_start, 0);
     }
 }

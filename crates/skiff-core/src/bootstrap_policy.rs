@@ -38,7 +38,7 @@ fn events_rule() -> PolicyRule {
     )
 }
 
-fn cluster_role(name: &str, labels: &[(&str, &str)], rules: Vec<PolicyRule>) -> Value {
+pub(crate) fn cluster_role(name: &str, labels: &[(&str, &str)], rules: Vec<PolicyRule>) -> Value {
     let mut l = serde_json::Map::new();
     l.insert(BOOTSTRAPPING_LABEL.0.into(), json!(BOOTSTRAPPING_LABEL.1));
     for (k, v) in labels {
@@ -341,10 +341,14 @@ pub fn cluster_roles() -> Vec<Value> {
                 ),
             ],
         ),
+        cluster_role("system:node", &[], crate::bootstrap_nodes::node_rules()),
     ]
+    .into_iter()
+    .chain(crate::bootstrap_nodes::cluster_roles())
+    .collect()
 }
 
-fn cluster_role_binding(name: &str, role: &str, subjects: &[(&str, &str)]) -> Value {
+pub(crate) fn cluster_role_binding(name: &str, role: &str, subjects: &[(&str, &str)]) -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",
@@ -399,7 +403,13 @@ pub fn cluster_role_bindings() -> Vec<Value> {
             "system:node-proxier",
             &[("User", "system:kube-proxy")],
         ),
+        // Bound to nobody, as in Kubernetes: nodes are authorized by the
+        // Node authorizer, not through this role.
+        cluster_role_binding("system:node", "system:node", &[]),
     ]
+    .into_iter()
+    .chain(crate::bootstrap_nodes::cluster_role_bindings())
+    .collect()
 }
 
 /// The rules of an aggregated ClusterRole: the rules of every other role

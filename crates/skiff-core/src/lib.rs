@@ -9,6 +9,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod admission;
+pub mod bootstrap_nodes;
 pub mod bootstrap_policy;
 pub mod convert;
 pub mod defaults;

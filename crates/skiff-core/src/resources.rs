@@ -431,6 +431,19 @@ pub static RESOURCES: &[ResourceInfo] = &[
         ["status"],
         &kinds::plain::PlainGenerational
     ),
+    // certificates.k8s.io/v1
+    res!(
+        "certificates.k8s.io",
+        "v1",
+        "CertificateSigningRequest",
+        "certificatesigningrequests",
+        "certificatesigningrequest",
+        false,
+        ["csr"],
+        [],
+        ["approval", "status"],
+        &kinds::PLAIN
+    ),
     // coordination.k8s.io/v1
     res!(
         "coordination.k8s.io",
@@ -481,6 +494,19 @@ pub static RESOURCES: &[ResourceInfo] = &[
         [],
         ["status"],
         &kinds::policy::PodDisruptionBudget
+    ),
+    // networking.k8s.io/v1 (enforced by the agents' service proxy)
+    res!(
+        "networking.k8s.io",
+        "v1",
+        "NetworkPolicy",
+        "networkpolicies",
+        "networkpolicy",
+        true,
+        ["netpol"],
+        [],
+        [],
+        &kinds::PLAIN
     ),
     // scheduling.k8s.io/v1
     res!(

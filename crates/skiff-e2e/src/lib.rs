@@ -3,6 +3,8 @@
 //! `scripts/tools.sh` into `.tools/bin`) against it, and stops exactly the
 //! process it started when dropped.
 
+pub mod hosts;
+
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -448,7 +450,7 @@ impl Server {
 /// Gives a client its own HOME and discovery cache under `dir`: kubectl and
 /// helm cache discovery per host:port in ~/.kube/cache, and a port reused by
 /// a later test's server would otherwise be answered from an earlier one's.
-fn private_home<'a>(c: &'a mut Command, dir: &Path) -> &'a mut Command {
+pub(crate) fn private_home<'a>(c: &'a mut Command, dir: &Path) -> &'a mut Command {
     c.env("HOME", dir.join("home"))
         .env("KUBECACHEDIR", dir.join("home/.kube/cache"))
 }
@@ -542,7 +544,7 @@ fn ups(dir: &Path) -> usize {
 /// The busybox test image the e2e tests run.
 pub const BUSYBOX: &str = "skiff.local/busybox:1";
 
-fn rand_u64() -> u64 {
+pub(crate) fn rand_u64() -> u64 {
     let mut b = [0u8; 8];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
         let _ = std::io::Read::read_exact(&mut f, &mut b);
@@ -552,7 +554,7 @@ fn rand_u64() -> u64 {
 
 /// The busybox image archive, built once per test process from Debian's
 /// busybox-static.
-fn busybox_archive() -> PathBuf {
+pub fn busybox_archive() -> PathBuf {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
         let path =

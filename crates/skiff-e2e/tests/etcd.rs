@@ -184,7 +184,8 @@ fn the_etcd_prefix_separates_clusters() {
     assert!(one
         .fails(&["get", "configmap", "only-in-two"])
         .contains("NotFound"));
-    let keys = etcd_keys(&etcd, "/cluster-two/configmaps/");
+    // (kube-public holds each server's own cluster-info ConfigMap.)
+    let keys = etcd_keys(&etcd, "/cluster-two/configmaps/default/");
     assert_eq!(keys, ["/cluster-two/configmaps/default/only-in-two"]);
 }
 

@@ -41,15 +41,21 @@ const LAYOUT: u64 = 2;
 pub struct RedbOptions {
     /// Most writes committed in one transaction.
     pub max_batch: usize,
-    /// Events buffered for watchers before a slow one is dropped.
+    /// Events buffered for watchers before a slow one is dropped. The
+    /// ring keeps its last `watch_buffer` events alive (their values), so
+    /// this is memory held at all times once the store has been busy.
     pub watch_buffer: usize,
+    /// redb's page cache in bytes (redb's default is 1 GiB). The watch
+    /// cache serves reads; this serves the B-tree pages writes touch.
+    pub cache_bytes: usize,
 }
 
 impl Default for RedbOptions {
     fn default() -> Self {
         RedbOptions {
             max_batch: 2048,
-            watch_buffer: 65536,
+            watch_buffer: 16384,
+            cache_bytes: 256 << 20,
         }
     }
 }
@@ -201,7 +207,10 @@ impl RedbStore {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(backend)?;
         }
-        let db = Database::create(path).map_err(backend)?;
+        let db = redb::Builder::new()
+            .set_cache_size(opts.cache_bytes)
+            .create(path)
+            .map_err(backend)?;
         let (rev, compacted) = {
             let w = db.begin_write().map_err(backend)?;
             let tables: Vec<String> = w

@@ -253,6 +253,7 @@ async fn main() -> anyhow::Result<()> {
         cluster_dns: None,
         cluster_domain: "cluster.local".into(),
         serve_dns: false,
+        network: None,
     };
     let client = skiff_kube::in_process(&api, "node:bench-node");
     let agent_client = client.clone();

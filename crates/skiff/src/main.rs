@@ -174,6 +174,18 @@ struct NodeArgs {
     node_labels: Vec<String>,
     #[command(flatten)]
     proxy: ProxyArgs,
+    #[command(flatten)]
+    network: NetworkArgs,
+}
+
+/// Pod routing between nodes (skiff's flannel).
+#[derive(Args, Clone)]
+struct NetworkArgs {
+    /// How pods reach other nodes' pods: host-gw (direct routes; nodes
+    /// share a subnet), vxlan, or auto (direct routes to nodes on this
+    /// node's subnet, VXLAN to the others).
+    #[arg(long, default_value = "auto")]
+    flannel_backend: skiff_agent::net::plan::Backend,
 }
 
 /// The agent's service proxy (nftables).
@@ -187,9 +199,16 @@ struct ProxyArgs {
 
 #[derive(Args, Clone)]
 struct AgentArgs {
-    /// Kubeconfig of the cluster to join.
-    #[arg(long)]
-    kubeconfig: PathBuf,
+    /// Kubeconfig of the cluster to join (or --server with --token).
+    #[arg(long, required_unless_present = "token")]
+    kubeconfig: Option<PathBuf>,
+    /// The API server to join with --token (https://HOST:PORT).
+    #[arg(long, requires = "token")]
+    server: Option<String>,
+    /// The server's join token (`DATA/token`): the agent verifies the
+    /// server's CA by its hash and obtains its own client certificate.
+    #[arg(long, requires = "server", conflicts_with = "kubeconfig")]
+    token: Option<String>,
     /// Where the agent keeps its containerd, logs and volumes.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -439,6 +458,7 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         registry: skiff_apiserver::registry::RegistryConfig {
             service_cidr,
             cluster_dns: args.dns.cluster_dns,
+            ..Default::default()
         },
         kubelet_client: Some((
             pki.kubelet_client.cert_pem.clone(),
@@ -450,9 +470,18 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
             .then_some(skiff_controllers::metrics_text as fn() -> String),
         kubernetes_endpoint: endpoint.map(|ip| (ip.to_string(), addr.port())),
         service_account_key_dir: Some(data_dir.join("pki").join("service-account")),
+        cluster_signing: Some((pki.ca.cert_pem.clone(), pki.ca.key_pem.clone())),
         ..Default::default()
     };
     let api = skiff_apiserver::ApiServer::start(store, config).await?;
+    // The join token agents use (`skiff agent --server --token`).
+    skiff_apiserver::bootstrap_token::ensure(
+        &api.state.registry,
+        &data_dir,
+        &pki.ca.cert_pem,
+        &format!("https://{advertise}"),
+    )
+    .await?;
     let kubeconfig_path = args
         .write_kubeconfig
         .clone()
@@ -503,8 +532,16 @@ fn uuid_like() -> String {
 
 /// Runs the scheduler and the controller manager on `client`, each behind
 /// its own leader election, until one of them fails.
+/// A client into this process's API server acting as `user` (the
+/// in-process components' own identities, as standalone ones would have).
+fn in_process_as(api: &skiff_apiserver::ApiServer, user: &str) -> kube::Client {
+    let id = skiff_apiserver::auth::Identity::new(user, Vec::new());
+    kube::Client::new(api.router_as(id), "default")
+}
+
 fn spawn_control_loops(
     client: kube::Client,
+    scheduler_client: kube::Client,
     scheduler: bool,
     controllers: bool,
     cluster_cidr: &str,
@@ -513,7 +550,7 @@ fn spawn_control_loops(
 ) {
     let id = identity();
     if scheduler {
-        let c = client.clone();
+        let c = scheduler_client;
         let id = id.clone();
         tokio::spawn(async move {
             let r = skiff_kube::leader::run_elected(
@@ -571,7 +608,8 @@ async fn server(args: ServerArgs) -> Result<()> {
     let tls = s.pki.server_config()?;
     let addr = s.listener.local_addr()?;
     spawn_control_loops(
-        skiff_kube::in_process(&s.api, "kube-controller-manager"),
+        in_process_as(&s.api, "system:kube-controller-manager"),
+        in_process_as(&s.api, "system:kube-scheduler"),
         !args.disable_scheduler,
         !args.disable_controllers,
         &args.cluster_cidr,
@@ -637,10 +675,16 @@ fn agent_options(
         labels: parse_labels(&node.node_labels)?,
         proxy: (!node.proxy.disable_proxy).then(|| skiff_agent::proxy::Settings {
             cluster_cidr: Some(cluster_cidr.to_string()),
+            address: None,
         }),
         cluster_dns: dns.cluster_dns.map(Into::into),
         cluster_domain: dns.cluster_domain.clone(),
         serve_dns: true,
+        network: Some(skiff_agent::net::Settings {
+            backend: node.network.flannel_backend,
+            cluster_cidr: skiff_agent::net::plan::Cidr::parse(cluster_cidr)
+                .with_context(|| format!("--cluster-cidr {cluster_cidr:?} is not an IPv4 CIDR"))?,
+        }),
     })
 }
 
@@ -661,7 +705,19 @@ fn ca_from_kubeconfig(path: &std::path::Path) -> Result<Option<String>> {
 }
 
 async fn agent(args: AgentArgs) -> Result<()> {
-    let client = skiff_kube::client_from_kubeconfig(&args.kubeconfig).await?;
+    let kubeconfig = match (&args.kubeconfig, &args.server, &args.token) {
+        (Some(k), _, _) => k.clone(),
+        (None, Some(server), Some(token)) => {
+            let dir = args
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| default_data_dir().join("agent"));
+            let node = args.node.node_name.clone().unwrap_or_else(hostname);
+            skiff_agent::join::join(server, token, &node, &dir).await?
+        }
+        _ => anyhow::bail!("give --kubeconfig, or --server and --token"),
+    };
+    let client = skiff_kube::client_from_kubeconfig(&kubeconfig).await?;
     if args.simulate {
         let options = skiff_agent::hollow::HollowOptions {
             nodes: args.nodes,
@@ -690,7 +746,7 @@ async fn agent(args: AgentArgs) -> Result<()> {
         &args.node,
         &args.dns,
         data_dir,
-        ca_from_kubeconfig(&args.kubeconfig)?,
+        ca_from_kubeconfig(&kubeconfig)?,
         &args.cluster_cidr,
     )?;
     let t0 = std::time::Instant::now();
@@ -726,7 +782,8 @@ async fn up(args: UpArgs) -> Result<()> {
         skiff_apiserver::serve::serve_tls(listener, tls, router, std::future::pending()).await;
     });
     spawn_control_loops(
-        skiff_kube::in_process(&s.api, "kube-controller-manager"),
+        in_process_as(&s.api, "system:kube-controller-manager"),
+        in_process_as(&s.api, "system:kube-scheduler"),
         !args.server.disable_scheduler,
         !args.server.disable_controllers,
         &args.server.cluster_cidr,
@@ -753,7 +810,15 @@ async fn up(args: UpArgs) -> Result<()> {
         &args.server.cluster_cidr,
     )?;
     let node_name = options.node_name.clone();
-    let client = skiff_kube::in_process(&s.api, &format!("node:{node_name}"));
+    // The agent acts as its node, as a joined agent does: the Node
+    // authorizer and NodeRestriction apply to it.
+    let client = kube::Client::new(
+        s.api.router_as(skiff_apiserver::auth::Identity::new(
+            format!("system:node:{node_name}"),
+            vec!["system:nodes".into()],
+        )),
+        "default",
+    );
     let agent_client = client.clone();
     let agent =
         tokio::spawn(async move { skiff_agent::run(agent_client, options, &progress).await });
@@ -830,6 +895,10 @@ async fn down(args: DownArgs) -> Result<()> {
     match skiff_agent::proxy::nft::delete_table(&table) {
         Ok(()) => eprintln!("skiff: removed the service proxy's rules"),
         Err(e) => eprintln!("skiff: could not remove the nftables table {table}: {e}"),
+    }
+    match skiff_agent::net::teardown(&data_dir.join("agent")).await {
+        Ok(()) => {}
+        Err(e) => eprintln!("skiff: removing pod routes: {e}"),
     }
     if let Err(e) = skiff_agent::dns::teardown(&data_dir.join("agent")).await {
         eprintln!("skiff: removing the cluster DNS address: {e}");

@@ -21,6 +21,7 @@ pub mod health;
 pub mod lb;
 pub mod model;
 pub mod nft;
+pub mod policy;
 pub mod rules;
 
 use std::collections::{BTreeSet, HashMap};
@@ -57,6 +58,9 @@ pub struct Settings {
     /// The cluster's pod range (`--cluster-cidr`), for masquerading
     /// off-cluster traffic to ClusterIPs.
     pub cluster_cidr: Option<String>,
+    /// The node's address as pod routing re-detects it (NodePorts follow
+    /// it); None: the address given at start stays.
+    pub address: Option<tokio::sync::watch::Receiver<String>>,
 }
 
 /// Starts the proxy of a real agent (its one entry point in `run`); logs
@@ -95,12 +99,16 @@ pub async fn run_for_agent(
         },
         table: table_name(&data_dir),
     };
+    let (policy_tx, policy_rx) = tokio::sync::watch::channel(None);
+    let policies = policy::run(client.clone(), options.node.name.clone(), policy_tx);
     let proxy = async move {
-        if let Err(e) = run(client, options).await {
+        let progress = tokio::sync::watch::channel(Sync::default()).0;
+        let r = run_with_policy(client, options, progress, Some(policy_rx), settings.address).await;
+        if let Err(e) = r {
             tracing::error!(error = %e, "the service proxy stopped");
         }
     };
-    tokio::join!(proxy, service_lb);
+    tokio::join!(proxy, service_lb, policies);
 }
 
 /// Settings of the proxy in one agent.
@@ -113,10 +121,18 @@ pub struct ProxyOptions {
 
 type Key = (String, String);
 
+/// The key NetworkPolicy's objects are kept under beside the services'
+/// (no Service has an empty namespace).
+fn policy_key() -> Key {
+    (String::new(), "networkpolicy".into())
+}
+
 /// The cluster state the proxy works from.
 #[derive(Default)]
 struct State {
     services: HashMap<Key, Service>,
+    /// NetworkPolicy's objects as [`policy`] last rendered them.
+    policy: PortRules,
     /// (namespace, slice name) → slice.
     slices: HashMap<Key, EndpointSlice>,
     /// (namespace, service name) → its slices' names.
@@ -207,6 +223,9 @@ fn service_objects(
     node: &NodeFacts,
     warned: &mut HashMap<Key, String>,
 ) -> (PortRules, Vec<PortPlan>) {
+    if *key == policy_key() {
+        return (state.policy.clone(), vec![]);
+    }
     match state.plan(key, node) {
         Ok(plans) => {
             warned.remove(key);
@@ -330,8 +349,28 @@ pub async fn run_with_progress(
     options: ProxyOptions,
     progress: tokio::sync::watch::Sender<Sync>,
 ) -> anyhow::Result<()> {
+    run_with_policy(client, options, progress, None, None).await
+}
+
+/// [`run_with_progress`], also programming the NetworkPolicy objects
+/// [`policy::run`] sends on `policy` (nothing is programmed before its
+/// first rendering, so a restart never opens what policies closed).
+pub async fn run_with_policy(
+    client: kube::Client,
+    options: ProxyOptions,
+    progress: tokio::sync::watch::Sender<Sync>,
+    mut policy: Option<tokio::sync::watch::Receiver<Option<std::sync::Arc<PortRules>>>>,
+    mut address: Option<tokio::sync::watch::Receiver<String>>,
+) -> anyhow::Result<()> {
     prepare_kernel();
-    let node = options.node.clone();
+    let policy_enabled = policy.is_some();
+    let mut policy_ready = false;
+    // Services are not held hostage by policies: if none could be rendered
+    // in this time (the API server serves no NetworkPolicies, or RBAC
+    // refuses them), services are programmed without them.
+    let policy_deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut policy_waived = false;
+    let mut node = options.node.clone();
     let _ = RECORDER.set(kube::runtime::events::Recorder::new(
         client.clone(),
         kube::runtime::events::Reporter {
@@ -361,7 +400,7 @@ pub async fn run_with_progress(
         HashMap::new();
     let mut health_servers = health::Servers::default();
     let mut generation = 0u64;
-    let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut retry_at: Option<tokio::time::Instant> = policy_enabled.then_some(policy_deadline);
     let mut failures = 0u32;
 
     loop {
@@ -376,9 +415,51 @@ pub async fn run_with_progress(
                         None => std::future::pending().await,
                     }
                 };
+                let policy_changed = async {
+                    match policy.as_mut() {
+                        Some(rx) => rx.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                };
+                let address_changed = async {
+                    match address.as_mut() {
+                        Some(rx) => rx.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
+                    alive = address_changed => {
+                        match address.as_mut().filter(|_| alive) {
+                            Some(rx) => {
+                                let ips: Vec<Ipv4Addr> =
+                                    rx.borrow_and_update().parse().into_iter().collect();
+                                if ips != node.ips {
+                                    // NodePorts answer on the new address:
+                                    // every plan depends on it.
+                                    node.ips = ips;
+                                    need_full = true;
+                                }
+                            }
+                            None => address = None,
+                        }
+                        break;
+                    }
                     e = svc_stream.next() => Some(Either::Svc(e)),
                     e = slice_stream.next() => Some(Either::Slice(e)),
+                    alive = policy_changed => {
+                        match policy.as_mut().filter(|_| alive) {
+                            Some(rx) => {
+                                if let Some(r) = rx.borrow_and_update().clone() {
+                                    state.policy = (*r).clone();
+                                    policy_ready = true;
+                                    dirty.insert(policy_key());
+                                }
+                            }
+                            // The policy task ended: keep its last rules.
+                            None => policy = None,
+                        }
+                        break;
+                    }
                     _ = retry => None,
                 }
             } else {
@@ -444,7 +525,19 @@ pub async fn run_with_progress(
                 },
             }
         }
-        if !(svc_synced && slice_synced) {
+        if retry_at == Some(policy_deadline) && tokio::time::Instant::now() >= policy_deadline {
+            // That wake-up was only the policy deadline (no failure to retry).
+            retry_at = None;
+        }
+        if policy_enabled
+            && !policy_ready
+            && !policy_waived
+            && tokio::time::Instant::now() >= policy_deadline
+        {
+            tracing::warn!("no NetworkPolicy rendering yet (cannot list networkpolicies, pods or namespaces?); programming services without policies");
+            policy_waived = true;
+        }
+        if !(svc_synced && slice_synced && (policy_ready || !policy_enabled || policy_waived)) {
             // Never program a partial view: services without their slices
             // would reject traffic that has endpoints.
             continue;
@@ -461,7 +554,11 @@ pub async fn run_with_progress(
         let result = if need_full {
             let mut next = Applied::default();
             owners = Owners::default();
-            let keys: BTreeSet<&Key> = state.services.keys().collect();
+            let pk = policy_key();
+            let mut keys: BTreeSet<&Key> = state.services.keys().collect();
+            if policy_ready {
+                keys.insert(&pk);
+            }
             for k in keys {
                 let (mut r, p) = service_objects(&state, k, &node, &mut warned);
                 owners.claim(k, &mut r);
@@ -516,7 +613,7 @@ pub async fn run_with_progress(
                             old_plans.insert(k.clone(), o);
                         }
                         new_plans.insert(k.clone(), p.clone());
-                        if state.services.contains_key(&k) {
+                        if state.services.contains_key(&k) || k == policy_key() {
                             applied.rules.insert(k.clone(), r);
                             applied.plans.insert(k, p);
                         } else {

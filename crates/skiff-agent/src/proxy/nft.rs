@@ -11,7 +11,7 @@ use std::net::Ipv4Addr;
 
 use nftables::expr::{
     BinaryOperation, Expression, Fib, FibFlag, FibResult, Meta, MetaKey, NamedExpression, NgMode,
-    Numgen, Payload, PayloadField, Prefix, Verdict as NfVerdict, CT,
+    Numgen, Payload, PayloadField, Prefix, SetItem, Verdict as NfVerdict, CT,
 };
 use nftables::schema::{
     Chain, Element, FlushObject, NfCmd, NfListObject, NfObject, Rule as NfRule, Set, SetFlag,
@@ -83,6 +83,15 @@ impl Nft {
             objs.push(json!({"add": {"map": {
                 "family": "ip", "table": self.table, "name": name,
                 "type": key, "map": "verdict",
+            }}}));
+        }
+        for name in [
+            super::policy::model::POLICY_INGRESS,
+            super::policy::model::POLICY_EGRESS,
+        ] {
+            objs.push(json!({"add": {"map": {
+                "family": "ip", "table": self.table, "name": name,
+                "type": "ipv4_addr", "map": "verdict",
             }}}));
         }
         objs.push(cmd(NfCmd::Add(NfListObject::Set(Box::new(Set {
@@ -321,12 +330,14 @@ fn key_expr(k: &MapKey) -> Expression<'static> {
             s(p.nft()),
             Expression::Number(*port as u32),
         ])),
+        MapKey::Addr(ip) => s(ip.to_string()),
     }
 }
 
 fn verdict_expr(v: &Verdict) -> Expression<'static> {
     match v {
         Verdict::Goto(c) => Expression::Verdict(NfVerdict::Goto(target(c))),
+        Verdict::Jump(c) => Expression::Verdict(NfVerdict::Jump(target(c))),
         Verdict::Drop => Expression::Verdict(NfVerdict::Drop),
     }
 }
@@ -475,7 +486,92 @@ pub fn statements(r: &Rule) -> Vec<Statement<'static>> {
             })));
             v
         }
+        Rule::AcceptEstablished => vec![
+            matches(
+                Expression::Named(NamedExpression::CT(CT {
+                    key: Cow::Borrowed("state"),
+                    family: None,
+                    dir: None,
+                })),
+                Operator::IN,
+                Expression::List(vec![s("established"), s("related")]),
+            ),
+            Statement::Accept(None),
+        ],
+        Rule::SaddrVmap(m) => vec![Statement::VerdictMap(VerdictMap {
+            key: payload("ip", "saddr"),
+            data: s(format!("@{m}")),
+        })],
+        Rule::DaddrVmap(m) => vec![Statement::VerdictMap(VerdictMap {
+            key: payload("ip", "daddr"),
+            data: s(format!("@{m}")),
+        })],
+        Rule::EgressCheckTo(ips) => vec![
+            matches(payload("ip", "daddr"), Operator::EQ, ip_set(ips)),
+            Statement::VerdictMap(VerdictMap {
+                key: payload("ip", "saddr"),
+                data: s(format!("@{}", super::policy::model::POLICY_EGRESS)),
+            }),
+        ],
+        Rule::Allow(a) => allow_statements(a),
     }
+}
+
+fn ip_set(ips: &[Ipv4Addr]) -> Expression<'static> {
+    Expression::Named(NamedExpression::Set(
+        ips.iter()
+            .map(|ip| SetItem::Element(s(ip.to_string())))
+            .collect(),
+    ))
+}
+
+/// A NetworkPolicy allow rule's statements.
+fn allow_statements(a: &super::policy::model::Allow) -> Vec<Statement<'static>> {
+    use super::policy::model::Addr;
+    let field = payload("ip", a.field.nft());
+    let mut v = vec![];
+    match &a.addr {
+        Addr::Any => {}
+        Addr::Set(ips) => v.push(matches(field, Operator::EQ, ip_set(ips))),
+        Addr::Block(c, except) => {
+            v.push(matches(field.clone(), Operator::EQ, prefix(*c)));
+            if !except.is_empty() {
+                v.push(matches(
+                    field,
+                    Operator::NEQ,
+                    Expression::Named(NamedExpression::Set(
+                        except
+                            .iter()
+                            .map(|e| SetItem::Element(prefix(*e)))
+                            .collect(),
+                    )),
+                ));
+            }
+        }
+    }
+    if let Some(p) = a.protocol {
+        v.push(matches(meta(MetaKey::L4proto), Operator::EQ, s(p.nft())));
+        match a.ports {
+            Some((lo, hi)) if lo == hi => v.push(matches(
+                payload("th", "dport"),
+                Operator::EQ,
+                Expression::Number(u32::from(lo)),
+            )),
+            Some((lo, hi)) => v.push(matches(
+                payload("th", "dport"),
+                Operator::EQ,
+                Expression::Range(Box::new(nftables::expr::Range {
+                    range: [
+                        Expression::Number(u32::from(lo)),
+                        Expression::Number(u32::from(hi)),
+                    ],
+                })),
+            )),
+            None => {}
+        }
+    }
+    v.push(Statement::Return(None));
+    v
 }
 
 /// A system tool by name: from PATH, else /usr/sbin or /sbin (where Debian

@@ -26,6 +26,7 @@ use std::fmt;
 use std::net::Ipv4Addr;
 
 use super::model::{Endpoint, PortPlan, Protocol};
+use super::policy::model::{POLICY_EGRESS, POLICY_INGRESS, POLICY_INPUT_RULES};
 
 /// The mark bit that asks the postrouting chain to masquerade.
 pub const MASQ_MARK: u32 = 0x4000;
@@ -95,6 +96,18 @@ pub enum Rule {
     /// `numgen random mod K == 0 meta l4proto P dnat to IP:PORT` (K > 1),
     /// else without the `numgen` match.
     PickDnat(u32, Protocol, Ipv4Addr, u16),
+    /// `ct state established,related accept`: replies and the rest of
+    /// connections NetworkPolicy already let through.
+    AcceptEstablished,
+    /// `ip saddr vmap @MAP` (the source pod's egress chain).
+    SaddrVmap(String),
+    /// `ip daddr vmap @MAP` (the destination pod's ingress chain).
+    DaddrVmap(String),
+    /// `ip daddr { IPs } ip saddr vmap @policy-egress`: egress checks for
+    /// node-local destinations (the cluster DNS) in the input hook.
+    EgressCheckTo(Vec<Ipv4Addr>),
+    /// A NetworkPolicy allow rule (see [`super::policy::model`]).
+    Allow(super::policy::model::Allow),
 }
 
 fn q(name: &str) -> String {
@@ -157,6 +170,19 @@ impl fmt::Display for Rule {
                 }
                 write!(f, "meta l4proto {} dnat to {ip}:{port}", p.nft())
             }
+            Rule::AcceptEstablished => write!(f, "ct state established,related accept"),
+            Rule::SaddrVmap(m) => write!(f, "ip saddr vmap @{m}"),
+            Rule::DaddrVmap(m) => write!(f, "ip daddr vmap @{m}"),
+            Rule::EgressCheckTo(ips) => {
+                let list: Vec<String> = ips.iter().map(|i| i.to_string()).collect();
+                write!(
+                    f,
+                    "ip daddr {{ {} }} ip saddr vmap @{}",
+                    list.join(", "),
+                    super::policy::model::POLICY_EGRESS
+                )
+            }
+            Rule::Allow(a) => write!(f, "{a}"),
         }
     }
 }
@@ -168,12 +194,15 @@ pub enum MapKey {
     Ip(Ipv4Addr, Protocol, u16),
     /// `protocol . port` (service-nodeports, no-endpoint-nodeports)
     NodePort(Protocol, u16),
+    /// `ip` (policy-ingress, policy-egress)
+    Addr(Ipv4Addr),
 }
 
 /// A map element's verdict.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Verdict {
     Goto(String),
+    Jump(String),
     Drop,
 }
 
@@ -181,6 +210,7 @@ impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Verdict::Goto(c) => write!(f, "goto {}", q(c)),
+            Verdict::Jump(c) => write!(f, "jump {}", q(c)),
             Verdict::Drop => write!(f, "drop"),
         }
     }
@@ -286,6 +316,29 @@ pub fn skeleton() -> Vec<(&'static str, Option<Hook>, Vec<Rule>)> {
         ),
         (MARK_FOR_MASQ, None, vec![Rule::SetMark]),
         (REJECT_CHAIN, None, vec![Rule::RejectTcpReset, Rule::Reject]),
+        // NetworkPolicy, after DNAT (a Service's traffic is checked against
+        // the endpoint it reached): established flows pass, then the source
+        // pod's egress chain, then the destination pod's ingress chain.
+        // Bridged pod-to-pod traffic on one node comes here too
+        // (bridge-nf-call-iptables).
+        (
+            "policy-forward",
+            hook(false, "forward", 0),
+            vec![
+                Rule::AcceptEstablished,
+                Rule::SaddrVmap(POLICY_EGRESS.into()),
+                Rule::DaddrVmap(POLICY_INGRESS.into()),
+            ],
+        ),
+        (
+            "policy-input",
+            hook(false, "input", 0),
+            vec![
+                Rule::AcceptEstablished,
+                Rule::Jump(POLICY_INPUT_RULES.into()),
+            ],
+        ),
+        (POLICY_INPUT_RULES, None, vec![]),
     ]
 }
 
@@ -550,6 +603,7 @@ impl fmt::Display for MapKey {
         match self {
             MapKey::Ip(ip, p, port) => write!(f, "{ip} . {} . {port}", p.nft()),
             MapKey::NodePort(p, port) => write!(f, "{} . {port}", p.nft()),
+            MapKey::Addr(ip) => write!(f, "{ip}"),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Authorization: `system:masters` first (kube-apiserver's privileged-group
-//! authorizer), then RBAC over the Roles, ClusterRoles and bindings of the
-//! watch cache.
+//! authorizer), then the Node authorizer (`node.rs`) for node identities,
+//! then RBAC over the Roles, ClusterRoles and bindings of the watch cache.
 //!
 //! The bindings are indexed by the user or group they name, and the index
 //! is rebuilt only when one of the four RBAC resources changed (the caches'
@@ -8,6 +8,7 @@
 //! scanning every binding.
 
 pub mod escalation;
+pub mod node;
 pub mod reviews;
 
 use std::collections::HashMap;
@@ -79,11 +80,13 @@ pub struct Authorizer {
     cache: Arc<WatchCache>,
     index: RwLock<Arc<Index>>,
     rebuilding: Mutex<()>,
+    node: node::NodeAuthorizer,
 }
 
 impl Authorizer {
     pub fn new(cache: Arc<WatchCache>) -> Authorizer {
         Authorizer {
+            node: node::NodeAuthorizer::new(cache.clone()),
             cache,
             index: RwLock::new(Arc::new(Index {
                 revisions: [-1; 4],
@@ -191,6 +194,9 @@ impl Authorizer {
         if a.groups.iter().any(|g| g == rbac::MASTERS) {
             return true;
         }
+        if self.node.authorize(a) == node::Decision::Allow {
+            return true;
+        }
         let idx = self.current();
         let allows = |grants: &Grants| {
             grants
@@ -204,6 +210,15 @@ impl Authorizer {
             return false;
         }
         idx.namespaced.get(&a.namespace).is_some_and(allows)
+    }
+
+    /// Why a denied request was denied, for its 403 (the Node
+    /// authorizer's reason for a node; empty otherwise).
+    pub fn reason(&self, a: &Attributes) -> String {
+        match self.node.authorize(a) {
+            node::Decision::NoOpinion(why) => why,
+            node::Decision::Allow => String::new(),
+        }
     }
 
     /// Every rule granted to `user` with `groups` cluster-wide and, if

@@ -1,0 +1,259 @@
+//! Joining a cluster with a join token (`skiff agent --server URL --token
+//! K10<ca-hash>::<id>.<secret>`), as kubelet's TLS bootstrap does:
+//!
+//! 1. read the `cluster-info` ConfigMap in kube-public without trusting the
+//!    server yet, and accept the CA in it only if its SHA-256 (of the DER)
+//!    is the token's hash; every later connection verifies the server
+//!    with that CA;
+//! 2. with the bootstrap token (`<id>.<secret>`, `system:bootstrap:<id>`)
+//!    create a CertificateSigningRequest for `system:node:<name>` in
+//!    `system:nodes` (signer `kubernetes.io/kube-apiserver-client-kubelet`),
+//!    which the cluster approves for bootstrappers and signs;
+//! 3. keep the key and issued certificate under the agent's data dir
+//!    (`pki/kubelet-client.{key,crt}`) and a kubeconfig using them
+//!    (`kubelet.kubeconfig`), used from then on.
+//!
+//! At every start the certificate is reused while more than a fifth of its
+//! life remains; otherwise a new one is requested (with the current
+//! certificate while it is valid, as a node renewing itself, else with the
+//! token).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use base64::Engine;
+use k8s_openapi::api::certificates::v1::{
+    CertificateSigningRequest, CertificateSigningRequestSpec,
+};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::ByteString;
+use kube::api::{Api, PostParams};
+
+pub const SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+
+/// A join token's (CA hash, `<id>.<secret>`).
+pub fn split_token(token: &str) -> Option<(&str, &str)> {
+    let rest = token.trim().strip_prefix("K10")?;
+    let (hash, cred) = rest.split_once("::")?;
+    let (id, secret) = cred.split_once('.')?;
+    let ok = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    };
+    (hash.len() == 64 && ok(id, 6) && ok(secret, 16)).then_some((hash, cred))
+}
+
+/// Hex SHA-256 of the DER of the first certificate in `pem`.
+pub fn ca_hash(pem: &[u8]) -> Option<String> {
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem).ok()?;
+    let d = ring::digest::digest(&ring::digest::SHA256, &p.contents);
+    Some(d.as_ref().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn b64(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+fn kubeconfig(server: &str, ca_pem: &[u8], user: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: skiff\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\ncontexts:\n- name: skiff\n  context:\n    cluster: skiff\n    user: node\ncurrent-context: skiff\nusers:\n- name: node\n  user:\n{user}",
+        b64(ca_pem)
+    )
+}
+
+fn write_private(path: &Path, data: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(p) = path.parent() {
+        std::fs::create_dir_all(p)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Reads the cluster CA from `cluster-info` without trusting the server,
+/// and checks it against the token's hash.
+async fn discover_ca(server: &str, hash: &str) -> Result<Vec<u8>> {
+    let mut config = kube::Config::new(server.parse().context("--server is not a URL")?);
+    config.accept_invalid_certs = true;
+    let client = kube::Client::try_from(config)?;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "kube-public");
+    let cm = cms
+        .get("cluster-info")
+        .await
+        .context("reading kube-public/cluster-info from the server")?;
+    let kc = cm
+        .data
+        .and_then(|d| d.get("kubeconfig").cloned())
+        .context("cluster-info has no kubeconfig")?;
+    let kc = kube::config::Kubeconfig::from_yaml(&kc).context("cluster-info's kubeconfig")?;
+    let data = kc
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.as_ref())
+        .and_then(|c| c.certificate_authority_data.clone())
+        .context("cluster-info names no CA")?;
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .context("cluster-info's CA is not base64")?;
+    match ca_hash(&pem) {
+        Some(h) if h == hash => Ok(pem),
+        Some(h) => bail!(
+            "the server's CA (sha256 {h}) is not the one the join token names (sha256 {hash}); refusing to join"
+        ),
+        None => bail!("cluster-info's CA is not a PEM certificate"),
+    }
+}
+
+/// The remaining fraction of a PEM certificate's life (negative: expired).
+fn life_left(cert_pem: &[u8]) -> Option<f64> {
+    let (_, p) = x509_parser::pem::parse_x509_pem(cert_pem).ok()?;
+    let c = p.parse_x509().ok()?;
+    let from = c.validity().not_before.timestamp() as f64;
+    let to = c.validity().not_after.timestamp() as f64;
+    let now = chrono::Utc::now().timestamp() as f64;
+    (to > from).then(|| (to - now) / (to - from))
+}
+
+/// Requests a client certificate for `system:node:<node>` with `client`,
+/// waits for it, and returns (key PEM, certificate PEM).
+async fn request_certificate(client: kube::Client, node: &str) -> Result<(String, Vec<u8>)> {
+    let key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::OrganizationName, "system:nodes");
+    dn.push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+    params.distinguished_name = dn;
+    let pem = params.serialize_request(&key)?.pem()?;
+    let name = format!("node-csr-{}", {
+        use rand::Rng;
+        const A: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+        let mut rng = rand::rng();
+        (0..10)
+            .map(|_| A[rng.random_range(0..A.len())] as char)
+            .collect::<String>()
+    });
+    let csr = CertificateSigningRequest {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        spec: CertificateSigningRequestSpec {
+            request: ByteString(pem.into_bytes()),
+            signer_name: SIGNER.into(),
+            usages: Some(vec!["digital signature".into(), "client auth".into()]),
+            ..Default::default()
+        },
+        status: None,
+    };
+    let api: Api<CertificateSigningRequest> = Api::all(client);
+    api.create(&PostParams::default(), &csr)
+        .await
+        .context("creating the node's CertificateSigningRequest")?;
+    eprintln!("skiff: requested a client certificate ({name}); waiting for it to be issued");
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    loop {
+        let c = api.get(&name).await?;
+        let st = c.status.unwrap_or_default();
+        for cond in st.conditions.iter().flatten() {
+            if matches!(cond.type_.as_str(), "Denied" | "Failed") && cond.status == "True" {
+                bail!(
+                    "certificate request {name} {}: {}",
+                    cond.type_.to_lowercase(),
+                    cond.message.clone().unwrap_or_default()
+                );
+            }
+        }
+        if let Some(cert) = st.certificate.filter(|c| !c.0.is_empty()) {
+            return Ok((key.serialize_pem(), cert.0));
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("certificate request {name} was not issued within 10 minutes (approve it with `kubectl certificate approve {name}`)");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Joins (or rejoins) the cluster at `server` as node `node`, keeping its
+/// credentials under `dir`; returns the node's kubeconfig.
+pub async fn join(server: &str, token: &str, node: &str, dir: &Path) -> Result<PathBuf> {
+    let Some((hash, cred)) = split_token(token) else {
+        bail!("the join token is not of the form K10<sha256>::<id>.<secret> (see DATA/token on the server)");
+    };
+    let kc_path = dir.join("kubelet.kubeconfig");
+    let crt_path = dir.join("pki/kubelet-client.crt");
+    let key_path = dir.join("pki/kubelet-client.key");
+    let ca_path = dir.join("pki/ca.crt");
+    let current = std::fs::read(&crt_path).ok();
+    let left = current.as_deref().and_then(life_left);
+    let ca = match std::fs::read(&ca_path) {
+        Ok(ca) if ca_hash(&ca).as_deref() == Some(hash) => ca,
+        _ => discover_ca(server, hash).await?,
+    };
+    write_private(&ca_path, &ca)?;
+    if left.is_some_and(|l| l > 0.2) && kc_path.exists() {
+        return Ok(kc_path);
+    }
+    // Renew as the node while its certificate is valid; else bootstrap.
+    let bootstrap_kc = dir.join("bootstrap.kubeconfig");
+    let client_kc = if left.is_some_and(|l| l > 0.0) && kc_path.exists() {
+        kc_path.clone()
+    } else {
+        write_private(
+            &bootstrap_kc,
+            kubeconfig(server, &ca, &format!("    token: {cred}\n")).as_bytes(),
+        )?;
+        bootstrap_kc.clone()
+    };
+    let client = skiff_kube::client_from_kubeconfig(&client_kc).await?;
+    let (key_pem, cert_pem) = request_certificate(client, node).await?;
+    let _ = std::fs::remove_file(&bootstrap_kc);
+    write_private(&key_path, key_pem.as_bytes())?;
+    write_private(&crt_path, &cert_pem)?;
+    let user = format!(
+        "    client-certificate-data: {}\n    client-key-data: {}\n",
+        b64(&cert_pem),
+        b64(key_pem.as_bytes())
+    );
+    write_private(&kc_path, kubeconfig(server, &ca, &user).as_bytes())?;
+    Ok(kc_path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_tokens_are_k10_hash_and_bootstrap_token() {
+        let h = "0".repeat(64);
+        let t = format!("K10{h}::abcdef.0123456789abcdef\n");
+        assert_eq!(
+            split_token(&t),
+            Some((h.as_str(), "abcdef.0123456789abcdef"))
+        );
+        assert_eq!(split_token("abcdef.0123456789abcdef"), None);
+        assert_eq!(split_token(&format!("K10{h}::abcdef.short")), None);
+    }
+
+    #[test]
+    fn the_hash_is_the_servers() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = skiff_apiserver::tls::Pki::load_or_create(dir.path(), &[]).unwrap();
+        assert_eq!(
+            ca_hash(pki.ca.cert_pem.as_bytes()),
+            skiff_apiserver::bootstrap_token::ca_hash(&pki.ca.cert_pem)
+        );
+    }
+}

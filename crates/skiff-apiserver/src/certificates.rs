@@ -1,0 +1,372 @@
+//! CertificateSigningRequests (certificates.k8s.io/v1): the requestor's
+//! identity recorded at create (`spec.username`, `groups`, `uid`,
+//! `extra`), the `approval` subresource (`kubectl certificate
+//! approve|deny`, allowed with the `approve` verb on the request's signer),
+//! and the in-server controller that does what kube-controller-manager's
+//! csrapproving and csrsigning controllers do: approve kubelet client
+//! certificates for requestors allowed `certificatesigningrequests/nodeclient`
+//! (or `selfnodeclient` for a node renewing its own), and sign approved
+//! requests for `kubernetes.io/kube-apiserver-client-kubelet` and
+//! `kubernetes.io/kube-apiserver-client` with the cluster CA.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{json, Value};
+use skiff_core::rbac::Attributes;
+use skiff_core::resources::{self, ResourceInfo};
+use skiff_core::{ApiError, ApiResult};
+
+use crate::auth::Identity;
+use crate::authz::resource_attributes;
+use crate::object::meta_str;
+use crate::registry::{Registry, WriteOptions};
+use crate::watchcache::Filter;
+
+pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+/// Certificates live a year unless the request asks for less.
+const MAX_LIFETIME: i64 = 365 * 24 * 3600;
+
+fn csr_res() -> &'static ResourceInfo {
+    resources::lookup("certificates.k8s.io", "v1", "certificatesigningrequests")
+        .expect("certificatesigningrequests")
+}
+
+/// Records who asks (the CSR strategy's PrepareForCreate): the requestor's
+/// user, uid, groups and extra replace whatever the body said; no status.
+pub fn prepare_create(res: &ResourceInfo, obj: &mut Value, who: Option<&Identity>) {
+    if res.group != "certificates.k8s.io" || res.kind != "CertificateSigningRequest" {
+        return;
+    }
+    let Some(who) = who else { return };
+    if !obj.get("spec").is_some_and(Value::is_object) {
+        obj["spec"] = json!({});
+    }
+    let spec = obj["spec"].as_object_mut().expect("object");
+    spec.insert("username".into(), json!(who.user));
+    spec.insert("groups".into(), json!(who.groups));
+    match &who.uid {
+        Some(u) => spec.insert("uid".into(), json!(u)),
+        None => spec.remove("uid"),
+    };
+    if who.extra.is_empty() {
+        spec.remove("extra");
+    } else {
+        spec.insert("extra".into(), json!(who.extra));
+    }
+    if let Some(m) = obj.as_object_mut() {
+        m.remove("status");
+    }
+}
+
+fn conditions(csr: &Value) -> Vec<Value> {
+    csr.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn has_condition(csr: &Value, t: &str) -> bool {
+    conditions(csr).iter().any(|c| {
+        c.get("type").and_then(Value::as_str) == Some(t)
+            && c.get("status").and_then(Value::as_str).unwrap_or("True") == "True"
+    })
+}
+
+fn condition(t: &str, reason: &str, message: &str) -> Value {
+    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    json!({"type": t, "status": "True", "reason": reason, "message": message,
+        "lastUpdateTime": now, "lastTransitionTime": now})
+}
+
+/// `PUT .../certificatesigningrequests/NAME/approval`: the conditions of
+/// the body replace the request's, nothing else changes.
+pub async fn approve(
+    reg: &Registry,
+    name: &str,
+    body: Value,
+    opts: &WriteOptions,
+) -> ApiResult<Value> {
+    let res = csr_res();
+    let cur = reg.get(res, None, name).await?;
+    let signer = cur
+        .pointer("/spec/signerName")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if let Some(who) = opts.user.as_ref().filter(|w| !w.is_master()) {
+        let domain = signer.split('/').next().unwrap_or("");
+        let may = |n: &str| {
+            reg.authz.allows(
+                who,
+                resource_attributes("approve", "certificates.k8s.io", "signers", "", "", n),
+            )
+        };
+        if !may(&signer) && !may(&format!("{domain}/*")) {
+            return Err(crate::admission::forbidden(
+                res,
+                name,
+                &format!("user not permitted to approve requests with signerName {signer:?}"),
+            ));
+        }
+    }
+    let conds = body
+        .pointer("/status/conditions")
+        .cloned()
+        .unwrap_or(json!([]));
+    let probe = json!({"status": {"conditions": conds}});
+    if has_condition(&probe, "Approved") && has_condition(&probe, "Denied") {
+        return Err(ApiError::invalid(
+            "certificates.k8s.io",
+            "CertificateSigningRequest",
+            name,
+            vec![skiff_core::Cause::invalid(
+                "status.conditions",
+                &conds,
+                "Approved and Denied conditions are mutually exclusive",
+            )],
+        ));
+    }
+    let mut new = cur.clone();
+    if !new.get("status").is_some_and(Value::is_object) {
+        new["status"] = json!({});
+    }
+    new["status"]["conditions"] = conds;
+    let rv = meta_str(&body, "resourceVersion");
+    if !rv.is_empty() {
+        new["metadata"]["resourceVersion"] = json!(rv);
+    }
+    let (out, _) = reg
+        .update(
+            res,
+            None,
+            name,
+            new,
+            crate::request::Subresource::Status,
+            opts,
+        )
+        .await?;
+    Ok(out)
+}
+
+/// The subject and key usages a CSR asks for.
+struct Asked {
+    common_name: String,
+    organizations: Vec<String>,
+}
+
+fn parse_request(csr: &Value) -> Option<(String, Asked)> {
+    let b64 = csr.pointer("/spec/request")?.as_str()?;
+    let pem =
+        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).ok()?).ok()?;
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
+    use x509_parser::prelude::FromDer;
+    let (_, req) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(&p.contents).ok()?;
+    let subject = &req.certification_request_info.subject;
+    let common_name = subject
+        .iter_common_name()
+        .next()
+        .and_then(|a| a.as_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let organizations = subject
+        .iter_organization()
+        .filter_map(|a| a.as_str().ok())
+        .map(str::to_string)
+        .collect();
+    Some((
+        pem,
+        Asked {
+            common_name,
+            organizations,
+        },
+    ))
+}
+
+fn usages(csr: &Value) -> Vec<String> {
+    csr.pointer("/spec/usages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether a request is a kubelet client certificate as Kubernetes
+/// validates one: CN `system:node:<name>`, O exactly `system:nodes`,
+/// usages client auth and digital signature (key encipherment allowed).
+fn is_node_client(csr: &Value, asked: &Asked) -> bool {
+    let u = usages(csr);
+    asked.common_name.starts_with("system:node:")
+        && asked.common_name.len() > "system:node:".len()
+        && asked.organizations == ["system:nodes"]
+        && u.iter().any(|x| x == "client auth")
+        && u.iter().all(|x| {
+            matches!(
+                x.as_str(),
+                "client auth" | "digital signature" | "key encipherment"
+            )
+        })
+}
+
+/// Whether the requestor may have a node client certificate approved.
+fn requestor_allowed(reg: &Registry, csr: &Value, asked: &Asked) -> bool {
+    let user = csr
+        .pointer("/spec/username")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let groups: Vec<String> = csr
+        .pointer("/spec/groups")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect();
+    let sub = if user == asked.common_name {
+        "selfnodeclient"
+    } else {
+        "nodeclient"
+    };
+    let a = Attributes {
+        user,
+        groups,
+        ..resource_attributes(
+            "create",
+            "certificates.k8s.io",
+            "certificatesigningrequests",
+            sub,
+            "",
+            "",
+        )
+    };
+    reg.authz.authorize(&a)
+}
+
+/// Signs the request with the CA: a client certificate for the asked
+/// subject, valid for `expirationSeconds` (at most a year).
+fn sign(ca_cert_pem: &str, ca_key_pem: &str, pem: &str, csr: &Value) -> Result<String, String> {
+    let key = rcgen::KeyPair::from_pem(ca_key_pem).map_err(|e| e.to_string())?;
+    let issuer = rcgen::Issuer::from_ca_cert_pem(ca_cert_pem, key).map_err(|e| e.to_string())?;
+    let mut req =
+        rcgen::CertificateSigningRequestParams::from_pem(pem).map_err(|e| e.to_string())?;
+    let secs = csr
+        .pointer("/spec/expirationSeconds")
+        .and_then(Value::as_i64)
+        .unwrap_or(MAX_LIFETIME)
+        .clamp(600, MAX_LIFETIME);
+    let now = time::OffsetDateTime::now_utc();
+    req.params.not_before = now - Duration::from_secs(300);
+    req.params.not_after = now + Duration::from_secs(secs as u64);
+    req.params.is_ca = rcgen::IsCa::ExplicitNoCa;
+    req.params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    if usages(csr).iter().any(|u| u == "key encipherment") {
+        req.params
+            .key_usages
+            .push(rcgen::KeyUsagePurpose::KeyEncipherment);
+    }
+    req.params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    req.params.subject_alt_names.clear();
+    req.params.use_authority_key_identifier_extension = true;
+    let mut serial = [0u8; 16];
+    rand::Rng::fill(&mut rand::rng(), &mut serial[..]);
+    serial[0] &= 0x7f;
+    req.params.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
+    Ok(req.signed_by(&issuer).map_err(|e| e.to_string())?.pem())
+}
+
+async fn write_status(reg: &Registry, csr: &Value, status: Value) {
+    let mut new = csr.clone();
+    new["status"] = status;
+    let name = meta_str(csr, "name").to_string();
+    if let Err(e) = reg
+        .update(
+            csr_res(),
+            None,
+            &name,
+            new,
+            crate::request::Subresource::Status,
+            &WriteOptions::default(),
+        )
+        .await
+    {
+        tracing::warn!(csr = %name, error = %e.message, "writing a CertificateSigningRequest's status");
+    }
+}
+
+/// One pass over the requests: approve and sign what is due.
+pub async fn reconcile(reg: &Registry, ca_cert_pem: &str, ca_key_pem: &str) {
+    let objs = reg.cache().resource(csr_res()).snapshot(&Filter::default());
+    for o in objs {
+        let Some(csr) = o.value() else { continue };
+        let csr = (*csr).clone();
+        if has_condition(&csr, "Denied") || has_condition(&csr, "Failed") {
+            continue;
+        }
+        let signer = csr
+            .pointer("/spec/signerName")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let parsed = parse_request(&csr);
+        if !has_condition(&csr, "Approved") {
+            let Some((_, asked)) = &parsed else { continue };
+            if signer == KUBELET_CLIENT_SIGNER
+                && is_node_client(&csr, asked)
+                && requestor_allowed(reg, &csr, asked)
+            {
+                let mut status = csr.get("status").cloned().unwrap_or(json!({}));
+                let mut conds = conditions(&csr);
+                conds.push(condition(
+                    "Approved",
+                    "AutoApproved",
+                    "Auto approving kubelet client certificate after SubjectAccessReview.",
+                ));
+                status["conditions"] = json!(conds);
+                write_status(reg, &csr, status).await;
+            }
+            continue;
+        }
+        let signed = csr
+            .pointer("/status/certificate")
+            .and_then(Value::as_str)
+            .is_some_and(|c| !c.is_empty());
+        if signed || !(signer == KUBELET_CLIENT_SIGNER || signer == CLIENT_SIGNER) {
+            continue;
+        }
+        let mut status = csr.get("status").cloned().unwrap_or(json!({}));
+        let outcome = match &parsed {
+            None => Err("the request is not a valid PEM certificate request".to_string()),
+            Some((_, asked)) if signer == KUBELET_CLIENT_SIGNER && !is_node_client(&csr, asked) => {
+                Err("invalid kubelet client certificate request: want CN system:node:<name>, O system:nodes, usages client auth and digital signature".to_string())
+            }
+            Some((pem, _)) => sign(ca_cert_pem, ca_key_pem, pem, &csr),
+        };
+        match outcome {
+            Ok(cert) => {
+                status["certificate"] =
+                    json!(base64::engine::general_purpose::STANDARD.encode(cert));
+            }
+            Err(m) => {
+                let mut conds = conditions(&csr);
+                conds.push(condition("Failed", "SignerValidationFailure", &m));
+                status["conditions"] = json!(conds);
+            }
+        }
+        write_status(reg, &csr, status).await;
+    }
+}
+
+/// Runs the approver and signer until the server stops: a pass whenever a
+/// request changes, and every 30 s.
+pub async fn run(reg: Arc<Registry>, ca_cert_pem: String, ca_key_pem: String) {
+    let mut changed = reg.cache().resource(csr_res()).subscribe();
+    loop {
+        reconcile(&reg, &ca_cert_pem, &ca_key_pem).await;
+        let _ = tokio::time::timeout(Duration::from_secs(30), changed.changed()).await;
+    }
+}
