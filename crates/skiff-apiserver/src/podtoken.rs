@@ -154,6 +154,18 @@ pub async fn admit(reg: &Registry, ns: &str, obj: &mut Value) {
     mount_token(obj, sa.as_ref(), &random_suffix());
 }
 
+/// The registry's create hook (after the pod strategy's admission): pods only.
+pub async fn admit_create(
+    reg: &Registry,
+    res: &skiff_core::resources::ResourceInfo,
+    ns: Option<&str>,
+    obj: &mut Value,
+) {
+    if res.storage == "/pods" {
+        admit(reg, ns.unwrap_or(""), obj).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,17 +249,5 @@ mod tests {
         let s = random_suffix();
         assert_eq!(s.len(), 5);
         assert!(s.bytes().all(|b| ALPHABET.contains(&b)), "{s}");
-    }
-}
-
-/// The registry's create hook (after the pod strategy's admission): pods only.
-pub async fn admit_create(
-    reg: &Registry,
-    res: &skiff_core::resources::ResourceInfo,
-    ns: Option<&str>,
-    obj: &mut Value,
-) {
-    if res.storage == "/pods" {
-        admit(reg, ns.unwrap_or(""), obj).await;
     }
 }
