@@ -1,21 +1,19 @@
-//! Admission on create: the built-in plugins kube-apiserver enables by
-//! default that decide from other objects (ServiceAccount,
-//! DefaultTolerationSeconds, Priority, LimitRanger, ResourceQuota). The
-//! decisions are in `skiff_core::admission`; this module reads what they
-//! need, consistently, and records quota usage.
+//! ResourceQuota admission on create, generic over kinds: the usage an
+//! object brings (its kind's rules say) checked against every quota of
+//! its namespace. The decisions are in `skiff_core::admission`; the
+//! plugins that belong to one kind (ServiceAccount, Priority, LimitRanger,
+//! ...) are that kind's strategy's `admit_create`.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use skiff_core::admission as core;
 use skiff_core::error::group_resource;
 use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::{ApiError, ApiResult};
 
-use crate::object::{meta_str, metadata_mut};
-use crate::registry::Registry;
-use crate::watchcache::Filter;
+use crate::object::meta_str;
+use crate::strategy::AdmissionCtx;
 
 /// 403 as an admission plugin answers it: `pods "x" is forbidden: ...`.
 pub fn forbidden(res: &ResourceInfo, name: &str, msg: &str) -> ApiError {
@@ -33,118 +31,6 @@ pub fn forbidden(res: &ResourceInfo, name: &str, msg: &str) -> ApiError {
 
 fn lookup(group: &str, version: &str, plural: &str) -> &'static ResourceInfo {
     resources::lookup(group, version, plural).expect("built-in resource")
-}
-
-/// The current objects of a resource (in a namespace), read consistently.
-/// Policy objects are parsed once per version and shared; other kinds (the
-/// pods a quota counts, say) are parsed per call and not kept.
-async fn current(
-    reg: &Registry,
-    res: &'static ResourceInfo,
-    ns: Option<&str>,
-) -> ApiResult<Vec<Arc<Value>>> {
-    let filter = Filter {
-        namespace: ns.map(str::to_string),
-        ..Default::default()
-    };
-    let keep = matches!(
-        (res.group, res.kind),
-        ("scheduling.k8s.io", "PriorityClass") | ("", "LimitRange" | "ResourceQuota")
-    );
-    if let Some(objs) = reg.consistent_snapshot(res, &filter).await? {
-        return Ok(objs
-            .iter()
-            .filter_map(|o| match keep {
-                true => o.value(),
-                false => serde_json::from_slice(&o.bytes).ok().map(Arc::new),
-            })
-            .collect());
-    }
-    // The cache is behind (it already waited): read the store.
-    let out = reg.list_from_store(res, &filter, 0, None, None).await?;
-    Ok(out
-        .items
-        .iter()
-        .filter_map(|b| serde_json::from_slice(b).ok().map(Arc::new))
-        .collect())
-}
-
-/// Mutating admission of a new object (before validation).
-pub async fn mutate_create(
-    reg: &Registry,
-    res: &'static ResourceInfo,
-    ns: Option<&str>,
-    obj: &mut Value,
-) -> ApiResult<()> {
-    let name = meta_str(obj, "name").to_string();
-    match (res.group, res.kind) {
-        ("", "Pod") => {
-            let ns = ns.unwrap_or("");
-            let Some(spec) = obj.get_mut("spec").filter(|s| s.is_object()) else {
-                return Ok(());
-            };
-            core::default_service_account(spec);
-            core::default_tolerations(spec);
-            let classes = current(
-                reg,
-                lookup("scheduling.k8s.io", "v1", "priorityclasses"),
-                None,
-            )
-            .await?;
-            core::resolve_priority(spec, &classes).map_err(|m| forbidden(res, &name, &m))?;
-            let ranges = current(reg, lookup("", "v1", "limitranges"), Some(ns)).await?;
-            if !ranges.is_empty() {
-                if let Some(note) = core::apply_limit_range_defaults(obj, &ranges) {
-                    let m = metadata_mut(obj);
-                    let ann = m.entry("annotations").or_insert_with(|| json!({}));
-                    if let Some(a) = ann.as_object_mut() {
-                        a.insert("kubernetes.io/limit-ranger".into(), json!(note));
-                    }
-                }
-                core::validate_limit_ranges(obj, &ranges).map_err(|m| forbidden(res, &name, &m))?;
-            }
-            // The QoS class follows the resources admission settled on.
-            let qos = obj
-                .get("spec")
-                .map(skiff_core::defaults::qos_class)
-                .unwrap_or("BestEffort");
-            if obj.get("status").map(Value::is_object).unwrap_or(false) {
-                obj["status"]["qosClass"] = json!(qos);
-            }
-            crate::podtoken::admit(reg, ns, obj).await;
-        }
-        ("scheduling.k8s.io", "PriorityClass")
-            if obj.get("globalDefault").and_then(Value::as_bool) == Some(true) =>
-        {
-            let classes = current(reg, res, None).await?;
-            if let Some(other) = classes.iter().find(|c| {
-                c.get("globalDefault").and_then(Value::as_bool) == Some(true)
-                    && meta_str(c, "name") != name
-            }) {
-                return Err(forbidden(
-                    res,
-                    &name,
-                    &format!(
-                        "PriorityClass {} is already marked as default. Only one default can exist",
-                        meta_str(other, "name")
-                    ),
-                ));
-            }
-        }
-        ("", "ResourceQuota") => {
-            // What the quota controller would report at once: hard from
-            // spec, used from the namespace's objects.
-            let hard = obj
-                .pointer("/spec/hard")
-                .and_then(Value::as_object)
-                .cloned()
-                .unwrap_or_default();
-            let used = usage_in_namespace(reg, ns.unwrap_or(""), &hard).await?;
-            obj["status"] = json!({"hard": hard, "used": core::used_json(&hard, &used)});
-        }
-        _ => {}
-    }
-    Ok(())
 }
 
 /// The kinds whose objects a quota resource name counts.
@@ -168,8 +54,8 @@ fn counted_resources(resource: &str) -> Option<&'static ResourceInfo> {
 }
 
 /// Usage of the hard resources in a namespace, from its current objects.
-async fn usage_in_namespace(
-    reg: &Registry,
+pub(crate) async fn usage_in_namespace(
+    cx: &dyn AdmissionCtx,
     ns: &str,
     hard: &Map<String, Value>,
 ) -> ApiResult<BTreeMap<String, i128>> {
@@ -184,7 +70,7 @@ async fn usage_in_namespace(
         }
         seen.push(kind_res.plural);
         let res = skiff_core::convert::storage_resource(kind_res);
-        for o in current(reg, res, Some(ns)).await? {
+        for o in cx.consistent_list(res, Some(ns), false).await? {
             for (k, v) in core::usage(kind_res, &o) {
                 if hard.contains_key(&k) {
                     *used.entry(k).or_default() += v;
@@ -205,7 +91,7 @@ pub struct QuotaCharge {
 /// ResourceQuota admission of a new object: every quota of the namespace
 /// that limits what the object consumes must leave room for it.
 pub async fn check_quota(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     res: &'static ResourceInfo,
     ns: Option<&str>,
     obj: &Value,
@@ -214,7 +100,7 @@ pub async fn check_quota(
         return Ok(Vec::new());
     };
     let quota_res = lookup("", "v1", "resourcequotas");
-    let quotas = current(reg, quota_res, Some(ns)).await?;
+    let quotas = cx.consistent_list(quota_res, Some(ns), true).await?;
     if quotas.is_empty() {
         return Ok(Vec::new());
     }
@@ -237,10 +123,9 @@ pub async fn check_quota(
         if tracked.is_empty() {
             continue;
         }
-        if res.group.is_empty() && res.kind == "Pod" {
-            core::pod_quota_constraints(obj, &tracked)
-                .map_err(|m| forbidden(res, &name, &format!("failed quota: {qname}: {m}")))?;
-        }
+        res.rules
+            .quota_constraints(obj, &tracked)
+            .map_err(|m| forbidden(res, &name, &format!("failed quota: {qname}: {m}")))?;
         let requested: BTreeMap<String, i128> = requested
             .iter()
             .filter(|(k, v)| tracked.contains(k) && **v != 0)
@@ -249,7 +134,7 @@ pub async fn check_quota(
         if requested.is_empty() {
             continue;
         }
-        let used = usage_in_namespace(reg, ns, &hard).await?;
+        let used = usage_in_namespace(cx, ns, &hard).await?;
         let new_used = core::check_quota(&qname, &hard, &used, &requested)
             .map_err(|m| forbidden(res, &name, &m))?;
         charges.push(QuotaCharge {
@@ -259,23 +144,4 @@ pub async fn check_quota(
         });
     }
     Ok(charges)
-}
-
-/// Records the usage admitted objects brought in the quotas' status
-/// (best effort: admission recomputes usage from the objects themselves).
-pub async fn record_charges(reg: &Registry, ns: Option<&str>, charges: Vec<QuotaCharge>) {
-    let quota_res = lookup("", "v1", "resourcequotas");
-    for c in charges {
-        let key = crate::object::object_key(quota_res, ns, &c.name);
-        let Ok(Some(kv)) = reg.store.get(&key).await else {
-            continue;
-        };
-        let Ok(mut q) = crate::object::decode(&kv) else {
-            continue;
-        };
-        q["status"] = json!({"hard": c.hard, "used": c.used});
-        if let Ok(bytes) = crate::object::encode(&q) {
-            let _ = reg.store.update(&key, bytes, kv.mod_revision).await;
-        }
-    }
 }

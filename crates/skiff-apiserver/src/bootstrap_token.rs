@@ -85,7 +85,7 @@ async fn identity(reg: &Registry, id: &str, secret: &str) -> Option<Identity> {
     let res = secret_res();
     let name = format!("bootstrap-token-{id}");
     let key = object_key(res, Some("kube-system"), &name);
-    let obj = match reg.cache.resource(res).get(&key).and_then(|o| o.value()) {
+    let obj = match reg.cache().resource(res).get(&key).and_then(|o| o.value()) {
         Some(v) => (*v).clone(),
         None => reg.get(res, Some("kube-system"), &name).await.ok()?,
     };
@@ -210,7 +210,7 @@ pub async fn ensure(
                 Some("kube-public"),
                 "cluster-info",
                 cm,
-                None,
+                crate::request::Subresource::Main,
                 &WriteOptions::default(),
             )
             .await

@@ -139,7 +139,14 @@ pub async fn approve(
         new["metadata"]["resourceVersion"] = json!(rv);
     }
     let (out, _) = reg
-        .update(res, None, name, new, Some("status"), opts)
+        .update(
+            res,
+            None,
+            name,
+            new,
+            crate::request::Subresource::Status,
+            opts,
+        )
         .await?;
     Ok(out)
 }
@@ -283,7 +290,7 @@ async fn write_status(reg: &Registry, csr: &Value, status: Value) {
             None,
             &name,
             new,
-            Some("status"),
+            crate::request::Subresource::Status,
             &WriteOptions::default(),
         )
         .await
@@ -294,7 +301,7 @@ async fn write_status(reg: &Registry, csr: &Value, status: Value) {
 
 /// One pass over the requests: approve and sign what is due.
 pub async fn reconcile(reg: &Registry, ca_cert_pem: &str, ca_key_pem: &str) {
-    let objs = reg.cache.resource(csr_res()).snapshot(&Filter::default());
+    let objs = reg.cache().resource(csr_res()).snapshot(&Filter::default());
     for o in objs {
         let Some(csr) = o.value() else { continue };
         let csr = (*csr).clone();
@@ -357,7 +364,7 @@ pub async fn reconcile(reg: &Registry, ca_cert_pem: &str, ca_key_pem: &str) {
 /// Runs the approver and signer until the server stops: a pass whenever a
 /// request changes, and every 30 s.
 pub async fn run(reg: Arc<Registry>, ca_cert_pem: String, ca_key_pem: String) {
-    let mut changed = reg.cache.resource(csr_res()).subscribe();
+    let mut changed = reg.cache().resource(csr_res()).subscribe();
     loop {
         reconcile(&reg, &ca_cert_pem, &ca_key_pem).await;
         let _ = tokio::time::timeout(Duration::from_secs(30), changed.changed()).await;

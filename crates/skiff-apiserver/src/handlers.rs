@@ -18,6 +18,7 @@ use skiff_core::ApiError;
 use crate::auth::{self, Identity};
 use crate::negotiate::{self, Output};
 use crate::registry::{DeleteOptions, Deleted, FieldValidation, PatchType, Registry, WriteOptions};
+use crate::request::Subresource;
 use crate::request::{self, Query, ResourceRequest};
 use crate::watch;
 use crate::watchcache::Filter;
@@ -81,7 +82,7 @@ fn text(code: u16, s: &str) -> Resp {
 async fn readyz(state: &AppState, verbose: bool) -> Resp {
     let store = tokio::time::timeout(
         std::time::Duration::from_secs(2),
-        state.registry.store.current_revision(),
+        state.registry.current_revision(),
     )
     .await;
     let etcd = match store {
@@ -630,7 +631,7 @@ async fn resource(
             negotiate::decode_body(ct.as_deref(), &body, api_res)?
         };
         crate::registry::check_type_meta(api_res, &mut obj)?;
-        if api_res.kind == "TokenReview" {
+        if api_res.storage == "authentication.k8s.io/tokenreviews" {
             let answered = match &state.tokens {
                 Some(t) => t.review(&state.registry, obj).await,
                 None => Err(ApiError::new(
@@ -719,7 +720,7 @@ async fn resource(
                     Err(e) => return Err(e),
                 }
             }
-            let list = json!({"kind": res.list_kind(), "apiVersion": res.api_version(), "metadata": {"resourceVersion": reg.cache.revision().to_string()}, "items": gone});
+            let list = json!({"kind": res.list_kind(), "apiVersion": res.api_version(), "metadata": {"resourceVersion": reg.cache().revision().to_string()}, "items": gone});
             Ok(add_warnings(
                 json_response(200, &list),
                 &delete_warnings(res, &dopts),
@@ -741,16 +742,22 @@ async fn resource(
             let obj = reg.get(res, ns, name).await?;
             render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
         }
-        (&Method::PUT, Some(name), Some("approval")) if res.kind == "CertificateSigningRequest" => {
+        (&Method::PUT, Some(name), Some("approval")) => {
             let WriteBody { obj, mut opts, .. } = read_write_body(req, api_res, &q).await?;
             opts.user = who;
             let out = crate::certificates::approve(reg, name, obj, &opts).await?;
             Ok(json_response(200, &out))
         }
-        (&Method::PUT, Some(name), sub)
-            if sub.is_none()
-                || matches!(sub, Some("status") | Some("scale") | Some("finalize")) =>
+        (&Method::PUT, Some(name), _)
+            if matches!(
+                rr.sub,
+                Subresource::Main
+                    | Subresource::Status
+                    | Subresource::Scale
+                    | Subresource::Finalize
+            ) =>
         {
+            let sub = rr.sub;
             let WriteBody {
                 obj,
                 mut opts,
@@ -758,12 +765,12 @@ async fn resource(
                 json_body,
             } = read_write_body(req, api_res, &q).await?;
             opts.user = who;
-            let warnings = if sub == Some("scale") {
+            let warnings = if sub == Subresource::Scale {
                 Vec::new()
             } else {
                 check_fields(api_res, &body, &obj, opts.field_validation, json_body)?
             };
-            let obj = if sub == Some("scale") {
+            let obj = if sub == Subresource::Scale {
                 obj
             } else {
                 convert::to_storage(api_res, obj)
@@ -772,9 +779,13 @@ async fn resource(
             let r = render_written(api_res, sub, out, created, output)?;
             Ok(add_warnings(r, &warnings))
         }
-        (&Method::PATCH, Some(name), sub)
-            if sub.is_none() || matches!(sub, Some("status") | Some("scale")) =>
+        (&Method::PATCH, Some(name), _)
+            if matches!(
+                rr.sub,
+                Subresource::Main | Subresource::Status | Subresource::Scale
+            ) =>
         {
+            let sub = rr.sub;
             let (headers, body) = read_body(req).await?;
             let ct = headers
                 .get(header::CONTENT_TYPE)
@@ -793,7 +804,7 @@ async fn resource(
             if matches!(
                 pt,
                 PatchType::Merge | PatchType::Strategic | PatchType::Apply
-            ) && sub != Some("scale")
+            ) && sub != Subresource::Scale
             {
                 let obj_like = strip_directives(&patch);
                 warnings = check_fields(
@@ -804,7 +815,7 @@ async fn resource(
                     pt != PatchType::Apply,
                 )?;
             }
-            let (out, created) = if convert::needed(api_res) && sub != Some("scale") {
+            let (out, created) = if convert::needed(api_res) && sub != Subresource::Scale {
                 (
                     patch_converted(reg, api_res, ns, name, pt, &patch, sub, &opts).await?,
                     false,
@@ -826,7 +837,7 @@ async fn resource(
                 Output::Table { v1beta1 } => Ok(json_response(
                     200,
                     &table_of(
-                        ("autoscaling", "Scale"),
+                        &skiff_core::table::SCALE_PRINTER,
                         std::slice::from_ref(&scale),
                         v1beta1,
                         None,
@@ -863,7 +874,7 @@ async fn resource(
                 &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
             ))
         }
-        (&Method::POST, Some(name), Some("token")) if res.kind == "ServiceAccount" => {
+        (&Method::POST, Some(name), _) if rr.sub == Subresource::Token => {
             let (headers, body) = read_body(req).await?;
             let ct = headers
                 .get(header::CONTENT_TYPE)
@@ -900,7 +911,7 @@ async fn resource(
             let out = t.request(reg, ns.unwrap_or(""), name, &tr).await?;
             Ok(json_response(201, &out))
         }
-        (&Method::POST, Some(name), Some("eviction")) if res.kind == "Pod" => {
+        (&Method::POST, Some(name), _) if rr.sub == Subresource::Eviction => {
             let (headers, body) = read_body(req).await?;
             let ct = headers
                 .get(header::CONTENT_TYPE)
@@ -924,7 +935,8 @@ async fn resource(
                 _ => Bytes::new(),
             };
             let dopts = delete_options(&q, &json_ct, &dopts_body)?;
-            crate::eviction::evict(reg, ns.unwrap_or(""), name, &eviction, &dopts).await?;
+            crate::strategy::eviction::evict(reg, ns.unwrap_or(""), name, &eviction, &dopts)
+                .await?;
             Ok(json_response(
                 201,
                 &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
@@ -997,7 +1009,7 @@ async fn patch_converted(
     name: &str,
     pt: PatchType,
     patch: &Value,
-    sub: Option<&str>,
+    sub: Subresource,
     opts: &WriteOptions,
 ) -> Result<Value, ApiError> {
     let res = convert::storage_resource(api_res);
@@ -1047,17 +1059,9 @@ fn strip_directives(v: &Value) -> Value {
     }
 }
 
-/// batch/v1 Jobs orphan their pods when a delete names no policy, and
-/// Kubernetes says so.
+/// What a delete should warn about (the kind's strategy says).
 fn delete_warnings(res: &ResourceInfo, o: &DeleteOptions) -> Vec<String> {
-    if res.group == "batch"
-        && res.kind == "Job"
-        && o.propagation_policy.is_none()
-        && o.orphan_dependents.is_none()
-    {
-        return vec!["child pods are preserved by default when jobs are deleted; set propagationPolicy=Background to remove them or set propagationPolicy=Orphan to suppress this warning".into()];
-    }
-    Vec::new()
+    crate::strategy::strategy_for(res).delete_warnings(o)
 }
 
 fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<DeleteOptions, ApiError> {
@@ -1179,12 +1183,12 @@ fn render_object(
 /// version asked for (201 when the write created it).
 fn render_written(
     api_res: &'static ResourceInfo,
-    sub: Option<&str>,
+    sub: Subresource,
     out: Value,
     created: bool,
     output: Output,
 ) -> Result<Resp, ApiError> {
-    if sub == Some("scale") {
+    if sub == Subresource::Scale {
         return Ok(json_response(200, &out));
     }
     let code = if created { 201 } else { 200 };
@@ -1213,7 +1217,7 @@ pub fn table(
     include: &str,
 ) -> Value {
     table_of(
-        (res.group, res.kind),
+        res.rules.printer(),
         objs,
         v1beta1,
         rv,
@@ -1224,11 +1228,11 @@ pub fn table(
     )
 }
 
-/// [`table`] for a kind by group and name (also kinds without a resource
-/// of their own, as the `Scale` of the scale subresource).
+/// [`table`] with a printer (also of kinds without a resource of their
+/// own, as the `Scale` of the scale subresource).
 #[allow(clippy::too_many_arguments)]
 pub fn table_of(
-    (group, kind): (&str, &str),
+    printer: &skiff_core::table::Printer,
     objs: &[Value],
     v1beta1: bool,
     rv: Option<i64>,
@@ -1238,7 +1242,7 @@ pub fn table_of(
     include: &str,
 ) -> Value {
     let now = chrono::Utc::now();
-    let cols = skiff_core::table::columns(group, kind);
+    let cols = printer.columns;
     let rows: Vec<Value> = objs
         .iter()
         .map(|o| {
@@ -1247,8 +1251,7 @@ pub fn table_of(
                 "Object" => o.clone(),
                 _ => partial_metadata(o, v1beta1),
             };
-            let mut row =
-                json!({"cells": skiff_core::table::cells(group, kind, o, now), "object": object});
+            let mut row = json!({"cells": (printer.cells)(o, now), "object": object});
             if object_is_null(&row) {
                 row.as_object_mut().map(|m| m.remove("object"));
             }
@@ -1269,7 +1272,7 @@ pub fn table_of(
         "kind": "Table",
         "apiVersion": if v1beta1 { "meta.k8s.io/v1beta1" } else { "meta.k8s.io/v1" },
         "metadata": meta,
-        "columnDefinitions": if with_columns { skiff_core::table::column_definitions_json(&cols) } else { json!([]) },
+        "columnDefinitions": if with_columns { skiff_core::table::column_definitions_json(cols) } else { json!([]) },
         "rows": rows,
     })
 }

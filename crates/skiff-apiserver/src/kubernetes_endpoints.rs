@@ -123,7 +123,14 @@ async fn renew(reg: &Registry, ip: &str, port: u16, now: DateTime<Utc>) -> Resul
     {
         Ok(_) => Ok(()),
         Err(e) if e.code == 409 => reg
-            .update(leases, Some(LEASE_NAMESPACE), &name, lease, None, &opts())
+            .update(
+                leases,
+                Some(LEASE_NAMESPACE),
+                &name,
+                lease,
+                crate::request::Subresource::Main,
+                &opts(),
+            )
             .await
             .map(|_| ()),
         Err(e) => Err(e),
@@ -346,9 +353,16 @@ async fn put_if_changed(
             if same {
                 return Ok(());
             }
-            reg.update(res, Some(NAMESPACE), name, body, None, &opts())
-                .await
-                .map(|_| ())
+            reg.update(
+                res,
+                Some(NAMESPACE),
+                name,
+                body,
+                crate::request::Subresource::Main,
+                &opts(),
+            )
+            .await
+            .map(|_| ())
         }
         Err(e) if e.code == 404 => match reg.create(res, Some(NAMESPACE), body, &opts()).await {
             Ok(_) => Ok(()),

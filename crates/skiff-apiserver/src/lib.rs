@@ -11,14 +11,12 @@
 #![allow(clippy::result_large_err)]
 
 pub mod admission;
-pub mod allocator;
 pub mod audit;
 pub mod auth;
 pub mod authz;
 pub mod bootstrap_token;
 pub mod certificates;
 pub mod encryption;
-pub mod eviction;
 pub mod fieldmanager;
 pub mod handlers;
 pub mod kubernetes_endpoints;
@@ -32,6 +30,7 @@ pub mod podtoken;
 pub mod registry;
 pub mod request;
 pub mod serve;
+pub mod strategy;
 pub mod tls;
 pub mod tokens;
 pub mod watch;
@@ -116,6 +115,10 @@ impl ApiServer {
         let mut registry_config = config.registry.clone();
         registry_config.service_account_tokens = config.service_account_key_dir.is_some();
         let registry = Arc::new(Registry::new(store, cache, registry_config));
+        registry
+            .repair()
+            .await
+            .map_err(|e| anyhow::anyhow!("repairing the allocation ranges: {}", e.message))?;
         lifecycle::bootstrap(&registry)
             .await
             .map_err(|e| anyhow::anyhow!("bootstrapping: {e}"))?;

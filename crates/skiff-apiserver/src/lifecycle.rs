@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use skiff_core::resources::{self, RESOURCES};
 use skiff_core::ApiError;
 
-use crate::object::{decode, encode, meta_str};
+use crate::object::{decode, meta_str};
 use crate::registry::{DeleteOptions, Registry, WriteOptions};
 use crate::watchcache::Filter;
 
@@ -58,6 +58,9 @@ pub async fn bootstrap(reg: &Registry) -> Result<(), ApiError> {
         match reg.create(svc, Some("default"), obj, &opts).await {
             Ok(_) => {}
             Err(e) if e.code == 409 => {}
+            // Another server starting on the same store created it first
+            // (its address is then already allocated).
+            Err(_) if reg.get(svc, Some("default"), "kubernetes").await.is_ok() => {}
             Err(e) => return Err(e),
         }
     }
@@ -113,7 +116,7 @@ async fn ensure_kube_dns(reg: &Registry, opts: &WriteOptions) {
 /// Empties namespaces that are being deleted, then removes them.
 pub async fn namespace_finalizer(reg: Arc<Registry>) {
     let ns_res = resources::lookup("", "v1", "namespaces").expect("namespaces");
-    let cache = reg.cache.resource(ns_res);
+    let cache = reg.cache().resource(ns_res);
     let mut changed = cache.subscribe();
     loop {
         let terminating: Vec<String> = cache
@@ -158,7 +161,7 @@ async fn finalize_namespace(reg: &Registry, ns: &str) -> Result<bool, ApiError> 
         if !seen.insert(res.storage) {
             continue;
         }
-        for o in reg.cache.resource(res).snapshot(&filter) {
+        for o in reg.cache().resource(res).snapshot(&filter) {
             remaining += 1;
             let v: Value =
                 serde_json::from_slice(&o.bytes).map_err(|e| ApiError::internal(e.to_string()))?;
@@ -180,44 +183,38 @@ async fn finalize_namespace(reg: &Registry, ns: &str) -> Result<bool, ApiError> 
     }
     // Empty: drop the `kubernetes` finalizer and the namespace with it.
     let ns_res = resources::lookup("", "v1", "namespaces").expect("namespaces");
-    let key = crate::object::object_key(ns_res, None, ns);
-    let Some(kv) = reg
-        .store
-        .get(&key)
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?
-    else {
-        return Ok(true);
-    };
-    let mut obj = decode(&kv)?;
-    let spec_finalizers: Vec<Value> = obj
-        .pointer("/spec/finalizers")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter(|f| f.as_str() != Some("kubernetes"))
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default();
-    let meta_finalizers = crate::object::finalizers(&obj);
-    if spec_finalizers.is_empty() && meta_finalizers.is_empty() {
-        match reg.store.delete(&key, Some(kv.mod_revision)).await {
-            Ok(_) | Err(skiff_store::Error::NotFound(_)) => return Ok(true),
-            Err(skiff_store::Error::Conflict { .. }) => return Ok(false),
-            Err(e) => return Err(ApiError::internal(e.to_string())),
+    reg.guaranteed_update(ns_res, None, ns, None, |kv| async move {
+        let Some(kv) = kv else {
+            return Ok(true);
+        };
+        let mut obj = decode(&kv)?;
+        let spec_finalizers: Vec<Value> = obj
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter(|f| f.as_str() != Some("kubernetes"))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let meta_finalizers = crate::object::finalizers(&obj);
+        if spec_finalizers.is_empty() && meta_finalizers.is_empty() {
+            reg.delete_at(ns_res, &kv).await?;
+            return Ok(true);
         }
-    }
-    if obj
-        .pointer("/spec/finalizers")
-        .and_then(Value::as_array)
-        .map(|a| a.len())
-        != Some(spec_finalizers.len())
-    {
-        obj["spec"]["finalizers"] = Value::Array(spec_finalizers);
-        let _ = reg.store.update(&key, encode(&obj)?, kv.mod_revision).await;
-    }
-    Ok(false)
+        if obj
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .map(|a| a.len())
+            != Some(spec_finalizers.len())
+        {
+            obj["spec"]["finalizers"] = Value::Array(spec_finalizers);
+            reg.write_at(ns_res, &kv, &obj).await?;
+        }
+        Ok(false)
+    })
+    .await
 }
 
 /// Compacts the store's history older than `keep`, every `every` (on etcd
@@ -229,7 +226,7 @@ pub async fn compactor(reg: Arc<Registry>, keep: Duration, every: Duration) {
     let mut ticker = tokio::time::interval(every);
     loop {
         ticker.tick().await;
-        let Ok(rev) = reg.store.current_revision().await else {
+        let Ok(rev) = reg.current_revision().await else {
             continue;
         };
         let now = Instant::now();
@@ -245,14 +242,8 @@ pub async fn compactor(reg: Arc<Registry>, keep: Duration, every: Duration) {
         }
         if let Some(r) = target {
             // Another API server on the same etcd may have compacted already.
-            let done = reg.store.compacted_revision().await.unwrap_or(0);
-            if r <= done {
-                reg.cache.trim(r);
-                continue;
-            }
-            match reg.store.compact(r).await {
-                Ok(()) => reg.cache.trim(r),
-                Err(e) => tracing::warn!(error = %e, "compaction failed"),
+            if let Err(e) = reg.compact(r).await {
+                tracing::warn!(error = %e, "compaction failed");
             }
         }
     }
@@ -413,7 +404,8 @@ pub async fn reconcile_rbac(reg: &Registry, opts: &WriteOptions) -> Result<(), A
                 }
             }
         }
-        if res.kind == "ClusterRole" {
+        // A ClusterRole (a binding has a roleRef).
+        if want.get("roleRef").is_none() {
             if let Some(agg) = want.get("aggregationRule") {
                 let sel = cur
                     .pointer_mut("/aggregationRule/clusterRoleSelectors")
@@ -454,7 +446,15 @@ pub async fn reconcile_rbac(reg: &Registry, opts: &WriteOptions) -> Result<(), A
             }
         }
         if cur != before {
-            reg.update(res, None, &name, cur, None, opts).await?;
+            reg.update(
+                res,
+                None,
+                &name,
+                cur,
+                crate::request::Subresource::Main,
+                opts,
+            )
+            .await?;
         }
     }
     Ok(())

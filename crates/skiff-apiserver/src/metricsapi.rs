@@ -201,6 +201,7 @@ async fn select(
         namespace: namespace.map(str::to_string),
         name: None,
         subresource: None,
+        sub: crate::request::Subresource::Main,
         watch_path: false,
     };
     let filter = crate::handlers::filter_from_query(&rr, query)?;

@@ -141,7 +141,7 @@ pub async fn admit(reg: &Registry, ns: &str, obj: &mut Value) {
         .to_string();
     let res = resources::lookup("", "v1", "serviceaccounts").expect("serviceaccounts");
     let cached = reg
-        .cache
+        .cache()
         .resource(res)
         .get(&object_key(res, Some(ns), &sa_name))
         .and_then(|o| o.value())
@@ -152,6 +152,18 @@ pub async fn admit(reg: &Registry, ns: &str, obj: &mut Value) {
     };
     debug_assert!(sa.as_ref().is_none_or(|s| meta_str(s, "name") == sa_name));
     mount_token(obj, sa.as_ref(), &random_suffix());
+}
+
+/// The registry's create hook (after the pod strategy's admission): pods only.
+pub async fn admit_create(
+    reg: &Registry,
+    res: &skiff_core::resources::ResourceInfo,
+    ns: Option<&str>,
+    obj: &mut Value,
+) {
+    if res.storage == "/pods" {
+        admit(reg, ns.unwrap_or(""), obj).await;
+    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,17 @@
-//! The generic registry: create, get, list, update, patch and delete for every
-//! resource, with the per-kind strategy (defaulting, validation, status
-//! handling, generation) and Kubernetes' metadata rules.
+//! The generic registry (Kubernetes' `genericregistry.Store`): create, get,
+//! list, update, patch and delete for every resource. It names no kind:
+//! what is particular to one is its pure rules (`res.rules`, in
+//! `skiff_core::kinds`) and its server-side hooks ([`strategy_for`]).
 //!
-//! Every write goes through [`Registry::write`]: read the current object,
-//! compute the new one, and store it guarded by the revision that was read,
-//! retrying when another writer got there first and the caller did not ask
-//! for a specific resourceVersion.
+//! Create is one fixed pipeline, in Kubernetes' order: type checks, the
+//! strategy's `prepare_for_create`, the kind's defaults, mutating
+//! admission, validation, validating admission (quota), allocation, the
+//! field manager, the store. Update follows the same order.
+//!
+//! Every read-modify-write goes through [`Registry::guaranteed_update`]:
+//! read the current object, compute the new one, and store it guarded by
+//! the revision that was read, retrying when another writer got there
+//! first. The store and the watch cache are private: nothing else writes.
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -17,6 +23,8 @@ use skiff_core::{ApiError, ApiResult, Cause};
 use skiff_store::{KeyValue, ListOptions, Store};
 
 use crate::object::{self, decode, encode, meta_str, metadata_mut, now_rfc3339};
+use crate::request::Subresource;
+use crate::strategy::{strategy_for, AdmissionCtx, DeletePlan};
 use crate::watchcache::{CachedObject, Filter, WatchCache};
 
 /// How strictly unknown and duplicate fields are treated (`fieldValidation`).
@@ -117,21 +125,9 @@ impl Default for RegistryConfig {
 pub struct Registry {
     /// RBAC over this registry's watch cache.
     pub authz: Arc<crate::authz::Authorizer>,
-    pub store: Arc<dyn Store>,
-    pub cache: Arc<WatchCache>,
+    store: Arc<dyn Store>,
+    cache: Arc<WatchCache>,
     pub config: RegistryConfig,
-    services: crate::allocator::ServiceAllocator,
-}
-
-/// Kinds whose `metadata.generation` tracks spec changes.
-fn tracks_generation(res: &ResourceInfo) -> bool {
-    matches!(res.group, "apps" | "batch" | "autoscaling" | "policy")
-        || res.kind == "ReplicationController"
-}
-
-/// Kinds a PUT may create (`AllowCreateOnUpdate` in Kubernetes).
-fn allows_create_on_update(res: &ResourceInfo) -> bool {
-    matches!(res.kind, "Endpoints" | "Event" | "Lease" | "EndpointSlice")
 }
 
 fn store_err(res: &ResourceInfo, name: &str, e: skiff_store::Error) -> ApiError {
@@ -176,14 +172,42 @@ fn random_u64() -> u64 {
 
 impl Registry {
     pub fn new(store: Arc<dyn Store>, cache: Arc<WatchCache>, config: RegistryConfig) -> Self {
-        let services = crate::allocator::ServiceAllocator::new(config.service_cidr);
         Registry {
             authz: Arc::new(crate::authz::Authorizer::new(cache.clone())),
             store,
             cache,
             config,
-            services,
         }
+    }
+
+    /// The watch cache, for reads (watches, snapshots, the authorizer's).
+    pub fn cache(&self) -> &Arc<WatchCache> {
+        &self.cache
+    }
+
+    /// The store's current revision.
+    pub async fn current_revision(&self) -> Result<i64, skiff_store::Error> {
+        self.store.current_revision().await
+    }
+
+    /// Compacts the store's history before `rev` (unless another server
+    /// already did) and trims the watch cache's with it.
+    pub async fn compact(&self, rev: i64) -> Result<(), skiff_store::Error> {
+        let done = self.store.compacted_revision().await.unwrap_or(0);
+        if rev > done {
+            self.store.compact(rev).await?;
+        }
+        self.cache.trim(rev);
+        Ok(())
+    }
+
+    /// Brings what strategies keep in the store (the allocation ranges) in
+    /// line with the objects; run once when a server starts.
+    pub async fn repair(&self) -> ApiResult<()> {
+        for s in crate::strategy::all() {
+            s.repair(self).await?;
+        }
+        Ok(())
     }
 
     // ---- reads ---------------------------------------------------------------
@@ -426,6 +450,7 @@ impl Registry {
         check_type_meta(res, &mut obj)?;
         check_types(res, &obj)?;
         prepare_namespace(res, ns, &mut obj)?;
+        let strategy = strategy_for(res);
         if res.namespaced {
             self.check_namespace_open(ns.unwrap_or("")).await?;
         }
@@ -443,17 +468,18 @@ impl Registry {
             ] {
                 m.remove(f);
             }
-            if tracks_generation(res) {
+            if res.rules.tracks_generation() {
                 m.insert("generation".into(), json!(1));
             } else {
                 m.remove("generation");
             }
         }
-        self.prepare_for_create(res, &mut obj);
+        strategy.prepare_for_create(res, &mut obj);
         crate::noderestriction::admit_create(self, res, &obj, opts.user.as_ref()).await?;
         crate::certificates::prepare_create(res, &mut obj, opts.user.as_ref());
         skiff_core::defaults::apply_defaults(res, &mut obj);
-        crate::admission::mutate_create(self, res, ns, &mut obj).await?;
+        strategy.admit_create(self, res, ns, &mut obj).await?;
+        crate::podtoken::admit_create(self, res, ns, &mut obj).await;
         self.check_escalation(res, ns, &obj, opts).await?;
         for attempt in 0..8 {
             if generate {
@@ -462,7 +488,7 @@ impl Registry {
                 metadata_mut(&mut obj).insert("name".into(), json!(name));
             }
             let name = meta_str(&obj, "name").to_string();
-            named_defaults(res, &mut obj);
+            strategy.named_defaults(&mut obj);
             let causes = skiff_core::validation::validate_create(res, &obj);
             if !causes.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, &name, causes));
@@ -474,7 +500,7 @@ impl Registry {
                 std::mem::take(&mut obj)
             };
             let charges = crate::admission::check_quota(self, res, ns, &obj).await?;
-            self.admit_create(res, &mut obj, opts.dry_run)?;
+            strategy.allocate(self, &mut obj, opts.dry_run).await?;
             crate::fieldmanager::record(res, None, &mut obj, &opts.field_manager, None);
             if opts.dry_run {
                 return Ok(obj);
@@ -485,16 +511,16 @@ impl Registry {
                     // The stored object is exactly `obj`; no need to decode it again.
                     object::set_resource_version(&mut obj, kv.mod_revision);
                     if !charges.is_empty() {
-                        crate::admission::record_charges(self, ns, charges).await;
+                        self.record_charges(ns, charges).await;
                     }
                     return Ok(obj);
                 }
                 Err(skiff_store::Error::AlreadyExists(_)) if generate && attempt < 7 => {
-                    self.release_admission(res, &obj);
+                    strategy.release(self, &obj).await;
                     continue;
                 }
                 Err(e) => {
-                    self.release_admission(res, &obj);
+                    strategy.release(self, &obj).await;
                     return Err(store_err(res, &name, e));
                 }
             }
@@ -514,7 +540,7 @@ impl Registry {
         ns: Option<&str>,
         name: &str,
         mut body: Value,
-        sub: Option<&str>,
+        sub: Subresource,
         opts: &WriteOptions,
     ) -> ApiResult<(Value, bool)> {
         check_type_meta(res, &mut body)?;
@@ -528,39 +554,29 @@ impl Registry {
             )));
         }
         let wanted_rv = meta_str(&body, "resourceVersion").to_string();
-        loop {
-            let Some(cur) = self.get_kv(res, ns, name).await? else {
-                if sub.is_none() && allows_create_on_update(res) {
-                    return self.create(res, ns, body, opts).await.map(|o| (o, true));
+        let stale = || ApiError::conflict(res.group, res.plural, name, ApiError::STALE);
+        let (body, wanted_rv) = (&body, &wanted_rv);
+        self.guaranteed_update(res, ns, name, None, |cur| async move {
+            let Some(cur) = cur else {
+                if sub == Subresource::Main && res.rules.allow_create_on_update() {
+                    return Ok((self.create(res, ns, body.clone(), opts).await?, true));
                 }
-                return Err(ApiError::not_found(res.group, res.plural, name));
+                return Err(ApiError::not_found(res.group, res.plural, name).into());
             };
-            if !wanted_rv.is_empty() && wanted_rv != cur.mod_revision.to_string() {
-                return Err(ApiError::conflict(
-                    res.group,
-                    res.plural,
-                    name,
-                    ApiError::STALE,
-                ));
+            if !wanted_rv.is_empty() && *wanted_rv != cur.mod_revision.to_string() {
+                return Err(stale().into());
             }
             let old = decode(&cur)?;
             match self
                 .write(res, ns, name, &cur, old, body.clone(), sub, opts)
                 .await
             {
-                Err(WriteError::Retry) if wanted_rv.is_empty() => continue,
-                Err(WriteError::Retry) => {
-                    return Err(ApiError::conflict(
-                        res.group,
-                        res.plural,
-                        name,
-                        ApiError::STALE,
-                    ))
-                }
-                Err(WriteError::Api(e)) => return Err(e),
-                Ok(v) => return Ok((v, false)),
+                // A named resourceVersion is a precondition: no retry.
+                Err(WriteError::Retry) if !wanted_rv.is_empty() => Err(stale().into()),
+                other => other.map(|v| (v, false)),
             }
-        }
+        })
+        .await
     }
 
     /// Patches an object; an apply patch may create it.
@@ -572,50 +588,40 @@ impl Registry {
         name: &str,
         patch_type: PatchType,
         patch: &Value,
-        sub: Option<&str>,
+        sub: Subresource,
         opts: &WriteOptions,
     ) -> ApiResult<(Value, bool)> {
         let schema = skiff_core::schema::root(res.group, res.version, res.kind);
-        loop {
-            let cur = self.get_kv(res, ns, name).await?;
+        let scale = sub == Subresource::Scale;
+        self.guaranteed_update(res, ns, name, None, |cur| async move {
             let Some(cur) = cur else {
-                if patch_type == PatchType::Apply && sub.is_none() {
+                if patch_type == PatchType::Apply && sub == Subresource::Main {
                     let mut obj = apply_patch(res, None, patch_type, patch, schema, opts)?;
                     metadata_mut(&mut obj).insert("name".into(), json!(name));
-                    let mut create_opts = opts.clone();
-                    create_opts.field_manager = opts.field_manager.clone();
-                    return match self.create_applied(res, ns, obj, &create_opts).await {
-                        Err(e) if e.reason == "AlreadyExists" => continue,
-                        other => other.map(|o| (o, true)),
+                    return match self.create_applied(res, ns, obj, opts).await {
+                        Err(e) if e.reason == "AlreadyExists" => Err(WriteError::Retry),
+                        other => Ok((other?, true)),
                     };
                 }
-                return Err(ApiError::not_found(res.group, res.plural, name));
+                return Err(ApiError::not_found(res.group, res.plural, name).into());
             };
             let old = decode(&cur)?;
-            let current_view = if sub == Some("scale") {
-                to_scale(&old)?
-            } else {
-                old.clone()
-            };
-            let t = if sub == Some("scale") { None } else { schema };
+            let current_view = if scale { to_scale(&old)? } else { old.clone() };
+            let t = if scale { None } else { schema };
             let mut patched = apply_patch(res, Some(&current_view), patch_type, patch, t, opts)?;
             // A patch that names a resourceVersion is a precondition on it.
             let patched_rv = meta_str(&patched, "resourceVersion").to_string();
-            let explicit_rv = !patched_rv.is_empty() && patched_rv != cur.mod_revision.to_string();
-            if explicit_rv {
-                return Err(ApiError::conflict(
-                    res.group,
-                    res.plural,
-                    name,
-                    ApiError::STALE,
-                ));
+            if !patched_rv.is_empty() && patched_rv != cur.mod_revision.to_string() {
+                return Err(
+                    ApiError::conflict(res.group, res.plural, name, ApiError::STALE).into(),
+                );
             }
-            if sub == Some("scale") {
+            if scale {
                 patched = from_scale(&old, &patched)?;
             }
-            let sub_for_write = if sub == Some("scale") { None } else { sub };
+            let sub_for_write = if scale { Subresource::Main } else { sub };
             let track = patch_type != PatchType::Apply;
-            match self
+            let v = self
                 .write_inner(
                     res,
                     ns,
@@ -627,18 +633,10 @@ impl Registry {
                     opts,
                     track,
                 )
-                .await
-            {
-                Err(WriteError::Retry) => continue,
-                Err(WriteError::Api(e)) => return Err(e),
-                Ok(v) => {
-                    if sub == Some("scale") {
-                        return Ok((to_scale(&v)?, false));
-                    }
-                    return Ok((v, false));
-                }
-            }
-        }
+                .await?;
+            Ok((if scale { to_scale(&v)? } else { v }, false))
+        })
+        .await
     }
 
     async fn create_applied(
@@ -663,12 +661,15 @@ impl Registry {
         if opts.dry_run {
             return Ok(prepared);
         }
+        // The dry run only checked what it allocated: take it now.
+        let strategy = strategy_for(res);
+        strategy.allocate(self, &mut prepared, false).await?;
         let name = meta_str(&prepared, "name").to_string();
         let key = object::object_key(res, ns, &name);
         match self.store.create(&key, encode(&prepared)?).await {
             Ok(kv) => decode(&kv),
             Err(e) => {
-                self.release_admission(res, &prepared);
+                strategy.release(self, &prepared).await;
                 Err(store_err(res, &name, e))
             }
         }
@@ -684,13 +685,13 @@ impl Registry {
         cur: &KeyValue,
         old: Value,
         new: Value,
-        sub: Option<&str>,
+        sub: Subresource,
         opts: &WriteOptions,
     ) -> Result<Value, WriteError> {
-        if sub == Some("scale") {
+        if sub == Subresource::Scale {
             let new = from_scale(&old, &new)?;
             let v = self
-                .write_inner(res, ns, name, cur, old, new, None, opts, true)
+                .write_inner(res, ns, name, cur, old, new, Subresource::Main, opts, true)
                 .await?;
             return Ok(to_scale(&v)?);
         }
@@ -707,26 +708,28 @@ impl Registry {
         cur: &KeyValue,
         old: Value,
         mut new: Value,
-        sub: Option<&str>,
+        sub: Subresource,
         opts: &WriteOptions,
         track_fields: bool,
     ) -> Result<Value, WriteError> {
+        let strategy = strategy_for(res);
         check_type_meta(res, &mut new)?;
         check_types(res, &new)?;
         new = prepare_for_update(res, &old, new, sub);
-        crate::noderestriction::admit_update(res, sub, &old, &new, opts.user.as_ref())?;
+        strategy.prepare_for_update(&old, &mut new);
+        crate::noderestriction::admit_update(res, sub.as_str(), &old, &new, opts.user.as_ref())?;
         self.check_escalation(res, ns, &new, opts).await?;
         // Allocations an update leaves out are carried over before validation
         // (as Kubernetes' service registry does).
-        let fresh = self.admit_update(res, &old, &mut new)?;
+        let fresh = strategy
+            .allocate_update(self, &old, &mut new, opts.dry_run)
+            .await?;
         let result = self
             .write_admitted(res, name, cur, &old, new, sub, opts, track_fields)
             .await;
-        if res.kind == "Service" {
-            match &result {
-                Ok(v) if !opts.dry_run => self.services.after_update(&old, v),
-                _ => self.services.release_ports(&fresh),
-            }
+        if !opts.dry_run {
+            let written = result.as_ref().ok();
+            strategy.finish_update(self, &old, written, fresh).await;
         }
         result
     }
@@ -740,13 +743,14 @@ impl Registry {
         cur: &KeyValue,
         old: &Value,
         mut new: Value,
-        sub: Option<&str>,
+        sub: Subresource,
         opts: &WriteOptions,
         track_fields: bool,
     ) -> Result<Value, WriteError> {
+        let strategy = strategy_for(res);
         skiff_core::defaults::apply_defaults(res, &mut new);
         let mut causes = skiff_core::validation::validate_update(res, &new, old);
-        if sub == Some("status") {
+        if sub == Subresource::Status {
             // Status writes cannot fail on spec problems they did not cause.
             causes.retain(|c| c.field.starts_with("status") || c.field.starts_with("metadata"));
         }
@@ -754,9 +758,15 @@ impl Registry {
             return Err(ApiError::invalid(res.group, res.kind, name, causes).into());
         }
         if track_fields {
-            crate::fieldmanager::record(res, Some(old), &mut new, &opts.field_manager, sub);
+            crate::fieldmanager::record(
+                res,
+                Some(old),
+                &mut new,
+                &opts.field_manager,
+                sub.as_str(),
+            );
         }
-        if tracks_generation(res) && spec_part(old) != spec_part(&new) {
+        if res.rules.tracks_generation() && spec_part(old) != spec_part(&new) {
             let g = old
                 .get("metadata")
                 .and_then(|m| m.get("generation"))
@@ -768,29 +778,15 @@ impl Registry {
         // (a pod still running on its node only once its grace period is 0,
         // i.e. the node confirmed the end or the delete was forced).
         let deleting = !meta_str(&new, "deletionTimestamp").is_empty();
-        let grace_over = new
-            .pointer("/metadata/deletionGracePeriodSeconds")
-            .and_then(Value::as_i64)
-            == Some(0);
-        if deleting
-            && object::finalizers(&new).is_empty()
-            && !(res.kind == "Pod" && pod_awaits_node(&new) && !grace_over)
-        {
+        if deleting && object::finalizers(&new).is_empty() && strategy.may_remove(&new) {
             if opts.dry_run {
                 return Ok(new);
             }
-            return match self.store.delete(&cur.key, Some(cur.mod_revision)).await {
-                Ok((_, rev)) => {
-                    self.release_admission(res, &new);
-                    let mut v = new;
-                    object::set_resource_version(&mut v, rev);
-                    Ok(v)
-                }
-                Err(skiff_store::Error::Conflict { .. }) | Err(skiff_store::Error::NotFound(_)) => {
-                    Err(WriteError::Retry)
-                }
-                Err(e) => Err(store_err(res, name, e).into()),
-            };
+            let rev = self.delete_at(res, cur).await?;
+            strategy.release(self, &new).await;
+            let mut v = new;
+            object::set_resource_version(&mut v, rev);
+            return Ok(v);
         }
         // Nothing changed: Kubernetes does not write, and the resourceVersion stays.
         // (Compared with the current resourceVersion put in place and then
@@ -824,21 +820,12 @@ impl Registry {
         if opts.dry_run {
             return Ok(new);
         }
-        match self
-            .store
-            .update(&cur.key, encode(&new)?, cur.mod_revision)
-            .await
-        {
-            // What was stored is `new`: no need to decode it again.
-            Ok(kv) => Ok(object::into_stored(new, kv.mod_revision)),
-            Err(skiff_store::Error::Conflict { .. }) | Err(skiff_store::Error::NotFound(_)) => {
-                Err(WriteError::Retry)
-            }
-            Err(e) => Err(store_err(res, name, e).into()),
-        }
+        // What was stored is `new`: no need to decode it again.
+        let kv = self.write_at(res, cur, &new).await?;
+        Ok(object::into_stored(new, kv.mod_revision))
     }
 
-    /// Deletes an object, gracefully where Kubernetes does.
+    /// Deletes an object, gracefully where its strategy says.
     pub async fn delete(
         &self,
         res: &'static ResourceInfo,
@@ -846,9 +833,10 @@ impl Registry {
         name: &str,
         opts: &DeleteOptions,
     ) -> ApiResult<Deleted> {
-        loop {
-            let Some(cur) = self.get_kv(res, ns, name).await? else {
-                return Err(ApiError::not_found(res.group, res.plural, name));
+        let strategy = strategy_for(res);
+        self.guaranteed_update(res, ns, name, None, |cur| async move {
+            let Some(cur) = cur else {
+                return Err(ApiError::not_found(res.group, res.plural, name).into());
             };
             let mut obj = decode(&cur)?;
             if let Some(uid) = &opts.precondition_uid {
@@ -861,7 +849,8 @@ impl Registry {
                             "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
                             meta_str(&obj, "uid")
                         ),
-                    ));
+                    )
+                    .into());
                 }
             }
             if let Some(rv) = &opts.precondition_resource_version {
@@ -874,24 +863,16 @@ impl Registry {
                             "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
                             cur.mod_revision
                         ),
-                    ));
+                    )
+                    .into());
                 }
             }
-            let grace = if res.kind == "Pod" {
-                let default = obj
-                    .pointer("/spec/terminationGracePeriodSeconds")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(30);
-                let g = opts.grace_period_seconds.unwrap_or(default).max(0);
-                if pod_awaits_node(&obj) {
-                    g
-                } else {
-                    0
-                }
-            } else {
-                0
+            let plan = strategy.delete_plan(&obj, opts);
+            let grace = match plan {
+                DeletePlan::Graceful(g) => g,
+                DeletePlan::Now | DeletePlan::Finalize => 0,
             };
-            let is_namespace = res.kind == "Namespace";
+            let finalize = plan == DeletePlan::Finalize;
             let already_deleting = !meta_str(&obj, "deletionTimestamp").is_empty();
             let prior_grace = obj
                 .pointer("/metadata/deletionGracePeriodSeconds")
@@ -910,21 +891,21 @@ impl Registry {
                 metadata_mut(&mut obj).insert("finalizers".into(), json!(after));
             }
             let has_finalizers = !after.is_empty();
-            let graceful = grace > 0 || (is_namespace && !already_deleting);
-            if has_finalizers || graceful || is_namespace {
+            let graceful = grace > 0 || (finalize && !already_deleting);
+            if has_finalizers || graceful || finalize {
                 {
                     let m = metadata_mut(&mut obj);
                     if graceful || !already_deleting {
                         m.insert("deletionTimestamp".into(), json!(object::rfc3339_in(grace)));
-                        if tracks_generation(res) {
+                        if res.rules.tracks_generation() {
                             let g = m.get("generation").and_then(Value::as_i64).unwrap_or(0);
                             m.insert("generation".into(), json!(g + 1));
                         }
                     }
                     m.insert("deletionGracePeriodSeconds".into(), json!(grace));
                 }
-                if is_namespace {
-                    obj["status"]["phase"] = json!("Terminating");
+                if finalize {
+                    strategy.prepare_for_delete(&mut obj);
                 }
                 if opts.dry_run {
                     return Ok(Deleted::Pending(obj));
@@ -934,29 +915,18 @@ impl Registry {
                 if unchanged == decode(&cur)? {
                     return Ok(Deleted::Pending(unchanged));
                 }
-                match self
-                    .store
-                    .update(&cur.key, encode(&obj)?, cur.mod_revision)
-                    .await
-                {
-                    Ok(kv) => return Ok(Deleted::Pending(decode(&kv)?)),
-                    Err(skiff_store::Error::Conflict { .. }) => continue,
-                    Err(e) => return Err(store_err(res, name, e)),
-                }
+                let kv = self.write_at(res, &cur, &obj).await?;
+                return Ok(Deleted::Pending(decode(&kv)?));
             }
             if opts.dry_run {
                 return Ok(Deleted::Gone(obj));
             }
-            match self.store.delete(&cur.key, Some(cur.mod_revision)).await {
-                Ok((_, rev)) => {
-                    self.release_admission(res, &obj);
-                    object::set_resource_version(&mut obj, rev);
-                    return Ok(Deleted::Gone(obj));
-                }
-                Err(skiff_store::Error::Conflict { .. }) => continue,
-                Err(e) => return Err(store_err(res, name, e)),
-            }
-        }
+            let rev = self.delete_at(res, &cur).await?;
+            strategy.release(self, &obj).await;
+            object::set_resource_version(&mut obj, rev);
+            Ok(Deleted::Gone(obj))
+        })
+        .await
     }
 
     /// Binds a pod to a node (`pods/binding`), as the scheduler does.
@@ -968,34 +938,7 @@ impl Registry {
         opts: &WriteOptions,
     ) -> ApiResult<()> {
         let res = resources::lookup("", "v1", "pods").expect("pods");
-        let node = binding
-            .pointer("/target/name")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        if node.is_empty() {
-            return Err(ApiError::invalid(
-                "",
-                "Binding",
-                name,
-                vec![Cause::required("target.name")],
-            ));
-        }
-        let kind = binding
-            .pointer("/target/kind")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        if !kind.is_empty() && kind != "Node" {
-            return Err(ApiError::invalid(
-                "",
-                "Binding",
-                name,
-                vec![Cause::not_supported(
-                    "target.kind",
-                    &json!(kind),
-                    &["Node", "<empty>"],
-                )],
-            ));
-        }
+        crate::strategy::pod::check_binding(name, binding)?;
         let wanted_uid = binding
             .pointer("/metadata/uid")
             .and_then(Value::as_str)
@@ -1004,130 +947,203 @@ impl Registry {
         // The first try starts from the watch cache's copy (no store read);
         // the write is conditional on its revision, so a stale copy only
         // costs a conflict and a retry from the store.
-        let mut cached = self
+        let cached = self
             .cache
             .resource(res)
-            .get(&object::object_key(res, Some(ns), name));
-        loop {
-            let from_cache = cached.is_some();
-            let cur = match cached.take() {
-                Some(o) => KeyValue {
-                    key: o.key.clone(),
-                    value: o.bytes.clone(),
-                    create_revision: 0,
-                    mod_revision: o.revision,
-                },
-                None => match self.get_kv(res, Some(ns), name).await? {
-                    Some(kv) => kv,
-                    None => return Err(ApiError::not_found("", "pods", name)),
-                },
+            .get(&object::object_key(res, Some(ns), name))
+            .map(|o| KeyValue {
+                key: o.key.clone(),
+                value: o.bytes.clone(),
+                create_revision: 0,
+                mod_revision: o.revision,
+            });
+        let wanted_uid = &wanted_uid;
+        self.guaranteed_update(res, Some(ns), name, cached, |cur| async move {
+            let Some(cur) = cur else {
+                return Err(ApiError::not_found("", "pods", name).into());
             };
+            let from_cache = cur.create_revision == 0;
             let mut pod = decode(&cur)?;
-            if let Err(e) = bindable(&pod, name, &wanted_uid) {
+            if let Err(e) = crate::strategy::pod::bindable(&pod, name, wanted_uid) {
                 // A cached copy may be of an older pod of that name.
                 if from_cache {
-                    continue;
+                    return Err(WriteError::Retry);
                 }
-                return Err(e);
+                return Err(e.into());
             }
-            pod["spec"]["nodeName"] = json!(node);
-            if let Some(ann) = binding
-                .pointer("/metadata/annotations")
-                .and_then(Value::as_object)
-            {
-                let m = metadata_mut(&mut pod);
-                let entry = m.entry("annotations").or_insert_with(|| json!({}));
-                if let Some(a) = entry.as_object_mut() {
-                    for (k, v) in ann {
-                        a.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-            set_condition(&mut pod, "PodScheduled", "True", None, None);
+            crate::strategy::pod::bind_to(&mut pod, binding);
             // As Kubernetes' binding storage, which updates the stored pod
             // directly: managed fields stay as they were (the binder owns
             // nothing, and the creator keeps what it owned).
             if opts.dry_run {
                 return Ok(());
             }
-            match self
-                .store
-                .update(&cur.key, encode(&pod)?, cur.mod_revision)
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(skiff_store::Error::Conflict { .. }) => continue,
-                Err(e) => return Err(store_err(res, name, e)),
+            self.write_at(res, &cur, &pod).await.map(|_| ())
+        })
+        .await
+    }
+
+    // ---- guaranteed update ---------------------------------------------------
+
+    /// The one read-modify-write loop (Kubernetes' `GuaranteedUpdate`):
+    /// reads the object (the first try may start from `cached`, a copy
+    /// that may be stale), lets `try_update` decide and write it with
+    /// [`Registry::write_at`] / [`Registry::delete_at`] (guarded by the
+    /// revision read), and starts again from a fresh read when it answers
+    /// [`WriteError::Retry`] (another writer got there first).
+    pub(crate) async fn guaranteed_update<T, F, Fut>(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        mut cached: Option<KeyValue>,
+        mut try_update: F,
+    ) -> ApiResult<T>
+    where
+        F: FnMut(Option<KeyValue>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, WriteError>>,
+    {
+        loop {
+            let cur = match cached.take() {
+                Some(kv) => Some(kv),
+                None => self.get_kv(res, ns, name).await?,
+            };
+            match try_update(cur).await {
+                Err(WriteError::Retry) => continue,
+                Err(WriteError::Api(e)) => return Err(e),
+                Ok(v) => return Ok(v),
             }
         }
     }
 
-    // ---- strategy and admission ---------------------------------------------
+    /// [`Registry::guaranteed_update`] for a change computed from the
+    /// object alone: `change` returns the new object, or `None` to leave
+    /// it as it is. `Ok(None)`: there is no such object.
+    pub(crate) async fn update_object(
+        &self,
+        res: &ResourceInfo,
+        ns: Option<&str>,
+        name: &str,
+        change: impl FnMut(Value) -> ApiResult<Option<Value>> + Send,
+    ) -> ApiResult<Option<Value>> {
+        let change = std::sync::Mutex::new(change);
+        let change = &change;
+        self.guaranteed_update(res, ns, name, None, |cur| async move {
+            let Some(cur) = cur else {
+                return Ok(None);
+            };
+            let decided = (change.lock().unwrap_or_else(|e| e.into_inner()))(decode(&cur)?)?;
+            match decided {
+                None => Ok(Some(decode(&cur)?)),
+                Some(new) => {
+                    let kv = self.write_at(res, &cur, &new).await?;
+                    Ok(Some(object::into_stored(new, kv.mod_revision)))
+                }
+            }
+        })
+        .await
+    }
 
-    fn prepare_for_create(&self, res: &ResourceInfo, obj: &mut Value) {
-        // Status is written through the status subresource; nodes are the
-        // exception (the node agent registers its node with status).
-        if res.has_subresource("status") && res.kind != "Node" {
-            if let Some(m) = obj.as_object_mut() {
-                m.remove("status");
+    /// Writes `new` over `cur` if it is still the current version.
+    pub(crate) async fn write_at(
+        &self,
+        res: &ResourceInfo,
+        cur: &KeyValue,
+        new: &Value,
+    ) -> Result<KeyValue, WriteError> {
+        match self
+            .store
+            .update(&cur.key, encode(new)?, cur.mod_revision)
+            .await
+        {
+            Ok(kv) => Ok(kv),
+            Err(skiff_store::Error::Conflict { .. }) | Err(skiff_store::Error::NotFound(_)) => {
+                Err(WriteError::Retry)
+            }
+            Err(e) => Err(store_err(res, meta_str(new, "name"), e).into()),
+        }
+    }
+
+    /// Deletes `cur` if it is still the current version; the revision of the delete.
+    pub(crate) async fn delete_at(
+        &self,
+        res: &ResourceInfo,
+        cur: &KeyValue,
+    ) -> Result<i64, WriteError> {
+        match self.store.delete(&cur.key, Some(cur.mod_revision)).await {
+            Ok((_, rev)) => Ok(rev),
+            Err(skiff_store::Error::Conflict { .. }) | Err(skiff_store::Error::NotFound(_)) => {
+                Err(WriteError::Retry)
+            }
+            Err(e) => Err(store_err(res, cur.key.rsplit('/').next().unwrap_or(""), e).into()),
+        }
+    }
+
+    /// Records the usage admitted objects brought in the quotas' status
+    /// (best effort: admission recomputes usage from the objects themselves).
+    async fn record_charges(&self, ns: Option<&str>, charges: Vec<crate::admission::QuotaCharge>) {
+        let quota_res = resources::lookup("", "v1", "resourcequotas").expect("resourcequotas");
+        for c in charges {
+            let r = self
+                .update_object(quota_res, ns, &c.name, |mut q| {
+                    q["status"] = json!({"hard": c.hard, "used": c.used});
+                    Ok(Some(q))
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::debug!("recording quota usage in {}: {}", c.name, e.message);
             }
         }
     }
 
+    /// NamespaceLifecycle: a live read of the namespace (cheap on the
+    /// embedded store, and never stale).
     async fn check_namespace_open(&self, ns: &str) -> ApiResult<()> {
-        let nsres = resources::lookup("", "v1", "namespaces").expect("namespaces");
-        // A live read: cheap on the embedded store, and never stale (a
-        // namespace deleted a moment ago is already terminating).
+        let nsres = crate::strategy::namespace::namespaces();
         let found = match self.get_kv(nsres, None, ns).await? {
             Some(kv) => Some(decode(&kv)?),
             None => None,
         };
-        match found {
-            None => Err(ApiError::not_found("", "namespaces", ns)),
-            Some(obj) => {
-                if !meta_str(&obj, "deletionTimestamp").is_empty() {
-                    let mut e = ApiError::forbidden(format!(
-                        "unable to create new content in namespace {ns} because it is being terminated"
-                    ));
-                    e.reason = "Forbidden".into();
-                    e.name = Some(ns.to_string());
-                    e.kind = Some("namespaces".into());
-                    e.causes = vec![Cause::new(
-                        "NamespaceTerminating",
-                        "metadata.namespace",
-                        format!("namespace {ns} is being terminated"),
-                    )];
-                    return Err(e);
-                }
-                Ok(())
-            }
-        }
+        crate::strategy::namespace::check_open(ns, found.as_ref())
     }
+}
 
-    fn admit_create(&self, res: &ResourceInfo, obj: &mut Value, dry_run: bool) -> ApiResult<()> {
-        if res.kind == "Service" {
-            self.services.admit_create(&self.cache, obj, dry_run)?;
-        }
-        Ok(())
-    }
-
-    /// Returns the NodePorts newly allocated for the update.
-    fn admit_update(
+#[async_trait::async_trait]
+impl AdmissionCtx for Registry {
+    async fn consistent_list(
         &self,
-        res: &ResourceInfo,
-        old: &Value,
-        new: &mut Value,
-    ) -> ApiResult<Vec<u16>> {
-        if res.kind == "Service" {
-            return self.services.admit_update(&self.cache, old, new);
+        res: &'static ResourceInfo,
+        ns: Option<&str>,
+        shared: bool,
+    ) -> ApiResult<Vec<Arc<Value>>> {
+        let filter = Filter {
+            namespace: ns.map(str::to_string),
+            ..Default::default()
+        };
+        if let Some(objs) = self.consistent_snapshot(res, &filter).await? {
+            return Ok(objs
+                .iter()
+                .filter_map(|o| match shared {
+                    true => o.value(),
+                    false => serde_json::from_slice(&o.bytes).ok().map(Arc::new),
+                })
+                .collect());
         }
-        Ok(Vec::new())
+        // The cache is behind (it already waited): read the store.
+        let out = self.list_from_store(res, &filter, 0, None, None).await?;
+        Ok(out
+            .items
+            .iter()
+            .filter_map(|b| serde_json::from_slice(b).ok().map(Arc::new))
+            .collect())
     }
 
-    fn release_admission(&self, res: &ResourceInfo, obj: &Value) {
-        if res.kind == "Service" {
-            self.services.release(obj);
-        }
+    fn store(&self) -> &dyn Store {
+        &*self.store
+    }
+
+    fn config(&self) -> &RegistryConfig {
+        &self.config
     }
 }
 
@@ -1179,14 +1195,6 @@ impl From<ApiError> for WriteError {
     }
 }
 
-/// Kinds whose dependents are orphaned when a delete names no policy
-/// (`DefaultGarbageCollectionPolicy`: batch/v1 Jobs and v1
-/// ReplicationControllers, for backward compatibility).
-pub fn orphans_by_default(res: &ResourceInfo) -> bool {
-    (res.group == "batch" && res.kind == "Job")
-        || (res.group.is_empty() && res.kind == "ReplicationController")
-}
-
 /// The finalizers an object has after a delete with `opts`, as Kubernetes'
 /// generic store sets them for the garbage collector: `orphan` and
 /// `foregroundDeletion` follow the options first, then the finalizers the
@@ -1206,7 +1214,7 @@ pub fn gc_finalizers(res: &ResourceInfo, current: &[String], opts: &DeleteOption
         (Some(o), _) => o,
         (None, Some("Orphan")) => true,
         (None, Some("Background" | "Foreground")) => false,
-        _ => from_finalizers().unwrap_or_else(|| orphans_by_default(res)),
+        _ => from_finalizers().unwrap_or_else(|| res.rules.orphans_by_default()),
     };
     let foreground = match (opts.orphan_dependents, policy) {
         (Some(_), _) => false,
@@ -1235,20 +1243,6 @@ pub fn gc_finalizers(res: &ResourceInfo, current: &[String], opts: &DeleteOption
     } else {
         out
     }
-}
-
-/// A pod that a node agent must confirm stopped before it goes away.
-fn pod_awaits_node(pod: &Value) -> bool {
-    let bound = !pod
-        .pointer("/spec/nodeName")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .is_empty();
-    let phase = pod
-        .pointer("/status/phase")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    bound && phase != "Succeeded" && phase != "Failed"
 }
 
 /// Sets or updates a condition of `status.conditions`.
@@ -1370,9 +1364,9 @@ fn prepare_namespace(res: &ResourceInfo, ns: Option<&str>, obj: &mut Value) -> A
 }
 
 /// The update strategy: what of the new object is kept, what comes from the old.
-fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Option<&str>) -> Value {
+fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Subresource) -> Value {
     let mut out = match sub {
-        Some("status") => {
+        Subresource::Status => {
             // Only status changes through the status subresource.
             let mut o = old.clone();
             match new.get("status") {
@@ -1386,7 +1380,7 @@ fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Option<&
             // Metadata the status writer may carry along (managedFields are recomputed).
             o
         }
-        Some("finalize") => {
+        Subresource::Finalize => {
             // `namespaces/<n>/finalize` changes `spec.finalizers` and nothing else.
             let mut o = old.clone();
             let finalizers = new
@@ -1440,79 +1434,7 @@ fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Option<&
             }
         }
     }
-    // Finalizers may not be added to an object being deleted... but may be removed.
-    if res.kind == "Namespace" {
-        name_label(&mut out);
-    }
     out
-}
-
-/// A namespace carries `kubernetes.io/metadata.name=<name>`, always.
-fn name_label(obj: &mut Value) {
-    let name = meta_str(obj, "name").to_string();
-    if name.is_empty() {
-        return;
-    }
-    let m = metadata_mut(obj);
-    let labels = m.entry("labels").or_insert_with(|| json!({}));
-    if !labels.is_object() {
-        *labels = json!({});
-    }
-    if let Some(l) = labels.as_object_mut() {
-        l.insert("kubernetes.io/metadata.name".into(), json!(name));
-    }
-}
-
-/// Defaults that need the object's final name and uid: the namespace name
-/// label, and a Job's generated selector and pod template labels (unless
-/// `manualSelector`), as Kubernetes' strategies set them on create.
-fn named_defaults(res: &ResourceInfo, obj: &mut Value) {
-    match (res.group, res.kind) {
-        ("", "Namespace") => name_label(obj),
-        ("batch", "Job") => {
-            if obj.pointer("/spec/manualSelector").and_then(Value::as_bool) == Some(true) {
-                return;
-            }
-            let name = meta_str(obj, "name").to_string();
-            let uid = meta_str(obj, "uid").to_string();
-            let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
-                return;
-            };
-            let template = spec.entry("template").or_insert_with(|| json!({}));
-            if let Some(t) = template.as_object_mut() {
-                let meta = t.entry("metadata").or_insert_with(|| json!({}));
-                if let Some(meta) = meta.as_object_mut() {
-                    let labels = meta.entry("labels").or_insert_with(|| json!({}));
-                    if !labels.is_object() {
-                        *labels = json!({});
-                    }
-                    if let Some(l) = labels.as_object_mut() {
-                        for k in ["job-name", "batch.kubernetes.io/job-name"] {
-                            l.entry(k).or_insert_with(|| json!(name));
-                        }
-                        for k in ["controller-uid", "batch.kubernetes.io/controller-uid"] {
-                            l.entry(k).or_insert_with(|| json!(uid));
-                        }
-                    }
-                }
-            }
-            let selector = spec.entry("selector").or_insert_with(|| json!({}));
-            if !selector.is_object() {
-                *selector = json!({});
-            }
-            if let Some(sel) = selector.as_object_mut() {
-                let ml = sel.entry("matchLabels").or_insert_with(|| json!({}));
-                if !ml.is_object() {
-                    *ml = json!({});
-                }
-                if let Some(ml) = ml.as_object_mut() {
-                    ml.entry("batch.kubernetes.io/controller-uid")
-                        .or_insert_with(|| json!(uid));
-                }
-            }
-        }
-        _ => {}
-    }
 }
 
 /// The `Scale` view (autoscaling/v1) of a scalable object.
@@ -1604,40 +1526,4 @@ fn decode_continue(t: &str) -> ApiResult<(i64, String)> {
         return Err(bad());
     }
     Ok((rev, start.to_string()))
-}
-
-/// Whether a pod may be bound now (Kubernetes' binding storage checks).
-fn bindable(pod: &Value, name: &str, wanted_uid: &str) -> ApiResult<()> {
-    if !wanted_uid.is_empty() && wanted_uid != meta_str(pod, "uid") {
-        return Err(ApiError::conflict(
-            "",
-            "pods",
-            name,
-            &format!(
-                "Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: {}",
-                meta_str(pod, "uid")
-            ),
-        ));
-    }
-    if !meta_str(pod, "deletionTimestamp").is_empty() {
-        return Err(ApiError::conflict(
-            "",
-            "pods",
-            name,
-            "pod is being deleted, cannot be assigned to a host",
-        ));
-    }
-    let current = pod
-        .pointer("/spec/nodeName")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    if !current.is_empty() {
-        return Err(ApiError::conflict(
-            "",
-            "pods",
-            name,
-            &format!("pod {name} is already assigned to node {current:?}"),
-        ));
-    }
-    Ok(())
 }

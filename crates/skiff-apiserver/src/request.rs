@@ -6,13 +6,63 @@ use std::collections::HashMap;
 use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::ApiError;
 
+/// The subresource a request addresses, parsed once from the path. The
+/// registry's writes know four (`Main`, `Status`, `Scale`, `Finalize`);
+/// the others are served by their own handlers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subresource {
+    Main,
+    /// Only `status` changes (Kubernetes' status strategy).
+    Status,
+    /// The `autoscaling/v1` Scale view of `spec.replicas`.
+    Scale,
+    /// A namespace's `spec.finalizers`.
+    Finalize,
+    Binding,
+    Eviction,
+    Token,
+    /// `log`, `exec`, `attach`, `portforward`, `proxy`, ...
+    Other,
+}
+
+impl Subresource {
+    pub fn parse(sub: Option<&str>) -> Subresource {
+        match sub {
+            None => Subresource::Main,
+            Some("status") => Subresource::Status,
+            Some("scale") => Subresource::Scale,
+            Some("finalize") => Subresource::Finalize,
+            Some("binding") => Subresource::Binding,
+            Some("eviction") => Subresource::Eviction,
+            Some("token") => Subresource::Token,
+            Some(_) => Subresource::Other,
+        }
+    }
+
+    /// The name as in a path (`None` for the main resource and others).
+    pub fn as_str(self) -> Option<&'static str> {
+        match self {
+            Subresource::Main | Subresource::Other => None,
+            Subresource::Status => Some("status"),
+            Subresource::Scale => Some("scale"),
+            Subresource::Finalize => Some("finalize"),
+            Subresource::Binding => Some("binding"),
+            Subresource::Eviction => Some("eviction"),
+            Subresource::Token => Some("token"),
+        }
+    }
+}
+
 /// A request for a resource (or a collection of it).
 #[derive(Debug, Clone)]
 pub struct ResourceRequest {
     pub res: &'static ResourceInfo,
     pub namespace: Option<String>,
     pub name: Option<String>,
+    /// The subresource as named in the path (authorization and audit read it).
     pub subresource: Option<String>,
+    /// The same, parsed.
+    pub sub: Subresource,
     /// A `/watch/` path prefix (deprecated form of `?watch=true`).
     pub watch_path: bool,
 }
@@ -68,6 +118,7 @@ pub fn parse_path(path: &str) -> Result<Option<ResourceRequest>, ApiError> {
         res,
         namespace,
         name,
+        sub: Subresource::parse(subresource.as_deref()),
         subresource,
         watch_path,
     }))
@@ -143,6 +194,7 @@ mod tests {
         assert_eq!(r.namespace.as_deref(), Some("ns1"));
         assert_eq!(r.name.as_deref(), Some("p1"));
         assert_eq!(r.subresource.as_deref(), Some("status"));
+        assert_eq!(r.sub, Subresource::Status);
     }
 
     #[test]

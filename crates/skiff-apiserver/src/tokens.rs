@@ -49,7 +49,7 @@ async fn live_object(
     uid: &str,
 ) -> Option<Value> {
     let cached = reg
-        .cache
+        .cache()
         .resource(res)
         .get(&object_key(res, Some(ns), name))
         .and_then(|o| o.value());

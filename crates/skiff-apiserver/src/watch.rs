@@ -69,14 +69,14 @@ pub async fn serve(
         .map(|t| Duration::from_secs(t as u64))
         .unwrap_or(Duration::from_secs(1800));
     let reg = state.registry.clone();
-    let cache = reg.cache.resource(res);
+    let cache = reg.cache().resource(res);
 
     // With an explicit resourceVersion newer than the cache, wait for it.
     if let Some(n) = start.filter(|n| *n > 0) {
-        if !reg.cache.wait_for(n, Duration::from_secs(3)).await {
+        if !reg.cache().wait_for(n, Duration::from_secs(3)).await {
             return Err(ApiError::timeout(format!(
                 "Too large resource version: {n}, current: {}",
-                reg.cache.revision()
+                reg.cache().revision()
             )));
         }
     }
@@ -184,7 +184,7 @@ impl WatchState {
         }
         if self.initial_end_bookmark {
             self.initial_end_bookmark = false;
-            let rev = self.cursor.max(self.reg.cache.revision());
+            let rev = self.cursor.max(self.reg.cache().revision());
             return Some(self.enc.bookmark(rev, true));
         }
         // Resuming from an older revision: the history up to the
@@ -243,7 +243,7 @@ impl WatchState {
                 _ = tokio::time::sleep_until(self.deadline) => return None,
                 _ = tokio::time::sleep_until(bookmark_at), if self.bookmarks => {
                     self.last_sent = tokio::time::Instant::now();
-                    let rev = self.cursor.max(self.reg.cache.revision());
+                    let rev = self.cursor.max(self.reg.cache().revision());
                     return Some(self.enc.bookmark(rev, false));
                 }
             }

@@ -1767,3 +1767,49 @@ async fn cluster_dns_and_the_service_cidr_choose_the_kube_dns_address() {
     assert_eq!(s.body["spec"]["clusterIP"], "10.96.0.53");
     drop(dir);
 }
+
+/// A kind added as one `kinds/` module and one table row is served whole:
+/// discovery, create, validation on create and update, and its table.
+#[tokio::test]
+async fn ingress_classes_are_served_with_their_rules_and_table() {
+    let a = api().await;
+    let path = "/apis/networking.k8s.io/v1/ingressclasses";
+    let r = a.get("/apis/networking.k8s.io/v1").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.body["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["name"] == "ingressclasses" && x["namespaced"] == false));
+    let ic = |controller: Value| {
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
+        "metadata": {"name": "nginx"}, "spec": {"controller": controller}})
+    };
+    let r = a.post(path, ic(Value::Null)).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    assert_eq!(r.body["details"]["causes"][0]["field"], "spec.controller");
+    let r = a.post(path, ic(json!("k8s.io/ingress-nginx"))).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let mut changed = r.body.clone();
+    changed["spec"]["controller"] = json!("example.com/other");
+    let r = a.put(&format!("{path}/nginx"), changed).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    assert!(message(&r).contains("field is immutable"), "{}", r.body);
+    let req = Request::builder()
+        .uri(path)
+        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Body::empty())
+        .unwrap();
+    let resp = a.router.clone().oneshot(req).await.unwrap();
+    let t: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let names: Vec<&str> = t["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["Name", "Controller", "Parameters", "Age"]);
+    assert_eq!(t["rows"][0]["cells"][1], "k8s.io/ingress-nginx");
+    assert_eq!(t["rows"][0]["cells"][2], "<none>");
+}

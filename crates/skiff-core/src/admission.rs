@@ -464,7 +464,7 @@ fn ratio_constraint(
 /// The sum of a pod's containers' requests or limits per resource, the
 /// largest init container's when that is more (as LimitRanger computes a
 /// Pod item's usage).
-fn pod_totals(pod: &Value, which: &str) -> Map<String, Value> {
+pub(crate) fn pod_totals(pod: &Value, which: &str) -> Map<String, Value> {
     let mut sum: BTreeMap<String, i128> = BTreeMap::new();
     let mut binary: BTreeMap<String, bool> = BTreeMap::new();
     for c in pod
@@ -568,125 +568,29 @@ pub fn validate_limit_ranges(pod: &Value, ranges: &[impl Borrow<Value>]) -> Resu
 
 // ---- ResourceQuota ------------------------------------------------------
 
-/// Usage an object adds to a quota, per quota resource name, in milli-units.
+/// Usage an object adds to a quota, per quota resource name, in milli-units:
+/// one `count/<resource>` and what the kind's rules add.
 pub fn usage(res: &ResourceInfo, obj: &Value) -> BTreeMap<String, i128> {
-    let mut u = BTreeMap::new();
-    let count_name = if res.group.is_empty() {
+    let Some(mut u) = res.rules.quota_usage(obj) else {
+        return BTreeMap::new();
+    };
+    u.insert(count_name(res), 1000);
+    u
+}
+
+/// `count/pods`, `count/deployments.apps`.
+fn count_name(res: &ResourceInfo) -> String {
+    if res.group.is_empty() {
         format!("count/{}", res.plural)
     } else {
         format!("count/{}.{}", res.plural, res.group)
-    };
-    match (res.group, res.kind) {
-        ("", "Pod") => {
-            let phase = obj
-                .pointer("/status/phase")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            if phase == "Succeeded" || phase == "Failed" {
-                return u;
-            }
-            u.insert("pods".into(), 1000);
-            u.insert(count_name, 1000);
-            let mut add = |name: &str, totals: &Map<String, Value>, r: &str| {
-                if let Some(m) = totals.get(r).and_then(milli) {
-                    u.insert(name.into(), m);
-                }
-            };
-            let req = pod_totals(obj, "requests");
-            let lim = pod_totals(obj, "limits");
-            add("requests.cpu", &req, "cpu");
-            add("cpu", &req, "cpu");
-            add("requests.memory", &req, "memory");
-            add("memory", &req, "memory");
-            add("requests.ephemeral-storage", &req, "ephemeral-storage");
-            add("ephemeral-storage", &req, "ephemeral-storage");
-            add("limits.cpu", &lim, "cpu");
-            add("limits.memory", &lim, "memory");
-            add("limits.ephemeral-storage", &lim, "ephemeral-storage");
-        }
-        ("", "Service") => {
-            u.insert("services".into(), 1000);
-            u.insert(count_name, 1000);
-            let ty = obj
-                .pointer("/spec/type")
-                .and_then(Value::as_str)
-                .unwrap_or("ClusterIP");
-            let ports = obj
-                .pointer("/spec/ports")
-                .and_then(Value::as_array)
-                .map(|a| a.len() as i128)
-                .unwrap_or(0);
-            match ty {
-                "NodePort" => {
-                    u.insert("services.nodeports".into(), ports * 1000);
-                }
-                "LoadBalancer" => {
-                    u.insert("services.loadbalancers".into(), 1000);
-                    u.insert("services.nodeports".into(), ports * 1000);
-                }
-                _ => {}
-            }
-        }
-        ("", "PersistentVolumeClaim") => {
-            u.insert("persistentvolumeclaims".into(), 1000);
-            u.insert(count_name, 1000);
-            if let Some(m) = obj
-                .pointer("/spec/resources/requests/storage")
-                .and_then(milli)
-            {
-                u.insert("requests.storage".into(), m);
-            }
-        }
-        ("", "ConfigMap" | "Secret" | "ReplicationController" | "ResourceQuota") => {
-            u.insert(res.plural.to_string(), 1000);
-            u.insert(count_name, 1000);
-        }
-        _ => {
-            u.insert(count_name, 1000);
-        }
     }
-    u
 }
 
 /// The resources of a quota's `hard` that an object's creation is checked
 /// against (Kubernetes' evaluators: the legacy names and `count/...`).
 pub fn quota_tracks(res: &ResourceInfo, resource: &str) -> bool {
-    let count_name = if res.group.is_empty() {
-        format!("count/{}", res.plural)
-    } else {
-        format!("count/{}.{}", res.plural, res.group)
-    };
-    if resource == count_name {
-        return true;
-    }
-    match (res.group, res.kind) {
-        ("", "Pod") => {
-            matches!(
-                resource,
-                "pods"
-                    | "cpu"
-                    | "memory"
-                    | "ephemeral-storage"
-                    | "requests.cpu"
-                    | "requests.memory"
-                    | "requests.ephemeral-storage"
-                    | "limits.cpu"
-                    | "limits.memory"
-                    | "limits.ephemeral-storage"
-            )
-        }
-        ("", "Service") => matches!(
-            resource,
-            "services" | "services.nodeports" | "services.loadbalancers"
-        ),
-        ("", "PersistentVolumeClaim") => {
-            matches!(resource, "persistentvolumeclaims" | "requests.storage")
-        }
-        ("", "ConfigMap" | "Secret" | "ReplicationController" | "ResourceQuota") => {
-            resource == res.plural
-        }
-        _ => false,
-    }
+    resource == count_name(res) || res.rules.quota_tracks(resource)
 }
 
 /// The pod evaluator's constraint: when a quota limits cpu or memory,

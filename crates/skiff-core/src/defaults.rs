@@ -5,7 +5,7 @@ use serde_json::{json, Map, Value};
 
 use crate::resources::ResourceInfo;
 
-fn obj<'a>(v: &'a mut Value, key: &str) -> Option<&'a mut Map<String, Value>> {
+pub(crate) fn obj<'a>(v: &'a mut Value, key: &str) -> Option<&'a mut Map<String, Value>> {
     let m = v.as_object_mut()?;
     let e = m.entry(key).or_insert_with(|| json!({}));
     if e.is_null() {
@@ -14,7 +14,7 @@ fn obj<'a>(v: &'a mut Value, key: &str) -> Option<&'a mut Map<String, Value>> {
     e.as_object_mut()
 }
 
-fn set_default(m: &mut Map<String, Value>, key: &str, v: Value) {
+pub(crate) fn set_default(m: &mut Map<String, Value>, key: &str, v: Value) {
     match m.get(key) {
         None | Some(Value::Null) => {
             m.insert(key.to_string(), v);
@@ -23,171 +23,19 @@ fn set_default(m: &mut Map<String, Value>, key: &str, v: Value) {
     }
 }
 
-/// Applies Kubernetes' defaults for the kind of `res` to `obj`.
+/// Applies Kubernetes' defaults for the kind of `res` to `obj`: the kind's
+/// rules, then the zero status Go would serialize for it.
 pub fn apply_defaults(res: &ResourceInfo, obj_v: &mut Value) {
-    match (res.group, res.kind) {
-        ("", "Pod") => {
-            if let Some(spec) = obj_v.get_mut("spec") {
-                pod_spec(spec);
-                requests_from_limits(spec);
-            }
-            pod_status(obj_v);
-        }
-        ("", "PodTemplate") => template(obj_v.get_mut("template")),
-        ("", "ReplicationController") => {
-            if let Some(spec) = obj(obj_v, "spec") {
-                set_default(spec, "replicas", json!(1));
-            }
-            template(obj_v.pointer_mut("/spec/template"));
-        }
-        ("apps", "Deployment") => {
-            if let Some(spec) = obj(obj_v, "spec") {
-                set_default(spec, "replicas", json!(1));
-                set_default(spec, "revisionHistoryLimit", json!(10));
-                set_default(spec, "progressDeadlineSeconds", json!(600));
-                let strategy = spec.entry("strategy").or_insert_with(|| json!({}));
-                if let Some(s) = strategy.as_object_mut() {
-                    set_default(s, "type", json!("RollingUpdate"));
-                    if s.get("type") == Some(&json!("RollingUpdate")) {
-                        let ru = s.entry("rollingUpdate").or_insert_with(|| json!({}));
-                        if let Some(ru) = ru.as_object_mut() {
-                            set_default(ru, "maxUnavailable", json!("25%"));
-                            set_default(ru, "maxSurge", json!("25%"));
-                        }
-                    }
-                }
-            }
-            template(obj_v.pointer_mut("/spec/template"));
-        }
-        ("apps", "ReplicaSet") => {
-            if let Some(spec) = obj(obj_v, "spec") {
-                set_default(spec, "replicas", json!(1));
-            }
-            template(obj_v.pointer_mut("/spec/template"));
-        }
-        ("apps", "StatefulSet") => {
-            if let Some(spec) = obj(obj_v, "spec") {
-                set_default(spec, "replicas", json!(1));
-                set_default(spec, "podManagementPolicy", json!("OrderedReady"));
-                set_default(spec, "revisionHistoryLimit", json!(10));
-                set_default(
-                    spec,
-                    "updateStrategy",
-                    json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}),
-                );
-                set_default(
-                    spec,
-                    "persistentVolumeClaimRetentionPolicy",
-                    json!({"whenDeleted": "Retain", "whenScaled": "Retain"}),
-                );
-            }
-            template(obj_v.pointer_mut("/spec/template"));
-        }
-        ("apps", "DaemonSet") => {
-            if let Some(spec) = obj(obj_v, "spec") {
-                set_default(spec, "revisionHistoryLimit", json!(10));
-                set_default(
-                    spec,
-                    "updateStrategy",
-                    json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}),
-                );
-            }
-            template(obj_v.pointer_mut("/spec/template"));
-        }
-        ("batch", "Job") => {
-            job_spec(obj_v.get_mut("spec"));
-        }
-        ("batch", "CronJob") => {
-            if let Some(spec) = obj(obj_v, "spec") {
-                set_default(spec, "concurrencyPolicy", json!("Allow"));
-                set_default(spec, "suspend", json!(false));
-                set_default(spec, "successfulJobsHistoryLimit", json!(3));
-                set_default(spec, "failedJobsHistoryLimit", json!(1));
-            }
-            job_spec(obj_v.pointer_mut("/spec/jobTemplate/spec"));
-        }
-        ("", "Service") => {
-            if let Some(spec) = obj(obj_v, "spec") {
-                set_default(spec, "type", json!("ClusterIP"));
-                set_default(spec, "sessionAffinity", json!("None"));
-                let ty = spec
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                if ty != "ExternalName" {
-                    set_default(spec, "ipFamilies", json!(["IPv4"]));
-                    set_default(spec, "ipFamilyPolicy", json!("SingleStack"));
-                    set_default(spec, "internalTrafficPolicy", json!("Cluster"));
-                }
-                if ty == "NodePort" || ty == "LoadBalancer" {
-                    set_default(spec, "externalTrafficPolicy", json!("Cluster"));
-                }
-                if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
-                    for p in ports.iter_mut().filter_map(Value::as_object_mut) {
-                        set_default(p, "protocol", json!("TCP"));
-                        if let Some(port) = p.get("port").cloned() {
-                            set_default(p, "targetPort", port);
-                        }
-                    }
-                }
-            }
-        }
-        ("", "Secret") => {
-            if let Some(m) = obj_v.as_object_mut() {
-                set_default(m, "type", json!("Opaque"));
-                string_data_into_data(m);
-            }
-        }
-        ("", "Namespace") => {
-            if let Some(spec) = obj(obj_v, "spec") {
-                set_default(spec, "finalizers", json!(["kubernetes"]));
-            }
-            if let Some(status) = obj(obj_v, "status") {
-                set_default(status, "phase", json!("Active"));
-            }
-        }
-        ("", "PersistentVolumeClaim") => {
-            if let Some(spec) = obj(obj_v, "spec") {
-                set_default(spec, "volumeMode", json!("Filesystem"));
-            }
-            if let Some(status) = obj(obj_v, "status") {
-                set_default(status, "phase", json!("Pending"));
-            }
-        }
-        ("", "PersistentVolume") => {
-            if let Some(spec) = obj(obj_v, "spec") {
-                set_default(spec, "volumeMode", json!("Filesystem"));
-                set_default(spec, "persistentVolumeReclaimPolicy", json!("Retain"));
-            }
-            if let Some(status) = obj(obj_v, "status") {
-                set_default(status, "phase", json!("Pending"));
-            }
-        }
-        ("", "LimitRange") => {
-            if let Some(items) = obj_v
-                .pointer_mut("/spec/limits")
-                .and_then(Value::as_array_mut)
-            {
-                items
-                    .iter_mut()
-                    .for_each(crate::admission::limit_range_item_defaults);
-            }
-        }
-        ("scheduling.k8s.io", "PriorityClass") => {
-            if let Some(m) = obj_v.as_object_mut() {
-                set_default(m, "preemptionPolicy", json!("PreemptLowerPriority"));
-            }
-        }
-        _ => {}
+    res.rules.defaults(obj_v);
+    if let Some(zero) = res.rules.initial_status() {
+        initial_status(zero, obj_v);
     }
-    initial_status(res, obj_v);
 }
 
 /// `stringData` is write-only: Kubernetes merges it into `data` (base64,
 /// its keys winning over `data`'s) when it decodes a Secret, so it is never
 /// stored and never returned.
-fn string_data_into_data(secret: &mut Map<String, Value>) {
+pub(crate) fn string_data_into_data(secret: &mut Map<String, Value>) {
     use base64::Engine;
     let Some(string_data) = secret.remove("stringData") else {
         return;
@@ -221,26 +69,7 @@ fn string_data_into_data(secret: &mut Map<String, Value>) {
 /// as zero values, so a new Service shows `status: {loadBalancer: {}}`, a
 /// ReplicaSet `status: {replicas: 0}` and a Deployment `status: {}`.
 /// Missing parts are filled in on every write, never overwriting a value.
-fn initial_status(res: &ResourceInfo, obj_v: &mut Value) {
-    let zero = match (res.group, res.kind) {
-        ("", "Service") => json!({"loadBalancer": {}}),
-        ("", "ReplicationController") | ("apps", "ReplicaSet") => json!({"replicas": 0}),
-        ("apps", "StatefulSet") => json!({"replicas": 0, "availableReplicas": 0}),
-        ("apps", "DaemonSet") => json!({
-            "currentNumberScheduled": 0,
-            "numberMisscheduled": 0,
-            "desiredNumberScheduled": 0,
-            "numberReady": 0,
-        }),
-        ("policy", "PodDisruptionBudget") => json!({
-            "disruptionsAllowed": 0,
-            "currentHealthy": 0,
-            "desiredHealthy": 0,
-            "expectedPods": 0,
-        }),
-        ("apps", "Deployment") | ("batch", "Job" | "CronJob") | ("", "ResourceQuota") => json!({}),
-        _ => return,
-    };
+fn initial_status(zero: Value, obj_v: &mut Value) {
     let Some(status) = obj(obj_v, "status") else {
         return;
     };
@@ -253,7 +82,7 @@ fn initial_status(res: &ResourceInfo, obj_v: &mut Value) {
 
 /// A pod's containers with a limit but no request for a resource request
 /// their limit (pods only, not templates).
-fn requests_from_limits(spec: &mut Value) {
+pub(crate) fn requests_from_limits(spec: &mut Value) {
     for list in ["containers", "initContainers"] {
         let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) else {
             continue;
@@ -282,13 +111,13 @@ fn requests_from_limits(spec: &mut Value) {
     }
 }
 
-fn template(t: Option<&mut Value>) {
+pub(crate) fn template(t: Option<&mut Value>) {
     if let Some(spec) = t.and_then(|t| t.get_mut("spec")) {
         pod_spec(spec);
     }
 }
 
-fn job_spec(spec: Option<&mut Value>) {
+pub(crate) fn job_spec(spec: Option<&mut Value>) {
     let Some(spec_v) = spec else { return };
     if let Some(spec) = spec_v.as_object_mut() {
         // Neither set: one pod, run once. Only parallelism unset: one at a time.
@@ -417,7 +246,7 @@ pub fn qos_class(spec: &Value) -> &'static str {
     }
 }
 
-fn pod_status(pod: &mut Value) {
+pub(crate) fn pod_status(pod: &mut Value) {
     let qos = pod.get("spec").map(qos_class).unwrap_or("BestEffort");
     if let Some(status) = obj(pod, "status") {
         set_default(status, "phase", json!("Pending"));

@@ -12,51 +12,12 @@ use crate::resources::ResourceInfo;
 use crate::ApiError;
 
 /// The per-kind fields (beyond `metadata.name` and `metadata.namespace`) that
-/// field selectors may use.
+/// field selectors may use: the kind's rules say.
 pub fn index_fields(res: &ResourceInfo) -> &'static [&'static str] {
-    match (res.group, res.kind) {
-        ("", "Pod") => &[
-            "spec.nodeName",
-            "spec.restartPolicy",
-            "spec.schedulerName",
-            "spec.serviceAccountName",
-            "spec.hostNetwork",
-            "status.phase",
-            "status.podIP",
-            "status.nominatedNodeName",
-        ],
-        ("", "Node") => &["spec.unschedulable"],
-        ("", "Namespace") => &["status.phase"],
-        ("", "Secret") => &["type"],
-        ("", "Event") => &[
-            "involvedObject.kind",
-            "involvedObject.namespace",
-            "involvedObject.name",
-            "involvedObject.uid",
-            "involvedObject.apiVersion",
-            "involvedObject.resourceVersion",
-            "involvedObject.fieldPath",
-            "reason",
-            "reportingComponent",
-            "source",
-            "type",
-        ],
-        ("events.k8s.io", "Event") => &[
-            "regarding.kind",
-            "regarding.namespace",
-            "regarding.name",
-            "reason",
-            "type",
-        ],
-        ("", "ReplicationController") | ("apps", "ReplicaSet") => &["status.replicas"],
-        ("batch", "Job") => &["status.successful"],
-        ("", "Service") => &["spec.clusterIP", "spec.type"],
-        ("", "PersistentVolumeClaim") => &["spec.volumeName"],
-        _ => &[],
-    }
+    res.rules.selectable_fields()
 }
 
-fn scalar(v: Option<&Value>) -> Option<String> {
+pub(crate) fn scalar(v: Option<&Value>) -> Option<String> {
     match v? {
         Value::String(s) => Some(s.clone()),
         Value::Bool(b) => Some(b.to_string()),
@@ -76,12 +37,10 @@ pub fn field_value(res: &ResourceInfo, obj: &Value, field: &str) -> Option<Strin
         "status.replicas" | "status.successful" => {
             Some(scalar(obj.pointer(&ptr)).unwrap_or_else(|| "0".into()))
         }
-        "source" if res.kind == "Event" && res.group.is_empty() => {
-            Some(scalar(obj.pointer("/source/component")).unwrap_or_default())
-        }
-        _ if index_fields(res).contains(&field) => {
-            Some(scalar(obj.pointer(&ptr)).unwrap_or_default())
-        }
+        _ if index_fields(res).contains(&field) => res
+            .rules
+            .field_value(obj, field)
+            .or_else(|| Some(scalar(obj.pointer(&ptr)).unwrap_or_default())),
         _ => None,
     }
 }

@@ -16,6 +16,7 @@ pub mod defaults;
 pub mod discovery;
 pub mod error;
 pub mod fields;
+pub mod kinds;
 pub mod meta;
 pub mod openapi;
 pub mod openapi_pb;

@@ -3,6 +3,7 @@
 
 use serde_json::{json, Value};
 
+use crate::kinds::NameRule;
 use crate::resources::ResourceInfo;
 use crate::Cause;
 
@@ -47,11 +48,9 @@ pub fn with_generated_name(prefix: &str, random: u64) -> String {
 
 /// How a kind's names are checked.
 fn name_rule(res: &ResourceInfo) -> fn(&str) -> Option<String> {
-    match res.kind {
-        "Namespace" | "Service" => {
-            |n| (!is_dns1123_label(n)).then(|| DNS1123_LABEL_MSG.to_string())
-        }
-        "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding" => |n| {
+    match res.rules.name_rule() {
+        NameRule::Label => |n| (!is_dns1123_label(n)).then(|| DNS1123_LABEL_MSG.to_string()),
+        NameRule::PathSegment => |n| {
             if n == "." || n == ".." {
                 Some(format!("may not be '{n}'"))
             } else if n.contains('/') || n.contains('%') {
@@ -60,7 +59,9 @@ fn name_rule(res: &ResourceInfo) -> fn(&str) -> Option<String> {
                 None
             }
         },
-        _ => |n| (!is_dns1123_subdomain(n)).then(|| DNS1123_SUBDOMAIN_MSG.to_string()),
+        NameRule::Subdomain => {
+            |n| (!is_dns1123_subdomain(n)).then(|| DNS1123_SUBDOMAIN_MSG.to_string())
+        }
     }
 }
 

@@ -1,8 +1,14 @@
 //! The built-in resource kinds skiff serves: names, scope, short names,
-//! categories and subresources, as discovery and the registry need them.
+//! categories and subresources, as discovery and the registry need them,
+//! each bound to its kind's rules.
 
-/// What the API knows about one resource (a Kubernetes `APIResource` plus storage).
-#[derive(Debug, Clone, PartialEq, Eq)]
+use std::fmt;
+
+use crate::kinds::{self, KindRules};
+
+/// What the API knows about one resource (a Kubernetes `APIResource` plus
+/// storage), and the kind's rules.
+#[derive(Clone)]
 pub struct ResourceInfo {
     /// API group; `""` is the core (legacy) group served under `/api`.
     pub group: &'static str,
@@ -19,7 +25,30 @@ pub struct ResourceInfo {
     /// Resources served at several versions share one storage; this names it
     /// (group/plural of the stored form).
     pub storage: &'static str,
+    /// Everything pure about the kind: defaults, validation, fields, printer,
+    /// quota, flags (`crate::kinds`).
+    pub rules: &'static dyn KindRules,
 }
+
+impl fmt::Debug for ResourceInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResourceInfo")
+            .field("group", &self.group)
+            .field("version", &self.version)
+            .field("plural", &self.plural)
+            .field("rules", &self.rules.kind())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Two resources are the same when they are served at the same place.
+impl PartialEq for ResourceInfo {
+    fn eq(&self, other: &Self) -> bool {
+        (self.group, self.version, self.plural) == (other.group, other.version, other.plural)
+    }
+}
+
+impl Eq for ResourceInfo {}
 
 impl ResourceInfo {
     /// `apps/v1`, or `v1` for the core group.
@@ -64,26 +93,7 @@ impl ResourceInfo {
     /// registries for these kinds set `ReturnDeletedObject`, and typed
     /// clients decode the answer as the kind.
     pub fn returns_deleted_object(&self) -> bool {
-        matches!(
-            (self.group, self.kind),
-            (
-                "",
-                "Pod"
-                    | "Service"
-                    | "ServiceAccount"
-                    | "PodTemplate"
-                    | "ResourceQuota"
-                    | "PersistentVolume"
-                    | "PersistentVolumeClaim"
-            ) | (
-                "storage.k8s.io",
-                "StorageClass"
-                    | "CSIDriver"
-                    | "CSINode"
-                    | "VolumeAttachment"
-                    | "VolumeAttributesClass"
-            )
-        )
+        self.rules.returns_deleted_object()
     }
 
     pub fn has_subresource(&self, sub: &str) -> bool {
@@ -92,7 +102,7 @@ impl ResourceInfo {
 }
 
 macro_rules! res {
-    ($group:expr, $version:expr, $kind:expr, $plural:expr, $singular:expr, $ns:expr, [$($short:expr),*], [$($cat:expr),*], [$($sub:expr),*]) => {
+    ($group:expr, $version:expr, $kind:expr, $plural:expr, $singular:expr, $ns:expr, [$($short:expr),*], [$($cat:expr),*], [$($sub:expr),*], $rules:expr) => {
         ResourceInfo {
             group: $group,
             version: $version,
@@ -104,13 +114,14 @@ macro_rules! res {
             categories: &[$($cat),*],
             subresources: &[$($sub),*],
             storage: concat!($group, "/", $plural),
+            rules: $rules,
         }
     };
     // A version served from another resource's storage.
-    ($group:expr, $version:expr, $kind:expr, $plural:expr, $singular:expr, $ns:expr, [$($short:expr),*], [$($cat:expr),*], [$($sub:expr),*], stored_as $storage:expr) => {
+    ($group:expr, $version:expr, $kind:expr, $plural:expr, $singular:expr, $ns:expr, [$($short:expr),*], [$($cat:expr),*], [$($sub:expr),*], $rules:expr, stored_as $storage:expr) => {
         ResourceInfo {
             storage: $storage,
-            ..res!($group, $version, $kind, $plural, $singular, $ns, [$($short),*], [$($cat),*], [$($sub),*])
+            ..res!($group, $version, $kind, $plural, $singular, $ns, [$($short),*], [$($cat),*], [$($sub),*], $rules)
         }
     };
 }
@@ -127,7 +138,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         ["ns"],
         [],
-        ["status", "finalize"]
+        ["status", "finalize"],
+        &kinds::namespace::Namespace
     ),
     res!(
         "",
@@ -149,7 +161,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
             "proxy",
             "ephemeralcontainers",
             "resize"
-        ]
+        ],
+        &kinds::pod::Pod
     ),
     res!(
         "",
@@ -160,7 +173,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         ["no"],
         [],
-        ["status", "proxy"]
+        ["status", "proxy"],
+        &kinds::node::Node
     ),
     res!(
         "",
@@ -171,7 +185,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["svc"],
         ["all"],
-        ["status", "proxy"]
+        ["status", "proxy"],
+        &kinds::service::Service
     ),
     res!(
         "",
@@ -182,7 +197,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["ep"],
         [],
-        []
+        [],
+        &kinds::network::Endpoints
     ),
     res!(
         "",
@@ -193,9 +209,21 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["cm"],
         [],
-        []
+        [],
+        &kinds::config::ConfigMap
     ),
-    res!("", "v1", "Secret", "secrets", "secret", true, [], [], []),
+    res!(
+        "",
+        "v1",
+        "Secret",
+        "secrets",
+        "secret",
+        true,
+        [],
+        [],
+        [],
+        &kinds::config::Secret
+    ),
     res!(
         "",
         "v1",
@@ -205,9 +233,21 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["sa"],
         [],
-        ["token"]
+        ["token"],
+        &kinds::config::ServiceAccount
     ),
-    res!("", "v1", "Event", "events", "event", true, ["ev"], [], []),
+    res!(
+        "",
+        "v1",
+        "Event",
+        "events",
+        "event",
+        true,
+        ["ev"],
+        [],
+        [],
+        &kinds::event::CoreEvent
+    ),
     res!(
         "",
         "v1",
@@ -217,7 +257,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         [],
         [],
-        []
+        [],
+        &kinds::workloads::PodTemplate
     ),
     res!(
         "",
@@ -228,7 +269,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["rc"],
         ["all"],
-        ["status", "scale"]
+        ["status", "scale"],
+        &kinds::workloads::ReplicationController
     ),
     res!(
         "",
@@ -239,7 +281,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["quota"],
         [],
-        ["status"]
+        ["status"],
+        &kinds::policy::ResourceQuota
     ),
     res!(
         "",
@@ -250,7 +293,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["limits"],
         [],
-        []
+        [],
+        &kinds::policy::LimitRange
     ),
     res!(
         "",
@@ -261,7 +305,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         ["pv"],
         [],
-        ["status"]
+        ["status"],
+        &kinds::storage::PersistentVolume
     ),
     res!(
         "",
@@ -272,7 +317,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["pvc"],
         [],
-        ["status"]
+        ["status"],
+        &kinds::storage::PersistentVolumeClaim
     ),
     // apps/v1
     res!(
@@ -284,7 +330,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["deploy"],
         ["all"],
-        ["status", "scale"]
+        ["status", "scale"],
+        &kinds::workloads::Deployment
     ),
     res!(
         "apps",
@@ -295,7 +342,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["rs"],
         ["all"],
-        ["status", "scale"]
+        ["status", "scale"],
+        &kinds::workloads::ReplicaSet
     ),
     res!(
         "apps",
@@ -306,7 +354,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["sts"],
         ["all"],
-        ["status", "scale"]
+        ["status", "scale"],
+        &kinds::workloads::StatefulSet
     ),
     res!(
         "apps",
@@ -317,7 +366,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["ds"],
         ["all"],
-        ["status"]
+        ["status"],
+        &kinds::workloads::DaemonSet
     ),
     res!(
         "apps",
@@ -328,7 +378,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         [],
         [],
-        []
+        [],
+        &kinds::plain::PlainGenerational
     ),
     // batch/v1
     res!(
@@ -340,7 +391,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         [],
         ["all"],
-        ["status"]
+        ["status"],
+        &kinds::batch::Job
     ),
     res!(
         "batch",
@@ -351,7 +403,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["cj"],
         ["all"],
-        ["status"]
+        ["status"],
+        &kinds::batch::CronJob
     ),
     // autoscaling (v2 is the stored form; v1 is served from the same storage)
     res!(
@@ -363,7 +416,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["hpa"],
         ["all"],
-        ["status"]
+        ["status"],
+        &kinds::plain::PlainGenerational
     ),
     res!(
         "autoscaling",
@@ -374,7 +428,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["hpa"],
         ["all"],
-        ["status"]
+        ["status"],
+        &kinds::plain::PlainGenerational
     ),
     // certificates.k8s.io/v1
     res!(
@@ -386,7 +441,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         ["csr"],
         [],
-        ["approval", "status"]
+        ["approval", "status"],
+        &kinds::PLAIN
     ),
     // coordination.k8s.io/v1
     res!(
@@ -398,7 +454,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         [],
         [],
-        []
+        [],
+        &kinds::lease::Lease
     ),
     // discovery.k8s.io/v1
     res!(
@@ -410,7 +467,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         [],
         [],
-        []
+        [],
+        &kinds::network::EndpointSlice
     ),
     // events.k8s.io/v1 (stored as core/v1 Events, as Kubernetes does)
     res!(
@@ -422,8 +480,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["ev"],
         [],
-        [],
-        stored_as "/events"
+        [], &kinds::event::EventsEvent, stored_as "/events"
     ),
     // policy/v1
     res!(
@@ -435,7 +492,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["pdb"],
         [],
-        ["status"]
+        ["status"],
+        &kinds::policy::PodDisruptionBudget
     ),
     // networking.k8s.io/v1 (enforced by the agents' service proxy)
     res!(
@@ -447,7 +505,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         ["netpol"],
         [],
-        []
+        [],
+        &kinds::PLAIN
     ),
     // scheduling.k8s.io/v1
     res!(
@@ -459,7 +518,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         ["pc"],
         [],
-        []
+        [],
+        &kinds::policy::PriorityClass
     ),
     // rbac.authorization.k8s.io/v1
     res!(
@@ -471,7 +531,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         [],
         [],
-        []
+        [],
+        &kinds::rbac::Role("Role")
     ),
     res!(
         "rbac.authorization.k8s.io",
@@ -482,7 +543,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         [],
         [],
-        []
+        [],
+        &kinds::rbac::RoleBinding("RoleBinding")
     ),
     res!(
         "rbac.authorization.k8s.io",
@@ -493,7 +555,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         [],
         [],
-        []
+        [],
+        &kinds::rbac::Role("ClusterRole")
     ),
     res!(
         "rbac.authorization.k8s.io",
@@ -504,7 +567,20 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         [],
         [],
-        []
+        [],
+        &kinds::rbac::RoleBinding("ClusterRoleBinding")
+    ),
+    res!(
+        "networking.k8s.io",
+        "v1",
+        "IngressClass",
+        "ingressclasses",
+        "ingressclass",
+        false,
+        [],
+        [],
+        [],
+        &kinds::ingress_class::IngressClass
     ),
     // authentication.k8s.io/v1 and authorization.k8s.io/v1 (reviews, not stored)
     res!(
@@ -516,7 +592,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         [],
         [],
-        []
+        [],
+        &kinds::PLAIN
     ),
     res!(
         "authentication.k8s.io",
@@ -527,7 +604,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         [],
         [],
-        []
+        [],
+        &kinds::PLAIN
     ),
     res!(
         "authorization.k8s.io",
@@ -538,7 +616,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         true,
         [],
         [],
-        []
+        [],
+        &kinds::PLAIN
     ),
     res!(
         "authorization.k8s.io",
@@ -549,7 +628,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         [],
         [],
-        []
+        [],
+        &kinds::PLAIN
     ),
     res!(
         "authorization.k8s.io",
@@ -560,7 +640,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         [],
         [],
-        []
+        [],
+        &kinds::PLAIN
     ),
     res!(
         "authorization.k8s.io",
@@ -571,7 +652,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         [],
         [],
-        []
+        [],
+        &kinds::PLAIN
     ),
     // storage.k8s.io/v1
     res!(
@@ -583,7 +665,8 @@ pub static RESOURCES: &[ResourceInfo] = &[
         false,
         ["sc"],
         [],
-        []
+        [],
+        &kinds::plain::ReturnsDeleted("StorageClass")
     ),
 ];
 

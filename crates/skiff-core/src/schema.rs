@@ -90,6 +90,8 @@ static SCHEMAS: LazyLock<Schemas> = LazyLock::new(|| {
         ("policy", "v1", "PodDisruptionBudget", policy::v1::PodDisruptionBudget),
         ("policy", "v1", "Eviction", policy::v1::Eviction),
         ("scheduling.k8s.io", "v1", "PriorityClass", scheduling::v1::PriorityClass),
+        ("networking.k8s.io", "v1", "IngressClass", networking::v1::IngressClass),
+        ("networking.k8s.io", "v1", "NetworkPolicy", networking::v1::NetworkPolicy),
         ("rbac.authorization.k8s.io", "v1", "Role", rbac::v1::Role),
         ("rbac.authorization.k8s.io", "v1", "RoleBinding", rbac::v1::RoleBinding),
         ("rbac.authorization.k8s.io", "v1", "ClusterRole", rbac::v1::ClusterRole),

@@ -72,7 +72,7 @@ pub fn parse_quantity(s: &str) -> Result<Quantity, String> {
 /// Validates an object about to be created.
 pub fn validate_create(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
     let mut c = validate_object_meta(res, obj, true);
-    c.extend(validate_kind(res, obj));
+    c.extend(res.rules.validate(obj));
     c
 }
 
@@ -80,148 +80,12 @@ pub fn validate_create(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
 pub fn validate_update(res: &ResourceInfo, new: &Value, old: &Value) -> Vec<Cause> {
     let mut c = validate_object_meta(res, new, false);
     c.extend(validate_object_meta_update(new, old));
-    c.extend(validate_kind(res, new));
-    match (res.group, res.kind) {
-        ("", "Pod") => c.extend(pod_update(new, old)),
-        ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet")
-            if new.pointer("/spec/selector") != old.pointer("/spec/selector") =>
-        {
-            c.push(Cause::invalid(
-                "spec.selector",
-                new.pointer("/spec/selector").unwrap_or(&Value::Null),
-                "field is immutable",
-            ));
-        }
-        ("", "Service") => {
-            let old_ip = old
-                .pointer("/spec/clusterIP")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let new_ip = new
-                .pointer("/spec/clusterIP")
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            let old_ty = old
-                .pointer("/spec/type")
-                .and_then(Value::as_str)
-                .unwrap_or("ClusterIP");
-            let new_ty = new
-                .pointer("/spec/type")
-                .and_then(Value::as_str)
-                .unwrap_or("ClusterIP");
-            if !old_ip.is_empty()
-                && old_ip != new_ip
-                && old_ty != "ExternalName"
-                && new_ty != "ExternalName"
-            {
-                c.push(Cause::invalid(
-                    "spec.clusterIPs[0]",
-                    &json!(new_ip),
-                    "may not change once set",
-                ));
-            }
-        }
-        _ => {}
-    }
+    c.extend(res.rules.validate(new));
+    c.extend(res.rules.validate_update(new, old));
     c
 }
 
-fn validate_kind(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
-    let mut c = Vec::new();
-    match (res.group, res.kind) {
-        ("", "Pod") => {
-            if let Some(spec) = obj.get("spec") {
-                pod_spec(spec, "spec", &[], &mut c);
-            } else {
-                c.push(Cause::required("spec.containers"));
-            }
-        }
-        ("", "PodTemplate") => template(obj.get("template"), "template", None, &[], &mut c),
-        ("", "ReplicationController") => {
-            replicas(obj, &mut c);
-            let sel = obj.pointer("/spec/selector").cloned();
-            let ls = sel.as_ref().and_then(|s| {
-                LabelSelector::from_label_selector_json(&json!({"matchLabels": s})).ok()
-            });
-            template(
-                obj.pointer("/spec/template"),
-                "spec.template",
-                ls.as_ref(),
-                &[],
-                &mut c,
-            );
-        }
-        ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet") => {
-            if res.kind != "DaemonSet" {
-                replicas(obj, &mut c);
-            }
-            let sel = obj.pointer("/spec/selector");
-            let ls = match sel {
-                None | Some(Value::Null) => {
-                    c.push(Cause::required("spec.selector"));
-                    None
-                }
-                Some(s) => match LabelSelector::from_label_selector_json(s) {
-                    Ok(ls) if ls.is_empty() => {
-                        c.push(Cause::invalid(
-                            "spec.selector",
-                            s,
-                            "empty selector is invalid for deployment",
-                        ));
-                        None
-                    }
-                    Ok(ls) => Some(ls),
-                    Err(e) => {
-                        c.push(Cause::invalid("spec.selector", s, &e));
-                        None
-                    }
-                },
-            };
-            let claims: Vec<String> = obj
-                .pointer("/spec/volumeClaimTemplates")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(|t| t.pointer("/metadata/name").and_then(Value::as_str))
-                .map(str::to_string)
-                .collect();
-            template(
-                obj.pointer("/spec/template"),
-                "spec.template",
-                ls.as_ref(),
-                &claims,
-                &mut c,
-            );
-        }
-        ("batch", "Job") => job_spec(obj.get("spec"), "spec", &mut c),
-        ("batch", "CronJob") => {
-            match obj.pointer("/spec/schedule").and_then(Value::as_str) {
-                None | Some("") => c.push(Cause::required("spec.schedule")),
-                Some(s) => {
-                    if !cron_ok(s) {
-                        c.push(Cause::invalid(
-                            "spec.schedule",
-                            &json!(s),
-                            "invalid schedule format",
-                        ));
-                    }
-                }
-            }
-            job_spec(
-                obj.pointer("/spec/jobTemplate/spec"),
-                "spec.jobTemplate.spec",
-                &mut c,
-            );
-        }
-        ("", "Service") => service(obj, &mut c),
-        ("", "ConfigMap") => data_keys(obj, false, &mut c),
-        ("", "Secret") => data_keys(obj, true, &mut c),
-        _ => {}
-    }
-    c
-}
-
-fn replicas(obj: &Value, c: &mut Vec<Cause>) {
+pub(crate) fn replicas(obj: &Value, c: &mut Vec<Cause>) {
     if let Some(r) = obj.pointer("/spec/replicas") {
         if r.as_i64().map(|n| n < 0).unwrap_or(false) {
             c.push(Cause::invalid(
@@ -233,7 +97,7 @@ fn replicas(obj: &Value, c: &mut Vec<Cause>) {
     }
 }
 
-fn template(
+pub(crate) fn template(
     t: Option<&Value>,
     path: &str,
     selector: Option<&LabelSelector>,
@@ -264,7 +128,7 @@ fn template(
     }
 }
 
-fn job_spec(spec: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
+pub(crate) fn job_spec(spec: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
     let Some(spec) = spec else { return };
     if let Some(t) = spec.get("template") {
         let rp = t
@@ -304,7 +168,7 @@ fn job_spec(spec: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
 /// A pod spec. `claim_volumes` are the names a StatefulSet's
 /// volumeClaimTemplates add to its pods' volumes, which containers may
 /// mount like any other volume.
-fn pod_spec(spec: &Value, path: &str, claim_volumes: &[String], c: &mut Vec<Cause>) {
+pub(crate) fn pod_spec(spec: &Value, path: &str, claim_volumes: &[String], c: &mut Vec<Cause>) {
     let volumes: Vec<String> = spec
         .get("volumes")
         .and_then(Value::as_array)
@@ -427,7 +291,7 @@ fn pod_spec(spec: &Value, path: &str, claim_volumes: &[String], c: &mut Vec<Caus
     }
 }
 
-fn resources(r: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
+pub(crate) fn resources(r: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
     let Some(r) = r else { return };
     let mut parsed = std::collections::HashMap::new();
     for part in ["limits", "requests"] {
@@ -477,7 +341,7 @@ fn resources(r: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
     }
 }
 
-fn pod_update(new: &Value, old: &Value) -> Vec<Cause> {
+pub(crate) fn pod_update(new: &Value, old: &Value) -> Vec<Cause> {
     // Only images, activeDeadlineSeconds, tolerations (additions) and
     // terminationGracePeriodSeconds may change in a pod's spec.
     let mut a = new.get("spec").cloned().unwrap_or(json!({}));
@@ -517,7 +381,7 @@ fn pod_update(new: &Value, old: &Value) -> Vec<Cause> {
     c
 }
 
-fn service(obj: &Value, c: &mut Vec<Cause>) {
+pub(crate) fn service(obj: &Value, c: &mut Vec<Cause>) {
     let spec = obj.get("spec").cloned().unwrap_or(json!({}));
     let ty = spec
         .get("type")
@@ -581,7 +445,7 @@ fn service(obj: &Value, c: &mut Vec<Cause>) {
 /// The most a ConfigMap's or Secret's data may hold (`MaxSecretSize`).
 pub const MAX_DATA_SIZE: usize = 1024 * 1024;
 
-fn data_keys(obj: &Value, secret: bool, c: &mut Vec<Cause>) {
+pub(crate) fn data_keys(obj: &Value, secret: bool, c: &mut Vec<Cause>) {
     use base64::Engine;
     let mut total = 0usize;
     for field in ["data", "binaryData", "stringData"] {
@@ -620,7 +484,7 @@ fn data_keys(obj: &Value, secret: bool, c: &mut Vec<Cause>) {
     }
 }
 
-fn cron_ok(s: &str) -> bool {
+pub(crate) fn cron_ok(s: &str) -> bool {
     let s = s.trim();
     if s.starts_with('@') {
         return matches!(

@@ -316,6 +316,130 @@ fn two_servers_elect_one_scheduler_and_controller_manager() {
     drop(nodes);
 }
 
+/// `count` Services named `<prefix>-<i>` as one List for `kubectl create -f -`.
+fn services_list(prefix: &str, count: usize) -> String {
+    let items: Vec<serde_json::Value> = (0..count)
+        .map(|i| {
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": format!("{prefix}-{i}"), "namespace": "default"},
+                "spec": {"ports": [{"port": 80}]},
+            })
+        })
+        .collect();
+    serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+}
+
+/// Two servers on one etcd allocating ClusterIPs at the same time, from a
+/// range small enough that independent choices would collide: every
+/// Service gets an address of its own (the allocations are one bitmap in
+/// etcd, written under optimistic concurrency).
+#[test]
+fn two_servers_allocating_at_once_never_hand_out_the_same_cluster_ip() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let etcd = rt.block_on(EtcdServer::start());
+    let url = etcd.endpoint();
+    // 32 addresses: the network address and .1 (the `kubernetes` Service)
+    // are never picked, kube-dns holds .10, which leaves 29 for 26 Services.
+    let flags = [
+        "--etcd-servers",
+        url.as_str(),
+        "--service-cidr",
+        "10.96.0.0/27",
+        NO_LOOPS[0],
+        NO_LOOPS[1],
+    ];
+    let a = Server::start_with(&flags);
+    let b = Server::start_with_pki_of(&a, &flags);
+    let (from_a, from_b) = (services_list("a", 13), services_list("b", 13));
+    let (out_a, out_b) = std::thread::scope(|s| {
+        let ta = s.spawn(|| a.kubectl_stdin(&["create", "-f", "-"], &from_a));
+        let tb = s.spawn(|| b.kubectl_stdin(&["create", "-f", "-"], &from_b));
+        (ta.join().unwrap(), tb.join().unwrap())
+    });
+    assert!(out_a.status.success(), "{}", text(&out_a.stderr));
+    assert!(out_b.status.success(), "{}", text(&out_b.stderr));
+    let listed = a.ok(&[
+        "get",
+        "services",
+        "-A",
+        "-o",
+        r#"jsonpath={range .items[*]}{.metadata.name}={.spec.clusterIP}{"\n"}{end}"#,
+    ]);
+    let ips: Vec<&str> = listed
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(_, ip)| ip))
+        .collect();
+    // 26 created, plus `kubernetes` and `kube-dns`.
+    assert_eq!(ips.len(), 28, "{listed}");
+    let mut unique = ips.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        ips.len(),
+        "an address handed out twice:\n{listed}"
+    );
+    assert!(ips.iter().all(|ip| ip.starts_with("10.96.0.")), "{listed}");
+    // The allocations are where kube-apiserver keeps them.
+    let keys = etcd_keys(&etcd, "/registry/ranges/");
+    assert!(
+        keys.contains(&"/registry/ranges/serviceips".to_string()),
+        "{keys:?}"
+    );
+}
+
+/// Allocations survive a restart: an address and a NodePort a Service
+/// holds cannot be taken by another Service after the server restarted, and
+/// are free again once the Service is deleted.
+#[test]
+fn a_restart_keeps_cluster_ip_and_node_port_allocations() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let etcd = rt.block_on(EtcdServer::start());
+    let url = etcd.endpoint();
+    let mut s = Server::start_with(&["--etcd-servers", &url, NO_LOOPS[0], NO_LOOPS[1]]);
+    let svc = |name: &str| {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"type": "NodePort", "clusterIP": "10.43.0.50",
+                     "ports": [{"port": 80, "nodePort": 30123}]},
+        })
+        .to_string()
+    };
+    s.ok_stdin(&["create", "-f", "-"], &svc("first"));
+    s.restart();
+    let out = s.kubectl_stdin(&["create", "-f", "-"], &svc("second"));
+    assert!(
+        !out.status.success(),
+        "an allocated address was handed out again"
+    );
+    let err = text(&out.stderr);
+    assert!(err.contains("provided IP is already allocated"), "{err}");
+    // The port alone is taken too.
+    let port_only = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "third", "namespace": "default"},
+        "spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 30123}]},
+    })
+    .to_string();
+    let err = text(&s.kubectl_stdin(&["create", "-f", "-"], &port_only).stderr);
+    assert!(err.contains("provided port is already allocated"), "{err}");
+    // Deleted: both are free again.
+    s.ok(&["delete", "service", "first"]);
+    s.ok_stdin(&["create", "-f", "-"], &svc("second"));
+    assert_eq!(
+        s.ok(&[
+            "get",
+            "service",
+            "second",
+            "-o",
+            "jsonpath={.spec.clusterIP}"
+        ]),
+        "10.43.0.50"
+    );
+}
+
 /// The ports in the `kubernetes` Service's Endpoints, as `s` serves them.
 fn endpoint_ports(s: &Server) -> Vec<u16> {
     let out = s.ok(&[

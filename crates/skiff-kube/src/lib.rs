@@ -7,8 +7,12 @@
 //! not care which transport is under it: in `skiff server` and `skiff up` the
 //! client calls the API server's router directly (still through
 //! authentication, admission and validation), alone they go over HTTPS.
+//! The in-process parts are behind the `in-process` feature, which only the
+//! `skiff` binary and tests enable: the scheduler, controllers and agent do
+//! not link the API server or the store.
 
 pub mod leader;
+#[cfg(feature = "in-process")]
 pub mod testing;
 
 use std::path::Path;
@@ -29,7 +33,8 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
 }
 
 /// A client whose requests go straight into `api`'s router, authenticated as
-/// `system:<component>`.
+/// `system:<component>` (feature `in-process`).
+#[cfg(feature = "in-process")]
 pub fn in_process(api: &skiff_apiserver::ApiServer, component: &str) -> kube::Client {
     kube::Client::new(api.in_process_router(component), "default")
 }

@@ -10,7 +10,7 @@ use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::selector::{selector_string, LabelSelector};
 use skiff_core::{ApiError, ApiResult, Cause};
 
-use crate::object::{self, decode, encode, meta_str};
+use crate::object::{self, decode, meta_str};
 use crate::registry::{DeleteOptions, Registry};
 use crate::watchcache::Filter;
 
@@ -162,67 +162,62 @@ async fn take_disruption(
         if dry_run {
             return Ok(());
         }
-        // Take the disruption, guarded by the budget's revision.
-        let key = object::object_key(pdbs(), Some(ns), &pdb_name);
-        let Some(kv) = reg
-            .store
-            .get(&key)
-            .await
-            .map_err(|e| ApiError::internal(e.to_string()))?
-        else {
-            continue;
-        };
-        let mut current = decode(&kv)?;
-        if current != *pdb {
-            continue;
-        }
-        let now = object::now_rfc3339();
-        let left = allowed - 1;
-        {
-            if !current.get("status").map(Value::is_object).unwrap_or(false) {
-                current["status"] = json!({});
-            }
-            let st = &mut current["status"];
-            st["disruptionsAllowed"] = json!(left);
-            if !st
-                .get("disruptedPods")
-                .map(Value::is_object)
-                .unwrap_or(false)
-            {
-                st["disruptedPods"] = json!({});
-            }
-            st["disruptedPods"][name] = json!(now);
-        }
-        if left == 0 {
-            crate::registry::set_condition(
-                &mut current,
-                "DisruptionAllowed",
-                "False",
-                Some("InsufficientPods"),
-                Some(""),
-            );
-            if let Some(conds) = current
-                .pointer_mut("/status/conditions")
-                .and_then(Value::as_array_mut)
-            {
-                for c in conds.iter_mut() {
-                    if c.get("type").and_then(Value::as_str) == Some("DisruptionAllowed") {
-                        if let Some(m) = c.as_object_mut() {
-                            m.remove("lastProbeTime");
-                            m.insert("observedGeneration".into(), json!(generation));
+        // Take the disruption, guarded by the budget's revision; a budget
+        // that changed since it was listed is looked at again.
+        let listed = pdb;
+        let taken = reg
+            .guaranteed_update(pdbs(), Some(ns), &pdb_name, None, |kv| async move {
+                let Some(kv) = kv else {
+                    return Ok(false);
+                };
+                let mut current = decode(&kv)?;
+                if current != *listed {
+                    return Ok(false);
+                }
+                let now = object::now_rfc3339();
+                let left = allowed - 1;
+                {
+                    if !current.get("status").map(Value::is_object).unwrap_or(false) {
+                        current["status"] = json!({});
+                    }
+                    let st = &mut current["status"];
+                    st["disruptionsAllowed"] = json!(left);
+                    if !st
+                        .get("disruptedPods")
+                        .map(Value::is_object)
+                        .unwrap_or(false)
+                    {
+                        st["disruptedPods"] = json!({});
+                    }
+                    st["disruptedPods"][name] = json!(now);
+                }
+                if left == 0 {
+                    crate::registry::set_condition(
+                        &mut current,
+                        "DisruptionAllowed",
+                        "False",
+                        Some("InsufficientPods"),
+                        Some(""),
+                    );
+                    if let Some(conds) = current
+                        .pointer_mut("/status/conditions")
+                        .and_then(Value::as_array_mut)
+                    {
+                        for c in conds.iter_mut() {
+                            if c.get("type").and_then(Value::as_str) == Some("DisruptionAllowed") {
+                                if let Some(m) = c.as_object_mut() {
+                                    m.remove("lastProbeTime");
+                                    m.insert("observedGeneration".into(), json!(generation));
+                                }
+                            }
                         }
                     }
                 }
-            }
-        }
-        match reg
-            .store
-            .update(&key, encode(&current)?, kv.mod_revision)
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(skiff_store::Error::Conflict { .. }) => continue,
-            Err(e) => return Err(ApiError::internal(e.to_string())),
+                reg.write_at(pdbs(), &kv, &current).await.map(|_| true)
+            })
+            .await?;
+        if taken {
+            return Ok(());
         }
     }
     Err(ApiError::conflict(
