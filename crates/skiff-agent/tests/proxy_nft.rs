@@ -267,3 +267,100 @@ async fn network_policy_chains_are_programmed_whole_and_changed_incrementally() 
     assert!(!t.contains("pol-in/"), "{t}");
     assert!(t.contains("chain policy-forward"), "{t}");
 }
+
+/// The node's own connections to a host-network endpoint (the agent's to the
+/// API server behind `kubernetes`) survive the proxy's first transaction.
+/// In a fresh network namespace that transaction is the first to need
+/// conntrack, so a connection established before it is picked up mid-stream;
+/// were the hairpin masquerade not limited to DNATed connections, the
+/// endpoint's `node . node` pair would NAT it then, and the first bytes the
+/// server sends after would be lost without either side being told (a watch
+/// on it stalls). Runs the check below in its own network namespace.
+#[test]
+fn connections_to_the_nodes_own_address_survive_the_first_transaction() {
+    if !nft_available() {
+        eprintln!("skipping: nft is not usable here (needs root and nftables)");
+        return;
+    }
+    let ns = format!("skiff-test-hp-{}", std::process::id());
+    let ip = |args: &[&str]| {
+        let o = Command::new("ip").args(args).output().expect("ip");
+        assert!(
+            o.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    ip(&["netns", "add", &ns]);
+    struct Ns(String);
+    impl Drop for Ns {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+        }
+    }
+    let _ns = Ns(ns.clone());
+    ip(&["-n", &ns, "link", "set", "lo", "up"]);
+    // A port-less bridge holds the node's address (no dummy driver needed).
+    ip(&["-n", &ns, "link", "add", "node0", "type", "bridge"]);
+    ip(&["-n", &ns, "addr", "add", "198.18.0.1/32", "dev", "node0"]);
+    ip(&["-n", &ns, "link", "set", "node0", "up"]);
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "in_netns_a_connection_to_the_node_outlives_the_first_transaction",
+        ])
+        .env("SKIFF_TEST_IN_NETNS", &ns)
+        .output()
+        .expect("run the check in the namespace");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("1 passed"), "the check did not run: {log}");
+}
+
+#[tokio::test]
+#[ignore = "run by connections_to_the_nodes_own_address_survive_the_first_transaction"]
+async fn in_netns_a_connection_to_the_node_outlives_the_first_transaction() {
+    use std::io::{Read, Write};
+    if std::env::var_os("SKIFF_TEST_IN_NETNS").is_none() {
+        return;
+    }
+    let node: Ipv4Addr = "198.18.0.1".parse().unwrap();
+    let listener = std::net::TcpListener::bind((node, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut client = std::net::TcpStream::connect((node, port)).unwrap();
+    let (mut server, _) = listener.accept().unwrap();
+    for s in [&client, &server] {
+        s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+            .unwrap();
+    }
+    let mut buf = [0u8; 5];
+    client.write_all(b"watch").unwrap();
+    server.read_exact(&mut buf).unwrap();
+
+    let table = Table(format!("skiff-test-{}", std::process::id()));
+    let nft = Nft::new(&table.0);
+    let api = rules::port_rules(&plan("api", "198.18.10.1", &[ep("198.18.0.1", port)]), CIDR);
+    nft.replace_all(&[node], &[&api]).await.unwrap();
+    let t = list(&table.0);
+    assert!(t.contains("198.18.0.1 . 198.18.0.1"), "hairpin pair: {t}");
+
+    // The server speaks first (a watch event), then the client.
+    server.write_all(b"event").unwrap();
+    client
+        .read_exact(&mut buf)
+        .expect("the server's bytes reach the client");
+    assert_eq!(&buf, b"event");
+    client.write_all(b"again").unwrap();
+    server
+        .read_exact(&mut buf)
+        .expect("the client's bytes reach the server");
+    assert_eq!(&buf, b"again");
+}

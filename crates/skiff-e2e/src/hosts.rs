@@ -484,5 +484,21 @@ impl Drop for Hosts {
             let _ = ip(&["link", "del", v]);
         }
         let _ = ip(&["link", "del", &self.bridge]);
+        // A failing test's full logs outlive its temp dir when asked for.
+        if std::thread::panicking() {
+            if let Some(keep) = std::env::var_os("SKIFF_E2E_KEEP_LOGS") {
+                let to = PathBuf::from(keep).join(&self.bridge);
+                let _ = std::fs::create_dir_all(&to);
+                for e in std::fs::read_dir(self.dir.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    if e.path().extension().is_some_and(|x| x == "log") {
+                        let _ = std::fs::copy(e.path(), to.join(e.file_name()));
+                    }
+                }
+            }
+        }
     }
 }

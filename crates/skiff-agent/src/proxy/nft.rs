@@ -441,6 +441,15 @@ pub fn statements(r: &Rule) -> Vec<Statement<'static>> {
         ],
         Rule::HairpinMasquerade => vec![
             matches(
+                Expression::Named(NamedExpression::CT(CT {
+                    key: Cow::Borrowed("status"),
+                    family: None,
+                    dir: None,
+                })),
+                Operator::IN,
+                s("dnat"),
+            ),
+            matches(
                 Expression::Named(NamedExpression::Concat(vec![
                     payload("ip", "saddr"),
                     payload("ip", "daddr"),

@@ -78,8 +78,16 @@ pub enum Rule {
         port: u16,
         cidr: (Ipv4Addr, u8),
     },
-    /// `ip saddr . ip daddr @hairpin masquerade fully-random`: an endpoint
-    /// that reached itself through its service.
+    /// `ct status dnat ip saddr . ip daddr @hairpin masquerade fully-random`:
+    /// an endpoint that reached itself through its service. Only connections
+    /// a service rule DNATed: a host-network endpoint's pair (the node's own
+    /// address twice, e.g. the API server behind `kubernetes`) also matches
+    /// the node's direct connections to itself, and a connection established
+    /// before conntrack ran in this network namespace (the agent's own to the
+    /// API server, when this table is the first to need conntrack) has its
+    /// first tracked packet NATed mid-stream: its source port changes, the
+    /// peer resets it or, when the peer's packet came first, drops it
+    /// silently and a watch on it stalls until its read timeout.
     HairpinMasquerade,
     /// `fib saddr type local jump mark-for-masquerade`
     MasqueradeIfFromNode,
@@ -151,7 +159,10 @@ impl fmt::Display for Rule {
                 q(MARK_FOR_MASQ)
             ),
             Rule::HairpinMasquerade => {
-                write!(f, "ip saddr . ip daddr @{HAIRPIN} masquerade fully-random")
+                write!(
+                    f,
+                    "ct status dnat ip saddr . ip daddr @{HAIRPIN} masquerade fully-random"
+                )
             }
             Rule::MasqueradeIfFromNode => {
                 write!(f, "fib saddr type local jump {}", q(MARK_FOR_MASQ))
