@@ -18,7 +18,6 @@ use skiff_core::rbac::Attributes;
 use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::{ApiError, ApiResult};
 
-use crate::auth::Identity;
 use crate::authz::resource_attributes;
 use crate::object::meta_str;
 use crate::registry::{Registry, WriteOptions};
@@ -32,33 +31,6 @@ const MAX_LIFETIME: i64 = 365 * 24 * 3600;
 fn csr_res() -> &'static ResourceInfo {
     resources::lookup("certificates.k8s.io", "v1", "certificatesigningrequests")
         .expect("certificatesigningrequests")
-}
-
-/// Records who asks (the CSR strategy's PrepareForCreate): the requestor's
-/// user, uid, groups and extra replace whatever the body said; no status.
-pub fn prepare_create(res: &ResourceInfo, obj: &mut Value, who: Option<&Identity>) {
-    if res.group != "certificates.k8s.io" || res.kind != "CertificateSigningRequest" {
-        return;
-    }
-    let Some(who) = who else { return };
-    if !obj.get("spec").is_some_and(Value::is_object) {
-        obj["spec"] = json!({});
-    }
-    let spec = obj["spec"].as_object_mut().expect("object");
-    spec.insert("username".into(), json!(who.user));
-    spec.insert("groups".into(), json!(who.groups));
-    match &who.uid {
-        Some(u) => spec.insert("uid".into(), json!(u)),
-        None => spec.remove("uid"),
-    };
-    if who.extra.is_empty() {
-        spec.remove("extra");
-    } else {
-        spec.insert("extra".into(), json!(who.extra));
-    }
-    if let Some(m) = obj.as_object_mut() {
-        m.remove("status");
-    }
 }
 
 fn conditions(csr: &Value) -> Vec<Value> {

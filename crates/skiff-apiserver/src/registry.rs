@@ -476,7 +476,7 @@ impl Registry {
         }
         strategy.prepare_for_create(res, &mut obj);
         crate::noderestriction::admit_create(self, res, &obj, opts.user.as_ref()).await?;
-        crate::certificates::prepare_create(res, &mut obj, opts.user.as_ref());
+        strategy.record_requestor(&mut obj, opts.user.as_ref());
         skiff_core::defaults::apply_defaults(res, &mut obj);
         strategy.admit_create(self, res, ns, &mut obj).await?;
         crate::podtoken::admit_create(self, res, ns, &mut obj).await;

@@ -27,10 +27,6 @@ const ALLOWED: &[(&str, &str)] = &[
         "conversion between served versions of one kind (events, autoscaling/v1)",
     ),
     (
-        "skiff-apiserver/src/certificates.rs",
-        "the CertificateSigningRequest hooks, merged from main: to move into strategy/",
-    ),
-    (
         "skiff-core/src/discovery.rs",
         "the options kind of the proxy subresource (PodProxyOptions, ...)",
     ),

@@ -15,6 +15,7 @@ use skiff_store::Store;
 
 use crate::registry::{DeleteOptions, RegistryConfig};
 
+pub mod certificates;
 pub mod eviction;
 pub mod job;
 pub mod namespace;
@@ -69,6 +70,11 @@ pub trait Strategy: Send + Sync {
             }
         }
     }
+
+    /// On create, after [`Strategy::prepare_for_create`]: fields the server
+    /// sets from who is asking, whatever the body said (a
+    /// CertificateSigningRequest's requestor).
+    fn record_requestor(&self, _obj: &mut Value, _who: Option<&crate::auth::Identity>) {}
 
     /// After the generic update preparation (status and system metadata
     /// kept from the old object).
@@ -166,6 +172,7 @@ pub fn strategy_for(res: &ResourceInfo) -> &'static dyn Strategy {
         "batch/jobs" => &job::JobStrategy,
         "scheduling.k8s.io/priorityclasses" => &policy::PriorityClassStrategy,
         "/resourcequotas" => &policy::ResourceQuotaStrategy,
+        "certificates.k8s.io/certificatesigningrequests" => &certificates::CsrStrategy,
         _ => &Generic,
     }
 }
@@ -187,6 +194,7 @@ mod tests {
             "batch/jobs",
             "scheduling.k8s.io/priorityclasses",
             "/resourcequotas",
+            "certificates.k8s.io/certificatesigningrequests",
         ] {
             assert!(
                 skiff_core::resources::RESOURCES
