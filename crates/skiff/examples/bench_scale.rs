@@ -420,6 +420,15 @@ async fn main() -> anyhow::Result<()> {
         (cpu_seconds(apid) - a0) / steady as f64
     );
     report("latency at steady state", &lat.lock().unwrap());
+    // Before the LIST below (whose response the allocator keeps): with a
+    // steady phase longer than the watch cache's 75 s history window,
+    // this is the memory of the live objects alone.
+    let (steady_rss, _) = rss_kib(spid);
+    println!(
+        "server RSS after the steady state: {} MiB ({:.0} bytes per pod above the nodes-only RSS)",
+        steady_rss / 1024,
+        steady_rss.saturating_sub(nodes_rss) as f64 * 1024.0 / want.max(1) as f64
+    );
 
     // LIST all pods.
     let (secs, bytes, items) = timed_list(&client, "/api/v1/pods?").await?;
