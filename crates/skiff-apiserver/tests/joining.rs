@@ -7,16 +7,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
 use base64::Engine;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use skiff_apiserver::auth::Identity;
 use skiff_apiserver::{bootstrap_token, tls, ApiServer, Config};
 use skiff_store::{RedbStore, Store};
-use tower::ServiceExt;
+
+mod common;
+use common::call_bearer as call;
 
 struct Cluster {
     server: ApiServer,
@@ -42,35 +42,6 @@ async fn cluster() -> Cluster {
         pki,
         dir,
     }
-}
-
-async fn call(
-    r: &Router,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-    bearer: Option<&str>,
-) -> (StatusCode, Value) {
-    let mut b = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json");
-    if let Some(t) = bearer {
-        b = b.header("authorization", format!("Bearer {t}"));
-    }
-    let req = b
-        .body(match body {
-            Some(v) => Body::from(v.to_string()),
-            None => Body::empty(),
-        })
-        .unwrap();
-    let resp = r.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
 }
 
 const WHOAMI: &str = "/apis/authentication.k8s.io/v1/selfsubjectreviews";

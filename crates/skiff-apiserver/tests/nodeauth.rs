@@ -5,15 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use skiff_apiserver::auth::Identity;
 use skiff_apiserver::{ApiServer, Config};
 use skiff_store::{RedbStore, Store};
-use tower::ServiceExt;
+
+mod common;
+use common::call_with;
 
 struct Cluster {
     server: ApiServer,
@@ -51,22 +51,7 @@ async fn call(r: &Router, method: &str, path: &str, body: Option<Value>) -> (Sta
     } else {
         "application/json"
     };
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", ct)
-        .body(match body {
-            Some(v) => Body::from(v.to_string()),
-            None => Body::empty(),
-        })
-        .unwrap();
-    let resp = r.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    call_with(r, method, path, body, &[("content-type", ct)]).await
 }
 
 impl Cluster {

@@ -5,15 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use skiff_apiserver::auth::Identity;
 use skiff_apiserver::ApiServer;
 use skiff_store::{RedbStore, Store};
-use tower::ServiceExt;
+
+mod common;
+use common::call_with;
 
 struct Cluster {
     server: ApiServer,
@@ -40,35 +40,6 @@ fn user(name: &str, groups: &[&str]) -> Identity {
 
 async fn call(r: &Router, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
     call_with(r, method, path, body, &[]).await
-}
-
-async fn call_with(
-    r: &Router,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-    headers: &[(&str, &str)],
-) -> (StatusCode, Value) {
-    let mut b = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let req = b
-        .body(match body {
-            Some(v) => Body::from(v.to_string()),
-            None => Body::empty(),
-        })
-        .unwrap();
-    let resp = r.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
 }
 
 impl Cluster {

@@ -5,41 +5,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
 use base64::Engine;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use skiff_apiserver::{ApiServer, Config};
 use skiff_store::{RedbStore, Store};
-use tower::ServiceExt;
 
-async fn call(
-    r: &Router,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-    token: Option<&str>,
-) -> (StatusCode, Value) {
-    let mut b = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json");
-    if let Some(t) = token {
-        b = b.header("authorization", format!("Bearer {t}"));
-    }
-    let req = b
-        .body(body.map(|v| Body::from(v.to_string())).unwrap_or_default())
-        .unwrap();
-    let resp = r.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
-}
+mod common;
+use common::call_bearer as call;
 
 fn open(dir: &std::path::Path) -> Arc<dyn Store> {
     RedbStore::open(&dir.join("s.redb"), Default::default()).unwrap()
