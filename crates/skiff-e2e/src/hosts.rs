@@ -374,21 +374,7 @@ impl Hosts {
 
     /// Runs kubectl with `stdin`, asserts it succeeded, returns stdout.
     pub fn ok_stdin(&self, args: &[&str], stdin: &str) -> String {
-        use std::io::Write;
-        let mut child = self
-            .kubectl_cmd(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(stdin.as_bytes())
-            .expect("write stdin");
-        let out = child.wait_with_output().expect("kubectl output");
+        let out = crate::output_with_stdin(self.kubectl_cmd(args), stdin);
         assert!(
             out.status.success(),
             "kubectl {args:?} failed:\nstdout: {}\nstderr: {}",

@@ -395,20 +395,7 @@ impl Server {
 
     /// Runs kubectl with `stdin` as its input.
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        let mut child = self
-            .kubectl_cmd(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(stdin.as_bytes())
-            .expect("write stdin");
-        child.wait_with_output().expect("kubectl output")
+        output_with_stdin(self.kubectl_cmd(args), stdin)
     }
 
     /// Runs kubectl, asserts it succeeded, returns stdout.
@@ -550,6 +537,23 @@ pub(crate) fn rand_u64() -> u64 {
         let _ = std::io::Read::read_exact(&mut f, &mut b);
     }
     u64::from_le_bytes(b)
+}
+
+/// Runs `cmd` with `stdin` as its input and collects its output.
+pub(crate) fn output_with_stdin(mut cmd: Command, stdin: &str) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("output")
 }
 
 /// The busybox image archive, built once per test process from Debian's
