@@ -592,6 +592,37 @@ async fn autoscaling_v1_and_v2_are_one_object() {
     );
 }
 
+/// Many Services created at once on one server all get an address and a
+/// NodePort, each different: the allocations queue on the server instead of
+/// failing with "too many concurrent changes" (32 creates in flight at a
+/// time once made some fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_service_creates_all_get_distinct_allocations() {
+    let a = Arc::new(api().await);
+    let svcs = "/api/v1/namespaces/default/services";
+    let results: Vec<Resp> = futures::stream::iter(0..600)
+        .map(|i| {
+            let a = a.clone();
+            async move {
+                let svc = json!({"metadata": {"name": format!("c{i}")},
+                    "spec": {"type": "NodePort", "ports": [{"port": 80}]}});
+                a.post(svcs, svc).await
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let mut ips = std::collections::BTreeSet::new();
+    let mut ports = std::collections::BTreeSet::new();
+    for r in results {
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+        ips.insert(r.body["spec"]["clusterIP"].as_str().unwrap().to_string());
+        ports.insert(r.body["spec"]["ports"][0]["nodePort"].as_u64().unwrap());
+    }
+    assert_eq!(ips.len(), 600);
+    assert_eq!(ports.len(), 600);
+}
+
 #[tokio::test]
 async fn node_port_services_get_a_port_that_updates_keep() {
     let a = api().await;

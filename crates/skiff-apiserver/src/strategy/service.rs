@@ -177,9 +177,24 @@ async fn read(cx: &dyn AdmissionCtx, range: Range) -> ApiResult<(Bitmap, Option<
     }
 }
 
+/// One lock per range for the writers of this process: as kube-apiserver's
+/// allocator holds its own lock around an allocation, so the creates
+/// racing on one server queue here instead of conflicting in the store
+/// (32 concurrent creates used to exhaust the retries below). Only other
+/// servers' writes can conflict.
+fn local_lock(range: Range) -> &'static tokio::sync::Mutex<()> {
+    static IPS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    static PORTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    match range {
+        Range::Ips { .. } => &IPS,
+        Range::Ports => &PORTS,
+    }
+}
+
 /// Changes a range with `f` under optimistic concurrency: read, change,
-/// write conditional on the revision read, and on a conflict start again
-/// from a fresh read (so `f` must only depend on the bitmap it is given).
+/// write conditional on the revision read, and on a conflict (another
+/// server's write) start again from a fresh read after a short random
+/// pause (so `f` must only depend on the bitmap it is given).
 /// A dry run reads and changes, but writes nothing.
 async fn modify<T: Send>(
     cx: &dyn AdmissionCtx,
@@ -187,7 +202,12 @@ async fn modify<T: Send>(
     dry_run: bool,
     mut f: impl FnMut(&mut Bitmap) -> ApiResult<T> + Send,
 ) -> ApiResult<T> {
-    for _ in 0..64 {
+    let _local = local_lock(range).lock().await;
+    for attempt in 0..64u32 {
+        if attempt > 0 {
+            let ms = rand::random::<u64>() % (u64::from(attempt.min(10)) * 5 + 1);
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
         let (mut bm, rev) = read(cx, range).await?;
         let before = bm.clone();
         let out = f(&mut bm)?;
