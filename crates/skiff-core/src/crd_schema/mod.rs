@@ -526,7 +526,7 @@ fn compile_rule(
             return None;
         }
     };
-    if let Err(e) = rules::check_fields(&program, n) {
+    if let Err(e) = rules::check_fields(&program, n, rpath_is_root(rpath)) {
         out.push(Cause::invalid(
             format!("{rpath}.rule"),
             r,
@@ -618,6 +618,18 @@ fn compile_rule(
         },
         c,
     ))
+}
+
+/// Whether a rule path is a rule on the schema's root (`<path>.x-kubernetes-validations[i]`
+/// with no property, items or additionalProperties step before it).
+fn rpath_is_root(rpath: &str) -> bool {
+    let head = rpath
+        .rsplit_once(".x-kubernetes-validations[")
+        .map_or(rpath, |(h, _)| h);
+    !head.contains(".properties[")
+        && !head.ends_with(".items")
+        && !head.contains(".items.")
+        && !head.contains(".additionalProperties")
 }
 
 /// Every default must validate against its schema and survive pruning.

@@ -305,7 +305,7 @@ fn error_for_reason(n: &Node, v: &Value, field: &str, detail: &str, reason: Opti
 /// Kubernetes type-checks rules against the schema; this checks what a
 /// schema makes certain: selecting a field `self` cannot have is
 /// `undefined field`.
-pub(crate) fn check_fields(p: &crate::cel::Program, n: &Node) -> Result<(), String> {
+pub(crate) fn check_fields(p: &crate::cel::Program, n: &Node, is_root: bool) -> Result<(), String> {
     fn resolve<'a>(e: &::cel::IdedExpr, n: &'a Node) -> Option<&'a Node> {
         match &e.expr {
             Expr::Ident(name) if name == "self" || name == "oldSelf" => Some(n),
@@ -324,9 +324,17 @@ pub(crate) fn check_fields(p: &crate::cel::Program, n: &Node) -> Result<(), Stri
             .map(|(_, v)| v)
             .or(parent.additional.as_deref())
     }
-    fn visit(e: &::cel::IdedExpr, n: &Node) -> Result<(), String> {
+    fn visit(e: &::cel::IdedExpr, n: &Node, is_root: bool) -> Result<(), String> {
         match &e.expr {
             Expr::Select(s) => {
+                let on_root =
+                    matches!(&s.operand.expr, Expr::Ident(i) if i == "self" || i == "oldSelf");
+                if on_root
+                    && is_root
+                    && matches!(s.field.as_str(), "apiVersion" | "kind" | "metadata")
+                {
+                    return Ok(());
+                }
                 if let Some(parent) = resolve(&s.operand, n) {
                     let closed = parent.ty == Some(Type::Object)
                         && parent.additional.is_none()
@@ -337,26 +345,26 @@ pub(crate) fn check_fields(p: &crate::cel::Program, n: &Node) -> Result<(), Stri
                         return Err(format!("undefined field '{}'", s.field));
                     }
                 }
-                visit(&s.operand, n)
+                visit(&s.operand, n, is_root)
             }
             Expr::Call(c) => {
                 if let Some(t) = &c.target {
-                    visit(t, n)?;
+                    visit(t, n, is_root)?;
                 }
-                c.args.iter().try_for_each(|a| visit(a, n))
+                c.args.iter().try_for_each(|a| visit(a, n, is_root))
             }
-            Expr::List(l) => l.elements.iter().try_for_each(|a| visit(a, n)),
+            Expr::List(l) => l.elements.iter().try_for_each(|a| visit(a, n, is_root)),
             Expr::Comprehension(c) => {
-                visit(&c.iter_range, n)?;
-                visit(&c.accu_init, n)?;
-                visit(&c.loop_cond, n)?;
-                visit(&c.loop_step, n)?;
-                visit(&c.result, n)
+                visit(&c.iter_range, n, is_root)?;
+                visit(&c.accu_init, n, is_root)?;
+                visit(&c.loop_cond, n, is_root)?;
+                visit(&c.loop_step, n, is_root)?;
+                visit(&c.result, n, is_root)
             }
             _ => Ok(()),
         }
     }
-    visit(p.ast(), n)
+    visit(p.ast(), n, is_root)
 }
 
 /// A rule's `fieldPath` (`.spec.x`, `.a['b-c']`, `.list[0]` is refused as

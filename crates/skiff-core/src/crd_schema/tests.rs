@@ -402,3 +402,469 @@ fn composition_keywords_report_as_kube_openapi() {
         );
     }
 }
+
+fn rules_schema(rules: Value) -> Schema {
+    compile(
+        json!({"type": "object", "properties": {"spec": {"type": "object",
+        "x-kubernetes-validations": rules,
+        "properties": {
+            "minReplicas": {"type": "integer"},
+            "maxReplicas": {"type": "integer"},
+            "name": {"type": "string", "maxLength": 64},
+            "mode": {"type": "string", "x-kubernetes-validations": [
+                {"rule": "self == oldSelf", "message": "mode is immutable"}]},
+            "items": {"type": "array", "maxItems": 10, "items": {"type": "string", "maxLength": 10}},
+            "cpu": {"x-kubernetes-int-or-string": true},
+        }}}}),
+    )
+}
+
+#[test]
+fn a_failing_rule_reports_its_message_or_the_rule() {
+    let s = rules_schema(json!([
+        {"rule": "self.minReplicas <= self.maxReplicas"},
+        {"rule": "self.name.startsWith('a')", "message": "name must start with a"},
+        {"rule": "self.items.all(i, i.size() < 4)", "messageExpression": "'item too long in ' + self.name"},
+        {"rule": "!has(self.cpu) || quantity(string(self.cpu)).isLessThan(quantity('4'))",
+         "message": "too many cpus", "fieldPath": ".cpu", "reason": "FieldValueForbidden"},
+    ]));
+    let got = messages(&s.validate(
+        &json!({"spec": {"minReplicas": 5, "maxReplicas": 2,
+        "name": "bob", "items": ["short", "x"], "cpu": "8"}}),
+        None,
+    ));
+    assert_eq!(
+        got,
+        vec![
+            "spec: Invalid value: failed rule: self.minReplicas <= self.maxReplicas",
+            "spec: Invalid value: name must start with a",
+            "spec: Invalid value: item too long in bob",
+            "spec.cpu: Forbidden: too many cpus",
+        ]
+    );
+    let ok = json!({"spec": {"minReplicas": 1, "maxReplicas": 2, "name": "al", "items": ["abc"], "cpu": 2}});
+    assert!(
+        s.validate(&ok, None).is_empty(),
+        "{:?}",
+        messages(&s.validate(&ok, None))
+    );
+}
+
+#[test]
+fn transition_rules_see_the_old_object_on_update_only() {
+    let s = rules_schema(json!([]));
+    let old = json!({"spec": {"mode": "a"}});
+    assert!(s.validate(&json!({"spec": {"mode": "b"}}), None).is_empty());
+    assert!(s.validate(&old, Some(&old)).is_empty());
+    assert_eq!(
+        messages(&s.validate(&json!({"spec": {"mode": "b"}}), Some(&old))),
+        vec![r#"spec.mode: Invalid value: "b": mode is immutable"#]
+    );
+}
+
+#[test]
+fn a_rule_that_errors_says_so() {
+    let s = rules_schema(json!([{"rule": "self.minReplicas > 0"}]));
+    let got = messages(&s.validate(&json!({"spec": {"name": "x"}}), None));
+    assert_eq!(got.len(), 1);
+    assert!(
+        got[0].starts_with(r#"spec: Invalid value: "object": "#),
+        "{got:?}"
+    );
+    assert!(
+        got[0].ends_with("evaluating rule: self.minReplicas > 0"),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn invalid_rules_are_refused_at_creation() {
+    let p = format!("{P}.properties[spec].x-kubernetes-validations");
+    let with_rules = |rules: Value| {
+        refused(
+            json!({"type": "object", "properties": {"spec": {"type": "object",
+            "properties": {"a": {"type": "string"}}, "x-kubernetes-validations": rules}}}),
+        )
+    };
+    let got = with_rules(json!([{"rule": "self.a ==="}, {"rule": "self.b == 'x'"}]));
+    assert!(
+        got.iter().any(|g| g.starts_with(&format!(
+            "{p}[0].rule: Invalid value: {{\"rule\":\"self.a ===\"}}: compilation failed: "
+        ))),
+        "{got:#?}"
+    );
+    assert!(
+        got.iter()
+            .any(|g| g.starts_with(&format!("{p}[1].rule: Invalid value: "))
+                && g.contains("undefined field 'b'")),
+        "{got:#?}"
+    );
+    // Static mistakes are reported first, as Kubernetes skips compiling then.
+    let got = with_rules(json!([{"rule": "self.a == 'x'", "reason": "Nope"}, {"rule": ""}]));
+    assert_eq!(
+        got,
+        vec![
+            format!(
+                r#"{p}[0].reason: Unsupported value: "Nope": supported values: "FieldValueDuplicate", "FieldValueForbidden", "FieldValueInvalid", "FieldValueRequired""#
+            ),
+            format!("{p}[1].rule: Required value: rule is not specified"),
+        ]
+    );
+}
+
+#[test]
+fn compile_errors_and_old_self_misuse_are_reported() {
+    let p = format!("{P}.properties[spec]");
+    let got = refused(
+        json!({"type": "object", "properties": {"spec": {"type": "object",
+        "properties": {
+            "a": {"type": "string", "x-kubernetes-validations": [{"rule": "size(foo) > 1"}]},
+            "l": {"type": "array", "items": {"type": "string", "x-kubernetes-validations": [{"rule": "self == oldSelf"}]}},
+            "o": {"type": "string", "x-kubernetes-validations": [{"rule": "self == 'x'", "optionalOldSelf": true}]},
+        }}}}),
+    );
+    assert!(
+        got.iter().any(|g| g.starts_with(&format!(
+            "{p}.properties[a].x-kubernetes-validations[0].rule: Invalid value: "
+        )) && g.contains("undeclared reference to 'foo'")),
+        "{got:#?}"
+    );
+    assert!(
+        got.iter().any(|g| g.starts_with(&format!(
+            "{p}.properties[l].items.x-kubernetes-validations[0].rule: Invalid value: "
+        )) && g
+            .contains("oldSelf cannot be used on the uncorrelatable portion of the schema")),
+        "{got:#?}"
+    );
+    assert!(got.contains(&format!("{p}.properties[o].x-kubernetes-validations[0].optionalOldSelf: Invalid value: true: may not be set if oldSelf is not used in rule")), "{got:#?}");
+}
+
+#[test]
+fn nested_macros_over_unbounded_lists_exceed_the_estimated_budget() {
+    let unbounded = json!({"type": "object", "properties": {"spec": {"type": "object",
+    "x-kubernetes-validations": [{"rule": "self.a.all(x, self.b.all(y, x != y))"}],
+    "properties": {
+        "a": {"type": "array", "items": {"type": "string"}},
+        "b": {"type": "array", "items": {"type": "string"}},
+    }}}});
+    let got = refused(unbounded.clone());
+    assert!(got.iter().any(|g| g.starts_with(&format!(
+        "{P}.properties[spec].x-kubernetes-validations[0].rule: Forbidden: estimated rule cost exceeds budget by factor of"))
+        && g.ends_with("(try simplifying the rule, or adding maxItems, maxProperties, and maxLength where arrays, maps, and strings are declared)")),
+        "{got:#?}");
+    let mut bounded = unbounded;
+    for l in ["a", "b"] {
+        let p = &mut bounded["properties"]["spec"]["properties"][l];
+        p["maxItems"] = json!(100);
+        p["items"]["maxLength"] = json!(64);
+    }
+    let s = compile(bounded);
+    assert!(s
+        .validate(&json!({"spec": {"a": ["x"], "b": ["y"]}}), None)
+        .is_empty());
+    assert_eq!(
+        s.validate(&json!({"spec": {"a": ["x"], "b": ["x"]}}), None)
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn rules_inside_lists_run_for_each_element_with_its_path() {
+    let s = compile(obj(json!({"ports": {"type": "array", "maxItems": 5,
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+        "items": {"type": "object", "required": ["name"],
+            "x-kubernetes-validations": [{"rule": "self.port > 0 && self.port < 65536", "message": "bad port"},
+                                         {"rule": "!has(oldSelf.port) || self.port == oldSelf.port", "message": "port is immutable"}],
+            "properties": {"name": {"type": "string", "maxLength": 10}, "port": {"type": "integer"}}}}})));
+    let old = json!({"spec": {"ports": [{"name": "a", "port": 80}, {"name": "b", "port": 81}]}});
+    let new = json!({"spec": {"ports": [{"name": "b", "port": 82}, {"name": "a", "port": 80}, {"name": "c", "port": 0}]}});
+    assert_eq!(
+        messages(&s.validate(&new, Some(&old))),
+        vec![
+            "spec.ports[0]: Invalid value: port is immutable",
+            "spec.ports[2]: Invalid value: bad port",
+        ]
+    );
+}
+
+#[test]
+fn property_names_are_escaped_for_cel() {
+    let s = compile(obj(json!({"x-y": {"type": "string"}, "in": {"type": "integer"}, "a.b": {"type": "string"}})
+        ).pointer("").cloned().map(|mut v| {
+            v["properties"]["spec"]["x-kubernetes-validations"] =
+                json!([{"rule": "self.x__dash__y == 'ok' && self.__in__ == 1 && self.a__dot__b == 'z'"}]);
+            v
+        }).unwrap());
+    assert!(s
+        .validate(&json!({"spec": {"x-y": "ok", "in": 1, "a.b": "z"}}), None)
+        .is_empty());
+    assert_eq!(
+        s.validate(&json!({"spec": {"x-y": "no", "in": 1, "a.b": "z"}}), None)
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn numbers_are_doubles_and_date_times_timestamps_in_rules() {
+    let s = compile(
+        json!({"type": "object", "properties": {"spec": {"type": "object",
+        "x-kubernetes-validations": [
+            {"rule": "self.ratio > 0.5 && self.ratio == 2.0"},
+            {"rule": "self.start < self.end"},
+            {"rule": "self.timeout > duration('1s')"}],
+        "properties": {"ratio": {"type": "number"},
+            "start": {"type": "string", "format": "date-time"},
+            "end": {"type": "string", "format": "date-time"},
+            "timeout": {"type": "string", "format": "duration"}}}}}),
+    );
+    let ok = json!({"spec": {"ratio": 2, "start": "2024-01-01T00:00:00Z", "end": "2024-06-01T00:00:00Z", "timeout": "1m"}});
+    assert!(
+        s.validate(&ok, None).is_empty(),
+        "{:?}",
+        messages(&s.validate(&ok, None))
+    );
+}
+
+#[test]
+fn root_rules_see_metadata_name() {
+    let s = compile(json!({"type": "object",
+        "x-kubernetes-validations": [{"rule": "self.metadata.name.startsWith('x-')", "message": "name needs x-"}],
+        "properties": {"spec": {"type": "object"}}}));
+    assert!(s
+        .validate(&json!({"metadata": {"name": "x-a"}, "spec": {}}), None)
+        .is_empty());
+    assert_eq!(
+        messages(&s.validate(&json!({"metadata": {"name": "a"}, "spec": {}}), None)),
+        vec![": Invalid value: name needs x-"]
+    );
+}
+
+/// A tiny deterministic generator, so the fuzz test needs no extra crate.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// A mostly structural schema with random keywords.
+    fn schema(&mut self, depth: u32) -> Value {
+        let types = ["object", "array", "string", "integer", "number", "boolean"];
+        let ty = types[self.below(if depth > 3 { 4 } else { 6 }) as usize % 6];
+        let ty = if depth > 3 {
+            ["string", "integer", "number", "boolean"][self.below(4) as usize]
+        } else {
+            ty
+        };
+        let mut m = serde_json::Map::new();
+        m.insert("type".into(), json!(ty));
+        match ty {
+            "object" => {
+                if self.below(4) == 0 {
+                    m.insert("additionalProperties".into(), self.schema(depth + 1));
+                } else {
+                    let mut props = serde_json::Map::new();
+                    for k in ["a", "b", "c"].iter().take(self.below(4) as usize) {
+                        props.insert(k.to_string(), self.schema(depth + 1));
+                    }
+                    m.insert("properties".into(), Value::Object(props));
+                    if self.below(3) == 0 {
+                        m.insert("required".into(), json!(["a"]));
+                    }
+                }
+                if self.below(5) == 0 {
+                    m.insert("x-kubernetes-preserve-unknown-fields".into(), json!(true));
+                }
+            }
+            "array" => {
+                m.insert("items".into(), self.schema(depth + 1));
+                if self.below(2) == 0 {
+                    m.insert("maxItems".into(), json!(self.below(5)));
+                }
+                if self.below(4) == 0 {
+                    m.insert("x-kubernetes-list-type".into(), json!("atomic"));
+                }
+            }
+            "string" => {
+                if self.below(3) == 0 {
+                    m.insert("maxLength".into(), json!(self.below(8)));
+                }
+                if self.below(4) == 0 {
+                    m.insert(
+                        "pattern".into(),
+                        json!(["^a", "[", "b$", "^(x|y)*$"][self.below(4) as usize]),
+                    );
+                }
+                if self.below(4) == 0 {
+                    m.insert(
+                        "format".into(),
+                        json!(
+                            ["date-time", "uuid", "email", "byte", "duration"]
+                                [self.below(5) as usize]
+                        ),
+                    );
+                }
+                if self.below(4) == 0 {
+                    m.insert("enum".into(), json!(["a", "b"]));
+                }
+            }
+            "integer" | "number" => {
+                if self.below(3) == 0 {
+                    m.insert("minimum".into(), json!(self.below(10) as i64 - 5));
+                }
+                if self.below(4) == 0 {
+                    m.insert(
+                        "multipleOf".into(),
+                        json!([0.5, 2.0, 3.0][self.below(3) as usize]),
+                    );
+                }
+            }
+            _ => {}
+        }
+        if self.below(4) == 0 {
+            m.insert("nullable".into(), json!(true));
+        }
+        if self.below(4) == 0 {
+            m.insert("default".into(), self.value(3));
+        }
+        if self.below(5) == 0 {
+            let rules = [
+                "self == oldSelf",
+                "size(self) > 0",
+                "self.all(x, x != null)",
+                "has(self.a)",
+                "self.a.b",
+                "self > 1",
+                "self.matches('^a')",
+                "quantity(self).sign() > 0",
+                "1/0 == 1",
+                "[1,2].map(x, x * 2).sum() == 6",
+                "self.size() < 3 ? true : false",
+            ];
+            m.insert(
+                "x-kubernetes-validations".into(),
+                json!([{"rule": rules[self.below(rules.len() as u64) as usize]}]),
+            );
+        }
+        if self.below(6) == 0 {
+            m.insert("anyOf".into(), json!([{"minimum": 1}, {"maxLength": 2}]));
+        }
+        Value::Object(m)
+    }
+
+    fn value(&mut self, depth: u32) -> Value {
+        let keys = [
+            "spec",
+            "type",
+            "properties",
+            "items",
+            "a",
+            "b",
+            "default",
+            "enum",
+            "required",
+            "x-kubernetes-validations",
+            "rule",
+            "x-kubernetes-list-type",
+            "x-kubernetes-list-map-keys",
+            "additionalProperties",
+            "nullable",
+            "anyOf",
+            "allOf",
+            "not",
+            "pattern",
+            "maxItems",
+            "x-kubernetes-int-or-string",
+            "x-kubernetes-preserve-unknown-fields",
+            "format",
+            "x-kubernetes-embedded-resource",
+            "minimum",
+            "multipleOf",
+            "metadata",
+            "name",
+        ];
+        let strings = [
+            "object",
+            "array",
+            "string",
+            "integer",
+            "number",
+            "boolean",
+            "map",
+            "set",
+            "self.a > 1",
+            "self == oldSelf",
+            "self.all(x, x > 0)",
+            "[",
+            "(a",
+            "date-time",
+            "",
+            "a",
+            "\u{0}",
+        ];
+        match if depth > 4 {
+            self.below(5)
+        } else {
+            self.below(8)
+        } {
+            0 => Value::Null,
+            1 => Value::Bool(self.below(2) == 0),
+            2 => json!(self.next() as i64 % 100 - 50),
+            3 => json!((self.next() % 1000) as f64 / 7.0),
+            4 => Value::String(strings[self.below(strings.len() as u64) as usize].to_string()),
+            5 | 6 => {
+                let mut m = serde_json::Map::new();
+                for _ in 0..self.below(5) {
+                    m.insert(
+                        keys[self.below(keys.len() as u64) as usize].to_string(),
+                        self.value(depth + 1),
+                    );
+                }
+                Value::Object(m)
+            }
+            _ => Value::Array((0..self.below(4)).map(|_| self.value(depth + 1)).collect()),
+        }
+    }
+}
+
+#[test]
+fn random_schemas_and_objects_never_panic() {
+    let mut rng = Rng(0x2545F4914F6CDD1D);
+    let mut compiled = 0;
+    for _ in 0..3000 {
+        let mut schema = if rng.below(4) == 0 {
+            rng.value(0)
+        } else {
+            rng.schema(0)
+        };
+        if rng.below(2) == 0 {
+            schema = json!({"type": "object", "properties": {"spec": schema}});
+        }
+        if let Ok(s) = Schema::compile(&schema, "s") {
+            compiled += 1;
+            for _ in 0..5 {
+                let v = rng.value(1);
+                let mut o = json!({"spec": v});
+                let old = if rng.below(2) == 0 {
+                    o.clone()
+                } else {
+                    json!({"spec": rng.value(1)})
+                };
+                s.prune(&mut o);
+                s.apply_defaults(&mut o);
+                let _ = s.validate(&o, Some(&old));
+                let _ = s.validate(&o, None);
+            }
+        }
+    }
+    assert!(
+        compiled > 300,
+        "the generator should produce some valid schemas ({compiled})"
+    );
+}
