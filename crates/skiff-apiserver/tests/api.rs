@@ -623,6 +623,70 @@ async fn concurrent_service_creates_all_get_distinct_allocations() {
     assert_eq!(ports.len(), 600);
 }
 
+/// A LoadBalancer with externalTrafficPolicy Local gets a
+/// healthCheckNodePort from the NodePort range (what its nodes' proxies
+/// answer health checks on); updates keep it, leaving Local releases it,
+/// and no other Service may set one.
+#[tokio::test]
+async fn local_load_balancers_get_a_health_check_node_port() {
+    let a = api().await;
+    let svcs = "/api/v1/namespaces/default/services";
+    let lb = json!({"metadata": {"name": "lb"}, "spec": {"type": "LoadBalancer",
+        "externalTrafficPolicy": "Local", "selector": {"a": "b"}, "ports": [{"port": 80}]}});
+    let created = a.post(svcs, lb.clone()).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let hc = created.body["spec"]["healthCheckNodePort"]
+        .as_u64()
+        .unwrap();
+    assert!((30000..=32767).contains(&hc));
+    assert_ne!(
+        Some(hc),
+        created.body["spec"]["ports"][0]["nodePort"].as_u64()
+    );
+
+    // An update that leaves it out keeps it.
+    let mut replaced = lb.clone();
+    replaced["metadata"]["resourceVersion"] = created.body["metadata"]["resourceVersion"].clone();
+    let updated = a.put(&format!("{svcs}/lb"), replaced).await;
+    assert_eq!(updated.status, StatusCode::OK, "{}", updated.body);
+    assert_eq!(
+        updated.body["spec"]["healthCheckNodePort"].as_u64(),
+        Some(hc)
+    );
+
+    // Another Service may not take it while it is held.
+    let taker = |name: &str| {
+        json!({"metadata": {"name": name}, "spec": {"type": "NodePort",
+        "ports": [{"port": 80, "nodePort": hc}]}})
+    };
+    assert_eq!(
+        a.post(svcs, taker("t1")).await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+
+    // Back to Cluster (the object as read, port and all): the port goes.
+    let mut cluster = updated.body.clone();
+    cluster["spec"]["externalTrafficPolicy"] = json!("Cluster");
+    let changed = a.put(&format!("{svcs}/lb"), cluster).await;
+    assert_eq!(changed.status, StatusCode::OK, "{}", changed.body);
+    assert!(
+        changed.body["spec"].get("healthCheckNodePort").is_none(),
+        "{}",
+        changed.body
+    );
+    assert_eq!(a.post(svcs, taker("t2")).await.status, StatusCode::CREATED);
+
+    // Only a LoadBalancer with Local may carry one.
+    let bad = json!({"metadata": {"name": "bad"}, "spec": {"type": "NodePort",
+        "healthCheckNodePort": 31000, "ports": [{"port": 80}]}});
+    let refused = a.post(svcs, bad).await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        refused.body["details"]["causes"][0]["field"],
+        "spec.healthCheckNodePort"
+    );
+}
+
 #[tokio::test]
 async fn node_port_services_get_a_port_that_updates_keep() {
     let a = api().await;
