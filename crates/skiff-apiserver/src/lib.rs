@@ -18,6 +18,7 @@ pub mod bootstrap_token;
 pub mod certificates;
 pub mod encryption;
 pub mod fieldmanager;
+pub mod flowcontrol;
 pub mod handlers;
 pub mod kubernetes_endpoints;
 pub mod lifecycle;
@@ -77,6 +78,8 @@ pub struct Config {
     /// The cluster CA (certificate and key, PEM) that signs approved
     /// CertificateSigningRequests; without it none is signed.
     pub cluster_signing: Option<(String, String)>,
+    /// Priority and fairness: seats, queues, watches per user.
+    pub flow: flowcontrol::Limits,
 }
 
 impl Default for Config {
@@ -93,6 +96,7 @@ impl Default for Config {
             kubernetes_endpoint: None,
             audit: None,
             cluster_signing: None,
+            flow: flowcontrol::Limits::default(),
         }
     }
 }
@@ -159,6 +163,7 @@ impl ApiServer {
                 )?)),
                 None => None,
             },
+            flow: flowcontrol::FlowControl::new(&config.flow),
         });
         Ok(ApiServer {
             state,
