@@ -35,8 +35,12 @@ use crate::auth::Identity;
 /// Seats of all levels together (kube-apiserver: max-requests-inflight 400
 /// plus max-mutating-requests-inflight 200).
 pub const TOTAL_SEATS: usize = 600;
-/// Requests one flow may have waiting at one level.
-pub const QUEUE_LENGTH: usize = 128;
+/// Requests one flow may have waiting at one level. Generous: skiff's
+/// in-process components have no client-side rate limit (kube-scheduler's
+/// and kube-controller-manager's QPS limits keep theirs from queueing
+/// deep), and a waiting request holds little (its body is read only once
+/// it runs).
+pub const QUEUE_LENGTH: usize = 1024;
 /// How long a request waits for a seat before a 429.
 pub const QUEUE_WAIT: Duration = Duration::from_secs(15);
 /// Open watches per user (system:masters are not limited).
