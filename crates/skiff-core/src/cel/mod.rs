@@ -227,7 +227,23 @@ impl Program {
                 return Err(format!("no such attribute(s): {name}"));
             }
         }
-        self.inner.program.execute(&ctx).map_err(|e| e.to_string())
+        self.inner.program.execute(&ctx).map_err(runtime_error)
+    }
+}
+
+/// A runtime error in cel-go's words, as Kubernetes reports them.
+fn runtime_error(e: ::cel::ExecutionError) -> String {
+    use ::cel::ExecutionError as E;
+    match e {
+        E::NoSuchKey(k) => format!("no such key: {k}"),
+        E::UndeclaredReference(r) => format!("no such attribute(s): {r}"),
+        E::DivisionByZero(_) => "division by zero".to_string(),
+        E::RemainderByZero(_) => "modulus by zero".to_string(),
+        E::Overflow(..) => "integer overflow".to_string(),
+        E::IndexOutOfBounds(i) => format!("index out of range: {}", from_cel(&i)),
+        E::FunctionError { message, .. } => message,
+        E::NoSuchOverload(o) => o.to_string(),
+        other => other.to_string(),
     }
 }
 

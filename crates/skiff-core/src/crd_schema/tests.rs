@@ -868,3 +868,77 @@ fn random_schemas_and_objects_never_panic() {
         "the generator should produce some valid schemas ({compiled})"
     );
 }
+
+#[test]
+fn optional_old_self_lets_a_transition_rule_run_on_create() {
+    let s = compile(obj(
+        json!({"size": {"type": "integer", "x-kubernetes-validations": [
+        {"rule": "!oldSelf.hasValue() || self >= oldSelf.value()", "optionalOldSelf": true,
+         "message": "size may only grow"},
+        {"rule": "oldSelf.hasValue() || self < 100", "optionalOldSelf": true, "message": "start small"}]}}),
+    ));
+    assert!(s.validate(&json!({"spec": {"size": 5}}), None).is_empty());
+    assert_eq!(
+        messages(&s.validate(&json!({"spec": {"size": 500}}), None)),
+        vec!["spec.size: Invalid value: 500: start small"]
+    );
+    let old = json!({"spec": {"size": 5}});
+    assert_eq!(
+        messages(&s.validate(&json!({"spec": {"size": 4}}), Some(&old))),
+        vec!["spec.size: Invalid value: 4: size may only grow"]
+    );
+    assert!(s
+        .validate(&json!({"spec": {"size": 500}}), Some(&old))
+        .is_empty());
+}
+
+#[test]
+fn a_missing_field_in_a_rule_reads_as_cel_go_says_it() {
+    let s = rules_schema(json!([{"rule": "self.minReplicas > 0"}]));
+    assert_eq!(
+        messages(&s.validate(&json!({"spec": {"name": "x"}}), None)),
+        vec![
+            r#"spec: Invalid value: "object": no such key: minReplicas evaluating rule: self.minReplicas > 0"#
+        ]
+    );
+}
+
+#[test]
+fn the_schema_wide_estimated_cost_is_bounded() {
+    // Each rule is cheap alone but runs once per element of two unbounded
+    // nested lists: the total for the schema is over Kubernetes' limit.
+    let got = refused(obj(
+        json!({"outer": {"type": "array", "items": {"type": "array",
+        "items": {"type": "string", "x-kubernetes-validations": [
+            {"rule": "self.lowerAscii().startsWith('a') && self.upperAscii().endsWith('Z')"}]}}}}),
+    ));
+    assert!(got.iter().any(|g| g.starts_with(&format!(
+        "{P}: Forbidden: x-kubernetes-validations estimated rule cost total for entire OpenAPIv3 schema exceeds budget by factor of"))),
+        "{got:#?}");
+    assert!(got.iter().any(|g| g.ends_with("Forbidden: contributed to estimated rule cost total exceeding cost limit for entire OpenAPIv3 schema")),
+        "{got:#?}");
+}
+
+#[test]
+fn the_runtime_budget_stops_further_rules() {
+    // Within the static limits (lists bounded), but over the per-call limit
+    // once a real object fills them.
+    let s = compile(
+        obj(json!({"a": {"type": "array", "maxItems": 500, "items": {"type": "integer"}}}))
+            .pointer("")
+            .cloned()
+            .map(|mut v| {
+                v["properties"]["spec"]["x-kubernetes-validations"] =
+                    json!([{"rule": "self.a.all(x, self.a.all(y, x == y || x != y))"}]);
+                v
+            })
+            .unwrap(),
+    );
+    assert!(s
+        .validate(&json!({"spec": {"a": [1, 2, 3]}}), None)
+        .is_empty());
+    let big: Vec<i64> = (0..500).collect();
+    let got = messages(&s.validate(&json!({"spec": {"a": big}}), None));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].starts_with(r#"spec: Invalid value: "object": 'operation cancelled: actual cost limit exceeded': no further validation rules will be run due to call cost exceeds limit for rule: "#), "{got:?}");
+}
