@@ -152,7 +152,7 @@ impl Schema {
 
 fn validate_root(v: &mut validate::Validator<'_>, root: &Node, obj: &Value, old: Option<&Value>) {
     let Some(m) = obj.as_object() else {
-        v.validate(root, obj, old, "");
+        v.validate(root, obj, old, &validate::P::Root(""));
         return;
     };
     let old_m = old.and_then(Value::as_object);
@@ -171,16 +171,16 @@ fn validate_root(v: &mut validate::Validator<'_>, root: &Node, obj: &Value, old:
                     for f in ["name", "generateName"] {
                         if let (Some(fnode), Some(x)) = (p.properties.get(f), meta.get(f)) {
                             let oo = o.and_then(|o| o.get(f));
-                            v.validate(fnode, x, oo, &format!("metadata.{f}"));
+                            v.validate(fnode, x, oo, &validate::P::Root(&format!("metadata.{f}")));
                         }
                     }
                 }
             }
             _ => {
                 if let Some(p) = root.properties.get(k) {
-                    v.validate(p, val, o, k);
+                    v.validate(p, val, o, &validate::P::Root(k));
                 } else if let Some(a) = &root.additional {
-                    v.validate(a, val, o, k);
+                    v.validate(a, val, o, &validate::P::Root(k));
                 }
             }
         }
@@ -426,6 +426,15 @@ fn compile_rules(
                     let total = c.saturating_mul(cardinality);
                     cost.total = cost.total.saturating_add(total);
                     cost.rules.push((format!("{rpath}.rule"), total));
+                    let fields = rules::selected_fields(&rule);
+                    n.rule_fields = match (n.rules.is_empty(), n.rule_fields.take(), fields) {
+                        (true, _, f) => f,
+                        (false, Some(mut a), Some(b)) => {
+                            a.extend(b);
+                            Some(a)
+                        }
+                        _ => None,
+                    };
                     n.rules.push(rule);
                 }
                 None => continue,
@@ -651,7 +660,7 @@ fn check_defaults(n: &Node, raw: &Value, path: &str, out: &mut Vec<Cause>) {
                 base: &dpath,
                 out: Vec::new(),
             };
-            v.validate(n, &defaulted, None, "");
+            v.validate(n, &defaulted, None, &validate::P::Root(""));
             out.extend(v.out);
         }
     }

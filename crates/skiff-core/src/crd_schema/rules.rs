@@ -22,11 +22,30 @@ use crate::Cause;
 /// escaped), numbers as `double`, date-times as timestamps, durations as
 /// durations; the root's metadata reduced to name and generateName.
 pub(crate) fn typed(n: &Node, v: &Value, root: bool) -> CelValue {
+    typed_fields(n, v, root, None)
+}
+
+/// `typed`, keeping only the given fields (CEL names) at the top level.
+fn typed_fields(
+    n: &Node,
+    v: &Value,
+    root: bool,
+    only: Option<&std::collections::BTreeSet<String>>,
+) -> CelValue {
     match v {
         Value::Object(m) => {
             let mut map: HashMap<Key, CelValue> = HashMap::with_capacity(m.len());
             let schemaless = n.properties.is_empty() && n.additional.is_none();
             for (k, x) in m {
+                if let Some(only) = only {
+                    let wanted = match escape_property(k) {
+                        Some(e) => only.contains(&e),
+                        None => false,
+                    };
+                    if !wanted && !only.contains(k) {
+                        continue;
+                    }
+                }
                 if (root || n.embedded) && matches!(k.as_str(), "apiVersion" | "kind") {
                     map.insert(key(k), crate::cel::to_cel(x));
                 } else if (root || n.embedded) && k == "metadata" {
@@ -151,8 +170,9 @@ fn walk(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path: &str,
 
 fn eval_rules(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path: &str, root: bool) {
     let unchanged = old.is_some_and(|o| json_eq(o, v));
-    let self_val = typed(n, v, root);
-    let old_val = old.map(|o| typed(n, o, root));
+    let only = n.rule_fields.as_ref();
+    let self_val = typed_fields(n, v, root, only);
+    let old_val = old.map(|o| typed_fields(n, o, root, only));
     let type_name = Value::String(n.type_name().to_string());
     let mut shape: Option<Shape> = None;
     for rule in &n.rules {
@@ -246,6 +266,56 @@ fn eval_rules(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path:
             )),
         }
     }
+}
+
+/// The fields of `self`/`oldSelf` a rule (and its messageExpression) reads,
+/// when it reads them only by selection; `None` when it uses them whole.
+pub(crate) fn selected_fields(rule: &Rule) -> Option<std::collections::BTreeSet<String>> {
+    fn visit(e: &::cel::IdedExpr, out: &mut std::collections::BTreeSet<String>) -> bool {
+        let is_self = |x: &::cel::IdedExpr| matches!(&x.expr, Expr::Ident(i) if i == "self" || i == "oldSelf");
+        match &e.expr {
+            Expr::Ident(i) => i != "self" && i != "oldSelf",
+            Expr::Select(s) => {
+                if is_self(&s.operand) {
+                    out.insert(s.field.clone());
+                    true
+                } else {
+                    visit(&s.operand, out)
+                }
+            }
+            Expr::Call(c) => {
+                // `optional` selections (`self.?x`) and indexing pass `self` whole.
+                c.target.as_deref().is_none_or(|t| visit(t, out))
+                    && c.args.iter().all(|a| visit(a, out))
+            }
+            Expr::List(l) => l.elements.iter().all(|a| visit(a, out)),
+            Expr::Map(m) => m.entries.iter().all(|en| match &en.expr {
+                ::cel::common::ast::EntryExpr::MapEntry(me) => {
+                    visit(&me.key, out) && visit(&me.value, out)
+                }
+                ::cel::common::ast::EntryExpr::StructField(f) => visit(&f.value, out),
+            }),
+            Expr::Struct(_) => false,
+            Expr::Comprehension(c) => {
+                visit(&c.iter_range, out)
+                    && visit(&c.accu_init, out)
+                    && visit(&c.loop_cond, out)
+                    && visit(&c.loop_step, out)
+                    && visit(&c.result, out)
+            }
+            Expr::Literal(_) | Expr::Unspecified => true,
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    if !visit(rule.program.ast(), &mut out) {
+        return None;
+    }
+    if let Some(me) = &rule.message_expression {
+        if !visit(me.ast(), &mut out) {
+            return None;
+        }
+    }
+    Some(out)
 }
 
 /// The cost charged for one evaluation: the static estimate when it is

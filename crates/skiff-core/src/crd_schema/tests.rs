@@ -942,3 +942,90 @@ fn the_runtime_budget_stops_further_rules() {
     assert_eq!(got.len(), 1, "{got:?}");
     assert!(got[0].starts_with(r#"spec: Invalid value: "object": 'operation cancelled: actual cost limit exceeded': no further validation rules will be run due to call cost exceeds limit for rule: "#), "{got:?}");
 }
+
+/// A real CRD from a file (`SKIFF_CRD_JSON=path`, a CRD as JSON): every
+/// version compiles, and a sample object validates quickly. Ignored by
+/// default: it needs a file the test does not ship.
+#[test]
+#[ignore]
+fn a_real_crd_from_a_file_compiles_and_validates_fast() {
+    let Ok(path) = std::env::var("SKIFF_CRD_JSON") else {
+        return;
+    };
+    let crd: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let versions = crd["spec"]["versions"].as_array().unwrap();
+    for (i, v) in versions.iter().enumerate() {
+        let schema = &v["schema"]["openAPIV3Schema"];
+        let t = std::time::Instant::now();
+        let s = match Schema::compile(
+            schema,
+            &format!("spec.versions[{i}].schema.openAPIV3Schema"),
+        ) {
+            Ok(s) => s,
+            Err(e) => panic!("{:#?}", messages(&e)),
+        };
+        eprintln!("compiled {} in {:?}", v["name"], t.elapsed());
+        let obj = json!({"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
+            "metadata": {"name": "k8s", "namespace": "monitoring", "labels": {"a": "b"}},
+            "spec": {"replicas": 2, "version": "v2.45.0", "serviceAccountName": "prometheus-k8s",
+                "serviceMonitorSelector": {"matchLabels": {"team": "frontend"}},
+                "podMonitorSelector": {"matchExpressions": [{"key": "a", "operator": "In", "values": ["x", "y"]}]},
+                "resources": {"requests": {"memory": "400Mi", "cpu": "500m"}},
+                "retention": "10d", "enableAdminAPI": false,
+                "securityContext": {"runAsUser": 1000, "fsGroup": 2000, "runAsNonRoot": true},
+                "alerting": {"alertmanagers": [{"namespace": "monitoring", "name": "alertmanager-main", "port": "web"}]},
+                "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{"name": "sidecar", "image": "busybox", "args": ["sleep", "3600"],
+                    "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}],
+                    "env": [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}],
+                "storage": {"volumeClaimTemplate": {"spec": {"storageClassName": "ssd",
+                    "resources": {"requests": {"storage": "40Gi"}}}}},
+                "unknownField": {"dropped": true}}});
+        let n = 2000;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            let mut o = obj.clone();
+            s.prune(&mut o);
+            s.apply_defaults(&mut o);
+            let causes = s.validate(&o, None);
+            assert!(causes.is_empty(), "{:#?}", messages(&causes));
+        }
+        eprintln!(
+            "prune+default+validate: {:?} per object ({} bytes)",
+            t.elapsed() / n,
+            serde_json::to_vec(&obj).unwrap().len()
+        );
+        let mut o = obj.clone();
+        s.prune(&mut o);
+        s.apply_defaults(&mut o);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            let mut x = obj.clone();
+            s.prune(&mut x);
+        }
+        eprintln!("clone+prune: {:?}", t.elapsed() / n);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            s.validate(&o, None);
+        }
+        eprintln!("validate: {:?}", t.elapsed() / n);
+        fn strip(v: &mut Value) {
+            match v {
+                Value::Object(m) => {
+                    m.remove("x-kubernetes-validations");
+                    m.values_mut().for_each(strip);
+                }
+                Value::Array(a) => a.iter_mut().for_each(strip),
+                _ => {}
+            }
+        }
+        let mut plain = schema.clone();
+        strip(&mut plain);
+        let s2 = Schema::compile(&plain, "x").unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            s2.validate(&o, None);
+        }
+        eprintln!("validate without CEL rules: {:?}", t.elapsed() / n);
+    }
+}
