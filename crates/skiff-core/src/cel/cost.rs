@@ -408,10 +408,11 @@ impl Estimator {
                 (1 + tenth(l), Shape::Scalar)
             }
             "@in" => {
+                let needle = args.first().map(Shape::size).unwrap_or(1);
                 let container = args.get(1).cloned().unwrap_or(Shape::Scalar);
                 let own = match container {
                     Shape::List { max_items, elem } => {
-                        1 + max_items.saturating_mul(1 + tenth(elem.size()))
+                        1 + max_items.saturating_mul(1 + tenth(elem.size().min(needle)))
                     }
                     Shape::Unknown { max_size } => 1 + max_size / 2,
                     _ => 1,
@@ -505,7 +506,9 @@ impl Estimator {
                 };
                 (own, shape)
             }
-            _ => (1, Shape::unbounded()),
+            // Everything else (duration, timestamp, conversions, quantity
+            // and url accessors...) is constant-cost with a small result.
+            _ => (1, Shape::Scalar),
         };
         (cost.saturating_add(own), shape)
     }

@@ -75,6 +75,8 @@ const BUILTIN_IDENTS: &[&str] = &[
     "math",
     "base64",
     "lists",
+    "format",
+    "ip",
 ];
 
 /// Compiles `expr` for an environment declaring `vars`. Errors read as

@@ -209,3 +209,95 @@ fn property_escaping_matches_kubernetes() {
     );
     assert_eq!(escape_property("1abc"), None);
 }
+
+#[test]
+fn format_library() {
+    check(&[
+        (
+            "format.dns1123Label().validate('my-name').hasValue()",
+            json!(false),
+        ),
+        (
+            "format.dns1123Label().validate('My_Name').hasValue()",
+            json!(true),
+        ),
+        (
+            "format.dns1123Subdomain().validate('apiextensions.k8s.io').hasValue()",
+            json!(false),
+        ),
+        (
+            "format.dns1035Label().validate('1abc').hasValue()",
+            json!(true),
+        ),
+        (
+            "format.qualifiedName().validate('apiextensions.k8s.io/v1beta1').hasValue()",
+            json!(false),
+        ),
+        (
+            "format.dns1123LabelPrefix().validate('my-prefix-').hasValue()",
+            json!(false),
+        ),
+        ("format.labelValue().validate('').hasValue()", json!(false)),
+        (
+            "format.uuid().validate('123e4567-e89b-12d3-a456-426614174000').hasValue()",
+            json!(false),
+        ),
+        (
+            "format.date().validate('2021-13-01').hasValue()",
+            json!(true),
+        ),
+        ("format.named('dns1123Label').hasValue()", json!(true)),
+        ("format.named('nope').hasValue()", json!(false)),
+    ]);
+    let e = eval("format.dns1123Label().validate('x'.repeat(64) + '_').value()");
+    // `repeat` is not a CEL function: an error, never a panic
+    assert!(e.is_err());
+    assert_eq!(
+        eval("format.dns1123Label().validate('A').value()"),
+        Ok(json!(["a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"]))
+    );
+}
+
+#[test]
+fn ip_and_cidr_libraries() {
+    check(&[
+        ("isIP('10.0.0.1')", json!(true)),
+        ("isIP('::1')", json!(true)),
+        ("isIP('::ffff:1.2.3.4')", json!(false)),
+        ("isIP('fe80::1%eth0')", json!(false)),
+        ("isIP('example.com')", json!(false)),
+        ("ip('10.0.0.1').family()", json!(4)),
+        ("ip('::1').family()", json!(6)),
+        ("ip('127.0.0.1').isLoopback()", json!(true)),
+        ("ip('0.0.0.0').isUnspecified()", json!(true)),
+        ("ip('169.254.1.1').isLinkLocalUnicast()", json!(true)),
+        ("ip('8.8.8.8').isGlobalUnicast()", json!(true)),
+        ("ip.isCanonical('2001:db8::1')", json!(true)),
+        ("ip.isCanonical('2001:DB8::1')", json!(false)),
+        ("ip('10.0.0.1') == ip('10.0.0.1')", json!(true)),
+        ("string(ip('10.0.0.1'))", json!("10.0.0.1")),
+        ("isCIDR('10.0.0.0/8')", json!(true)),
+        ("isCIDR('10.0.0.0/33')", json!(false)),
+        ("cidr('10.0.0.0/8').containsIP(ip('10.1.2.3'))", json!(true)),
+        ("cidr('10.0.0.0/8').containsIP('11.1.2.3')", json!(false)),
+        (
+            "cidr('10.0.0.0/8').containsCIDR('10.1.0.0/16')",
+            json!(true),
+        ),
+        (
+            "cidr('10.1.0.0/16').containsCIDR('10.0.0.0/8')",
+            json!(false),
+        ),
+        (
+            "cidr('10.1.2.3/8').masked() == cidr('10.0.0.0/8')",
+            json!(true),
+        ),
+        ("cidr('10.1.2.3/8').prefixLength()", json!(8)),
+        ("string(cidr('10.1.2.3/8').ip())", json!("10.1.2.3")),
+        (
+            "string(cidr('2001:db8::1/32').masked())",
+            json!("2001:db8::/32"),
+        ),
+    ]);
+    assert!(eval("ip('nope')").is_err());
+}

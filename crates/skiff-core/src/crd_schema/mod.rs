@@ -37,6 +37,12 @@ struct Inner {
     root: Node,
 }
 
+/// Whether `s` is valid for the OpenAPI string `format` (unknown formats
+/// accept anything, as in Kubernetes).
+pub fn format_valid(format: &str, s: &str) -> bool {
+    formats::valid(format, s)
+}
+
 /// ObjectMeta's fields: what pruning keeps of `metadata`.
 const OBJECT_META_FIELDS: &[&str] = &[
     "name",
@@ -72,7 +78,7 @@ impl Schema {
             path,
             true,
             None,
-            1,
+            Some(1),
             &mut cost,
             &mut causes,
         );
@@ -320,6 +326,28 @@ fn min_size(n: &Node) -> u64 {
     }
 }
 
+/// The longest a string without `maxLength` can be: its longest enum value,
+/// the fixed length of its format, or what fits in a request (as
+/// Kubernetes estimates it).
+fn string_bound(n: &Node) -> u64 {
+    if let Some(values) = &n.enum_values {
+        return values
+            .iter()
+            .map(|v| v.as_str().map_or(8, str::len) as u64)
+            .max()
+            .unwrap_or(0);
+    }
+    match n.format.as_deref() {
+        Some("date") => 10,
+        Some("date-time") | Some("datetime") => 32,
+        Some("uuid") | Some("uuid3") | Some("uuid4") | Some("uuid5") => 36,
+        Some("ipv4") => 15,
+        Some("ipv6") => 45,
+        Some("mac") => 23,
+        _ => MAX_REQUEST_BYTES,
+    }
+}
+
 /// The cost shape of a node's values, from the schema's bounds.
 pub(crate) fn shape_of(n: &Node, depth: usize) -> Shape {
     if depth > 32 {
@@ -332,7 +360,7 @@ pub(crate) fn shape_of(n: &Node, depth: usize) -> Shape {
     }
     match n.ty {
         Some(Type::String) => Shape::Str {
-            max_len: n.max_length.unwrap_or(MAX_REQUEST_BYTES),
+            max_len: n.max_length.unwrap_or_else(|| string_bound(n)),
         },
         Some(Type::Array) => {
             let elem = n.items.as_deref();
@@ -392,7 +420,7 @@ fn compile_rules(
     path: &str,
     correlatable: bool,
     uncorrelatable_at: Option<&str>,
-    cardinality: u64,
+    cardinality: Option<u64>,
     cost: &mut CostTotal,
     out: &mut Vec<Cause>,
 ) {
@@ -423,9 +451,15 @@ fn compile_rules(
                             ),
                         ));
                     }
-                    let total = c.saturating_mul(cardinality);
+                    // How many times the rule can run: the product of the
+                    // enclosing lists' and maps' bounds, or when one is
+                    // unbounded, as many values as fit in one request.
+                    let times = cardinality.unwrap_or(MAX_REQUEST_BYTES / (min_size(n) + 1));
+                    let total = c.saturating_mul(times);
                     cost.total = cost.total.saturating_add(total);
-                    cost.rules.push((format!("{rpath}.rule"), total));
+                    if total >= STATIC_ESTIMATED_CRD_COST_LIMIT / 100 {
+                        cost.rules.push((format!("{rpath}.rule"), total));
+                    }
                     let fields = rules::selected_fields(&rule);
                     n.rule_fields = match (n.rules.is_empty(), n.rule_fields.take(), fields) {
                         (true, _, f) => f,
@@ -470,9 +504,6 @@ fn compile_rules(
         n.additional.as_deref_mut(),
         raw.get("additionalProperties").filter(|a| a.is_object()),
     ) {
-        let max = n
-            .max_properties
-            .unwrap_or(MAX_REQUEST_BYTES / (min_size(a) + 4));
         let unc = if correlatable && !n.map_atomic {
             uncorrelatable_at.map(str::to_string)
         } else {
@@ -486,16 +517,15 @@ fn compile_rules(
             &format!("{path}.additionalProperties"),
             correlatable && !n.map_atomic,
             unc.as_deref(),
-            cardinality.saturating_mul(max.max(1)),
+            cardinality
+                .zip(n.max_properties)
+                .map(|(c, m)| c.saturating_mul(m)),
             cost,
             out,
         );
     }
     let list_type = n.list_type;
     if let (Some(items), Some(sub)) = (n.items.as_deref_mut(), raw.get("items")) {
-        let max = n
-            .max_items
-            .unwrap_or(MAX_REQUEST_BYTES / (min_size(items) + 1));
         let corr = correlatable && list_type == Some(ListType::Map);
         let unc = if corr {
             uncorrelatable_at.map(str::to_string)
@@ -510,7 +540,9 @@ fn compile_rules(
             &format!("{path}.items"),
             corr,
             unc.as_deref(),
-            cardinality.saturating_mul(max.max(1)),
+            cardinality
+                .zip(n.max_items)
+                .map(|(c, m)| c.saturating_mul(m)),
             cost,
             out,
         );

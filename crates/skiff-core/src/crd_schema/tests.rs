@@ -1029,3 +1029,97 @@ fn a_real_crd_from_a_file_compiles_and_validates_fast() {
         eprintln!("validate without CEL rules: {:?}", t.elapsed() / n);
     }
 }
+
+/// Every CRD (as JSON) in `SKIFF_CRD_DIR` compiles, every version. Ignored
+/// by default: real operators' CRDs are not shipped with the tests.
+#[test]
+#[ignore]
+fn real_crds_in_a_directory_compile() {
+    let Ok(dir) = std::env::var("SKIFF_CRD_DIR") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let crd: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        for (i, v) in crd["spec"]["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let Some(schema) = v["schema"].get("openAPIV3Schema") else {
+                continue;
+            };
+            count += 1;
+            if let Err(e) = Schema::compile(
+                schema,
+                &format!("spec.versions[{i}].schema.openAPIV3Schema"),
+            ) {
+                failures.push(format!("{}: {:#?}", path.display(), messages(&e)));
+            }
+        }
+    }
+    eprintln!("{count} schemas");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every example object (as JSON) in `SKIFF_CRD_EXAMPLES` is accepted by
+/// the matching CRD's schema from `SKIFF_CRD_DIR`. Ignored by default.
+#[test]
+#[ignore]
+fn documented_examples_validate_against_real_crds() {
+    let (Ok(dir), Ok(examples)) = (
+        std::env::var("SKIFF_CRD_DIR"),
+        std::env::var("SKIFF_CRD_EXAMPLES"),
+    ) else {
+        return;
+    };
+    let mut schemas = std::collections::HashMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let crd: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let group = crd["spec"]["group"].as_str().unwrap_or("").to_string();
+        let kind = crd["spec"]["names"]["kind"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        for v in crd["spec"]["versions"].as_array().into_iter().flatten() {
+            if let Some(schema) = v["schema"].get("openAPIV3Schema") {
+                let s = Schema::compile(schema, "s").expect("compiles");
+                let av = format!("{group}/{}", v["name"].as_str().unwrap_or(""));
+                schemas.insert((av, kind.clone()), s);
+            }
+        }
+    }
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for entry in std::fs::read_dir(examples).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let mut obj: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let key = (
+            obj["apiVersion"].as_str().unwrap_or("").to_string(),
+            obj["kind"].as_str().unwrap_or("").to_string(),
+        );
+        let Some(s) = schemas.get(&key) else { continue };
+        count += 1;
+        s.prune(&mut obj);
+        s.apply_defaults(&mut obj);
+        let causes = s.validate(&obj, None);
+        if !causes.is_empty() {
+            failures.push(format!("{}: {:#?}", path.display(), messages(&causes)));
+        }
+    }
+    eprintln!("{count} examples");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
