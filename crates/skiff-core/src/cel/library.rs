@@ -849,11 +849,7 @@ fn validate_format(f: &str, s: &str) -> Vec<String> {
                 out.push("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')".to_string());
             }
         }
-        "uri" => {
-            if parse_url(s).is_none() {
-                out.push("invalid URI".to_string());
-            }
-        }
+        "uri" if parse_url(s).is_none() => out.push("invalid URI".to_string()),
         "uuid" | "byte" | "date" | "datetime" => {
             let name = if f == "datetime" { "date-time" } else { f };
             if !crate::crd_schema::format_valid(name, s) {
