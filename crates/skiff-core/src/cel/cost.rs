@@ -161,7 +161,16 @@ impl Shape {
     fn iteration(&self) -> (u64, Shape) {
         match self {
             Shape::List { max_items, elem } => (*max_items, (**elem).clone()),
-            Shape::Map { max_props, .. } => (*max_props, Shape::Str { max_len: 256 }),
+            // Kubernetes sizes map keys at zero when estimating (their
+            // declared type has no length); actual keys are measured at run time.
+            Shape::Map {
+                max_props, fields, ..
+            } => (
+                *max_props,
+                Shape::Str {
+                    max_len: fields.keys().map(|k| k.len() as u64).max().unwrap_or(0),
+                },
+            ),
             Shape::Str { max_len } => (*max_len, Shape::Str { max_len: 1 }),
             Shape::Scalar => (0, Shape::Scalar),
             Shape::Unknown { max_size } => (
@@ -403,9 +412,16 @@ impl Estimator {
                 };
                 (own, shape)
             }
+            // cel-go: constant for scalars, a tenth per byte or element of
+            // the smaller operand for strings, bytes, lists and maps.
             "_==_" | "_!=_" | "_<_" | "_<=_" | "_>_" | "_>=_" => {
-                let l = args.iter().map(Shape::size).min().unwrap_or(1);
-                (1 + tenth(l), Shape::Scalar)
+                let scalar = args.iter().all(|a| matches!(a, Shape::Scalar));
+                let own = if scalar {
+                    1
+                } else {
+                    tenth(args.iter().map(Shape::size).min().unwrap_or(1)).max(1)
+                };
+                (own, Shape::Scalar)
             }
             "@in" => {
                 let needle = args.first().map(Shape::size).unwrap_or(1);
@@ -447,7 +463,7 @@ impl Estimator {
                 } else {
                     (arg_len(0), arg_len(1))
                 };
-                let own = (1 + tenth(s)).saturating_mul(1 + re / 4);
+                let own = tenth(s).max(1).saturating_mul(re.div_ceil(4).max(1));
                 let shape = if call.func_name == "findAll" {
                     Shape::List {
                         max_items: s,
