@@ -107,6 +107,7 @@ pub(super) fn register(env: &mut Env) {
     }
     register_format(env);
     register_net(env);
+    register_semver_sets(env);
 }
 
 fn err(function: &str, msg: impl ToString) -> ExecutionError {
@@ -609,27 +610,252 @@ fn q_sub(args: &[Value]) -> Result<Value, ExecutionError> {
     ))
 }
 
+/// The ordering of two quantities, or of two semantic versions.
+fn ordering(args: &[Value], function: &str) -> Result<Ordering, ExecutionError> {
+    if let (Some(a), Some(b)) = (semver_at(args, 0), semver_at(args, 1)) {
+        return Ok(a.cmp(&b));
+    }
+    Ok(q_at(args, 0, function)?.cmp(&q_at(args, 1, function)?))
+}
+
 fn q_less(args: &[Value]) -> Result<Value, ExecutionError> {
-    Ok(Value::Bool(
-        q_at(args, 0, "isLessThan")? < q_at(args, 1, "isLessThan")?,
-    ))
+    Ok(Value::Bool(ordering(args, "isLessThan")? == Ordering::Less))
 }
 
 fn q_greater(args: &[Value]) -> Result<Value, ExecutionError> {
     Ok(Value::Bool(
-        q_at(args, 0, "isGreaterThan")? > q_at(args, 1, "isGreaterThan")?,
+        ordering(args, "isGreaterThan")? == Ordering::Greater,
     ))
 }
 
 fn q_compare(args: &[Value]) -> Result<Value, ExecutionError> {
-    let o = q_at(args, 0, "compareTo")?.cmp(&q_at(args, 1, "compareTo")?);
-    Ok(Value::Int(o as i64))
+    Ok(Value::Int(ordering(args, "compareTo")? as i64))
+}
+
+// --- semver ------------------------------------------------------------------
+
+/// A semantic version of Kubernetes' semver library (pre-release ordered,
+/// build metadata ignored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Semver {
+    major: u64,
+    minor: u64,
+    patch: u64,
+    pre: Vec<String>,
+    text: String,
+}
+
+impl Opaque for Semver {
+    fn runtime_type_name(&self) -> &str {
+        "kubernetes.Semver"
+    }
+}
+
+impl Ord for Semver {
+    fn cmp(&self, o: &Self) -> Ordering {
+        (self.major, self.minor, self.patch)
+            .cmp(&(o.major, o.minor, o.patch))
+            .then_with(|| match (self.pre.is_empty(), o.pre.is_empty()) {
+                (true, true) => Ordering::Equal,
+                (true, false) => Ordering::Greater,
+                (false, true) => Ordering::Less,
+                (false, false) => {
+                    for (a, b) in self.pre.iter().zip(&o.pre) {
+                        let c = match (a.parse::<u64>(), b.parse::<u64>()) {
+                            (Ok(x), Ok(y)) => x.cmp(&y),
+                            (Ok(_), Err(_)) => Ordering::Less,
+                            (Err(_), Ok(_)) => Ordering::Greater,
+                            _ => a.cmp(b),
+                        };
+                        if c != Ordering::Equal {
+                            return c;
+                        }
+                    }
+                    self.pre.len().cmp(&o.pre.len())
+                }
+            })
+    }
+}
+
+impl PartialOrd for Semver {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+/// Parses a version; with `normalize`, a leading `v` and missing minor or
+/// patch parts are accepted, as `isSemver(s, true)` does.
+fn parse_semver(s: &str, normalize: bool) -> Option<Semver> {
+    let text = s.to_string();
+    let mut s = s;
+    if normalize {
+        s = s.strip_prefix('v').unwrap_or(s);
+    }
+    let s = s.split('+').next()?;
+    let (core, pre) = match s.split_once('-') {
+        Some((c, p)) => (c, Some(p)),
+        None => (s, None),
+    };
+    let mut parts: Vec<&str> = core.split('.').collect();
+    if normalize {
+        while parts.len() < 3 {
+            parts.push("0");
+        }
+    }
+    if parts.len() != 3 {
+        return None;
+    }
+    let num = |p: &str| -> Option<u64> {
+        if p.is_empty()
+            || !p.bytes().all(|c| c.is_ascii_digit())
+            || (p.len() > 1 && p.starts_with('0') && !normalize)
+        {
+            return None;
+        }
+        p.parse().ok()
+    };
+    let pre = match pre {
+        Some(p) => {
+            let ids: Vec<String> = p.split('.').map(str::to_string).collect();
+            if ids
+                .iter()
+                .any(|i| i.is_empty() || !i.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-'))
+            {
+                return None;
+            }
+            ids
+        }
+        None => Vec::new(),
+    };
+    Some(Semver {
+        major: num(parts[0])?,
+        minor: num(parts[1])?,
+        patch: num(parts[2])?,
+        pre,
+        text,
+    })
+}
+
+fn semver_at(args: &[Value], i: usize) -> Option<Semver> {
+    match args.get(i) {
+        Some(Value::Opaque(o)) => o.as_ref().downcast_ref::<Semver>().cloned(),
+        _ => None,
+    }
+}
+
+fn semver_fn(args: &[Value]) -> Result<Value, ExecutionError> {
+    let s = str_arg(args, 0, "semver")?;
+    let normalize = matches!(args.get(1), Some(Value::Bool(true)));
+    parse_semver(s, normalize)
+        .map(|v| Value::Opaque(Arc::new(v)))
+        .ok_or_else(|| err("semver", format!("Invalid semver {s:?}")))
+}
+
+fn is_semver(args: &[Value]) -> Result<Value, ExecutionError> {
+    let normalize = matches!(args.get(1), Some(Value::Bool(true)));
+    Ok(Value::Bool(
+        parse_semver(str_arg(args, 0, "isSemver")?, normalize).is_some(),
+    ))
+}
+
+fn semver_part(args: &[Value], function: &str) -> Result<Value, ExecutionError> {
+    let v = semver_at(args, 0).ok_or_else(|| err(function, "receiver must be a semver"))?;
+    Ok(Value::Int(match function {
+        "major" => v.major,
+        "minor" => v.minor,
+        _ => v.patch,
+    } as i64))
+}
+
+fn semver_major(a: &[Value]) -> Result<Value, ExecutionError> {
+    semver_part(a, "major")
+}
+fn semver_minor(a: &[Value]) -> Result<Value, ExecutionError> {
+    semver_part(a, "minor")
+}
+fn semver_patch(a: &[Value]) -> Result<Value, ExecutionError> {
+    semver_part(a, "patch")
+}
+
+// --- sets ----------------------------------------------------------------------
+
+fn two_lists<'a>(
+    args: &'a [Value],
+    function: &str,
+) -> Result<(&'a [Value], &'a [Value]), ExecutionError> {
+    match (args.first(), args.get(1)) {
+        (Some(Value::List(a)), Some(Value::List(b))) => Ok((a.as_slice(), b.as_slice())),
+        _ => Err(err(function, "arguments must be lists")),
+    }
+}
+
+fn sets_contains(args: &[Value]) -> Result<Value, ExecutionError> {
+    let (a, b) = two_lists(args, "sets.contains")?;
+    Ok(Value::Bool(b.iter().all(|x| a.contains(x))))
+}
+
+fn sets_equivalent(args: &[Value]) -> Result<Value, ExecutionError> {
+    let (a, b) = two_lists(args, "sets.equivalent")?;
+    Ok(Value::Bool(
+        b.iter().all(|x| a.contains(x)) && a.iter().all(|x| b.contains(x)),
+    ))
+}
+
+fn sets_intersects(args: &[Value]) -> Result<Value, ExecutionError> {
+    let (a, b) = two_lists(args, "sets.intersects")?;
+    Ok(Value::Bool(b.iter().any(|x| a.contains(x))))
+}
+
+/// Registers the semver and sets libraries.
+pub(super) fn register_semver_sets(env: &mut Env) {
+    use ::cel::common::types::BOOL_TYPE;
+    let _ = env.add_overload(
+        "semver",
+        "k8s_semver",
+        vec![STRING_TYPE],
+        overload!(semver_fn),
+    );
+    let _ = env.add_overload(
+        "semver",
+        "k8s_semver_norm",
+        vec![STRING_TYPE, BOOL_TYPE],
+        overload!(semver_fn),
+    );
+    let _ = env.add_overload(
+        "isSemver",
+        "k8s_is_semver",
+        vec![STRING_TYPE],
+        overload!(is_semver),
+    );
+    let _ = env.add_overload(
+        "isSemver",
+        "k8s_is_semver_norm",
+        vec![STRING_TYPE, BOOL_TYPE],
+        overload!(is_semver),
+    );
+    for (name, f) in [
+        ("major", overload!(semver_major)),
+        ("minor", overload!(semver_minor)),
+        ("patch", overload!(semver_patch)),
+    ] {
+        let _ = env.add_member_overload(name, &format!("k8s_semver_{name}"), DYN_TYPE, vec![], f);
+    }
+    for (name, f) in [
+        ("sets.contains", overload!(sets_contains)),
+        ("sets.equivalent", overload!(sets_equivalent)),
+        ("sets.intersects", overload!(sets_intersects)),
+    ] {
+        let _ = env.add_overload(name, &format!("k8s_{name}"), vec![LIST_TYPE, LIST_TYPE], f);
+    }
 }
 
 /// JSON for opaque values: quantities and URLs by their string form.
 pub(super) fn opaque_to_json(o: &dyn Opaque) -> serde_json::Value {
     if let Some(q) = o.downcast_ref::<Quantity>() {
         return serde_json::Value::String(q.text.clone());
+    }
+    if let Some(v) = o.downcast_ref::<Semver>() {
+        return serde_json::Value::String(v.text.clone());
     }
     if let Some(ip) = o.downcast_ref::<Ip>() {
         return serde_json::Value::String(ip.0.to_string());

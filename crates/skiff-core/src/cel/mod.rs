@@ -77,6 +77,7 @@ const BUILTIN_IDENTS: &[&str] = &[
     "lists",
     "format",
     "ip",
+    "sets",
 ];
 
 /// Compiles `expr` for an environment declaring `vars`. Errors read as

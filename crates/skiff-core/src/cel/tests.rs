@@ -301,3 +301,35 @@ fn ip_and_cidr_libraries() {
     ]);
     assert!(eval("ip('nope')").is_err());
 }
+
+#[test]
+fn semver_and_sets_libraries() {
+    check(&[
+        ("isSemver('1.2.3')", json!(true)),
+        ("isSemver('v1.2')", json!(false)),
+        ("isSemver('v1.2', true)", json!(true)),
+        ("semver('1.2.3').major()", json!(1)),
+        ("semver('1.2.3').minor()", json!(2)),
+        ("semver('1.2.3').patch()", json!(3)),
+        ("semver('1.2.3').isLessThan(semver('1.10.0'))", json!(true)),
+        (
+            "semver('1.0.0-alpha').isLessThan(semver('1.0.0'))",
+            json!(true),
+        ),
+        (
+            "semver('1.0.0-alpha.2').compareTo(semver('1.0.0-alpha.10'))",
+            json!(-1),
+        ),
+        (
+            "semver('2.0.0').isGreaterThan(semver('1.9.9'))",
+            json!(true),
+        ),
+        ("semver('v1.2', true).compareTo(semver('1.2.0'))", json!(0)),
+        ("sets.contains([1, 2, 3], [2, 3])", json!(true)),
+        ("sets.contains([1, 2], [3])", json!(false)),
+        ("sets.equivalent([1, 2, 2], [2, 1])", json!(true)),
+        ("sets.intersects([1, 2], [2, 5])", json!(true)),
+        ("sets.intersects([1], [])", json!(false)),
+    ]);
+    assert!(eval("semver('nope')").is_err());
+}
