@@ -86,21 +86,34 @@ pub fn compile(expr: &str, vars: &[&str]) -> Result<Program, String> {
     if expr.trim().is_empty() {
         return Err("compilation failed: expression is empty".to_string());
     }
-    // The parser is recursive: refuse absurdly deep nesting before it can
-    // exhaust the stack.
-    let depth = expr
-        .chars()
-        .filter(|c| matches!(c, '(' | '[' | '{'))
-        .count();
-    if depth > 250 || expr.len() > 100_000 {
-        return Err("compilation failed: expression is too large or too deeply nested".into());
+    // cel-go's limit on an expression's size (in code points).
+    if expr.chars().count() > 100_000 {
+        return Err("compilation failed: expression code point size exceeds limit: size: 100001, limit 100000".into());
     }
-    let program = env()
-        .compile(expr)
-        .map_err(|e| format!("compilation failed: ERROR: <input>:{e}"))?;
-    let mut reads = BTreeSet::new();
-    let mut scope = Vec::new();
-    free_idents(program.expression(), &mut scope, &mut reads);
+    // The parser and the checks below recurse over the expression: run them
+    // on a thread with a large stack so no input can overflow it, and refuse
+    // trees deeper than evaluation may safely recurse (cel-go refuses them too).
+    let source = expr.to_string();
+    let parsed = std::thread::Builder::new()
+        .stack_size(256 * 1024 * 1024)
+        .spawn(move || -> Result<(::cel::Program, BTreeSet<String>), String> {
+            let program = env()
+                .compile(&source)
+                .map_err(|e| format!("compilation failed: {e}"))?;
+            if depth(program.expression()) > MAX_DEPTH {
+                return Err(format!(
+                    "compilation failed: ERROR: <input>:1:1: expression nested more than {MAX_DEPTH} levels deep (max recursion depth exceeded)"
+                ));
+            }
+            let mut reads = BTreeSet::new();
+            let mut scope = Vec::new();
+            free_idents(program.expression(), &mut scope, &mut reads);
+            Ok((program, reads))
+        })
+        .map_err(|e| format!("compilation failed: {e}"))?
+        .join()
+        .map_err(|_| "compilation failed: the expression could not be parsed".to_string())?;
+    let (program, reads) = parsed?;
     for name in &reads {
         if !vars.contains(&name.as_str()) && !BUILTIN_IDENTS.contains(&name.as_str()) {
             return Err(format!(
@@ -115,6 +128,43 @@ pub fn compile(expr: &str, vars: &[&str]) -> Result<Program, String> {
             reads,
         }),
     })
+}
+
+/// The deepest nesting of an expression evaluation may recurse through.
+pub const MAX_DEPTH: usize = 100;
+
+/// The depth of an expression tree.
+fn depth(e: &::cel::IdedExpr) -> usize {
+    let children: Vec<&::cel::IdedExpr> = match &e.expr {
+        Expr::Select(s) => vec![&s.operand],
+        Expr::Call(c) => c.target.iter().map(|t| &**t).chain(c.args.iter()).collect(),
+        Expr::List(l) => l.elements.iter().collect(),
+        Expr::Map(m) => m
+            .entries
+            .iter()
+            .flat_map(|en| match &en.expr {
+                EntryExpr::MapEntry(me) => vec![&me.key, &me.value],
+                EntryExpr::StructField(f) => vec![&f.value],
+            })
+            .collect(),
+        Expr::Struct(s) => s
+            .entries
+            .iter()
+            .map(|en| match &en.expr {
+                EntryExpr::MapEntry(me) => &me.value,
+                EntryExpr::StructField(f) => &f.value,
+            })
+            .collect(),
+        Expr::Comprehension(c) => vec![
+            &c.iter_range,
+            &c.accu_init,
+            &c.loop_cond,
+            &c.loop_step,
+            &c.result,
+        ],
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => vec![],
+    };
+    1 + children.into_iter().map(depth).max().unwrap_or(0)
 }
 
 /// Collects the identifiers an expression reads that no comprehension binds.

@@ -333,3 +333,41 @@ fn semver_and_sets_libraries() {
     ]);
     assert!(eval("semver('nope')").is_err());
 }
+
+#[test]
+fn long_and_deep_expressions_are_refused_or_run_without_overflowing() {
+    for expr in [
+        format!("{}1", "1 + ".repeat(20_000)),
+        format!("{}true", "!".repeat(20_000)),
+        format!("{}1{}", "[".repeat(200), "]".repeat(200)),
+        format!("self{}", ".a".repeat(20_000)),
+        format!("{}1", "-".repeat(20_000)),
+        format!("{}", "a || ".repeat(20_000) + "a"),
+    ] {
+        if let Ok(p) = compile(&expr, &["self", "a"]) {
+            let _ = p.eval(&[("self", &json!({})), ("a", &json!(true))]);
+        }
+    }
+}
+
+#[test]
+fn the_deepest_accepted_expression_evaluates_on_a_small_stack() {
+    // Just under the limits: accepted, and evaluating it fits a 2 MiB stack
+    // (a server thread's); deeper is refused.
+    let on_small_stack = |p: super::Program| {
+        std::thread::Builder::new()
+            .stack_size(2 * 1024 * 1024)
+            .spawn(move || p.eval(&[]))
+            .unwrap()
+            .join()
+            .unwrap()
+    };
+    let lists = format!("{}1{}", "[".repeat(90), "]".repeat(90));
+    assert!(on_small_stack(compile(&lists, &[]).expect("accepted")).is_ok());
+    let sums = format!("{}1", "1 + ".repeat(super::MAX_DEPTH - 2));
+    assert!(on_small_stack(compile(&sums, &[]).expect("accepted")).is_ok());
+    let e = compile(&format!("{}1", "1 + ".repeat(super::MAX_DEPTH + 1)), &[]).unwrap_err();
+    assert!(e.contains("max recursion depth exceeded"), "{e}");
+    let e = compile(&format!("{}1{}", "[".repeat(200), "]".repeat(200)), &[]).unwrap_err();
+    assert!(e.starts_with("compilation failed: ERROR: <input>:"), "{e}");
+}

@@ -1123,3 +1123,32 @@ fn documented_examples_validate_against_real_crds() {
     eprintln!("{count} examples");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn a_schema_and_object_as_deep_as_json_allows_fit_a_server_threads_stack() {
+    // serde_json refuses documents nested deeper than 128 levels; build the
+    // deepest schema and object a request can carry and run everything on a
+    // 2 MiB stack, as a server thread has.
+    let depth = 60; // a property level is two JSON levels in the schema
+    let mut schema = json!({"type": "string", "default": "x", "x-kubernetes-validations": [{"rule": "self != ''"}]});
+    let mut object = json!("v");
+    for _ in 0..depth {
+        schema = json!({"type": "object", "properties": {"a": schema}});
+        object = json!({"a": object});
+    }
+    let text = serde_json::to_string(&schema).unwrap();
+    let out = std::thread::Builder::new()
+        .stack_size(2 * 1024 * 1024)
+        .spawn(move || {
+            let schema: Value = serde_json::from_str(&text).unwrap();
+            let s = Schema::compile(&schema, "s").unwrap();
+            let mut o = object;
+            s.prune(&mut o);
+            s.apply_defaults(&mut o);
+            s.validate(&o, Some(&json!({})))
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(out.is_empty(), "{:?}", messages(&out));
+}
