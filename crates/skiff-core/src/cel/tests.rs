@@ -342,7 +342,7 @@ fn long_and_deep_expressions_are_refused_or_run_without_overflowing() {
         format!("{}1{}", "[".repeat(200), "]".repeat(200)),
         format!("self{}", ".a".repeat(20_000)),
         format!("{}1", "-".repeat(20_000)),
-        format!("{}", "a || ".repeat(20_000) + "a"),
+        "a || ".repeat(20_000) + "a",
     ] {
         if let Ok(p) = compile(&expr, &["self", "a"]) {
             let _ = p.eval(&[("self", &json!({})), ("a", &json!(true))]);
