@@ -280,7 +280,14 @@ impl Program {
                 return Err(format!("no such attribute(s): {name}"));
             }
         }
-        self.inner.program.execute(&ctx).map_err(runtime_error)
+        // A bug in the interpreter must cost one request an error, never the
+        // server a thread: a panic becomes an evaluation error.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.inner.program.execute(&ctx)
+        })) {
+            Ok(r) => r.map_err(runtime_error),
+            Err(_) => Err("internal error evaluating the expression".to_string()),
+        }
     }
 }
 

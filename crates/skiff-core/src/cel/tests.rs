@@ -371,3 +371,40 @@ fn the_deepest_accepted_expression_evaluates_on_a_small_stack() {
     let e = compile(&format!("{}1{}", "[".repeat(200), "]".repeat(200)), &[]).unwrap_err();
     assert!(e.starts_with("compilation failed: ERROR: <input>:"), "{e}");
 }
+
+#[test]
+fn random_expressions_never_panic() {
+    let tokens = [
+        "self", "a", "1", "-1", "0", "1.5", "'x'", "\"\"", "b'x'", "true", "null", "[", "]", "{", "}", "(",
+        ")", ",", ".", ":", "?", "+", "-", "*", "/", "%", "==", "!=", "<", ">=", "&&", "||", "!", "in",
+        "size(", "has(", ".all(x,", ".map(x,", ".filter(x,", ".exists_one(x,", "x", "int(", "string(",
+        "double(", "duration(", "timestamp(", "'1s'", "quantity(", "'1Gi'", "url(", "'http://a/b'",
+        ".substring(", ".charAt(", ".split(", ".join(", ".lowerAscii()", ".matches(", "'['",
+        ".isSorted()", ".sum()", ".min()", ".max()", ".indexOf(", "ip(", "'::1'", "cidr(", "'1.2.3.4/8'",
+        ".containsIP(", "format.dns1123Label()", ".validate(", "semver(", "'1.2.3'", ".compareTo(",
+        "9223372036854775807", "-9223372036854775808", "18446744073709551615u", ".?a", "[?", "optional.of(",
+        ".value()", ".orValue(", "sets.contains(", "[1,2]", "{'a':1}", ".a", "[0]", "[-1]", "[99]",
+    ];
+    let mut state: u64 = 0x9E3779B97F4A7C15;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let vars = [
+        ("self", json!({"a": [1, 2, {"b": "c"}], "s": "text", "n": 1.5})),
+        ("a", json!(["x", "y"])),
+    ];
+    for _ in 0..4000 {
+        let len = 1 + next() % 12;
+        let expr: String = (0..len)
+            .map(|_| tokens[(next() % tokens.len() as u64) as usize])
+            .collect::<Vec<_>>()
+            .join(" ");
+        if let Ok(p) = compile(&expr, &["self", "a"]) {
+            let bound: Vec<(&str, &serde_json::Value)> = vars.iter().map(|(n, v)| (*n, v)).collect();
+            let _ = p.eval(&bound);
+        }
+    }
+}
