@@ -440,7 +440,8 @@ pub(crate) fn check_fields(p: &crate::cel::Program, n: &Node, is_root: bool) -> 
 /// A rule's `fieldPath` (`.spec.x`, `.a['b-c']`, `.list[0]` is refused as
 /// Kubernetes refuses it) as a field path below the rule's node.
 pub(crate) fn normalize_field_path(fp: &str, n: &Node) -> Result<String, String> {
-    let invalid = |why: &str| format!("must be a valid path: {why}");
+    // Kubernetes says only this, whatever is wrong with the path.
+    let invalid = |_why: &str| "must be a valid path".to_string();
     let mut out = String::new();
     let mut node = n;
     let mut rest = fp;

@@ -1152,3 +1152,29 @@ fn a_schema_and_object_as_deep_as_json_allows_fit_a_server_threads_stack() {
         .unwrap();
     assert!(out.is_empty(), "{:?}", messages(&out));
 }
+
+#[test]
+fn a_rules_field_path_must_name_a_field() {
+    let got = refused(obj(
+        json!({"a": {"type": "object", "properties": {"b": {"type": "string"}},
+        "x-kubernetes-validations": [
+            {"rule": "true", "fieldPath": ".c"},
+            {"rule": "true", "fieldPath": ".b[0]"},
+            {"rule": "true", "fieldPath": "b"},
+        ]}}),
+    ));
+    let p = format!("{P}.properties[spec].properties[a].x-kubernetes-validations");
+    assert_eq!(
+        got,
+        vec![
+            format!(r#"{p}[0].fieldPath: Invalid value: ".c": must be a valid path"#),
+            format!(r#"{p}[1].fieldPath: Invalid value: ".b[0]": must be a valid path"#),
+            format!(r#"{p}[2].fieldPath: Invalid value: "b": must be a valid path"#),
+        ]
+    );
+    compile(obj(
+        json!({"a": {"type": "object", "properties": {"b": {"type": "object",
+        "properties": {"c-d": {"type": "string"}}}},
+        "x-kubernetes-validations": [{"rule": "true", "fieldPath": ".b['c-d']"}]}}),
+    ));
+}
