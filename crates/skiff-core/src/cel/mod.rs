@@ -47,6 +47,13 @@ struct Inner {
     program: ::cel::Program,
     /// Free variables the expression reads.
     reads: BTreeSet<String>,
+    /// Per variable read, the top-level fields the expression selects when
+    /// it only ever selects fields of it (`None`: it uses the value whole).
+    /// Only those fields are converted for evaluation.
+    fields: Vec<(String, Option<BTreeSet<String>>)>,
+    /// The estimated cost with every variable unbounded: when within the
+    /// per-call limit, no evaluation can exceed it and values need no sizing.
+    unbounded_cost: u64,
 }
 
 impl std::fmt::Debug for Program {
@@ -121,13 +128,73 @@ pub fn compile(expr: &str, vars: &[&str]) -> Result<Program, String> {
             ));
         }
     }
+    let fields = reads
+        .iter()
+        .map(|v| {
+            (
+                v.clone(),
+                selected_fields(program.expression(), &[v.as_str()]),
+            )
+        })
+        .collect();
+    let unbounded_cost = cost::estimate(program.expression(), &[]);
     Ok(Program {
         inner: Arc::new(Inner {
             source: expr.to_string(),
             program,
             reads,
+            fields,
+            unbounded_cost,
         }),
     })
+}
+
+/// The fields of the named variables an expression reads, when it reads
+/// them only by selecting fields (`v.f`, `has(v.f)`); `None` when it uses a
+/// variable whole (compared, iterated, passed to a function...).
+pub(crate) fn selected_fields(e: &::cel::IdedExpr, names: &[&str]) -> Option<BTreeSet<String>> {
+    fn visit(e: &::cel::IdedExpr, names: &[&str], out: &mut BTreeSet<String>) -> bool {
+        let is_var =
+            |x: &::cel::IdedExpr| matches!(&x.expr, Expr::Ident(i) if names.contains(&i.as_str()));
+        match &e.expr {
+            Expr::Ident(i) => !names.contains(&i.as_str()),
+            Expr::Select(s) => {
+                if is_var(&s.operand) {
+                    out.insert(s.field.clone());
+                    true
+                } else {
+                    visit(&s.operand, names, out)
+                }
+            }
+            Expr::Call(c) => {
+                c.target.as_deref().is_none_or(|t| visit(t, names, out))
+                    && c.args.iter().all(|a| visit(a, names, out))
+            }
+            Expr::List(l) => l.elements.iter().all(|a| visit(a, names, out)),
+            Expr::Map(m) => m.entries.iter().all(|en| match &en.expr {
+                EntryExpr::MapEntry(me) => {
+                    visit(&me.key, names, out) && visit(&me.value, names, out)
+                }
+                EntryExpr::StructField(f) => visit(&f.value, names, out),
+            }),
+            Expr::Struct(_) => false,
+            Expr::Comprehension(c) => {
+                // A comprehension variable shadowing one of the names makes
+                // its uses inside refer to something else: stay whole.
+                if names.contains(&c.iter_var.as_str()) || names.contains(&c.accu_var.as_str()) {
+                    return false;
+                }
+                visit(&c.iter_range, names, out)
+                    && visit(&c.accu_init, names, out)
+                    && visit(&c.loop_cond, names, out)
+                    && visit(&c.loop_step, names, out)
+                    && visit(&c.result, names, out)
+            }
+            Expr::Literal(_) | Expr::Unspecified => true,
+        }
+    }
+    let mut out = BTreeSet::new();
+    visit(e, names, &mut out).then_some(out)
 }
 
 /// The deepest nesting of an expression evaluation may recurse through.
@@ -249,19 +316,39 @@ impl Program {
     /// when a variable the expression reads is missing, on a runtime error,
     /// or when the evaluation would exceed the per-call cost limit.
     pub fn eval(&self, vars: &[(&str, &Value)]) -> Result<Value, String> {
-        let shapes: Vec<(&str, Shape)> = vars
-            .iter()
-            .filter(|(n, _)| self.reads(n))
-            .map(|(n, v)| (*n, Shape::of(v)))
-            .collect();
-        let cost = self.estimate_cost(&shapes);
-        if cost > PER_CALL_LIMIT {
-            return Err("operation cancelled: actual cost limit exceeded".to_string());
+        if self.inner.unbounded_cost > PER_CALL_LIMIT {
+            let shapes: Vec<(&str, Shape)> = vars
+                .iter()
+                .filter(|(n, _)| self.reads(n))
+                .map(|(n, v)| (*n, Shape::of(v)))
+                .collect();
+            if self.estimate_cost(&shapes) > PER_CALL_LIMIT {
+                return Err("operation cancelled: actual cost limit exceeded".to_string());
+            }
         }
         let bound: Vec<(&str, CelValue)> = vars
             .iter()
             .filter(|(n, _)| self.reads(n))
-            .map(|(n, v)| (*n, to_cel(v)))
+            .map(|(n, v)| {
+                let only = self
+                    .inner
+                    .fields
+                    .iter()
+                    .find(|(name, _)| name == n)
+                    .and_then(|(_, f)| f.as_ref());
+                let value = match (only, v) {
+                    (Some(only), Value::Object(m)) => {
+                        let map: HashMap<Key, CelValue> = m
+                            .iter()
+                            .filter(|(k, _)| only.contains(k.as_str()))
+                            .map(|(k, x)| (Key::String(Arc::new(k.clone())), to_cel(x)))
+                            .collect();
+                        CelValue::Map(Map { map: Arc::new(map) })
+                    }
+                    _ => to_cel(v),
+                };
+                (*n, value)
+            })
             .collect();
         let out = self.eval_cel(bound)?;
         Ok(from_cel(&out))

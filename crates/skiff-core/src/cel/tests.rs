@@ -491,3 +491,36 @@ fn random_expressions_never_panic() {
         }
     }
 }
+
+#[test]
+fn variables_used_whole_or_by_field_evaluate_the_same() {
+    let obj = json!({"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": {"n": [1, 2, 3]}});
+    let old = json!({"metadata": {"name": "a"}, "spec": {"n": [1, 2]}});
+    for (expr, want) in [
+        (
+            "object.metadata.name == oldObject.metadata.name",
+            json!(true),
+        ),
+        ("object == oldObject", json!(false)),
+        (
+            "object.spec.n.all(x, x > 0) && size(object.spec.n) == 3",
+            json!(true),
+        ),
+        (
+            "'x' in object.metadata.labels && !has(oldObject.metadata.labels)",
+            json!(true),
+        ),
+        (
+            "size(object) == 2 && object.spec.n.map(object, object * 2) == [2, 4, 6]",
+            json!(true),
+        ),
+        ("[object.metadata, oldObject.spec].size() == 2", json!(true)),
+    ] {
+        let p = compile(expr, &["object", "oldObject"]).unwrap();
+        assert_eq!(
+            p.eval(&[("object", &obj), ("oldObject", &old)]),
+            Ok(want),
+            "{expr}"
+        );
+    }
+}

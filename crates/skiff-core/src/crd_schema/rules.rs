@@ -271,49 +271,10 @@ fn eval_rules(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path:
 /// The fields of `self`/`oldSelf` a rule (and its messageExpression) reads,
 /// when it reads them only by selection; `None` when it uses them whole.
 pub(crate) fn selected_fields(rule: &Rule) -> Option<std::collections::BTreeSet<String>> {
-    fn visit(e: &::cel::IdedExpr, out: &mut std::collections::BTreeSet<String>) -> bool {
-        let is_self = |x: &::cel::IdedExpr| matches!(&x.expr, Expr::Ident(i) if i == "self" || i == "oldSelf");
-        match &e.expr {
-            Expr::Ident(i) => i != "self" && i != "oldSelf",
-            Expr::Select(s) => {
-                if is_self(&s.operand) {
-                    out.insert(s.field.clone());
-                    true
-                } else {
-                    visit(&s.operand, out)
-                }
-            }
-            Expr::Call(c) => {
-                // `optional` selections (`self.?x`) and indexing pass `self` whole.
-                c.target.as_deref().is_none_or(|t| visit(t, out))
-                    && c.args.iter().all(|a| visit(a, out))
-            }
-            Expr::List(l) => l.elements.iter().all(|a| visit(a, out)),
-            Expr::Map(m) => m.entries.iter().all(|en| match &en.expr {
-                ::cel::common::ast::EntryExpr::MapEntry(me) => {
-                    visit(&me.key, out) && visit(&me.value, out)
-                }
-                ::cel::common::ast::EntryExpr::StructField(f) => visit(&f.value, out),
-            }),
-            Expr::Struct(_) => false,
-            Expr::Comprehension(c) => {
-                visit(&c.iter_range, out)
-                    && visit(&c.accu_init, out)
-                    && visit(&c.loop_cond, out)
-                    && visit(&c.loop_step, out)
-                    && visit(&c.result, out)
-            }
-            Expr::Literal(_) | Expr::Unspecified => true,
-        }
-    }
-    let mut out = std::collections::BTreeSet::new();
-    if !visit(rule.program.ast(), &mut out) {
-        return None;
-    }
+    let names = ["self", "oldSelf"];
+    let mut out = crate::cel::selected_fields(rule.program.ast(), &names)?;
     if let Some(me) = &rule.message_expression {
-        if !visit(me.ast(), &mut out) {
-            return None;
-        }
+        out.extend(crate::cel::selected_fields(me.ast(), &names)?);
     }
     Some(out)
 }
