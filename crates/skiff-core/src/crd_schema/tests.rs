@@ -1178,3 +1178,22 @@ fn a_rules_field_path_must_name_a_field() {
         "x-kubernetes-validations": [{"rule": "true", "fieldPath": ".b['c-d']"}]}}),
     ));
 }
+
+#[test]
+fn embedded_resources_are_checked_as_kubernetes_checks_them() {
+    let s = spec_schema();
+    let got = messages(&s.validate(&json!({"spec": {"image": "x", "template": {
+        "apiVersion": "a/b/c", "kind": "Not_A_Kind", "metadata": {"name": "a/b", "labels": {"x": 1}}}}}), None));
+    assert_eq!(
+        got,
+        vec![
+            r#"spec.template.apiVersion: Invalid value: "a/b/c": unexpected GroupVersion string: a/b/c"#,
+            r#"spec.template.kind: Invalid value: "Not_A_Kind": may have mixed case, but should otherwise match: a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"#,
+            r#"spec.template.metadata.name: Invalid value: "a/b": may not contain '/'"#,
+            r#"spec.template.metadata.labels: Invalid value: {"x":1}: must be a map of strings"#,
+        ]
+    );
+    let ok = json!({"spec": {"image": "x", "template": {"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "labels": {"app": "web"}}}}});
+    assert!(s.validate(&ok, None).is_empty());
+}

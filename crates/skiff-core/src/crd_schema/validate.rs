@@ -226,29 +226,86 @@ impl Validator<'_> {
         }
     }
 
+    /// `validateEmbeddedResource`: apiVersion and kind required and well
+    /// formed, metadata a valid ObjectMeta.
     fn embedded(&mut self, m: &serde_json::Map<String, Value>, name: &P<'_>) {
         for k in ["apiVersion", "kind"] {
-            match m.get(k) {
-                None => {
-                    let f = self.field(&P::Field(name, k));
-                    self.out.push(Cause::required(f));
+            if !m.contains_key(k) {
+                let f = self.field(&P::Field(name, k));
+                self.out.push(Cause::required(f));
+            }
+        }
+        if let Some(v) = m.get("apiVersion") {
+            let p = P::Field(name, "apiVersion");
+            match v.as_str() {
+                None => self.invalid(&p, v, "must be a string".into()),
+                Some("") => self.invalid(&p, v, "must not be empty".into()),
+                Some(av) if av.matches('/').count() > 1 => {
+                    self.invalid(&p, v, format!("unexpected GroupVersion string: {av}"))
                 }
-                Some(Value::String(s)) if s.is_empty() => self.invalid(
-                    &P::Field(name, k),
-                    &Value::String(String::new()),
-                    "must not be empty".into(),
-                ),
-                Some(Value::String(_)) => {}
-                Some(other) => self.invalid(&P::Field(name, k), other, "must be a string".into()),
+                _ => {}
+            }
+        }
+        if let Some(v) = m.get("kind") {
+            let p = P::Field(name, "kind");
+            match v.as_str() {
+                None => self.invalid(&p, v, "must be a string".into()),
+                Some("") => self.invalid(&p, v, "must not be empty".into()),
+                Some(kind) => {
+                    let lower = kind.to_lowercase();
+                    let b = lower.as_bytes();
+                    let ok = b.len() <= 63
+                        && b[0].is_ascii_lowercase()
+                        && b[b.len() - 1] != b'-'
+                        && b.iter()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-');
+                    if !ok {
+                        self.invalid(&p, v, "may have mixed case, but should otherwise match: a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')".into());
+                    }
+                }
             }
         }
         if let Some(meta) = m.get("metadata") {
-            if !meta.is_object() && !meta.is_null() {
-                self.invalid(
-                    &P::Field(name, "metadata"),
-                    meta,
-                    "must be an object".into(),
-                );
+            let mp = P::Field(name, "metadata");
+            match meta {
+                Value::Object(mm) => {
+                    for k in ["name", "generateName"] {
+                        if let Some(v) = mm.get(k) {
+                            let p = P::Field(&mp, k);
+                            match v.as_str() {
+                                None => self.invalid(&p, v, "must be a string".into()),
+                                Some(n) => {
+                                    let bad = match n {
+                                        "." if k == "name" => Some("may not be '.'"),
+                                        ".." if k == "name" => Some("may not be '..'"),
+                                        _ if n.contains('/') => Some("may not contain '/'"),
+                                        _ if n.contains('%') => Some("may not contain '%'"),
+                                        _ => None,
+                                    };
+                                    if let Some(why) = bad {
+                                        self.invalid(&p, v, why.into());
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    for k in ["labels", "annotations"] {
+                        if let Some(v) = mm.get(k) {
+                            let ok = v.is_null()
+                                || v.as_object()
+                                    .is_some_and(|o| o.values().all(Value::is_string));
+                            if !ok {
+                                self.invalid(
+                                    &P::Field(&mp, k),
+                                    v,
+                                    "must be a map of strings".into(),
+                                );
+                            }
+                        }
+                    }
+                }
+                Value::Null => {}
+                other => self.invalid(&mp, other, "must be an object".into()),
             }
         }
     }
