@@ -306,6 +306,28 @@ impl Program {
         self.inner.program.expression()
     }
 
+    /// `line:column` (1-based) of an expression node, as cel-go reports
+    /// positions in its errors.
+    pub(crate) fn position(&self, id: u64) -> String {
+        let Some((start, _)) = self.inner.program.source_info().offset_for(id) else {
+            return "1:1".to_string();
+        };
+        let mut line = 1;
+        let mut col = 1;
+        for (i, c) in self.inner.source.chars().enumerate() {
+            if i as u32 >= start {
+                break;
+            }
+            if c == '\n' {
+                line += 1;
+                col = 1;
+            } else {
+                col += 1;
+            }
+        }
+        format!("{line}:{col}")
+    }
+
     /// The estimated worst-case cost of one evaluation with variables of the
     /// given shapes (unknown variables are unbounded).
     pub fn estimate_cost(&self, vars: &[(&str, Shape)]) -> u64 {

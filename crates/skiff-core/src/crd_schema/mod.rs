@@ -575,6 +575,14 @@ fn compile_rule(
         ));
         return None;
     }
+    if let Err(e) = rules::check_types(&program, n) {
+        out.push(Cause::invalid(
+            format!("{rpath}.rule"),
+            r,
+            &format!("compilation failed: {e}"),
+        ));
+        return None;
+    }
     let uses_old_self = program.reads("oldSelf");
     if uses_old_self && !correlatable {
         out.push(Cause::invalid(

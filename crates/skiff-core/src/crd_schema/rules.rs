@@ -333,6 +333,202 @@ fn error_for_reason(n: &Node, v: &Value, field: &str, detail: &str, reason: Opti
     }
 }
 
+/// What the checker knows of an expression's type.
+#[derive(Clone, Copy, Debug)]
+enum Ty<'a> {
+    Int,
+    Uint,
+    Double,
+    Str,
+    Bool,
+    Bytes,
+    Null,
+    Duration,
+    Timestamp,
+    List(Option<&'a Node>),
+    Map(Option<&'a Node>),
+    Object(&'a Node),
+    Dyn,
+}
+
+impl Ty<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Ty::Int => "int",
+            Ty::Uint => "uint",
+            Ty::Double => "double",
+            Ty::Str => "string",
+            Ty::Bool => "bool",
+            Ty::Bytes => "bytes",
+            Ty::Null => "null_type",
+            Ty::Duration => "google.protobuf.Duration",
+            Ty::Timestamp => "google.protobuf.Timestamp",
+            Ty::List(_) => "list",
+            Ty::Map(_) | Ty::Object(_) => "map",
+            Ty::Dyn => "dyn",
+        }
+    }
+    /// Types that never mix in comparisons or arithmetic (numbers together).
+    fn category(&self) -> u8 {
+        match self {
+            Ty::Int | Ty::Uint | Ty::Double => 1,
+            Ty::Str => 2,
+            Ty::Bool => 3,
+            Ty::Bytes => 4,
+            Ty::Duration => 5,
+            Ty::Timestamp => 6,
+            Ty::List(_) => 7,
+            Ty::Map(_) | Ty::Object(_) => 8,
+            Ty::Null | Ty::Dyn => 0,
+        }
+    }
+}
+
+fn node_ty(n: &Node) -> Ty<'_> {
+    if n.int_or_string {
+        return Ty::Dyn;
+    }
+    match n.ty {
+        Some(Type::Integer) => Ty::Int,
+        Some(Type::Number) => Ty::Double,
+        Some(Type::Boolean) => Ty::Bool,
+        Some(Type::String) => match n.format.as_deref() {
+            Some("date-time") => Ty::Timestamp,
+            Some("duration") => Ty::Duration,
+            Some("byte") => Ty::Bytes,
+            _ => Ty::Str,
+        },
+        Some(Type::Array) => Ty::List(n.items.as_deref()),
+        Some(Type::Object) if n.additional.is_some() => Ty::Map(n.additional.as_deref()),
+        Some(Type::Object) if !n.properties.is_empty() => Ty::Object(n),
+        _ => Ty::Dyn,
+    }
+}
+
+/// A type check of a rule against the schema, for the mistakes the schema
+/// makes certain: operands of kinds no overload accepts together (`'a' > 1`,
+/// `self.name + 1`, `!self.count`), reported as cel-go reports them.
+pub(crate) fn check_types(p: &crate::cel::Program, n: &Node) -> Result<(), String> {
+    fn ty<'a>(e: &::cel::IdedExpr, n: &'a Node, p: &crate::cel::Program) -> Result<Ty<'a>, String> {
+        use ::cel::common::ast::LiteralValue as L;
+        Ok(match &e.expr {
+            Expr::Literal(l) => match l {
+                L::Int(_) => Ty::Int,
+                L::UInt(_) => Ty::Uint,
+                L::Double(_) => Ty::Double,
+                L::String(_) => Ty::Str,
+                L::Boolean(_) => Ty::Bool,
+                L::Bytes(_) => Ty::Bytes,
+                L::Null => Ty::Null,
+            },
+            Expr::Ident(i) if i == "self" || i == "oldSelf" => node_ty(n),
+            Expr::Select(s) if s.test => {
+                ty(&s.operand, n, p)?;
+                Ty::Bool
+            }
+            Expr::Select(s) => match ty(&s.operand, n, p)? {
+                Ty::Object(o) => o
+                    .properties
+                    .iter()
+                    .find(|(k, _)| escape_property(k).as_deref() == Some(s.field.as_str()))
+                    .map(|(_, v)| node_ty(v))
+                    .unwrap_or(Ty::Dyn),
+                Ty::Map(Some(v)) => node_ty(v),
+                _ => Ty::Dyn,
+            },
+            Expr::List(l) => {
+                for x in &l.elements {
+                    ty(x, n, p)?;
+                }
+                Ty::List(None)
+            }
+            Expr::Comprehension(c) => {
+                // loop variables are not typed here; still check the parts
+                ty(&c.iter_range, n, p)?;
+                Ty::Dyn
+            }
+            Expr::Call(c) => {
+                let mut args = Vec::with_capacity(c.args.len() + 1);
+                if let Some(t) = &c.target {
+                    args.push(ty(t, n, p)?);
+                }
+                for a in &c.args {
+                    args.push(ty(a, n, p)?);
+                }
+                let f = c.func_name.as_str();
+                let mismatch = |args: &[Ty<'_>]| {
+                    format!(
+                        "ERROR: <input>:{}: found no matching overload for '{f}' applied to '({})'",
+                        p.position(e.id),
+                        args.iter().map(Ty::name).collect::<Vec<_>>().join(", ")
+                    )
+                };
+                match f {
+                    "_<_" | "_<=_" | "_>_" | "_>=_" | "_==_" | "_!=_" => {
+                        let (a, b) = (args[0].category(), args.get(1).map_or(0, Ty::category));
+                        if a != 0 && b != 0 && a != b {
+                            return Err(mismatch(&args));
+                        }
+                        Ty::Bool
+                    }
+                    "_&&_" | "_||_" | "!_" => {
+                        if args
+                            .iter()
+                            .any(|a| a.category() != 0 && !matches!(a, Ty::Bool))
+                        {
+                            return Err(mismatch(&args));
+                        }
+                        Ty::Bool
+                    }
+                    "_+_" | "_-_" | "_*_" | "_/_" | "_%_" => {
+                        let known: Vec<u8> =
+                            args.iter().map(Ty::category).filter(|c| *c != 0).collect();
+                        let time = |c: &u8| *c == 5 || *c == 6;
+                        if known.len() == 2
+                            && known[0] != known[1]
+                            && !(time(&known[0]) && time(&known[1]))
+                        {
+                            return Err(mismatch(&args));
+                        }
+                        if f != "_+_" && known.iter().any(|c| matches!(c, 2 | 3 | 4 | 7 | 8)) {
+                            return Err(mismatch(&args));
+                        }
+                        if known.contains(&3) {
+                            return Err(mismatch(&args));
+                        }
+                        args.iter()
+                            .copied()
+                            .find(|a| a.category() != 0)
+                            .unwrap_or(Ty::Dyn)
+                    }
+                    "-_" => {
+                        if !matches!(args[0].category(), 0 | 1 | 5) {
+                            return Err(mismatch(&args));
+                        }
+                        args[0]
+                    }
+                    "_[_]" => match args[0] {
+                        Ty::List(Some(i)) => node_ty(i),
+                        Ty::Map(Some(v)) => node_ty(v),
+                        _ => Ty::Dyn,
+                    },
+                    "size" => Ty::Int,
+                    "contains" | "startsWith" | "endsWith" | "matches" | "@in" => Ty::Bool,
+                    "int" => Ty::Int,
+                    "uint" => Ty::Uint,
+                    "double" => Ty::Double,
+                    "string" => Ty::Str,
+                    "duration" => Ty::Duration,
+                    "timestamp" => Ty::Timestamp,
+                    _ => Ty::Dyn,
+                }
+            }
+            _ => Ty::Dyn,
+        })
+    }
+    ty(p.ast(), n, p).map(|_| ())
+}
+
 /// Kubernetes type-checks rules against the schema; this checks what a
 /// schema makes certain: selecting a field `self` cannot have is
 /// `undefined field`.

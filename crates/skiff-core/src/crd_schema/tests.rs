@@ -1197,3 +1197,43 @@ fn embedded_resources_are_checked_as_kubernetes_checks_them() {
         "metadata": {"name": "web", "labels": {"app": "web"}}}}});
     assert!(s.validate(&ok, None).is_empty());
 }
+
+#[test]
+fn rules_whose_operand_types_cannot_match_are_refused() {
+    let p = format!("{P}.properties[spec].x-kubernetes-validations[0].rule");
+    let with_rule = |rule: &str| {
+        Schema::compile(
+            &json!({"type": "object", "properties": {"spec": {"type": "object",
+            "x-kubernetes-validations": [{"rule": rule}],
+            "properties": {"replicas": {"type": "integer"}, "name": {"type": "string"},
+                "ratio": {"type": "number"}, "on": {"type": "boolean"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "port": {"x-kubernetes-int-or-string": true},
+                "timeout": {"type": "string", "format": "duration"}}}}}),
+            P,
+        )
+    };
+    let refused_with = |rule: &str| -> String {
+        let e = with_rule(rule).expect_err(rule);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].field, p);
+        e[0].message.clone()
+    };
+    let m = refused_with("self.replicas > 'abc'");
+    assert!(m.ends_with("compilation failed: ERROR: <input>:1:15: found no matching overload for '_>_' applied to '(int, string)'"), "{m}");
+    assert!(refused_with("self.name + 1 == 'x1'")
+        .contains("found no matching overload for '_+_' applied to '(string, int)'"));
+    assert!(refused_with("!self.replicas")
+        .contains("found no matching overload for '!_' applied to '(int)'"));
+    assert!(refused_with("self.on == 'true'").contains("applied to '(bool, string)'"));
+    assert!(refused_with("self.tags[0] > 1").contains("applied to '(string, int)'"));
+    for ok in [
+        "self.replicas > 1 && self.ratio > 0.5 && self.ratio >= self.replicas",
+        "self.port == 80 || self.port == 'http'",
+        "self.name + '-x' != 'y' && size(self.tags) < 3 && self.tags.all(t, t != 1)",
+        "self.timeout > duration('1s') && !self.on",
+        "has(self.name) == true",
+    ] {
+        assert!(with_rule(ok).is_ok(), "{ok}: {:?}", with_rule(ok).err());
+    }
+}
