@@ -1237,3 +1237,18 @@ fn rules_whose_operand_types_cannot_match_are_refused() {
         assert!(with_rule(ok).is_ok(), "{ok}: {:?}", with_rule(ok).err());
     }
 }
+
+#[test]
+fn value_validations_may_only_constrain_fields_the_schema_specifies() {
+    let got = refused(obj(
+        json!({"a": {"type": "object", "properties": {"b": {"type": "string"}},
+        "anyOf": [{"properties": {"b": {"minLength": 1}}}, {"properties": {"c": {"minLength": 1}}}],
+        "oneOf": [{"properties": {"metadata": {"minProperties": 1}}}]}}),
+    ));
+    let p = format!("{P}.properties[spec].properties[a]");
+    assert_eq!(got, vec![
+        format!("{p}.oneOf[0].properties[metadata]: Forbidden: must not be specified in a nested context"),
+        format!("{p}.properties[c]: Required value: because it is defined in {p}.anyOf[1].properties[c]"),
+        format!("{p}.properties[metadata]: Required value: because it is defined in {p}.oneOf[0].properties[metadata]"),
+    ]);
+}
