@@ -1252,3 +1252,22 @@ fn value_validations_may_only_constrain_fields_the_schema_specifies() {
         format!("{p}.properties[metadata]: Required value: because it is defined in {p}.oneOf[0].properties[metadata]"),
     ]);
 }
+
+#[test]
+fn compiled_schemas_and_programs_are_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync + Clone + 'static>() {}
+    assert_send_sync::<Schema>();
+    assert_send_sync::<crate::cel::Program>();
+    let s = rules_schema(json!([{"rule": "self.minReplicas <= self.maxReplicas"}]));
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                s.validate(&json!({"spec": {"minReplicas": i, "maxReplicas": 2}}), None)
+                    .len()
+            })
+        })
+        .collect();
+    let counts: Vec<usize> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(counts, vec![0, 0, 0, 1]);
+}
