@@ -559,6 +559,25 @@ fn compile_rule(
     out: &mut Vec<Cause>,
 ) -> Option<(Rule, u64)> {
     let src = r.get("rule").and_then(Value::as_str).unwrap_or("");
+    // Kubernetes prints the rule as its Go struct marshals: fields in the
+    // order ValidationRule declares them.
+    let shown = {
+        let mut m = serde_json::Map::new();
+        for k in [
+            "rule",
+            "message",
+            "messageExpression",
+            "reason",
+            "fieldPath",
+            "optionalOldSelf",
+        ] {
+            if let Some(v) = r.get(k) {
+                m.insert(k.to_string(), v.clone());
+            }
+        }
+        Value::Object(m)
+    };
+    let r = &shown;
     let optional_old_self = r.get("optionalOldSelf").and_then(Value::as_bool) == Some(true);
     let program = match crate::cel::compile(src, &["self", "oldSelf"]) {
         Ok(p) => p,

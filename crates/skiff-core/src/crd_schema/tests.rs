@@ -1271,3 +1271,14 @@ fn compiled_schemas_and_programs_are_shareable_across_threads() {
     let counts: Vec<usize> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     assert_eq!(counts, vec![0, 0, 0, 1]);
 }
+
+#[test]
+fn a_refused_rule_is_shown_as_kubernetes_marshals_it() {
+    let got = refused(
+        json!({"type": "object", "properties": {"spec": {"type": "object",
+        "x-kubernetes-validations": [{"message": "m", "rule": "self.x"}]}}}),
+    );
+    assert!(got[0].starts_with(&format!(
+        r#"{P}.properties[spec].x-kubernetes-validations[0].rule: Invalid value: {{"rule":"self.x","message":"m"}}: compilation failed: "#
+    )), "{got:?}");
+}
