@@ -587,10 +587,13 @@ fn compile_rule(
         }
     };
     if let Err(e) = rules::check_fields(&program, n, rpath_is_root(rpath)) {
+        // `<node id>: <message>`: placed where cel-go places it
+        let (id, msg) = e.split_once(": ").unwrap_or(("0", &e));
+        let pos = program.position(id.parse().unwrap_or(0));
         out.push(Cause::invalid(
             format!("{rpath}.rule"),
             r,
-            &format!("compilation failed: ERROR: <input>:1:1: {e}"),
+            &format!("compilation failed: ERROR: <input>:{pos}: {msg}"),
         ));
         return None;
     }

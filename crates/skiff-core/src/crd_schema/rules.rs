@@ -569,7 +569,7 @@ pub(crate) fn check_fields(p: &crate::cel::Program, n: &Node, is_root: bool) -> 
                         && !parent.preserve_unknown
                         && !parent.embedded;
                     if closed && lookup(parent, &s.field).is_none() {
-                        return Err(format!("undefined field '{}'", s.field));
+                        return Err(format!("{}: undefined field '{}'", e.id, s.field));
                     }
                 }
                 visit(&s.operand, n, is_root)
