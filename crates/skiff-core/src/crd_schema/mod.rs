@@ -77,6 +77,7 @@ impl Schema {
             schema,
             path,
             true,
+            true,
             None,
             Some(1),
             &mut cost,
@@ -418,6 +419,7 @@ fn compile_rules(
     n: &mut Node,
     raw: &Value,
     path: &str,
+    is_root: bool,
     correlatable: bool,
     uncorrelatable_at: Option<&str>,
     cardinality: Option<u64>,
@@ -434,6 +436,7 @@ fn compile_rules(
             match compile_rule(
                 r,
                 &rpath,
+                is_root,
                 n,
                 &self_shape,
                 correlatable,
@@ -491,6 +494,7 @@ fn compile_rules(
                     p,
                     sub,
                     &ppath,
+                    false,
                     child_correlatable,
                     unc.as_deref(),
                     cardinality,
@@ -515,6 +519,7 @@ fn compile_rules(
             a,
             sub,
             &format!("{path}.additionalProperties"),
+            false,
             correlatable && !n.map_atomic,
             unc.as_deref(),
             cardinality
@@ -538,6 +543,7 @@ fn compile_rules(
             items,
             sub,
             &format!("{path}.items"),
+            false,
             corr,
             unc.as_deref(),
             cardinality
@@ -549,9 +555,11 @@ fn compile_rules(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn compile_rule(
     r: &Value,
     rpath: &str,
+    is_root: bool,
     n: &Node,
     self_shape: &Shape,
     correlatable: bool,
@@ -586,7 +594,7 @@ fn compile_rule(
             return None;
         }
     };
-    if let Err(e) = rules::check_fields(&program, n, rpath_is_root(rpath)) {
+    if let Err(e) = rules::check_fields(&program, n, is_root) {
         // `<node id>: <message>`: placed where cel-go places it
         let (id, msg) = e.split_once(": ").unwrap_or(("0", &e));
         let pos = program.position(id.parse().unwrap_or(0));
@@ -689,18 +697,6 @@ fn compile_rule(
         },
         c,
     ))
-}
-
-/// Whether a rule path is a rule on the schema's root (`<path>.x-kubernetes-validations[i]`
-/// with no property, items or additionalProperties step before it).
-fn rpath_is_root(rpath: &str) -> bool {
-    let head = rpath
-        .rsplit_once(".x-kubernetes-validations[")
-        .map_or(rpath, |(h, _)| h);
-    !head.contains(".properties[")
-        && !head.ends_with(".items")
-        && !head.contains(".items.")
-        && !head.contains(".additionalProperties")
 }
 
 /// Every default must validate against its schema and survive pruning.
