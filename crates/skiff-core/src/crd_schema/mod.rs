@@ -83,6 +83,7 @@ impl Schema {
             &mut cost,
             &mut causes,
         );
+        root.mark_rules();
         if causes.is_empty() {
             check_defaults(&root, schema, path, &mut causes);
         }
@@ -719,7 +720,21 @@ fn check_defaults(n: &Node, raw: &Value, path: &str, out: &mut Vec<Cause>) {
                 out: Vec::new(),
             };
             v.validate(n, &defaulted, None, &validate::P::Root(""));
+            let schema_ok = v.out.is_empty();
             out.extend(v.out);
+            // Kubernetes also runs the rules on a default.
+            if schema_ok && n.has_rules_below {
+                let mut rule_causes = Vec::new();
+                rules::validate_rules_at(n, &defaulted, n.embedded, &mut rule_causes);
+                for mut c in rule_causes {
+                    c.field = if c.field.is_empty() {
+                        dpath.clone()
+                    } else {
+                        format!("{dpath}.{}", c.field)
+                    };
+                    out.push(c);
+                }
+            }
         }
     }
     if let (Some(props), Some(rawp)) = (

@@ -123,6 +123,17 @@ pub(crate) fn validate_rules(root: &Node, obj: &Value, old: Option<&Value>, out:
     walk(&mut run, root, obj, old, "", true);
 }
 
+/// Evaluates the rules of `n` and below on a value (a default), as if it
+/// sat at the root of a path; `resource` when it is a whole resource.
+pub(crate) fn validate_rules_at(n: &Node, v: &Value, resource: bool, out: &mut Vec<Cause>) {
+    let mut run = Run {
+        out,
+        budget: RUNTIME_COST_BUDGET,
+        stopped: false,
+    };
+    walk(&mut run, n, v, None, "", resource);
+}
+
 fn join(path: &str, name: &str) -> String {
     if path.is_empty() {
         name.to_string()

@@ -1282,3 +1282,18 @@ fn a_refused_rule_is_shown_as_kubernetes_marshals_it() {
         r#"{P}.properties[spec].x-kubernetes-validations[0].rule: Invalid value: {{"rule":"self.x","message":"m"}}: compilation failed: "#
     )), "{got:?}");
 }
+
+#[test]
+fn a_default_must_satisfy_the_rules_too() {
+    let got = refused(obj(
+        json!({"range": {"type": "object", "default": {"min": 5, "max": 1},
+        "x-kubernetes-validations": [{"rule": "self.min <= self.max", "message": "min must not exceed max"}],
+        "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}}}}),
+    ));
+    assert_eq!(
+        got,
+        vec![format!(
+        "{P}.properties[spec].properties[range].default: Invalid value: min must not exceed max"
+    )]
+    );
+}
