@@ -94,32 +94,42 @@ pub fn compile(expr: &str, vars: &[&str]) -> Result<Program, String> {
         return Err("compilation failed: expression is empty".to_string());
     }
     // cel-go's limit on an expression's size (in code points).
-    if expr.chars().count() > 100_000 {
-        return Err("compilation failed: expression code point size exceeds limit: size: 100001, limit 100000".into());
+    let size = expr.chars().count();
+    if size > 100_000 {
+        return Err(format!(
+            "compilation failed: expression code point size exceeds limit: size: {size}, limit 100000"
+        ));
     }
-    // The parser and the checks below recurse over the expression: run them
-    // on a thread with a large stack so no input can overflow it, and refuse
-    // trees deeper than evaluation may safely recurse (cel-go refuses them too).
+    // The parser and the checks below recurse over the expression, and
+    // evaluation will recurse over its tree: refuse trees deeper than
+    // evaluation may safely recurse (cel-go refuses them too). A long
+    // expression is parsed on a thread with a large stack, so no input can
+    // overflow the caller's; a short one cannot nest deeply enough to.
     let source = expr.to_string();
-    let parsed = std::thread::Builder::new()
-        .stack_size(256 * 1024 * 1024)
-        .spawn(move || -> Result<(::cel::Program, BTreeSet<String>), String> {
-            let program = env()
-                .compile(&source)
-                .map_err(|e| format!("compilation failed: {e}"))?;
-            if depth(program.expression()) > MAX_DEPTH {
-                return Err(format!(
-                    "compilation failed: ERROR: <input>:1:1: expression nested more than {MAX_DEPTH} levels deep (max recursion depth exceeded)"
-                ));
-            }
-            let mut reads = BTreeSet::new();
-            let mut scope = Vec::new();
-            free_idents(program.expression(), &mut scope, &mut reads);
-            Ok((program, reads))
-        })
-        .map_err(|e| format!("compilation failed: {e}"))?
-        .join()
-        .map_err(|_| "compilation failed: the expression could not be parsed".to_string())?;
+    let parse = move || -> Result<(::cel::Program, BTreeSet<String>), String> {
+        let program = env()
+            .compile(&source)
+            .map_err(|e| format!("compilation failed: {e}"))?;
+        if depth(program.expression()) > MAX_DEPTH {
+            return Err(format!(
+                "compilation failed: ERROR: <input>:1:1: expression nested more than {MAX_DEPTH} levels deep (max recursion depth exceeded)"
+            ));
+        }
+        let mut reads = BTreeSet::new();
+        let mut scope = Vec::new();
+        free_idents(program.expression(), &mut scope, &mut reads);
+        Ok((program, reads))
+    };
+    let parsed = if expr.len() <= 512 {
+        parse()
+    } else {
+        std::thread::Builder::new()
+            .stack_size(256 * 1024 * 1024)
+            .spawn(parse)
+            .map_err(|e| format!("compilation failed: {e}"))?
+            .join()
+            .map_err(|_| "compilation failed: the expression could not be parsed".to_string())?
+    };
     let (program, reads) = parsed?;
     for name in &reads {
         if !vars.contains(&name.as_str()) && !BUILTIN_IDENTS.contains(&name.as_str()) {

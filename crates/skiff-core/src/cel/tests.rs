@@ -524,3 +524,31 @@ fn variables_used_whole_or_by_field_evaluate_the_same() {
         );
     }
 }
+
+#[test]
+fn the_nastiest_short_expressions_parse_on_a_small_stack() {
+    // Under 512 bytes an expression is parsed on the caller's thread: the
+    // deepest such inputs must fit a 2 MiB stack.
+    let out = std::thread::Builder::new()
+        .stack_size(2 * 1024 * 1024)
+        .spawn(|| {
+            for expr in [
+                format!("{}1", "1+".repeat(255)),
+                format!("{}true", "!".repeat(508)),
+                format!("{}1", "-".repeat(510)),
+                format!("{}1{}", "(".repeat(255), ")".repeat(255)),
+                format!("{}1{}", "[".repeat(255), "]".repeat(255)),
+                format!("a{}", ".b".repeat(255)),
+                format!("{}a", "a||".repeat(170)),
+                format!("{}1{}", "f(".repeat(170), ")".repeat(170)),
+            ] {
+                assert!(expr.len() <= 512);
+                if let Ok(p) = compile(&expr, &["a"]) {
+                    let _ = p.eval(&[("a", &json!(true))]);
+                }
+            }
+        })
+        .unwrap()
+        .join();
+    assert!(out.is_ok());
+}
