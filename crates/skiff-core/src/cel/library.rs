@@ -233,8 +233,23 @@ fn list_last_index_of(args: &[Value]) -> Result<Value, ExecutionError> {
     ))
 }
 
+/// Compiled regular expressions by pattern: rules run the same few patterns
+/// on every object, so each is compiled once (the cache is bounded).
 fn regex_of(pattern: &str, function: &str) -> Result<regex::Regex, ExecutionError> {
-    regex::Regex::new(pattern).map_err(|e| err(function, format!("{e}")))
+    use std::sync::{Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<String, regex::Regex>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(re) = cache.lock().ok().and_then(|c| c.get(pattern).cloned()) {
+        return Ok(re);
+    }
+    let re = regex::Regex::new(pattern).map_err(|e| err(function, format!("{e}")))?;
+    if let Ok(mut c) = cache.lock() {
+        if c.len() >= 512 {
+            c.clear();
+        }
+        c.insert(pattern.to_string(), re.clone());
+    }
+    Ok(re)
 }
 
 fn find(args: &[Value]) -> Result<Value, ExecutionError> {
