@@ -467,6 +467,7 @@ pub(crate) fn check_types(p: &crate::cel::Program, n: &Node) -> Result<(), Strin
                     args.push(ty(a, n, p)?);
                 }
                 let f = c.func_name.as_str();
+                let a0 = args.first().copied().unwrap_or(Ty::Dyn);
                 let mismatch = |args: &[Ty<'_>]| {
                     format!(
                         "ERROR: <input>:{}: found no matching overload for '{f}' applied to '({})'",
@@ -476,7 +477,7 @@ pub(crate) fn check_types(p: &crate::cel::Program, n: &Node) -> Result<(), Strin
                 };
                 match f {
                     "_<_" | "_<=_" | "_>_" | "_>=_" | "_==_" | "_!=_" => {
-                        let (a, b) = (args[0].category(), args.get(1).map_or(0, Ty::category));
+                        let (a, b) = (a0.category(), args.get(1).map_or(0, Ty::category));
                         if a != 0 && b != 0 && a != b {
                             return Err(mismatch(&args));
                         }
@@ -513,12 +514,12 @@ pub(crate) fn check_types(p: &crate::cel::Program, n: &Node) -> Result<(), Strin
                             .unwrap_or(Ty::Dyn)
                     }
                     "-_" => {
-                        if !matches!(args[0].category(), 0 | 1 | 5) {
+                        if !matches!(a0.category(), 0 | 1 | 5) {
                             return Err(mismatch(&args));
                         }
-                        args[0]
+                        a0
                     }
-                    "_[_]" => match args[0] {
+                    "_[_]" => match a0 {
                         Ty::List(Some(i)) => node_ty(i),
                         Ty::Map(Some(v)) => node_ty(v),
                         _ => Ty::Dyn,
