@@ -1297,3 +1297,20 @@ fn a_default_must_satisfy_the_rules_too() {
     )]
     );
 }
+
+#[test]
+fn patterns_real_crds_use_compile_as_go_compiles_them() {
+    for p in [
+        r"^(\/[^\/]+)+$",
+        r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        r"^[\-a-z0-9\_\.]+$",
+        r"^([0-9]{1,5}(h|m|s|ms)){1,4}$",
+        r"^(([0-9]+(\.[0-9]+)?(ms|s|m|h))+)$",
+        r"^\s*\S+\s*$",
+        r"^[[:alnum:]]+\z",
+        r"^\d+[KMGTPE]i?$",
+        r"^\p{L}+$",
+    ] {
+        compile(obj(json!({"a": {"type": "string", "pattern": p}})));
+    }
+}
