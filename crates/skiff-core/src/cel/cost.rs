@@ -439,12 +439,31 @@ impl Estimator {
                 let s = args.first().cloned().unwrap_or(Shape::Scalar);
                 (1, s.field(""))
             }
-            "size" | "has" | "!_" | "-_" | "_&&_" | "_||_" | "_?_:_" | "_-_" | "_*_" | "_/_"
-            | "_%_" | "int" | "uint" | "double" | "bool" | "type" | "dyn" | "isSorted" => {
-                let own = if call.func_name == "isSorted" {
-                    first_len
-                } else {
-                    1
+            "size"
+            | "has"
+            | "!_"
+            | "-_"
+            | "_&&_"
+            | "_||_"
+            | "_?_:_"
+            | "@not_strictly_false"
+            | "_-_"
+            | "_*_"
+            | "_/_"
+            | "_%_"
+            | "int"
+            | "uint"
+            | "double"
+            | "bool"
+            | "type"
+            | "dyn"
+            | "isSorted" => {
+                // cel-go: logical operators and the conditional cost only
+                // their operands; a comprehension's loop condition is free.
+                let own = match call.func_name.as_str() {
+                    "isSorted" => first_len,
+                    "_&&_" | "_||_" | "_?_:_" | "@not_strictly_false" => 0,
+                    _ => 1,
                 };
                 let shape = if call.func_name == "_?_:_" {
                     args.get(1)

@@ -595,18 +595,7 @@ fn compile_rule(
             return None;
         }
     };
-    if let Err(e) = rules::check_fields(&program, n, is_root) {
-        // `<node id>: <message>`: placed where cel-go places it
-        let (id, msg) = e.split_once(": ").unwrap_or(("0", &e));
-        let pos = program.position(id.parse().unwrap_or(0));
-        out.push(Cause::invalid(
-            format!("{rpath}.rule"),
-            r,
-            &format!("compilation failed: ERROR: <input>:{pos}: {msg}"),
-        ));
-        return None;
-    }
-    if let Err(e) = rules::check_types(&program, n) {
+    if let Err(e) = rules::check_types(&program, n, is_root) {
         out.push(Cause::invalid(
             format!("{rpath}.rule"),
             r,

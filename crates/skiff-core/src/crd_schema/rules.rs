@@ -411,17 +411,35 @@ fn node_ty(n: &Node) -> Ty<'_> {
         },
         Some(Type::Array) => Ty::List(n.items.as_deref()),
         Some(Type::Object) if n.additional.is_some() => Ty::Map(n.additional.as_deref()),
-        Some(Type::Object) if !n.properties.is_empty() => Ty::Object(n),
+        Some(Type::Object)
+            if n.additional_any || (n.preserve_unknown && n.properties.is_empty()) =>
+        {
+            Ty::Dyn
+        }
+        Some(Type::Object) => Ty::Object(n),
         _ => Ty::Dyn,
     }
 }
 
 /// A type check of a rule against the schema, for the mistakes the schema
-/// makes certain: operands of kinds no overload accepts together (`'a' > 1`,
-/// `self.name + 1`, `!self.count`), reported as cel-go reports them.
-pub(crate) fn check_types(p: &crate::cel::Program, n: &Node) -> Result<(), String> {
-    fn ty<'a>(e: &::cel::IdedExpr, n: &'a Node, p: &crate::cel::Program) -> Result<Ty<'a>, String> {
+/// makes certain (Kubernetes type-checks rules fully): fields a closed object
+/// does not have (`undefined field`), operands of kinds no overload accepts
+/// together (`'a' > 1`, `self.name + 1`, `!self.count`), inside macros too,
+/// reported as cel-go reports them.
+pub(crate) fn check_types(p: &crate::cel::Program, n: &Node, is_root: bool) -> Result<(), String> {
+    struct Cx<'p, 'a> {
+        p: &'p crate::cel::Program,
+        n: &'a Node,
+        is_root: bool,
+        /// Comprehension variables and their types, innermost last.
+        scope: Vec<(String, Ty<'a>)>,
+    }
+    fn closed(o: &Node) -> bool {
+        o.additional.is_none() && !o.additional_any && !o.preserve_unknown && !o.embedded
+    }
+    fn ty<'a>(e: &::cel::IdedExpr, cx: &mut Cx<'_, 'a>) -> Result<Ty<'a>, String> {
         use ::cel::common::ast::LiteralValue as L;
+        let n = cx.n;
         Ok(match &e.expr {
             Expr::Literal(l) => match l {
                 L::Int(_) => Ty::Int,
@@ -432,46 +450,101 @@ pub(crate) fn check_types(p: &crate::cel::Program, n: &Node) -> Result<(), Strin
                 L::Bytes(_) => Ty::Bytes,
                 L::Null => Ty::Null,
             },
-            Expr::Ident(i) if i == "self" || i == "oldSelf" => node_ty(n),
+            Expr::Ident(i) => match cx.scope.iter().rev().find(|(v, _)| v == i) {
+                Some((_, t)) => *t,
+                None if i == "self" || i == "oldSelf" => node_ty(n),
+                None => Ty::Dyn,
+            },
             Expr::Select(s) if s.test => {
-                ty(&s.operand, n, p)?;
+                ty(&s.operand, cx)?;
                 Ty::Bool
             }
-            Expr::Select(s) => match ty(&s.operand, n, p)? {
-                Ty::Object(o) => o
-                    .properties
-                    .iter()
-                    .find(|(k, _)| escape_property(k).as_deref() == Some(s.field.as_str()))
-                    .map(|(_, v)| node_ty(v))
-                    .unwrap_or(Ty::Dyn),
-                Ty::Map(Some(v)) => node_ty(v),
-                _ => Ty::Dyn,
-            },
+            Expr::Select(s) => {
+                let operand = ty(&s.operand, cx)?;
+                let on_root_self = cx.is_root
+                    && matches!(&s.operand.expr, Expr::Ident(i) if (i == "self" || i == "oldSelf")
+                        && !cx.scope.iter().any(|(v, _)| v == i));
+                match operand {
+                    Ty::Object(o) => match o
+                        .properties
+                        .iter()
+                        .find(|(k, _)| escape_property(k).as_deref() == Some(s.field.as_str()))
+                    {
+                        Some((_, v)) => node_ty(v),
+                        None if on_root_self
+                            && matches!(s.field.as_str(), "apiVersion" | "kind" | "metadata") =>
+                        {
+                            Ty::Dyn
+                        }
+                        None if closed(o) => {
+                            return Err(format!(
+                                "ERROR: <input>:{}: undefined field '{}'",
+                                cx.p.position(e.id),
+                                s.field
+                            ))
+                        }
+                        None => Ty::Dyn,
+                    },
+                    Ty::Map(Some(v)) => node_ty(v),
+                    _ => Ty::Dyn,
+                }
+            }
             Expr::List(l) => {
                 for x in &l.elements {
-                    ty(x, n, p)?;
+                    ty(x, cx)?;
                 }
                 Ty::List(None)
             }
+            Expr::Map(m) => {
+                for en in &m.entries {
+                    if let ::cel::common::ast::EntryExpr::MapEntry(me) = &en.expr {
+                        ty(&me.key, cx)?;
+                        ty(&me.value, cx)?;
+                    }
+                }
+                Ty::Map(None)
+            }
             Expr::Comprehension(c) => {
-                // loop variables are not typed here; still check the parts
-                ty(&c.iter_range, n, p)?;
+                let range = ty(&c.iter_range, cx)?;
+                let elem = match range {
+                    Ty::List(Some(i)) => node_ty(i),
+                    Ty::Map(_) | Ty::Object(_) => Ty::Str,
+                    _ => Ty::Dyn,
+                };
+                ty(&c.accu_init, cx)?;
+                let base = cx.scope.len();
+                match &c.iter_var2 {
+                    Some(v2) => {
+                        cx.scope.push((c.iter_var.clone(), Ty::Dyn));
+                        cx.scope.push((v2.clone(), Ty::Dyn));
+                    }
+                    None => cx.scope.push((c.iter_var.clone(), elem)),
+                }
+                cx.scope.push((c.accu_var.clone(), Ty::Dyn));
+                let r = (|| -> Result<(), String> {
+                    ty(&c.loop_cond, cx)?;
+                    ty(&c.loop_step, cx)?;
+                    ty(&c.result, cx)?;
+                    Ok(())
+                })();
+                cx.scope.truncate(base);
+                r?;
                 Ty::Dyn
             }
             Expr::Call(c) => {
                 let mut args = Vec::with_capacity(c.args.len() + 1);
                 if let Some(t) = &c.target {
-                    args.push(ty(t, n, p)?);
+                    args.push(ty(t, cx)?);
                 }
                 for a in &c.args {
-                    args.push(ty(a, n, p)?);
+                    args.push(ty(a, cx)?);
                 }
                 let f = c.func_name.as_str();
                 let a0 = args.first().copied().unwrap_or(Ty::Dyn);
                 let mismatch = |args: &[Ty<'_>]| {
                     format!(
                         "ERROR: <input>:{}: found no matching overload for '{f}' applied to '({})'",
-                        p.position(e.id),
+                        cx.p.position(e.id),
                         args.iter().map(Ty::name).collect::<Vec<_>>().join(", ")
                     )
                 };
@@ -538,72 +611,13 @@ pub(crate) fn check_types(p: &crate::cel::Program, n: &Node) -> Result<(), Strin
             _ => Ty::Dyn,
         })
     }
-    ty(p.ast(), n, p).map(|_| ())
-}
-
-/// Kubernetes type-checks rules against the schema; this checks what a
-/// schema makes certain: selecting a field `self` cannot have is
-/// `undefined field`.
-pub(crate) fn check_fields(p: &crate::cel::Program, n: &Node, is_root: bool) -> Result<(), String> {
-    fn resolve<'a>(e: &::cel::IdedExpr, n: &'a Node) -> Option<&'a Node> {
-        match &e.expr {
-            Expr::Ident(name) if name == "self" || name == "oldSelf" => Some(n),
-            Expr::Select(s) if !s.test => {
-                let parent = resolve(&s.operand, n)?;
-                lookup(parent, &s.field)
-            }
-            _ => None,
-        }
-    }
-    fn lookup<'a>(parent: &'a Node, field: &str) -> Option<&'a Node> {
-        parent
-            .properties
-            .iter()
-            .find(|(k, _)| escape_property(k).as_deref() == Some(field))
-            .map(|(_, v)| v)
-            .or(parent.additional.as_deref())
-    }
-    fn visit(e: &::cel::IdedExpr, n: &Node, is_root: bool) -> Result<(), String> {
-        match &e.expr {
-            Expr::Select(s) => {
-                let on_root =
-                    matches!(&s.operand.expr, Expr::Ident(i) if i == "self" || i == "oldSelf");
-                if on_root
-                    && is_root
-                    && matches!(s.field.as_str(), "apiVersion" | "kind" | "metadata")
-                {
-                    return Ok(());
-                }
-                if let Some(parent) = resolve(&s.operand, n) {
-                    let closed = parent.ty == Some(Type::Object)
-                        && parent.additional.is_none()
-                        && !parent.additional_any
-                        && !parent.preserve_unknown
-                        && !parent.embedded;
-                    if closed && lookup(parent, &s.field).is_none() {
-                        return Err(format!("{}: undefined field '{}'", e.id, s.field));
-                    }
-                }
-                visit(&s.operand, n, is_root)
-            }
-            Expr::Call(c) => {
-                if let Some(t) = &c.target {
-                    visit(t, n, is_root)?;
-                }
-                c.args.iter().try_for_each(|a| visit(a, n, is_root))
-            }
-            Expr::List(l) => l.elements.iter().try_for_each(|a| visit(a, n, is_root)),
-            Expr::Comprehension(c) => {
-                visit(&c.iter_range, n, is_root)?;
-                visit(&c.accu_init, n, is_root)?;
-                visit(&c.loop_cond, n, is_root)?;
-                visit(&c.loop_step, n, is_root)?;
-                visit(&c.result, n, is_root)
-            }
-            _ => Ok(()),
-        }
-    }
-    visit(p.ast(), n, is_root)
+    let mut cx = Cx {
+        p,
+        n,
+        is_root,
+        scope: Vec::new(),
+    };
+    ty(p.ast(), &mut cx).map(|_| ())
 }
 
 /// A rule's `fieldPath` (`.spec.x`, `.a['b-c']`, `.list[0]` is refused as

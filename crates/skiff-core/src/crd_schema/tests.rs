@@ -1230,7 +1230,7 @@ fn rules_whose_operand_types_cannot_match_are_refused() {
     for ok in [
         "self.replicas > 1 && self.ratio > 0.5 && self.ratio >= self.replicas",
         "self.port == 80 || self.port == 'http'",
-        "self.name + '-x' != 'y' && size(self.tags) < 3 && self.tags.all(t, t != 1)",
+        "self.name + '-x' != 'y' && size(self.tags) < 3 && self.tags.all(t, t != 'a')",
         "self.timeout > duration('1s') && !self.on",
         "has(self.name) == true",
     ] {
@@ -1312,5 +1312,42 @@ fn patterns_real_crds_use_compile_as_go_compiles_them() {
         r"^\p{L}+$",
     ] {
         compile(obj(json!({"a": {"type": "string", "pattern": p}})));
+    }
+}
+
+#[test]
+fn rules_are_checked_inside_macros_too() {
+    let with_rule = |rule: &str| {
+        Schema::compile(
+            &obj(
+                json!({"ports": {"type": "array", "items": {"type": "object",
+            "properties": {"name": {"type": "string"}, "port": {"type": "integer"}}}},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}}}),
+            )
+            .pointer("")
+            .cloned()
+            .map(|mut v| {
+                v["properties"]["spec"]["x-kubernetes-validations"] = json!([{"rule": rule}]);
+                v
+            })
+            .unwrap(),
+            P,
+        )
+    };
+    let e = with_rule("self.ports.all(p, p.nmae != '')").unwrap_err();
+    assert!(e[0].message.ends_with("undefined field 'nmae'"), "{e:?}");
+    let e = with_rule("self.ports.exists(p, p.port == 'http')").unwrap_err();
+    assert!(
+        e[0].message
+            .contains("found no matching overload for '_==_' applied to '(int, string)'"),
+        "{e:?}"
+    );
+    for ok in [
+        "self.ports.all(p, p.name != '' && p.port > 0)",
+        "self.labels.all(k, k.startsWith('x') && self.labels[k] != '')",
+        "self.ports.exists_one(p, p.port == 80)",
+        "self.ports.all(self, has(self.name))",
+    ] {
+        assert!(with_rule(ok).is_ok(), "{ok}: {:?}", with_rule(ok).err());
     }
 }
