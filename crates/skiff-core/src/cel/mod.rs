@@ -485,7 +485,11 @@ pub fn from_cel(v: &CelValue) -> Value {
         }
         CelValue::Duration(d) => Value::String(library::format_duration(*d)),
         CelValue::Timestamp(t) => Value::String(t.to_rfc3339()),
-        CelValue::Opaque(o) => library::opaque_to_json(o.as_ref()),
+        CelValue::Opaque(o) => match o.as_ref().downcast_ref::<::cel::objects::OptionalValue>() {
+            // an optional is its value, or null when absent
+            Some(opt) => opt.value().map(from_cel).unwrap_or(Value::Null),
+            None => library::opaque_to_json(o.as_ref()),
+        },
         other => Value::String(format!("{other:?}")),
     }
 }

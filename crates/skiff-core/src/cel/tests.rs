@@ -552,3 +552,13 @@ fn the_nastiest_short_expressions_parse_on_a_small_stack() {
         .join();
     assert!(out.is_ok());
 }
+
+#[test]
+fn optional_results_are_their_value_or_null() {
+    check(&[
+        ("optional.of(1)", json!(1)),
+        ("optional.none()", json!(null)),
+        ("{'a': 1}.?a", json!(1)),
+        ("{'a': 1}.?b.orValue(2)", json!(2)),
+    ]);
+}
