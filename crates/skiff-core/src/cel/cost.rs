@@ -412,9 +412,12 @@ impl Estimator {
                 };
                 (own, shape)
             }
-            // cel-go: constant for scalars, a tenth per byte or element of
-            // the smaller operand for strings, bytes, lists and maps.
-            "_==_" | "_!=_" | "_<_" | "_<=_" | "_>_" | "_>=_" => {
+            // cel-go estimates equality as constant (an actual comparison is
+            // bounded by the values' sizes, which a request bounds).
+            "_==_" | "_!=_" => (1, Shape::Scalar),
+            // Ordering: constant for scalars, a tenth per byte of the smaller
+            // operand for strings and bytes.
+            "_<_" | "_<=_" | "_>_" | "_>=_" => {
                 let scalar = args.iter().all(|a| matches!(a, Shape::Scalar));
                 let own = if scalar {
                     1
