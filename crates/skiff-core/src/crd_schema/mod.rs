@@ -394,18 +394,14 @@ pub(crate) fn shape_of(n: &Node, depth: usize) -> Shape {
                     values: Box::new(shape_of(a, depth + 1)),
                 },
                 None if n.preserve_unknown && n.properties.is_empty() => Shape::unbounded(),
-                None => {
-                    let values = fields
-                        .values()
-                        .cloned()
-                        .reduce(Shape::merge)
-                        .unwrap_or(Shape::Scalar);
-                    Shape::Map {
-                        max_props: fields.len() as u64,
-                        fields,
-                        values: Box::new(values),
-                    }
-                }
+                // An object's values reached by a computed key are taken as
+                // anything (merging every field's shape costs more than
+                // the rare rule that indexes an object so).
+                None => Shape::Map {
+                    max_props: fields.len() as u64,
+                    fields,
+                    values: Box::new(Shape::unbounded()),
+                },
             }
         }
         Some(_) => Shape::Scalar,
@@ -431,19 +427,9 @@ fn compile_rules(
         .get("x-kubernetes-validations")
         .and_then(Value::as_array)
     {
-        let self_shape = shape_of(n, 0);
         for (i, r) in list.iter().enumerate() {
             let rpath = format!("{path}.x-kubernetes-validations[{i}]");
-            match compile_rule(
-                r,
-                &rpath,
-                is_root,
-                n,
-                &self_shape,
-                correlatable,
-                uncorrelatable_at,
-                out,
-            ) {
+            match compile_rule(r, &rpath, is_root, n, correlatable, uncorrelatable_at, out) {
                 Some((rule, c)) => {
                     if c > STATIC_ESTIMATED_COST_LIMIT {
                         out.push(Cause::forbidden(
@@ -562,7 +548,6 @@ fn compile_rule(
     rpath: &str,
     is_root: bool,
     n: &Node,
-    self_shape: &Shape,
     correlatable: bool,
     uncorrelatable_at: Option<&str>,
     out: &mut Vec<Cause>,
@@ -637,10 +622,34 @@ fn compile_rule(
         },
         None => None,
     };
-    let vars = [
-        ("self", self_shape.clone()),
-        ("oldSelf", self_shape.clone()),
-    ];
+    // Size only the fields of `self` the rule reads (all of them when it
+    // uses `self` whole): a rule on a large object costs no walk of it all.
+    let mut fields = crate::cel::selected_fields(program.ast(), &["self", "oldSelf"]);
+    if let Some(me) = &message_expression {
+        match (
+            &mut fields,
+            crate::cel::selected_fields(me.ast(), &["self", "oldSelf"]),
+        ) {
+            (Some(f), Some(more)) => f.extend(more),
+            _ => fields = None,
+        }
+    }
+    let self_shape = match fields {
+        Some(fields) if n.ty == Some(Type::Object) && n.additional.is_none() => Shape::Map {
+            max_props: n.properties.len() as u64,
+            fields: n
+                .properties
+                .iter()
+                .filter_map(|(k, p)| {
+                    let e = crate::cel::escape_property(k)?;
+                    fields.contains(&e).then(|| (e, shape_of(p, 1)))
+                })
+                .collect(),
+            values: Box::new(Shape::unbounded()),
+        },
+        _ => shape_of(n, 0),
+    };
+    let vars = [("self", self_shape.clone()), ("oldSelf", self_shape)];
     let mut c = program.estimate_cost(&vars);
     if let Some(me) = &message_expression {
         let mc = me.estimate_cost(&vars);
