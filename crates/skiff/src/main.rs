@@ -16,6 +16,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+mod bootstrap;
+
 #[derive(Parser)]
 #[command(
     name = "skiff",
@@ -135,6 +137,12 @@ struct ServerArgs {
     /// The etcd key prefix objects are stored under.
     #[arg(long = "etcd-prefix", default_value = "/registry")]
     etcd_prefix: String,
+    /// The cluster's shared secret (with --etcd-servers): the first server
+    /// stores the cluster CA, service-account and encryption keys in etcd
+    /// encrypted with it; servers started later with the same token load
+    /// them, so every server is the same cluster to its clients.
+    #[arg(long, env = "SKIFF_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(flatten)]
     dns: DnsArgs,
     #[command(flatten)]
@@ -457,8 +465,25 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
     if let Some(ip) = endpoint_ip {
         sans.push(ip.to_string());
     }
-    let pki = skiff_apiserver::tls::Pki::load_or_create(&data_dir.join("pki"), &sans)?;
     let store = open_store(args, &data_dir).await?;
+    if let Some(token) = &args.token {
+        anyhow::ensure!(
+            !args.etcd_servers.is_empty(),
+            "--token shares the cluster's credentials through etcd: give --etcd-servers too"
+        );
+        let settings = [
+            ("service-cidr".to_string(), args.service_cidr.clone()),
+            ("cluster-cidr".to_string(), args.cluster_cidr.clone()),
+        ]
+        .into();
+        let key = bootstrap::key_for(&args.etcd_prefix);
+        if bootstrap::sync(&*store, &key, token, &data_dir, settings).await? {
+            eprintln!("skiff: stored the cluster's credentials in etcd ({key})");
+        } else {
+            eprintln!("skiff: loaded the cluster's credentials from etcd ({key})");
+        }
+    }
+    let pki = skiff_apiserver::tls::Pki::load_or_create(&data_dir.join("pki"), &sans)?;
     let store = skiff_apiserver::encryption::wrap(
         store,
         match &args.protect.encryption_provider_config {

@@ -1,0 +1,269 @@
+//! Several servers that are one cluster: `skiff server --etcd-servers …
+//! --token SECRET` started on separate data dirs share the cluster's
+//! credentials through etcd (the first stores them encrypted with the
+//! token, the others load them), driven by the real kubectl against a
+//! real etcd started by the test.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use skiff_e2e::{kubectl_binary, skiff_binary, text, Server};
+use skiff_store::testsuite::EtcdServer;
+
+const NO_LOOPS: [&str; 2] = ["--disable-scheduler", "--disable-controllers"];
+
+/// The value of one etcd key, as `etcdctl get --print-value-only` prints it.
+fn etcd_value(etcd: &EtcdServer, key: &str) -> String {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            "--endpoints",
+            &etcd.endpoint(),
+            "get",
+            "--print-value-only",
+            key,
+        ])
+        .output()
+        .expect("run etcdctl");
+    assert!(out.status.success(), "etcdctl: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Runs a `skiff server` that is expected to refuse to start; returns its
+/// stderr and how long it took. The process is killed (by its PID) if it
+/// is still running after 30 s, and the test fails.
+fn refused(data_dir: &Path, args: &[&str]) -> (String, Duration) {
+    let started = Instant::now();
+    let mut child = Command::new(skiff_binary())
+        .args(["server", "--data-dir"])
+        .arg(data_dir)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start skiff server");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = child.try_wait().expect("server status") {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            assert!(!status.success(), "the server exited successfully: {err}");
+            return (err, started.elapsed());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the server did not refuse to start within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// kubectl against `port` with only a bearer token (no kubeconfig).
+fn kubectl_with_token(dir: &Path, ca: &Path, port: u16, token: &str, args: &[&str]) -> String {
+    let out = Command::new(kubectl_binary())
+        .env("HOME", dir.join("home"))
+        .env("KUBECONFIG", "/dev/null")
+        .arg(format!("--server=https://127.0.0.1:{port}"))
+        .arg(format!("--certificate-authority={}", ca.display()))
+        .arg(format!("--token={token}"))
+        .args(args)
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} on port {port}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+fn file(s: &Server, rel: &str) -> Vec<u8> {
+    std::fs::read(s.dir.path().join("data").join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+#[test]
+fn servers_with_one_token_share_the_cluster_credentials() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let etcd = rt.block_on(EtcdServer::start());
+    let url = etcd.endpoint();
+    let flags = [
+        "--etcd-servers",
+        &url,
+        "--token",
+        "s3cret",
+        NO_LOOPS[0],
+        NO_LOOPS[1],
+    ];
+    let a = Server::start_with(&flags);
+    let b = Server::start_with(&flags);
+    assert!(
+        a.log().contains("stored the cluster's credentials"),
+        "{}",
+        a.log()
+    );
+    assert!(
+        b.log().contains("loaded the cluster's credentials"),
+        "{}",
+        b.log()
+    );
+
+    // In etcd, nothing of them is readable without the token.
+    let stored = etcd_value(&etcd, "/skiff-bootstrap/registry");
+    assert!(stored.contains("SkiffBootstrapData"), "{stored}");
+    assert!(!stored.contains("BEGIN"), "{stored}");
+
+    // One CA, one join token, one encryption key.
+    for rel in ["pki/ca.crt", "token", "pki/encryption-config.yaml"] {
+        assert_eq!(file(&a, rel), file(&b, rel), "{rel}");
+    }
+    // A's admin kubeconfig works against B.
+    let b_url = format!("--server=https://127.0.0.1:{}", b.port);
+    a.ok(&[&b_url, "create", "configmap", "via-b", "--from-literal=k=v"]);
+    assert_eq!(
+        a.ok(&["get", "configmap", "via-b", "-o", "jsonpath={.data.k}"]),
+        "v"
+    );
+
+    // A ServiceAccount token issued by A authenticates at B.
+    a.ok(&["create", "serviceaccount", "robot"]);
+    let token = a.ok(&["create", "token", "robot"]);
+    let ca = a.dir.path().join("data/pki/ca.crt");
+    let who = kubectl_with_token(a.dir.path(), &ca, b.port, token.trim(), &["auth", "whoami"]);
+    assert!(who.contains("system:serviceaccount:default:robot"), "{who}");
+
+    // A Secret written through B (encrypted with the shared key) reads
+    // back through A.
+    b.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "shared",
+        "--from-literal=p=hush",
+    ]);
+    assert_eq!(
+        a.ok(&["get", "secret", "shared", "-o", "jsonpath={.data.p}"]),
+        "aHVzaA=="
+    );
+}
+
+#[test]
+fn a_wrong_token_another_clusters_etcd_or_other_flags_are_refused_and_change_nothing() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let etcd = rt.block_on(EtcdServer::start());
+    let url = etcd.endpoint();
+    let a = Server::start_with(&[
+        "--etcd-servers",
+        &url,
+        "--token",
+        "right",
+        NO_LOOPS[0],
+        NO_LOOPS[1],
+    ]);
+    let before = etcd_value(&etcd, "/skiff-bootstrap/registry");
+
+    let dir = tempfile::tempdir().unwrap();
+    let (err, took) = refused(dir.path(), &["--etcd-servers", &url, "--token", "wrong"]);
+    assert!(
+        err.contains("cannot be decrypted with this --token"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    assert!(
+        !dir.path().join("pki").exists(),
+        "a refused server wrote its PKI"
+    );
+    assert!(!dir.path().join("token").exists());
+    assert_eq!(etcd_value(&etcd, "/skiff-bootstrap/registry"), before);
+
+    let (err, _) = refused(
+        dir.path(),
+        &[
+            "--etcd-servers",
+            &url,
+            "--token",
+            "right",
+            "--service-cidr",
+            "10.99.0.0/16",
+        ],
+    );
+    assert!(
+        err.contains("--service-cidr is 10.99.0.0/16 but the cluster's is 10.43.0.0/16"),
+        "{err}"
+    );
+    assert!(!dir.path().join("pki").exists());
+
+    // A data dir of another cluster (its own CA) is refused too.
+    let other = Server::start_with(&NO_LOOPS);
+    let (err, _) = refused(
+        &other.dir.path().join("data"),
+        &["--etcd-servers", &url, "--token", "right"],
+    );
+    assert!(err.contains("is not the cluster's CA"), "{err}");
+    drop(other);
+
+    // An etcd holding a cluster started without a token: a server with a
+    // token and its own new CA refuses to take it over.
+    let old = Server::start_with(&[
+        "--etcd-servers",
+        &url,
+        "--etcd-prefix",
+        "/old",
+        NO_LOOPS[0],
+        NO_LOOPS[1],
+    ]);
+    let fresh = tempfile::tempdir().unwrap();
+    let (err, _) = refused(
+        fresh.path(),
+        &[
+            "--etcd-servers",
+            &url,
+            "--etcd-prefix",
+            "/old",
+            "--token",
+            "right",
+        ],
+    );
+    assert!(err.contains("etcd already holds a cluster"), "{err}");
+    assert!(!fresh.path().join("pki").exists());
+    assert_eq!(etcd_value(&etcd, "/skiff-bootstrap/old"), "");
+    // Its own server, given a token, adopts it: its credentials go to etcd.
+    drop(old);
+
+    // The first cluster is unharmed.
+    a.ok(&["get", "--raw", "/readyz"]);
+}
+
+#[test]
+fn two_first_servers_racing_agree_on_one_set() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let etcd = rt.block_on(EtcdServer::start());
+    let url = etcd.endpoint();
+    let start = || {
+        let url = url.clone();
+        std::thread::spawn(move || {
+            Server::start_with(&[
+                "--etcd-servers",
+                &url,
+                "--token",
+                "race",
+                NO_LOOPS[0],
+                NO_LOOPS[1],
+            ])
+        })
+    };
+    let (a, b) = (start(), start());
+    let (a, b) = (a.join().unwrap(), b.join().unwrap());
+    assert_eq!(file(&a, "pki/ca.crt"), file(&b, "pki/ca.crt"));
+    assert_eq!(file(&a, "pki/admin.crt"), file(&b, "pki/admin.crt"));
+    let stored = [a.log(), b.log()]
+        .iter()
+        .filter(|l| l.contains("stored the cluster's credentials"))
+        .count();
+    assert_eq!(stored, 1, "a: {}\nb: {}", a.log(), b.log());
+    let b_url = format!("--server=https://127.0.0.1:{}", b.port);
+    a.ok(&[&b_url, "get", "--raw", "/readyz"]);
+}
