@@ -643,39 +643,48 @@ fn spawn_control_loops(
         let c = scheduler_client;
         let id = id.clone();
         tokio::spawn(async move {
-            let r = skiff_kube::leader::run_elected(
-                c.clone(),
-                "kube-scheduler",
-                &id,
-                Default::default(),
-                skiff_scheduler::run(c, Default::default()),
-            )
-            .await;
-            if let Err(e) = r {
-                tracing::error!(error = %e, "the scheduler stopped");
-                eprintln!("skiff: the scheduler stopped: {e:#}");
-                std::process::exit(1);
-            }
+            lead_forever("kube-scheduler", &c, &id, "the scheduler", || {
+                skiff_scheduler::run(c.clone(), Default::default())
+            })
+            .await
         });
     }
     if controllers {
         let c = client.clone();
         let options = controller_options(cluster_cidr, root_ca, grace);
         tokio::spawn(async move {
-            let r = skiff_kube::leader::run_elected(
-                c.clone(),
+            lead_forever(
                 "kube-controller-manager",
+                &c,
                 &id,
-                Default::default(),
-                skiff_controllers::run(c, options),
+                "the controller manager",
+                || skiff_controllers::run(c.clone(), options.clone()),
             )
-            .await;
-            if let Err(e) = r {
-                tracing::error!(error = %e, "the controller manager stopped");
-                eprintln!("skiff: the controller manager stopped: {e:#}");
-                std::process::exit(1);
-            }
+            .await
         });
+    }
+}
+
+/// Runs `work` whenever this server holds the Lease `lease`: a lost lease
+/// (another holder, or no renewal within the renew deadline) drops the
+/// work at once and this server campaigns again, while its API server
+/// keeps serving.
+async fn lead_forever<F, Fut>(lease: &str, client: &kube::Client, id: &str, what: &str, work: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    loop {
+        let timing = skiff_kube::leader::Timing::default();
+        let retry = timing.retry;
+        match skiff_kube::leader::run_elected(client.clone(), lease, id, timing, work()).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "{what} stopped");
+                eprintln!("skiff: {what} stopped: {e:#}; campaigning again");
+            }
+        }
+        tokio::time::sleep(retry).await;
     }
 }
 
