@@ -7,6 +7,7 @@
 //! unreachable. Containers of pods that are gone are removed only after a
 //! complete, successful list of the node's pods.
 
+pub mod apilb;
 pub mod containerd;
 pub mod cri;
 pub mod dns;

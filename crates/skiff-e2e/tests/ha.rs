@@ -267,3 +267,119 @@ fn two_first_servers_racing_agree_on_one_set() {
     let b_url = format!("--server=https://127.0.0.1:{}", b.port);
     a.ok(&[&b_url, "get", "--raw", "/readyz"]);
 }
+
+/// A process started by the test, killed by its PID when dropped.
+struct Proc(std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn node_ready(s: &Server, node: &str) -> bool {
+    let out = s.kubectl(&[
+        "get",
+        "node",
+        node,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+    ]);
+    out.status.success() && text(&out.stdout) == "True"
+}
+
+fn lease_renewed(s: &Server, node: &str) -> Option<String> {
+    let out = s.kubectl(&[
+        "get",
+        "lease",
+        node,
+        "-n",
+        "kube-node-lease",
+        "-o",
+        "jsonpath={.spec.renewTime}",
+    ]);
+    out.status
+        .success()
+        .then(|| text(&out.stdout))
+        .filter(|t| !t.is_empty())
+}
+
+/// An agent given one server learns the others from the `kubernetes`
+/// Endpoints; when the server it was given dies, its Node stays Ready and
+/// its Lease keeps being renewed through another.
+#[test]
+fn an_agent_follows_the_servers_when_the_one_it_knew_dies() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let etcd = rt.block_on(EtcdServer::start());
+    let url = etcd.endpoint();
+    let flags = [
+        "--etcd-servers",
+        &url,
+        "--token",
+        "follow",
+        "--node-monitor-grace-period",
+        "15",
+    ];
+    let mut a = Server::start_with(&flags);
+    let b = Server::start_with(&flags);
+    let log = a.dir.path().join("agent.log");
+    let _agent = Proc(
+        Command::new(skiff_binary())
+            .args([
+                "agent",
+                "--simulate",
+                "--nodes",
+                "1",
+                "--node-name",
+                "hollow",
+            ])
+            .arg("--kubeconfig")
+            .arg(&a.kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start a hollow agent"),
+    );
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    skiff_e2e::wait_until("the hollow node Ready", 60, || {
+        node_ready(&b, "hollow-0").then_some(())
+    });
+    // It learned both servers (their advertised addresses, same ports).
+    skiff_e2e::wait_until("the agent to learn the other server", 30, || {
+        agent_log()
+            .lines()
+            .any(|l| {
+                l.contains("API servers:")
+                    && l.contains(&format!(":{}", a.port))
+                    && l.contains(&format!(":{}", b.port))
+            })
+            .then_some(())
+    });
+
+    a.kill9();
+    let killed = Instant::now();
+    let before = lease_renewed(&b, "hollow-0").expect("the node's Lease");
+    // Renewed through B, twice.
+    let mut seen = vec![before];
+    skiff_e2e::wait_until("the Lease renewed through the other server", 40, || {
+        if let Some(t) = lease_renewed(&b, "hollow-0") {
+            if seen.last() != Some(&t) {
+                seen.push(t);
+            }
+        }
+        (seen.len() >= 3).then_some(())
+    });
+    // And Ready throughout, past the grace period the lifecycle
+    // controller (now on B) allows a silent node.
+    while killed.elapsed() < Duration::from_secs(25) {
+        assert!(
+            node_ready(&b, "hollow-0"),
+            "the node is not Ready {:?} after its server died; agent log:\n{}",
+            killed.elapsed(),
+            agent_log()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}

@@ -816,7 +816,10 @@ async fn agent(args: AgentArgs) -> Result<()> {
         }
         _ => anyhow::bail!("give --kubeconfig, or --server and --token"),
     };
-    let client = skiff_kube::client_from_kubeconfig(&kubeconfig).await?;
+    // Through the balancer that follows every API server.
+    let (client, balancer) = skiff_agent::apilb::client_for_kubeconfig(&kubeconfig).await?;
+    let follow = client.clone();
+    tokio::spawn(async move { balancer.follow_endpoints(follow).await });
     if args.simulate {
         let options = skiff_agent::hollow::HollowOptions {
             nodes: args.nodes,
