@@ -158,11 +158,7 @@ pub async fn client_for_kubeconfig(
     kubeconfig: &std::path::Path,
 ) -> anyhow::Result<(kube::Client, Arc<ApiBalancer>)> {
     use anyhow::Context;
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
-        .with_context(|| format!("reading kubeconfig {}", kubeconfig.display()))?;
-    let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .with_context(|| format!("loading kubeconfig {}", kubeconfig.display()))?;
+    let config = load(kubeconfig).await?;
     let uri = config.cluster_url.clone();
     let host = uri.host().context("the kubeconfig's server has no host")?;
     let port = uri.port_u16().unwrap_or(443);
@@ -176,9 +172,28 @@ pub async fn client_for_kubeconfig(
             .await
             .context("starting the API server load balancer")?,
     );
-    config.cluster_url = lb.url().parse().context("the balancer's URL")?;
-    let client = kube::Client::try_from(config).context("building the API client")?;
+    let client = lb.client_for(kubeconfig).await?;
     Ok((client, lb))
+}
+
+async fn load(kubeconfig: &std::path::Path) -> anyhow::Result<kube::Config> {
+    use anyhow::Context;
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading kubeconfig {}", kubeconfig.display()))?;
+    kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .with_context(|| format!("loading kubeconfig {}", kubeconfig.display()))
+}
+
+impl ApiBalancer {
+    /// A client with the credentials of `kubeconfig` that goes through
+    /// this balancer.
+    pub async fn client_for(&self, kubeconfig: &std::path::Path) -> anyhow::Result<kube::Client> {
+        use anyhow::Context;
+        let mut config = load(kubeconfig).await?;
+        config.cluster_url = self.url().parse().context("the balancer's URL")?;
+        kube::Client::try_from(config).context("building the API client")
+    }
 }
 
 /// `host:port` of each address of the Endpoints' `https` port.

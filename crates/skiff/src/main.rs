@@ -804,6 +804,7 @@ fn ca_from_kubeconfig(path: &std::path::Path) -> Result<Option<String>> {
 }
 
 async fn agent(args: AgentArgs) -> Result<()> {
+    let mut joined = None;
     let kubeconfig = match (&args.kubeconfig, &args.server, &args.token) {
         (Some(k), _, _) => k.clone(),
         (None, Some(server), Some(token)) => {
@@ -812,12 +813,33 @@ async fn agent(args: AgentArgs) -> Result<()> {
                 .clone()
                 .unwrap_or_else(|| default_data_dir().join("agent"));
             let node = args.node.node_name.clone().unwrap_or_else(hostname);
-            skiff_agent::join::join(server, token, &node, &dir).await?
+            let kc = skiff_agent::join::join(server, token, &node, &dir).await?;
+            joined = Some((server.clone(), node, dir));
+            kc
         }
         _ => anyhow::bail!("give --kubeconfig, or --server and --token"),
     };
     // Through the balancer that follows every API server.
     let (client, balancer) = skiff_agent::apilb::client_for_kubeconfig(&kubeconfig).await?;
+    // A joined node renews its own client certificate while it runs.
+    let client = match joined {
+        Some((server, node, dir)) => {
+            let rotating = skiff_agent::join::Rotating::new(client);
+            let lb = balancer.clone();
+            tokio::spawn(skiff_agent::join::keep_renewed(
+                rotating.clone(),
+                server,
+                node,
+                dir,
+                move |kc| {
+                    let lb = lb.clone();
+                    async move { lb.client_for(&kc).await }
+                },
+            ));
+            rotating.client()
+        }
+        None => client,
+    };
     let follow = client.clone();
     tokio::spawn(async move { balancer.follow_endpoints(follow).await });
     if args.simulate {

@@ -1,0 +1,152 @@
+//! A joined node's client certificate renewed while the agent runs: once
+//! 80% of its life has passed, a new one comes through the CSR API
+//! (approved as the node renewing itself, signed by the cluster CA), and
+//! the agent's client swaps to it without a restart. Against a real API
+//! server in this process.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use kube::api::{Api, PostParams};
+use skiff_agent::join;
+use skiff_apiserver::auth::Identity;
+
+async fn server(dir: &std::path::Path) -> (skiff_apiserver::ApiServer, skiff_apiserver::tls::Pki) {
+    let pki = skiff_apiserver::tls::Pki::load_or_create(&dir.join("server-pki"), &[]).unwrap();
+    let store: Arc<dyn skiff_store::Store> =
+        skiff_store::RedbStore::open(&dir.join("store.redb"), Default::default()).unwrap();
+    let config = skiff_apiserver::Config {
+        cluster_signing: Some((pki.ca.cert_pem.clone(), pki.ca.key_pem.clone())),
+        ..Default::default()
+    };
+    (
+        skiff_apiserver::ApiServer::start(store, config)
+            .await
+            .unwrap(),
+        pki,
+    )
+}
+
+fn client_as(api: &skiff_apiserver::ApiServer, user: &str, groups: &[&str]) -> kube::Client {
+    let id = Identity::new(user, groups.iter().map(|g| g.to_string()).collect());
+    kube::Client::new(api.router_as(id), "default")
+}
+
+async fn whoami(c: kube::Client) -> String {
+    let r = Api::<SelfSubjectReview>::all(c)
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .unwrap();
+    r.status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+        .unwrap_or_default()
+}
+
+/// A node certificate of `ca` valid from `days_ago` days ago for `days` days.
+fn node_cert(
+    pki: &skiff_apiserver::tls::Pki,
+    node: &str,
+    days_ago: i64,
+    days: i64,
+) -> (String, String) {
+    let ca_key = rcgen::KeyPair::from_pem(&pki.ca.key_pem).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&pki.ca.cert_pem, ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::OrganizationName, "system:nodes");
+    dn.push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+    params.distinguished_name = dn;
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(days_ago);
+    params.not_after = params.not_before + time::Duration::days(days);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test]
+async fn a_certificate_past_80_percent_of_its_life_is_renewed_and_the_client_swapped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (api, pki) = server(tmp.path()).await;
+    let dir = tmp.path().join("agent");
+    std::fs::create_dir_all(dir.join("pki")).unwrap();
+    std::fs::write(dir.join("pki/ca.crt"), &pki.ca.cert_pem).unwrap();
+
+    // 70% of its life passed: not due yet, nothing requested.
+    let (cert, key) = node_cert(&pki, "n1", 7, 10);
+    std::fs::write(dir.join("pki/kubelet-client.crt"), &cert).unwrap();
+    std::fs::write(dir.join("pki/kubelet-client.key"), &key).unwrap();
+    let node = client_as(&api, "system:node:n1", &["system:nodes"]);
+    assert!(join::due_in(&dir, join::RENEW_AT) > std::time::Duration::from_secs(86400 / 2));
+    let none = join::renew_if_due(
+        node.clone(),
+        "https://127.0.0.1:1",
+        "n1",
+        &dir,
+        join::RENEW_AT,
+    )
+    .await
+    .unwrap();
+    assert!(none.is_none());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("pki/kubelet-client.crt")).unwrap(),
+        cert
+    );
+
+    // 90% passed: renewed through the CSR API as the node itself.
+    let (cert, key) = node_cert(&pki, "n1", 9, 10);
+    std::fs::write(dir.join("pki/kubelet-client.crt"), &cert).unwrap();
+    std::fs::write(dir.join("pki/kubelet-client.key"), &key).unwrap();
+    assert!(join::due_in(&dir, join::RENEW_AT).is_zero());
+    let kc = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        join::renew_if_due(
+            node.clone(),
+            "https://127.0.0.1:1",
+            "n1",
+            &dir,
+            join::RENEW_AT,
+        ),
+    )
+    .await
+    .expect("the renewal was not issued")
+    .unwrap()
+    .expect("renewed");
+    let new = std::fs::read_to_string(dir.join("pki/kubelet-client.crt")).unwrap();
+    assert_ne!(new, cert);
+    assert!(join::due_in(&dir, join::RENEW_AT) > std::time::Duration::from_secs(200 * 86400));
+    let der = rustls_pki_types::pem::PemObject::from_pem_slice(new.as_bytes())
+        .map(|c: rustls_pki_types::CertificateDer<'static>| c.to_vec())
+        .unwrap();
+    assert_eq!(
+        skiff_apiserver::tls::identity_from_cert(&der),
+        Some((
+            "system:node:n1".to_string(),
+            vec!["system:nodes".to_string()]
+        ))
+    );
+    let kubeconfig = std::fs::read_to_string(kc).unwrap();
+    use base64::Engine;
+    assert!(kubeconfig.contains(&base64::engine::general_purpose::STANDARD.encode(&new)));
+    // The request is visible as kube-apiserver shows one.
+    let csrs = Api::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>::all(
+        client_as(&api, "admin", &["system:masters"]),
+    )
+    .list(&Default::default())
+    .await
+    .unwrap();
+    assert_eq!(csrs.items.len(), 1);
+    assert_eq!(
+        csrs.items[0].spec.username.as_deref(),
+        Some("system:node:n1")
+    );
+
+    // The agent's client follows a swap: clones made before it included.
+    let rotating = join::Rotating::new(client_as(&api, "system:node:n1", &["system:nodes"]));
+    let c = rotating.client();
+    assert_eq!(whoami(c.clone()).await, "system:node:n1");
+    rotating.swap(client_as(&api, "system:node:n2", &["system:nodes"]));
+    assert_eq!(whoami(c).await, "system:node:n2");
+}
