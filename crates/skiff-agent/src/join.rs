@@ -63,7 +63,7 @@ fn kubeconfig(server: &str, ca_pem: &[u8], user: &str) -> String {
     )
 }
 
-fn write_private(path: &Path, data: &[u8]) -> Result<()> {
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     if let Some(p) = path.parent() {
@@ -130,14 +130,46 @@ fn life_left(cert_pem: &[u8]) -> Option<f64> {
 /// Requests a client certificate for `system:node:<node>` with `client`,
 /// waits for it, and returns (key PEM, certificate PEM).
 async fn request_certificate(client: kube::Client, node: &str) -> Result<(String, Vec<u8>)> {
+    request(
+        client,
+        node,
+        SIGNER,
+        &["digital signature", "client auth"],
+        &[],
+        "node-csr",
+        Duration::from_secs(600),
+    )
+    .await
+}
+
+/// Requests a certificate for `system:node:<node>` from `signer` with
+/// `usages` and the subject alternative names `sans` (IPs or DNS names),
+/// waits up to `wait` for it, and returns (key PEM, certificate PEM).
+pub(crate) async fn request(
+    client: kube::Client,
+    node: &str,
+    signer: &str,
+    usages: &[&str],
+    sans: &[String],
+    prefix: &str,
+    wait: Duration,
+) -> Result<(String, Vec<u8>)> {
     let key = rcgen::KeyPair::generate()?;
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    for san in sans {
+        params
+            .subject_alt_names
+            .push(match san.parse::<std::net::IpAddr>() {
+                Ok(ip) => rcgen::SanType::IpAddress(ip),
+                Err(_) => rcgen::SanType::DnsName(san.clone().try_into()?),
+            });
+    }
     let mut dn = rcgen::DistinguishedName::new();
     dn.push(rcgen::DnType::OrganizationName, "system:nodes");
     dn.push(rcgen::DnType::CommonName, format!("system:node:{node}"));
     params.distinguished_name = dn;
     let pem = params.serialize_request(&key)?.pem()?;
-    let name = format!("node-csr-{}", {
+    let name = format!("{prefix}-{}", {
         use rand::Rng;
         const A: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
         let mut rng = rand::rng();
@@ -152,8 +184,8 @@ async fn request_certificate(client: kube::Client, node: &str) -> Result<(String
         },
         spec: CertificateSigningRequestSpec {
             request: ByteString(pem.into_bytes()),
-            signer_name: SIGNER.into(),
-            usages: Some(vec!["digital signature".into(), "client auth".into()]),
+            signer_name: signer.into(),
+            usages: Some(usages.iter().map(|u| u.to_string()).collect()),
             ..Default::default()
         },
         status: None,
@@ -162,8 +194,8 @@ async fn request_certificate(client: kube::Client, node: &str) -> Result<(String
     api.create(&PostParams::default(), &csr)
         .await
         .context("creating the node's CertificateSigningRequest")?;
-    eprintln!("skiff: requested a client certificate ({name}); waiting for it to be issued");
-    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    eprintln!("skiff: requested a certificate from {signer} ({name}); waiting for it to be issued");
+    let deadline = std::time::Instant::now() + wait;
     loop {
         let c = api.get(&name).await?;
         let st = c.status.unwrap_or_default();
@@ -180,7 +212,7 @@ async fn request_certificate(client: kube::Client, node: &str) -> Result<(String
             return Ok((key.serialize_pem(), cert.0));
         }
         if std::time::Instant::now() > deadline {
-            bail!("certificate request {name} was not issued within 10 minutes (approve it with `kubectl certificate approve {name}`)");
+            bail!("certificate request {name} was not issued within {wait:?} (approve it with `kubectl certificate approve {name}`)");
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -249,10 +281,15 @@ pub const RENEW_AT: f64 = 0.8;
 /// How long until the node's client certificate in `dir` is due for
 /// renewal (zero when it is due now or unreadable).
 pub fn due_in(dir: &Path, at: f64) -> Duration {
-    let Ok(pem) = std::fs::read(dir.join("pki/kubelet-client.crt")) else {
-        return Duration::ZERO;
-    };
-    let Some((from, to)) = validity(&pem) else {
+    match std::fs::read(dir.join("pki/kubelet-client.crt")) {
+        Ok(pem) => cert_due_in(&pem, at),
+        Err(_) => Duration::ZERO,
+    }
+}
+
+/// How long until `at` of a PEM certificate's life has passed.
+pub fn cert_due_in(pem: &[u8], at: f64) -> Duration {
+    let Some((from, to)) = validity(pem) else {
         return Duration::ZERO;
     };
     let due = from + ((to - from) as f64 * at) as i64;

@@ -23,6 +23,7 @@ pub mod proxy;
 pub mod runtime;
 pub mod satoken;
 pub mod server;
+pub mod serving;
 pub mod sim;
 pub mod spec;
 pub mod stats;
@@ -222,6 +223,25 @@ pub async fn run(
         options.node_name,
         t.elapsed().as_millis()
     ));
+    // The endpoint's certificate from the cluster CA, which the API server
+    // verifies (a self-signed one until then).
+    let names = serving::names(&options.node_name, &node_ip);
+    match serving::obtain(client.clone(), &options.node_name, &names, &options.data_dir).await {
+        Ok((cert, key)) => {
+            endpoint.serving_cert().set(&cert, &key)?;
+            progress("serving certificate issued by the cluster CA");
+            tasks.spawn(serving::keep_renewed(
+                client.clone(),
+                endpoint.serving_cert(),
+                options.node_name.clone(),
+                names,
+                options.data_dir.clone(),
+            ));
+        }
+        Err(e) => eprintln!(
+            "skiff: the agent endpoint keeps a self-signed certificate the API server cannot verify: {e:#}"
+        ),
+    }
     let cidr = configure_network(&client, &options).await?;
     progress(&format!("pod network {cidr} configured"));
     let uid = node.metadata.uid.clone().unwrap_or_default();

@@ -150,3 +150,112 @@ async fn a_certificate_past_80_percent_of_its_life_is_renewed_and_the_client_swa
     rotating.swap(client_as(&api, "system:node:n2", &["system:nodes"]));
     assert_eq!(whoami(c).await, "system:node:n2");
 }
+
+/// The agent's serving certificate: a `kubelet-serving` request for the
+/// node's own address and name is approved and signed for server auth
+/// with those names; one naming another address stays pending.
+#[tokio::test]
+async fn a_serving_certificate_for_the_nodes_own_names_is_issued_by_the_cluster_ca() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (api, pki) = server(tmp.path()).await;
+    let admin = client_as(&api, "admin", &["system:masters"]);
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "n1"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "10.1.2.3"},
+                                 {"type": "Hostname", "address": "n1"}]}
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+    let as_node = client_as(&api, "system:node:n1", &["system:nodes"]);
+    let dir = tmp.path().join("agent");
+
+    // Another node's address: not approved.
+    let (foreign_client, foreign_dir) = (as_node.clone(), tmp.path().join("foreign"));
+    let foreign = tokio::spawn(async move {
+        let names = skiff_agent::serving::names("n1", "10.9.9.9");
+        skiff_agent::serving::obtain(foreign_client, "n1", &names, &foreign_dir).await
+    });
+    // Its request is in before the good one.
+    for _ in 0..100 {
+        let n = Api::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>::all(
+            admin.clone(),
+        )
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+        if n == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let names = skiff_agent::serving::names("n1", "10.1.2.3");
+    let (cert, key) = skiff_agent::serving::obtain(as_node.clone(), "n1", &names, &dir)
+        .await
+        .unwrap();
+    let der: rustls_pki_types::CertificateDer<'static> =
+        rustls_pki_types::pem::PemObject::from_pem_slice(cert.as_bytes()).unwrap();
+    let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+    let sans: Vec<String> = parsed
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(sans, ["IPAddress(0a:01:02:03)", "DNSName(n1)"]);
+    let eku = parsed.extended_key_usage().unwrap().unwrap().value;
+    assert!(eku.server_auth && !eku.client_auth);
+    // A TLS client trusting only the cluster CA accepts it for the address.
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls_pki_types::pem::PemObject::from_pem_slice(pki.ca.cert_pem.as_bytes()).unwrap())
+        .unwrap();
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .unwrap();
+    use rustls::client::danger::ServerCertVerifier;
+    let now = rustls_pki_types::UnixTime::now();
+    let ip = rustls_pki_types::ServerName::try_from("10.1.2.3").unwrap();
+    verifier
+        .verify_server_cert(&der, &[], &ip, &[], now)
+        .expect("the cluster CA verifies the agent for its address");
+    let other = rustls_pki_types::ServerName::try_from("10.9.9.9").unwrap();
+    assert!(verifier
+        .verify_server_cert(&der, &[], &other, &[], now)
+        .is_err());
+    // It serves: the swappable certificate takes it.
+    let served = skiff_agent::serving::ServingCert::new(&cert, &key).unwrap();
+    served.set(&cert, &key).unwrap();
+    // Kept and reused at the next start.
+    let again = skiff_agent::serving::obtain(as_node, "n1", &names, &dir)
+        .await
+        .unwrap();
+    assert_eq!(again.0, cert);
+
+    let csrs = Api::<k8s_openapi::api::certificates::v1::CertificateSigningRequest>::all(admin)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    let pending: Vec<_> = csrs
+        .items
+        .iter()
+        .filter(|c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_none()
+        })
+        .collect();
+    assert_eq!(pending.len(), 1, "the foreign request was approved");
+    foreign.abort();
+}
