@@ -383,3 +383,123 @@ fn an_agent_follows_the_servers_when_the_one_it_knew_dies() {
         std::thread::sleep(Duration::from_secs(1));
     }
 }
+
+fn free_port() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string()
+}
+
+/// `skiff server --cluster-init` runs its own etcd member; two servers
+/// join it with `--server URL --token` (each adding its member), and the
+/// three are one cluster that survives kill -9 of one: writes and a new
+/// Deployment's rollout continue through the others.
+#[test]
+fn three_servers_with_their_own_etcd_members_survive_losing_one() {
+    let ports: Vec<String> = (0..6).map(|_| free_port()).collect();
+    let grace = ["--node-monitor-grace-period", "15"];
+    let mut a = Server::start_with(&[
+        "--cluster-init",
+        "--token",
+        "ha3",
+        "--etcd-client-port",
+        &ports[0],
+        "--etcd-peer-port",
+        &ports[1],
+        grace[0],
+        grace[1],
+    ]);
+    let first = format!("https://127.0.0.1:{}", a.port);
+    let join = |c: &str, p: &str| {
+        Server::start_with(&[
+            "--server",
+            &first,
+            "--token",
+            "ha3",
+            "--etcd-client-port",
+            c,
+            "--etcd-peer-port",
+            p,
+            grace[0],
+            grace[1],
+        ])
+    };
+    let b = join(&ports[2], &ports[3]);
+    let c = join(&ports[4], &ports[5]);
+    assert!(b.log().contains("etcd member"), "{}", b.log());
+
+    // Three members, with TLS from the cluster CA.
+    let pki = b.dir.path().join("data/pki/etcd");
+    let members = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints=https://127.0.0.1:{}", ports[2]))
+        .arg(format!("--cacert={}", pki.join("ca.crt").display()))
+        .arg(format!("--cert={}", pki.join("client.crt").display()))
+        .arg(format!("--key={}", pki.join("client.key").display()))
+        .args(["member", "list"])
+        .output()
+        .expect("run etcdctl");
+    let list = text(&members.stdout);
+    assert_eq!(
+        list.matches(", started, ").count(),
+        3,
+        "{list}{}",
+        text(&members.stderr)
+    );
+    // The CA is the cluster's: one CA across the three.
+    assert_eq!(file(&a, "pki/ca.crt"), file(&c, "pki/ca.crt"));
+
+    a.ok(&["create", "configmap", "before", "--from-literal=k=v"]);
+    assert_eq!(
+        c.ok(&["get", "configmap", "before", "-o", "jsonpath={.data.k}"]),
+        "v"
+    );
+
+    let _nodes = Proc(
+        Command::new(skiff_binary())
+            .args(["agent", "--simulate", "--nodes", "2", "--node-name", "hha"])
+            .arg("--kubeconfig")
+            .arg(&b.kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start hollow nodes"),
+    );
+    skiff_e2e::wait_until("hollow nodes Ready", 60, || {
+        (node_ready(&c, "hha-0") && node_ready(&c, "hha-1")).then_some(())
+    });
+
+    // kill -9 of the first server (its etcd member dies with it).
+    a.kill9();
+    skiff_e2e::wait_until("a write through the second server", 60, || {
+        b.kubectl(&["create", "configmap", "after", "--request-timeout=10s"])
+            .status
+            .success()
+            .then_some(())
+    });
+    assert!(c
+        .ok(&["get", "configmap", "after", "-o", "name"])
+        .contains("after"));
+    assert!(b
+        .ok(&["get", "configmap", "before", "-o", "name"])
+        .contains("before"));
+    c.ok(&[
+        "create",
+        "deployment",
+        "after-loss",
+        "--image=skiff.local/busybox:1",
+        "--replicas=3",
+    ]);
+    b.ok(&[
+        "rollout",
+        "status",
+        "deployment/after-loss",
+        "--timeout=120s",
+    ]);
+    let pods = c.ok(&["get", "pods", "-l", "app=after-loss", "--no-headers"]);
+    assert_eq!(pods.lines().count(), 3, "{pods}");
+}

@@ -363,6 +363,43 @@ async fn stored_cluster_ca(store: &dyn Store) -> Result<Option<Vec<u8>>> {
         .and_then(|b| B64.decode(b.trim()).ok()))
 }
 
+/// Opens bootstrap data stored under `key` with `token`, checks it
+/// against this server and writes its files into `data_dir`.
+pub fn adopt(
+    data_dir: &Path,
+    key: &str,
+    token: &str,
+    value: &[u8],
+    settings: &BTreeMap<String, String>,
+) -> Result<()> {
+    let bundle = match open(token.trim(), key, value) {
+        Ok(b) => b,
+        Err(OpenError::WrongToken) => bail!(
+            "the cluster's bootstrap data (key {key}) cannot be decrypted with this \
+             --token: the token is wrong, or this etcd holds another cluster's data; \
+             nothing was changed"
+        ),
+        Err(OpenError::Malformed(m)) => {
+            bail!("etcd key {key} does not hold skiff's bootstrap data ({m}); nothing was changed")
+        }
+    };
+    check(data_dir, &bundle, settings)?;
+    install(data_dir, &bundle)
+}
+
+/// A new random cluster token (32 hex digits).
+pub fn random_token() -> Result<String> {
+    Ok(random::<16>()?.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// What a joining server proves it knows the token with (a bearer
+/// credential derived from it; the token itself never travels).
+pub fn join_secret(token: &str) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.trim().as_bytes());
+    let tag = ring::hmac::sign(&key, b"skiff server join");
+    tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Makes the shared credentials in `data_dir` the cluster's: creates and
 /// stores them when `store` has none (first server), else adopts the
 /// stored ones. Returns whether this server created them.
@@ -377,21 +414,7 @@ pub async fn sync(
         bail!("--token must not be empty");
     }
     let token = token.trim();
-    let adopt = |value: &[u8]| -> Result<()> {
-        let bundle = match open(token, key, value) {
-            Ok(b) => b,
-            Err(OpenError::WrongToken) => bail!(
-                "the cluster's bootstrap data in etcd (key {key}) cannot be decrypted with this \
-                 --token: the token is wrong, or this etcd holds another cluster's data; \
-                 nothing was changed"
-            ),
-            Err(OpenError::Malformed(m)) => bail!(
-                "etcd key {key} does not hold skiff's bootstrap data ({m}); nothing was changed"
-            ),
-        };
-        check(data_dir, &bundle, &settings)?;
-        install(data_dir, &bundle)
-    };
+    let adopt = |value: &[u8]| adopt(data_dir, key, token, value, &settings);
     if let Some(kv) = store
         .get(key)
         .await

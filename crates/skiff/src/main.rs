@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
 mod bootstrap;
+mod cluster;
 
 #[derive(Parser)]
 #[command(
@@ -143,6 +144,21 @@ struct ServerArgs {
     /// them, so every server is the same cluster to its clients.
     #[arg(long, env = "SKIFF_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Start a new HA control plane: run and supervise a local etcd member
+    /// (DATA/etcd, TLS from the cluster CA) and keep the cluster in it.
+    /// Without --token a token is made (DATA/server-token).
+    #[arg(long, conflicts_with_all = ["etcd_servers", "server"])]
+    cluster_init: bool,
+    /// Join the HA control plane of this server (https://HOST:PORT) with
+    /// --token: take the cluster's credentials, add a local etcd member.
+    #[arg(long, requires = "token", conflicts_with = "etcd_servers")]
+    server: Option<String>,
+    /// Client port of the local etcd member (--cluster-init, --server).
+    #[arg(long, default_value_t = 2379)]
+    etcd_client_port: u16,
+    /// Peer port of the local etcd member (--cluster-init, --server).
+    #[arg(long, default_value_t = 2380)]
+    etcd_peer_port: u16,
     #[command(flatten)]
     dns: DnsArgs,
     #[command(flatten)]
@@ -401,6 +417,93 @@ struct Started {
     pod_listener: Option<tokio::net::TcpListener>,
     kubeconfig_path: PathBuf,
     data_dir: PathBuf,
+    /// The local etcd member (--cluster-init, --server) and the join
+    /// endpoints served beside the API.
+    etcd: Option<(cluster::Supervisor, Arc<cluster::JoinState>)>,
+}
+
+impl Started {
+    /// The API's router, with the join endpoints when this server runs an
+    /// etcd member.
+    fn router(&self) -> axum::Router {
+        let router = self.api.router();
+        match &self.etcd {
+            Some((_, join)) => router.merge(cluster::routes(join.clone())),
+            None => router,
+        }
+    }
+}
+
+/// `--cluster-init` or `--server`: starts the local etcd member (joining
+/// the cluster first when it is new) and points `args` at it.
+async fn start_member(
+    args: &mut ServerArgs,
+    data_dir: &Path,
+    peer_ip: std::net::IpAddr,
+    sans: &[String],
+) -> Result<Option<cluster::Supervisor>> {
+    if !args.cluster_init && args.server.is_none() {
+        return Ok(None);
+    }
+    let token = match &args.token {
+        Some(t) => t.clone(),
+        None => {
+            let path = data_dir.join("server-token");
+            match std::fs::read_to_string(&path) {
+                Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+                _ => {
+                    let t = bootstrap::random_token()?;
+                    skiff_apiserver::tls::write_secret_file(&path, &format!("{t}\n"))?;
+                    eprintln!(
+                        "skiff: the cluster's token is in {} (other servers join with --token)",
+                        path.display()
+                    );
+                    t
+                }
+            }
+        }
+    };
+    let member = cluster::Member::new(
+        data_dir,
+        peer_ip,
+        args.etcd_client_port,
+        args.etcd_peer_port,
+    )?;
+    let settings = [
+        ("service-cidr".to_string(), args.service_cidr.clone()),
+        ("cluster-cidr".to_string(), args.cluster_cidr.clone()),
+    ]
+    .into();
+    if let Some(server) = &args.server {
+        if !member.initialized() {
+            cluster::fetch_credentials(server, &token, data_dir, &settings).await?;
+        }
+    }
+    let pki = skiff_apiserver::tls::Pki::load_or_create(&data_dir.join("pki"), sans)?;
+    member.write_certificates(&pki.ca)?;
+    let own = format!("{}={}", member.name, member.peer_url());
+    let (initial, state) = match &args.server {
+        Some(server) if !member.initialized() => (
+            cluster::add_member(server, &token, pki.ca.cert_pem.as_bytes(), &member).await?,
+            "existing",
+        ),
+        _ => (own, "new"),
+    };
+    let supervisor = cluster::Supervisor::start(&member, &initial, state)?;
+    cluster::wait_ready(&member, 90).await?;
+    eprintln!(
+        "skiff: etcd member {} serving at {} (peers at {})",
+        member.name,
+        member.local_client_url(),
+        member.peer_url()
+    );
+    let (ca, cert, key) = member.client_files();
+    args.etcd_servers = vec![member.local_client_url()];
+    args.etcd_cafile = Some(ca);
+    args.etcd_certfile = Some(cert);
+    args.etcd_keyfile = Some(key);
+    args.token = Some(token);
+    Ok(Some(supervisor))
 }
 
 /// The embedded store in DATA, or etcd with `--etcd-servers`.
@@ -410,6 +513,15 @@ async fn open_store(args: &ServerArgs, data_dir: &Path) -> Result<Arc<dyn skiff_
             .with_context(|| format!("opening the store in {}", data_dir.display()))?;
         return Ok(store);
     }
+    let opts = etcd_options(args)?;
+    let store = skiff_store::EtcdStore::connect(opts)
+        .await
+        .with_context(|| format!("connecting to etcd at {}", args.etcd_servers.join(",")))?;
+    Ok(store)
+}
+
+/// How to reach etcd, from the `--etcd-*` flags.
+fn etcd_options(args: &ServerArgs) -> Result<skiff_store::EtcdOptions> {
     let read = |flag: &str, p: &Option<PathBuf>| -> Result<Option<Vec<u8>>> {
         p.as_ref()
             .map(|p| std::fs::read(p).with_context(|| format!("reading {flag} {}", p.display())))
@@ -431,19 +543,17 @@ async fn open_store(args: &ServerArgs, data_dir: &Path) -> Result<Arc<dyn skiff_
             args.etcd_prefix
         );
     }
-    let opts = skiff_store::EtcdOptions {
+    Ok(skiff_store::EtcdOptions {
         endpoints: args.etcd_servers.clone(),
         prefix: args.etcd_prefix.clone(),
         tls: use_tls.then_some(tls),
         ..Default::default()
-    };
-    let store = skiff_store::EtcdStore::connect(opts)
-        .await
-        .with_context(|| format!("connecting to etcd at {}", args.etcd_servers.join(",")))?;
-    Ok(store)
+    })
 }
 
 async fn start_server(args: &ServerArgs) -> Result<Started> {
+    let mut args = args.clone();
+    let args = &mut args;
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
@@ -465,7 +575,13 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
     if let Some(ip) = endpoint_ip {
         sans.push(ip.to_string());
     }
+    let peer_ip = args
+        .advertise_address
+        .or(endpoint_ip)
+        .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
+    let supervisor = start_member(args, &data_dir, peer_ip, &sans).await?;
     let store = open_store(args, &data_dir).await?;
+    let raw_store = store.clone();
     if let Some(token) = &args.token {
         anyhow::ensure!(
             !args.etcd_servers.is_empty(),
@@ -583,6 +699,21 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         &pki.admin,
     );
     skiff_apiserver::tls::write_secret_file(&kubeconfig_path, &kubeconfig)?;
+    let etcd = match supervisor {
+        Some(sup) => {
+            let etcd = etcd_options(args)?;
+            Some((
+                sup,
+                Arc::new(cluster::JoinState {
+                    secret: bootstrap::join_secret(args.token.as_deref().unwrap_or_default()),
+                    store: raw_store,
+                    key: bootstrap::key_for(&args.etcd_prefix),
+                    etcd,
+                }),
+            ))
+        }
+        None => None,
+    };
     Ok(Started {
         api,
         pki,
@@ -590,6 +721,7 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         pod_listener,
         kubeconfig_path,
         data_dir,
+        etcd,
     })
 }
 
@@ -720,8 +852,9 @@ async fn server(args: ServerArgs) -> Result<()> {
         "skiff: serving https://{addr} (kubeconfig: {})",
         s.kubeconfig_path.display()
     );
+    let router = s.router();
     if let Some(l) = s.pod_listener {
-        let (tls, router) = (tls.clone(), s.api.router());
+        let (tls, router) = (tls.clone(), router.clone());
         tokio::spawn(async move {
             skiff_apiserver::serve::serve_tls_checked(l, tls, router, std::future::pending()).await;
         });
@@ -730,8 +863,11 @@ async fn server(args: ServerArgs) -> Result<()> {
         shutdown_signal().await;
         eprintln!("skiff: shutting down");
     };
-    skiff_apiserver::serve::serve_tls_checked(s.listener, tls, s.api.router(), shutdown).await;
+    skiff_apiserver::serve::serve_tls_checked(s.listener, tls, router, shutdown).await;
     s.api.leave().await;
+    if let Some((etcd, _)) = s.etcd {
+        etcd.stop().await;
+    }
     Ok(())
 }
 
@@ -894,7 +1030,7 @@ async fn up(args: UpArgs) -> Result<()> {
         s.data_dir.display()
     ));
     let tls = s.pki.server_tls()?;
-    let router = s.api.router();
+    let router = s.router();
     let listener = s.listener;
     if let Some(l) = s.pod_listener {
         let (tls, router) = (tls.clone(), router.clone());
