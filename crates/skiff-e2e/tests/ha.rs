@@ -413,8 +413,8 @@ fn three_servers_with_their_own_etcd_members_survive_losing_one() {
         grace[1],
     ]);
     let first = format!("https://127.0.0.1:{}", a.port);
-    let join = |c: &str, p: &str| {
-        Server::start_with(&[
+    let join = |c: &str, p: &str, extra: &[&str]| {
+        let mut flags = vec![
             "--server",
             &first,
             "--token",
@@ -425,30 +425,31 @@ fn three_servers_with_their_own_etcd_members_survive_losing_one() {
             p,
             grace[0],
             grace[1],
-        ])
+        ];
+        flags.extend_from_slice(extra);
+        Server::start_with(&flags)
     };
-    let b = join(&ports[2], &ports[3]);
-    let c = join(&ports[4], &ports[5]);
+    let b = join(&ports[2], &ports[3], &[]);
+    let mut c = join(&ports[4], &ports[5], &["--remove-member-on-stop"]);
     assert!(b.log().contains("etcd member"), "{}", b.log());
 
     // Three members, with TLS from the cluster CA.
     let pki = b.dir.path().join("data/pki/etcd");
-    let members = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints=https://127.0.0.1:{}", ports[2]))
-        .arg(format!("--cacert={}", pki.join("ca.crt").display()))
-        .arg(format!("--cert={}", pki.join("client.crt").display()))
-        .arg(format!("--key={}", pki.join("client.key").display()))
-        .args(["member", "list"])
-        .output()
-        .expect("run etcdctl");
-    let list = text(&members.stdout);
-    assert_eq!(
-        list.matches(", started, ").count(),
-        3,
-        "{list}{}",
-        text(&members.stderr)
-    );
+    let member_list = || {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints=https://127.0.0.1:{}", ports[2]))
+            .arg(format!("--cacert={}", pki.join("ca.crt").display()))
+            .arg(format!("--cert={}", pki.join("client.crt").display()))
+            .arg(format!("--key={}", pki.join("client.key").display()))
+            .args(["member", "list"])
+            .output()
+            .expect("run etcdctl");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let list = member_list();
+    assert_eq!(list.matches(", started, ").count(), 3, "{list}");
     // The CA is the cluster's: one CA across the three.
     assert_eq!(file(&a, "pki/ca.crt"), file(&c, "pki/ca.crt"));
 
@@ -502,4 +503,16 @@ fn three_servers_with_their_own_etcd_members_survive_losing_one() {
     ]);
     let pods = c.ok(&["get", "pods", "-l", "app=after-loss", "--no-headers"]);
     assert_eq!(pods.lines().count(), 3, "{pods}");
+
+    // A server stopped with --remove-member-on-stop leaves etcd's members.
+    let c_name = std::fs::read_to_string(c.dir.path().join("data/etcd-name")).unwrap();
+    assert!(member_list().contains(&c_name), "{}", member_list());
+    // (Two of the three members must be up to remove one: a comes back.)
+    a.start_again();
+    c.terminate();
+    assert!(c.log().contains("removed etcd member"), "{}", c.log());
+    let list = member_list();
+    assert!(!list.contains(&c_name), "{list}");
+    assert_eq!(list.lines().count(), 2, "{list}");
+    assert!(!c.dir.path().join("data/etcd").exists());
 }

@@ -78,7 +78,7 @@ impl Member {
         self.data_dir.join("pki/etcd")
     }
 
-    fn etcd_dir(&self) -> PathBuf {
+    pub fn etcd_dir(&self) -> PathBuf {
         self.data_dir.join("etcd")
     }
 
@@ -487,9 +487,7 @@ async fn add_member_handler(
     }
 }
 
-/// etcd's member add (or, for a peer URL already a member, its list):
-/// the `--initial-cluster` the new member starts with.
-async fn member_add(opts: &skiff_store::EtcdOptions, name: &str, peer_url: &str) -> Result<String> {
+fn etcd_connect_options(opts: &skiff_store::EtcdOptions) -> etcd_client::ConnectOptions {
     let mut co = etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_secs(5));
     if let Some(tls) = &opts.tls {
         let mut t = etcd_client::TlsOptions::new();
@@ -501,7 +499,42 @@ async fn member_add(opts: &skiff_store::EtcdOptions, name: &str, peer_url: &str)
         }
         co = co.with_tls(t);
     }
-    let mut client = etcd_client::Client::connect(&opts.endpoints, Some(co)).await?;
+    co
+}
+
+/// Removes `member` from the cluster's etcd (a server leaving for good);
+/// its data dir is then of no use and is deleted.
+pub async fn remove(member: &Member) -> Result<()> {
+    let opts = member.client_options()?;
+    let mut client =
+        etcd_client::Client::connect(&opts.endpoints, Some(etcd_connect_options(&opts))).await?;
+    let list = client.member_list().await?;
+    let me = list
+        .members()
+        .iter()
+        .find(|m| m.name() == member.name || m.peer_urls().iter().any(|u| *u == member.peer_url()))
+        .map(|m| m.id())
+        .context("this server's etcd member is not in the cluster")?;
+    // etcd refuses while too few of the others have been connected for a
+    // while (strict reconfig check): retry for 30 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.member_remove(me).await {
+            Ok(_) => return Ok(()),
+            Err(e) if std::time::Instant::now() < deadline => {
+                tracing::info!(error = %e, "removing the etcd member; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// etcd's member add (or, for a peer URL already a member, its list):
+/// the `--initial-cluster` the new member starts with.
+async fn member_add(opts: &skiff_store::EtcdOptions, name: &str, peer_url: &str) -> Result<String> {
+    let mut client =
+        etcd_client::Client::connect(&opts.endpoints, Some(etcd_connect_options(opts))).await?;
     let list = client.member_list().await?;
     let exists = list
         .members()

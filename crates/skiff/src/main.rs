@@ -159,6 +159,10 @@ struct ServerArgs {
     /// Peer port of the local etcd member (--cluster-init, --server).
     #[arg(long, default_value_t = 2380)]
     etcd_peer_port: u16,
+    /// When stopped (SIGTERM), leave the cluster for good: remove the
+    /// local etcd member and its data.
+    #[arg(long)]
+    remove_member_on_stop: bool,
     #[command(flatten)]
     dns: DnsArgs,
     #[command(flatten)]
@@ -419,7 +423,11 @@ struct Started {
     data_dir: PathBuf,
     /// The local etcd member (--cluster-init, --server) and the join
     /// endpoints served beside the API.
-    etcd: Option<(cluster::Supervisor, Arc<cluster::JoinState>)>,
+    etcd: Option<(
+        cluster::Supervisor,
+        Arc<cluster::JoinState>,
+        cluster::Member,
+    )>,
 }
 
 impl Started {
@@ -428,7 +436,7 @@ impl Started {
     fn router(&self) -> axum::Router {
         let router = self.api.router();
         match &self.etcd {
-            Some((_, join)) => router.merge(cluster::routes(join.clone())),
+            Some((_, join, _)) => router.merge(cluster::routes(join.clone())),
             None => router,
         }
     }
@@ -441,7 +449,7 @@ async fn start_member(
     data_dir: &Path,
     peer_ip: std::net::IpAddr,
     sans: &[String],
-) -> Result<Option<cluster::Supervisor>> {
+) -> Result<Option<(cluster::Supervisor, cluster::Member)>> {
     if !args.cluster_init && args.server.is_none() {
         return Ok(None);
     }
@@ -503,7 +511,7 @@ async fn start_member(
     args.etcd_certfile = Some(cert);
     args.etcd_keyfile = Some(key);
     args.token = Some(token);
-    Ok(Some(supervisor))
+    Ok(Some((supervisor, member)))
 }
 
 /// The embedded store in DATA, or etcd with `--etcd-servers`.
@@ -700,7 +708,7 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
     );
     skiff_apiserver::tls::write_secret_file(&kubeconfig_path, &kubeconfig)?;
     let etcd = match supervisor {
-        Some(sup) => {
+        Some((sup, member)) => {
             let etcd = etcd_options(args)?;
             Some((
                 sup,
@@ -710,6 +718,7 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
                     key: bootstrap::key_for(&args.etcd_prefix),
                     etcd,
                 }),
+                member,
             ))
         }
         None => None,
@@ -865,8 +874,20 @@ async fn server(args: ServerArgs) -> Result<()> {
     };
     skiff_apiserver::serve::serve_tls_checked(s.listener, tls, router, shutdown).await;
     s.api.leave().await;
-    if let Some((etcd, _)) = s.etcd {
+    if let Some((etcd, _, member)) = s.etcd {
+        if args.remove_member_on_stop {
+            match cluster::remove(&member).await {
+                Ok(()) => eprintln!(
+                    "skiff: removed etcd member {} from the cluster",
+                    member.name
+                ),
+                Err(e) => eprintln!("skiff: removing etcd member {}: {e:#}", member.name),
+            }
+        }
         etcd.stop().await;
+        if args.remove_member_on_stop {
+            let _ = std::fs::remove_dir_all(member.etcd_dir());
+        }
     }
     Ok(())
 }
