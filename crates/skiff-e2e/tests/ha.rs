@@ -516,3 +516,154 @@ fn three_servers_with_their_own_etcd_members_survive_losing_one() {
     assert_eq!(list.lines().count(), 2, "{list}");
     assert!(!c.dir.path().join("data/etcd").exists());
 }
+
+/// A `skiff server` in a network-namespace host, killed by its PID when
+/// dropped.
+struct HostServer {
+    proc: Proc,
+    kubeconfig: std::path::PathBuf,
+    log: std::path::PathBuf,
+    home: std::path::PathBuf,
+}
+
+impl HostServer {
+    fn start(h: &skiff_e2e::hosts::Hosts, i: usize, extra: &[&str]) -> HostServer {
+        let dir = h.dir.path();
+        let kubeconfig = dir.join(format!("admin-{i}.kubeconfig"));
+        let log = dir.join(format!("server-{i}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = h
+            .in_host(i, skiff_binary(), &["server"])
+            .arg("--data-dir")
+            .arg(h.data(i))
+            .arg("--listen")
+            .arg(format!("{}:6443", h.hosts[i].ip))
+            .arg("--write-kubeconfig")
+            .arg(&kubeconfig)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("start skiff server in a host");
+        let s = HostServer {
+            proc: Proc(child),
+            kubeconfig,
+            log,
+            home: dir.join(format!("home-{i}")),
+        };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if s.kubeconfig.exists() && s.kubectl(&["get", "--raw", "/readyz"]).status.success() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server {i} not ready:\n{}",
+                std::fs::read_to_string(&s.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn kubectl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(kubectl_binary())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("HOME", &self.home)
+            .args(args)
+            .output()
+            .expect("run kubectl")
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}\nserver log:\n{}",
+            text(&out.stderr),
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+        text(&out.stdout)
+    }
+}
+
+/// The HA control plane on three hosts (network namespaces): each server
+/// runs its etcd member on the default ports of its own host; kill -9 of
+/// the first host's server leaves writes and a Deployment's rollout
+/// working through the others.
+#[test]
+fn three_servers_on_three_hosts_survive_losing_the_first() {
+    let hosts = skiff_e2e::hosts::Hosts::start(skiff_e2e::hosts::Options {
+        hosts: 3,
+        network_only: true,
+        ..Default::default()
+    });
+    let grace = ["--node-monitor-grace-period", "15"];
+    let mut first = HostServer::start(
+        &hosts,
+        0,
+        &["--cluster-init", "--token", "hosts3", grace[0], grace[1]],
+    );
+    let url = format!("https://{}:6443", hosts.hosts[0].ip);
+    let join = [
+        "--server",
+        url.as_str(),
+        "--token",
+        "hosts3",
+        grace[0],
+        grace[1],
+    ];
+    let second = HostServer::start(&hosts, 1, &join);
+    let third = HostServer::start(&hosts, 2, &join);
+    first.ok(&["create", "configmap", "before"]);
+    assert!(third
+        .ok(&["get", "configmap", "before", "-o", "name"])
+        .contains("before"));
+    // The kubernetes Endpoints list the three hosts.
+    skiff_e2e::wait_until("three API server endpoints", 30, || {
+        let eps = second.ok(&[
+            "get",
+            "endpoints",
+            "kubernetes",
+            "-o",
+            "jsonpath={.subsets[*].addresses[*].ip}",
+        ]);
+        (eps.split_whitespace().count() == 3).then_some(())
+    });
+    let _nodes = Proc(
+        Command::new(skiff_binary())
+            .args(["agent", "--simulate", "--nodes", "2", "--node-name", "hh"])
+            .arg("--kubeconfig")
+            .arg(&second.kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start hollow nodes"),
+    );
+    skiff_e2e::wait_until("hollow nodes Ready", 60, || {
+        let out = third.ok(&["get", "nodes", "--no-headers"]);
+        (out.matches(" Ready ").count() == 2).then_some(())
+    });
+
+    let _ = first.proc.0.kill();
+    let _ = first.proc.0.wait();
+    skiff_e2e::wait_until("a write through the second host", 60, || {
+        second
+            .kubectl(&["create", "configmap", "after", "--request-timeout=10s"])
+            .status
+            .success()
+            .then_some(())
+    });
+    assert!(third
+        .ok(&["get", "configmap", "after", "-o", "name"])
+        .contains("after"));
+    third.ok(&[
+        "create",
+        "deployment",
+        "on-hosts",
+        "--image=skiff.local/busybox:1",
+        "--replicas=3",
+    ]);
+    second.ok(&["rollout", "status", "deployment/on-hosts", "--timeout=120s"]);
+}
