@@ -226,22 +226,26 @@ pub async fn run(
     // The endpoint's certificate from the cluster CA, which the API server
     // verifies (a self-signed one until then).
     let names = serving::names(&options.node_name, &node_ip);
-    match serving::obtain(client.clone(), &options.node_name, &names, &options.data_dir).await {
+    let issued = match serving::obtain(
+        client.clone(),
+        &options.node_name,
+        &names,
+        &options.data_dir,
+    )
+    .await
+    {
         Ok((cert, key)) => {
             endpoint.serving_cert().set(&cert, &key)?;
             progress("serving certificate issued by the cluster CA");
-            tasks.spawn(serving::keep_renewed(
-                client.clone(),
-                endpoint.serving_cert(),
-                options.node_name.clone(),
-                names,
-                options.data_dir.clone(),
-            ));
+            true
         }
-        Err(e) => eprintln!(
+        Err(e) => {
+            eprintln!(
             "skiff: the agent endpoint keeps a self-signed certificate the API server cannot verify: {e:#}"
-        ),
-    }
+        );
+            false
+        }
+    };
     let cidr = configure_network(&client, &options).await?;
     progress(&format!("pod network {cidr} configured"));
     let uid = node.metadata.uid.clone().unwrap_or_default();
@@ -254,6 +258,16 @@ pub async fn run(
     // The node's address as pod routing re-detects it, for the status
     // heartbeat and the proxy's NodePorts.
     let (address_tx, address_rx) = watch::channel(node_ip.clone());
+    if issued {
+        // Renewed after 80% of its life, and for a new node address.
+        tasks.spawn(serving::keep_renewed(
+            client.clone(),
+            endpoint.serving_cert(),
+            options.node_name.clone(),
+            address_rx.clone(),
+            options.data_dir.clone(),
+        ));
+    }
     tasks.spawn(node::report_status_following(
         client.clone(),
         facts.clone(),

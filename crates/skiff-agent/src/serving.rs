@@ -133,26 +133,57 @@ pub async fn obtain(
     Ok((cert, key))
 }
 
-/// Renews the serving certificate after 80% of its life and swaps it in.
+/// Renews the serving certificate after 80% of its life, and for the
+/// node's new address when it changes (`address`, as pod routing
+/// re-detects it), and swaps it in.
 pub async fn keep_renewed(
     client: kube::Client,
     serving: Arc<ServingCert>,
     node: String,
-    names: Vec<String>,
+    mut address: tokio::sync::watch::Receiver<String>,
     dir: PathBuf,
 ) {
+    let mut names = names(&node, &address.borrow_and_update());
+    let mut follow = true;
+    // After a failed attempt, try again soon.
+    let mut failed = false;
     loop {
-        let due = std::fs::read(paths(&dir).0)
-            .map(|pem| crate::join::cert_due_in(&pem, crate::join::RENEW_AT))
-            .unwrap_or_default();
-        tokio::time::sleep(due.clamp(Duration::from_secs(10), Duration::from_secs(3600))).await;
+        let due = if failed {
+            Duration::ZERO
+        } else {
+            std::fs::read(paths(&dir).0)
+                .map(|pem| crate::join::cert_due_in(&pem, crate::join::RENEW_AT))
+                .unwrap_or_default()
+        };
+        let wait =
+            tokio::time::sleep(due.clamp(Duration::from_secs(10), Duration::from_secs(3600)));
+        tokio::select! {
+            _ = wait => {}
+            changed = address.changed(), if follow => match changed {
+                Ok(()) => {
+                    let now = self::names(&node, &address.borrow_and_update());
+                    if now == names {
+                        continue;
+                    }
+                    names = now;
+                }
+                Err(_) => {
+                    follow = false;
+                    continue;
+                }
+            },
+        }
         match obtain(client.clone(), &node, &names, &dir).await {
             Ok((cert, key)) => {
+                failed = false;
                 if let Err(e) = serving.set(&cert, &key) {
                     tracing::warn!(error = %e, "using the renewed serving certificate");
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "renewing the serving certificate"),
+            Err(e) => {
+                failed = true;
+                tracing::warn!(error = %e, "renewing the serving certificate");
+            }
         }
     }
 }

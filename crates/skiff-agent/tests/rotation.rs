@@ -259,3 +259,68 @@ async fn a_serving_certificate_for_the_nodes_own_names_is_issued_by_the_cluster_
     assert_eq!(pending.len(), 1, "the foreign request was approved");
     foreign.abort();
 }
+
+/// A node whose address changes gets a serving certificate for the new
+/// one once its Node shows it.
+#[tokio::test]
+async fn the_serving_certificate_follows_a_new_node_address() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (api, _pki) = server(tmp.path()).await;
+    let admin = client_as(&api, "admin", &["system:masters"]);
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone());
+    let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "n1"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "10.1.2.3"}]}
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    let as_node = client_as(&api, "system:node:n1", &["system:nodes"]);
+    let dir = tmp.path().join("agent");
+    let (cert, key) = skiff_agent::serving::obtain(
+        as_node.clone(),
+        "n1",
+        &skiff_agent::serving::names("n1", "10.1.2.3"),
+        &dir,
+    )
+    .await
+    .unwrap();
+    let serving = Arc::new(skiff_agent::serving::ServingCert::new(&cert, &key).unwrap());
+    let (tx, rx) = tokio::sync::watch::channel("10.1.2.3".to_string());
+    let task = tokio::spawn(skiff_agent::serving::keep_renewed(
+        as_node,
+        serving,
+        "n1".into(),
+        rx,
+        dir.clone(),
+    ));
+    // The Node's address changes, then the agent notices.
+    let patch = serde_json::json!({"status": {"addresses": [{"type": "InternalIP", "address": "10.1.2.4"}]}});
+    nodes
+        .patch_status("n1", &Default::default(), &kube::api::Patch::Merge(&patch))
+        .await
+        .unwrap();
+    tx.send("10.1.2.4".into()).unwrap();
+    let crt = dir.join("pki/kubelet-serving.crt");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let pem = std::fs::read(&crt).unwrap();
+        let der: rustls_pki_types::CertificateDer<'static> =
+            rustls_pki_types::pem::PemObject::from_pem_slice(&pem).unwrap();
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let sans: Vec<String> = parsed
+            .subject_alternative_name()
+            .unwrap()
+            .unwrap()
+            .value
+            .general_names
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        if sans.contains(&"IPAddress(0a:01:02:04)".to_string()) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {sans:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    task.abort();
+}
