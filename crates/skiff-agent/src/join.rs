@@ -63,7 +63,7 @@ fn kubeconfig(server: &str, ca_pem: &[u8], user: &str) -> String {
     )
 }
 
-fn write_private(path: &Path, data: &[u8]) -> Result<()> {
+pub(crate) fn write_private(path: &Path, data: &[u8]) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     if let Some(p) = path.parent() {
@@ -130,14 +130,46 @@ fn life_left(cert_pem: &[u8]) -> Option<f64> {
 /// Requests a client certificate for `system:node:<node>` with `client`,
 /// waits for it, and returns (key PEM, certificate PEM).
 async fn request_certificate(client: kube::Client, node: &str) -> Result<(String, Vec<u8>)> {
+    request(
+        client,
+        node,
+        SIGNER,
+        &["digital signature", "client auth"],
+        &[],
+        "node-csr",
+        Duration::from_secs(600),
+    )
+    .await
+}
+
+/// Requests a certificate for `system:node:<node>` from `signer` with
+/// `usages` and the subject alternative names `sans` (IPs or DNS names),
+/// waits up to `wait` for it, and returns (key PEM, certificate PEM).
+pub(crate) async fn request(
+    client: kube::Client,
+    node: &str,
+    signer: &str,
+    usages: &[&str],
+    sans: &[String],
+    prefix: &str,
+    wait: Duration,
+) -> Result<(String, Vec<u8>)> {
     let key = rcgen::KeyPair::generate()?;
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    for san in sans {
+        params
+            .subject_alt_names
+            .push(match san.parse::<std::net::IpAddr>() {
+                Ok(ip) => rcgen::SanType::IpAddress(ip),
+                Err(_) => rcgen::SanType::DnsName(san.clone().try_into()?),
+            });
+    }
     let mut dn = rcgen::DistinguishedName::new();
     dn.push(rcgen::DnType::OrganizationName, "system:nodes");
     dn.push(rcgen::DnType::CommonName, format!("system:node:{node}"));
     params.distinguished_name = dn;
     let pem = params.serialize_request(&key)?.pem()?;
-    let name = format!("node-csr-{}", {
+    let name = format!("{prefix}-{}", {
         use rand::Rng;
         const A: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
         let mut rng = rand::rng();
@@ -152,8 +184,8 @@ async fn request_certificate(client: kube::Client, node: &str) -> Result<(String
         },
         spec: CertificateSigningRequestSpec {
             request: ByteString(pem.into_bytes()),
-            signer_name: SIGNER.into(),
-            usages: Some(vec!["digital signature".into(), "client auth".into()]),
+            signer_name: signer.into(),
+            usages: Some(usages.iter().map(|u| u.to_string()).collect()),
             ..Default::default()
         },
         status: None,
@@ -162,8 +194,8 @@ async fn request_certificate(client: kube::Client, node: &str) -> Result<(String
     api.create(&PostParams::default(), &csr)
         .await
         .context("creating the node's CertificateSigningRequest")?;
-    eprintln!("skiff: requested a client certificate ({name}); waiting for it to be issued");
-    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    eprintln!("skiff: requested a certificate from {signer} ({name}); waiting for it to be issued");
+    let deadline = std::time::Instant::now() + wait;
     loop {
         let c = api.get(&name).await?;
         let st = c.status.unwrap_or_default();
@@ -180,7 +212,7 @@ async fn request_certificate(client: kube::Client, node: &str) -> Result<(String
             return Ok((key.serialize_pem(), cert.0));
         }
         if std::time::Instant::now() > deadline {
-            bail!("certificate request {name} was not issued within 10 minutes (approve it with `kubectl certificate approve {name}`)");
+            bail!("certificate request {name} was not issued within {wait:?} (approve it with `kubectl certificate approve {name}`)");
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -194,7 +226,6 @@ pub async fn join(server: &str, token: &str, node: &str, dir: &Path) -> Result<P
     };
     let kc_path = dir.join("kubelet.kubeconfig");
     let crt_path = dir.join("pki/kubelet-client.crt");
-    let key_path = dir.join("pki/kubelet-client.key");
     let ca_path = dir.join("pki/ca.crt");
     let current = std::fs::read(&crt_path).ok();
     let left = current.as_deref().and_then(life_left);
@@ -220,15 +251,148 @@ pub async fn join(server: &str, token: &str, node: &str, dir: &Path) -> Result<P
     let client = skiff_kube::client_from_kubeconfig(&client_kc).await?;
     let (key_pem, cert_pem) = request_certificate(client, node).await?;
     let _ = std::fs::remove_file(&bootstrap_kc);
-    write_private(&key_path, key_pem.as_bytes())?;
-    write_private(&crt_path, &cert_pem)?;
+    write_credentials(dir, server, &ca, &key_pem, &cert_pem)
+}
+
+/// Keeps a new key and certificate and the kubeconfig using them.
+fn write_credentials(
+    dir: &Path,
+    server: &str,
+    ca: &[u8],
+    key_pem: &str,
+    cert_pem: &[u8],
+) -> Result<PathBuf> {
+    let kc_path = dir.join("kubelet.kubeconfig");
+    write_private(&dir.join("pki/kubelet-client.key"), key_pem.as_bytes())?;
+    write_private(&dir.join("pki/kubelet-client.crt"), cert_pem)?;
     let user = format!(
         "    client-certificate-data: {}\n    client-key-data: {}\n",
-        b64(&cert_pem),
+        b64(cert_pem),
         b64(key_pem.as_bytes())
     );
-    write_private(&kc_path, kubeconfig(server, &ca, &user).as_bytes())?;
+    write_private(&kc_path, kubeconfig(server, ca, &user).as_bytes())?;
     Ok(kc_path)
+}
+
+/// The fraction of its life after which a certificate is renewed (kubelet
+/// rotates between 70% and 90%; skiff at 80%).
+pub const RENEW_AT: f64 = 0.8;
+
+/// How long until the node's client certificate in `dir` is due for
+/// renewal (zero when it is due now or unreadable).
+pub fn due_in(dir: &Path, at: f64) -> Duration {
+    match std::fs::read(dir.join("pki/kubelet-client.crt")) {
+        Ok(pem) => cert_due_in(&pem, at),
+        Err(_) => Duration::ZERO,
+    }
+}
+
+/// How long until `at` of a PEM certificate's life has passed.
+pub fn cert_due_in(pem: &[u8], at: f64) -> Duration {
+    let Some((from, to)) = validity(pem) else {
+        return Duration::ZERO;
+    };
+    let due = from + ((to - from) as f64 * at) as i64;
+    let now = chrono::Utc::now().timestamp();
+    Duration::from_secs(due.saturating_sub(now).max(0) as u64)
+}
+
+fn validity(cert_pem: &[u8]) -> Option<(i64, i64)> {
+    let (_, p) = x509_parser::pem::parse_x509_pem(cert_pem).ok()?;
+    let c = p.parse_x509().ok()?;
+    Some((
+        c.validity().not_before.timestamp(),
+        c.validity().not_after.timestamp(),
+    ))
+}
+
+/// Renews the node's client certificate in `dir` through the CSR API
+/// (with `client`, as the node itself) once `at` of its life has passed.
+/// Returns the rewritten kubeconfig when it renewed.
+pub async fn renew_if_due(
+    client: kube::Client,
+    server: &str,
+    node: &str,
+    dir: &Path,
+    at: f64,
+) -> Result<Option<PathBuf>> {
+    if !due_in(dir, at).is_zero() {
+        return Ok(None);
+    }
+    let ca = std::fs::read(dir.join("pki/ca.crt")).context("the cluster CA of the node")?;
+    let (key_pem, cert_pem) = request_certificate(client, node).await?;
+    Ok(Some(write_credentials(
+        dir, server, &ca, &key_pem, &cert_pem,
+    )?))
+}
+
+/// Renews the node's client certificate while the agent runs (before
+/// [`RENEW_AT`] of its life) and swaps the agent's client to it, without
+/// a restart: `connect` builds a client from the new kubeconfig.
+pub async fn keep_renewed<F, Fut>(
+    rotating: Rotating,
+    server: String,
+    node: String,
+    dir: PathBuf,
+    connect: F,
+) where
+    F: Fn(PathBuf) -> Fut,
+    Fut: std::future::Future<Output = Result<kube::Client>>,
+{
+    loop {
+        let wait = due_in(&dir, RENEW_AT).clamp(Duration::from_secs(10), Duration::from_secs(3600));
+        tokio::time::sleep(wait).await;
+        match renew_if_due(rotating.client(), &server, &node, &dir, RENEW_AT).await {
+            Ok(Some(kc)) => match connect(kc).await {
+                Ok(c) => {
+                    rotating.swap(c);
+                    eprintln!("skiff: renewed the node's client certificate");
+                }
+                Err(e) => tracing::warn!(error = %e, "using the renewed client certificate"),
+            },
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "renewing the node's client certificate"),
+        }
+    }
+}
+
+/// A client whose transport (with its client certificate) can be
+/// replaced while requests run: each request goes through the client
+/// current when it starts; the agent's clones all follow a swap.
+#[derive(Clone)]
+pub struct Rotating(std::sync::Arc<std::sync::RwLock<kube::Client>>);
+
+impl Rotating {
+    pub fn new(client: kube::Client) -> Rotating {
+        Rotating(std::sync::Arc::new(std::sync::RwLock::new(client)))
+    }
+
+    /// A client going through whichever transport is current.
+    pub fn client(&self) -> kube::Client {
+        kube::Client::new(self.clone(), "default")
+    }
+
+    pub fn swap(&self, client: kube::Client) {
+        *self.0.write().expect("rotating client") = client;
+    }
+}
+
+impl tower::Service<http::Request<kube::client::Body>> for Rotating {
+    type Response = http::Response<kube::client::Body>;
+    type Error = kube::Error;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, kube::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+        let client = self.0.read().expect("rotating client").clone();
+        Box::pin(async move { client.send(req).await })
+    }
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@ struct Ctx {
 pub struct Endpoint {
     listener: tokio::net::TcpListener,
     tls: Arc<rustls::ServerConfig>,
+    serving: Arc<crate::serving::ServingCert>,
     router: Router,
     node_name: String,
     /// Asks the API server's SubjectAccessReview for other clients.
@@ -114,12 +115,13 @@ impl Endpoint {
             .with_context(|| {
                 format!("listening on port {} for the agent endpoint", options.port)
             })?;
-        let tls = Arc::new(tls_config(options)?);
+        let (tls, serving) = tls_config(options)?;
         let stats = crate::stats::Collector::new(&options.node_name, options.data_dir.clone());
         let router = router(Arc::new(Ctx { runtime, stats }));
         Ok(Endpoint {
             listener,
-            tls,
+            tls: Arc::new(tls),
+            serving,
             router,
             node_name: options.node_name.clone(),
             authorizer: None,
@@ -131,6 +133,12 @@ impl Endpoint {
     pub fn authorizing_with(mut self, client: kube::Client) -> Endpoint {
         self.authorizer = Some(client);
         self
+    }
+
+    /// The endpoint's certificate: self-signed at first, replaced by one
+    /// from the cluster CA (`serving`) while it serves.
+    pub fn serving_cert(&self) -> Arc<crate::serving::ServingCert> {
+        self.serving.clone()
     }
 
     pub fn port(&self) -> u16 {
@@ -219,7 +227,9 @@ fn subject(der: &[u8]) -> Option<Peer> {
     Some(Peer { user, groups })
 }
 
-fn tls_config(options: &AgentOptions) -> Result<rustls::ServerConfig> {
+fn tls_config(
+    options: &AgentOptions,
+) -> Result<(rustls::ServerConfig, Arc<crate::serving::ServingCert>)> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut names = vec!["localhost".to_string(), options.node_name.clone()];
     if let Some(ip) = &options.node_ip {
@@ -229,9 +239,10 @@ fn tls_config(options: &AgentOptions) -> Result<rustls::ServerConfig> {
     let key = rcgen::KeyPair::generate()?;
     let params = rcgen::CertificateParams::new(names)?;
     let cert = params.self_signed(&key)?;
-    let cert_der = rustls_pki_types::CertificateDer::from(cert.der().to_vec());
-    let key_der = rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der())
-        .map_err(|e| anyhow::anyhow!("agent key: {e}"))?;
+    let serving = Arc::new(crate::serving::ServingCert::new(
+        &cert.pem(),
+        &key.serialize_pem(),
+    )?);
     let mut roots = rustls::RootCertStore::empty();
     let ca_pem = options
         .client_ca_pem
@@ -251,8 +262,8 @@ fn tls_config(options: &AgentOptions) -> Result<rustls::ServerConfig> {
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(vec![cert_der], key_der)?;
-    Ok(config)
+        .with_cert_resolver(serving.clone());
+    Ok((config, serving))
 }
 
 fn router(ctx: Arc<Ctx>) -> Router {

@@ -7,7 +7,12 @@
 //! certificates for requestors allowed `certificatesigningrequests/nodeclient`
 //! (or `selfnodeclient` for a node renewing its own), and sign approved
 //! requests for `kubernetes.io/kube-apiserver-client-kubelet` and
-//! `kubernetes.io/kube-apiserver-client` with the cluster CA.
+//! `kubernetes.io/kube-apiserver-client` with the cluster CA. Agents'
+//! serving certificates (`kubernetes.io/kubelet-serving`) are approved
+//! when the node itself (or a cluster admin) asks and every name in the
+//! request is one of the Node's addresses or its name, and signed for
+//! server auth with those names, so the API server can verify agents
+//! against the cluster CA.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +30,7 @@ use crate::watchcache::Filter;
 
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client";
+pub const KUBELET_SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
 /// Certificates live a year unless the request asks for less.
 const MAX_LIFETIME: i64 = 365 * 24 * 3600;
 
@@ -127,6 +133,11 @@ pub async fn approve(
 struct Asked {
     common_name: String,
     organizations: Vec<String>,
+    /// Subject alternative names: DNS names and IP addresses (as text).
+    dns_names: Vec<String>,
+    ips: Vec<String>,
+    /// Names of another kind (email, URI, …).
+    other_names: bool,
 }
 
 fn parse_request(csr: &Value) -> Option<(String, Asked)> {
@@ -149,11 +160,36 @@ fn parse_request(csr: &Value) -> Option<(String, Asked)> {
         .filter_map(|a| a.as_str().ok())
         .map(str::to_string)
         .collect();
+    let (mut dns_names, mut ips, mut other_names) = (Vec::new(), Vec::new(), false);
+    for ext in req.requested_extensions().into_iter().flatten() {
+        if let x509_parser::extensions::ParsedExtension::SubjectAlternativeName(san) = ext {
+            for name in &san.general_names {
+                match name {
+                    x509_parser::extensions::GeneralName::DNSName(d) => {
+                        dns_names.push(d.to_string())
+                    }
+                    x509_parser::extensions::GeneralName::IPAddress(b) => match b.len() {
+                        4 => ips.push(
+                            std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*b).ok()?).to_string(),
+                        ),
+                        16 => ips.push(
+                            std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*b).ok()?).to_string(),
+                        ),
+                        _ => other_names = true,
+                    },
+                    _ => other_names = true,
+                }
+            }
+        }
+    }
     Some((
         pem,
         Asked {
             common_name,
             organizations,
+            dns_names,
+            ips,
+            other_names,
         },
     ))
 }
@@ -183,6 +219,64 @@ fn is_node_client(csr: &Value, asked: &Asked) -> bool {
                 "client auth" | "digital signature" | "key encipherment"
             )
         })
+}
+
+/// Whether a request is a kubelet serving certificate as Kubernetes
+/// validates one: CN `system:node:<name>`, O exactly `system:nodes`,
+/// usages server auth and digital signature (key encipherment allowed),
+/// at least one DNS or IP name and nothing else.
+fn is_node_serving(csr: &Value, asked: &Asked) -> bool {
+    let u = usages(csr);
+    asked.common_name.starts_with("system:node:")
+        && asked.common_name.len() > "system:node:".len()
+        && asked.organizations == ["system:nodes"]
+        && u.iter().any(|x| x == "server auth")
+        && u.iter().all(|x| {
+            matches!(
+                x.as_str(),
+                "server auth" | "digital signature" | "key encipherment"
+            )
+        })
+        && !(asked.dns_names.is_empty() && asked.ips.is_empty())
+        && !asked.other_names
+}
+
+/// Whether a serving certificate request may be approved: asked by the
+/// node itself (or a cluster admin), for names that are all the Node's
+/// own: its name, and the addresses in its status.
+async fn serving_names_are_the_nodes(reg: &Registry, csr: &Value, asked: &Asked) -> bool {
+    let user = csr
+        .pointer("/spec/username")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let admin = csr
+        .pointer("/spec/groups")
+        .and_then(Value::as_array)
+        .is_some_and(|g| g.iter().any(|g| g.as_str() == Some("system:masters")));
+    if user != asked.common_name && !admin {
+        return false;
+    }
+    let node_name = &asked.common_name["system:node:".len()..];
+    let nodes = resources::lookup("", "v1", "nodes").expect("nodes");
+    let Ok(node) = reg.get(nodes, None, node_name).await else {
+        return false;
+    };
+    let addresses: Vec<&str> = node
+        .pointer("/status/addresses")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.get("address").and_then(Value::as_str))
+        .collect();
+    asked.ips.iter().all(|ip| {
+        addresses.iter().any(|a| {
+            a.parse::<std::net::IpAddr>()
+                .is_ok_and(|x| x.to_string() == *ip)
+        })
+    }) && asked
+        .dns_names
+        .iter()
+        .all(|d| d == node_name || addresses.contains(&d.as_str()))
 }
 
 /// Whether the requestor may have a node client certificate approved.
@@ -242,8 +336,12 @@ fn sign(ca_cert_pem: &str, ca_key_pem: &str, pem: &str, csr: &Value) -> Result<S
             .key_usages
             .push(rcgen::KeyUsagePurpose::KeyEncipherment);
     }
-    req.params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    req.params.subject_alt_names.clear();
+    if csr.pointer("/spec/signerName").and_then(Value::as_str) == Some(KUBELET_SERVING_SIGNER) {
+        req.params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    } else {
+        req.params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        req.params.subject_alt_names.clear();
+    }
     req.params.use_authority_key_identifier_extension = true;
     let mut serial = [0u8; 16];
     rand::Rng::fill(&mut rand::rng(), &mut serial[..]);
@@ -287,27 +385,35 @@ pub async fn reconcile(reg: &Registry, ca_cert_pem: &str, ca_key_pem: &str) {
         let parsed = parse_request(&csr);
         if !has_condition(&csr, "Approved") {
             let Some((_, asked)) = &parsed else { continue };
-            if signer == KUBELET_CLIENT_SIGNER
+            let message = if signer == KUBELET_CLIENT_SIGNER
                 && is_node_client(&csr, asked)
                 && requestor_allowed(reg, &csr, asked)
             {
-                let mut status = csr.get("status").cloned().unwrap_or(json!({}));
-                let mut conds = conditions(&csr);
-                conds.push(condition(
-                    "Approved",
-                    "AutoApproved",
-                    "Auto approving kubelet client certificate after SubjectAccessReview.",
-                ));
-                status["conditions"] = json!(conds);
-                write_status(reg, &csr, status).await;
-            }
+                "Auto approving kubelet client certificate after SubjectAccessReview."
+            } else if signer == KUBELET_SERVING_SIGNER
+                && is_node_serving(&csr, asked)
+                && serving_names_are_the_nodes(reg, &csr, asked).await
+            {
+                "Auto approving kubelet serving certificate: its names are the node's."
+            } else {
+                continue;
+            };
+            let mut status = csr.get("status").cloned().unwrap_or(json!({}));
+            let mut conds = conditions(&csr);
+            conds.push(condition("Approved", "AutoApproved", message));
+            status["conditions"] = json!(conds);
+            write_status(reg, &csr, status).await;
             continue;
         }
         let signed = csr
             .pointer("/status/certificate")
             .and_then(Value::as_str)
             .is_some_and(|c| !c.is_empty());
-        if signed || !(signer == KUBELET_CLIENT_SIGNER || signer == CLIENT_SIGNER) {
+        if signed
+            || !(signer == KUBELET_CLIENT_SIGNER
+                || signer == CLIENT_SIGNER
+                || signer == KUBELET_SERVING_SIGNER)
+        {
             continue;
         }
         let mut status = csr.get("status").cloned().unwrap_or(json!({}));
@@ -315,6 +421,9 @@ pub async fn reconcile(reg: &Registry, ca_cert_pem: &str, ca_key_pem: &str) {
             None => Err("the request is not a valid PEM certificate request".to_string()),
             Some((_, asked)) if signer == KUBELET_CLIENT_SIGNER && !is_node_client(&csr, asked) => {
                 Err("invalid kubelet client certificate request: want CN system:node:<name>, O system:nodes, usages client auth and digital signature".to_string())
+            }
+            Some((_, asked)) if signer == KUBELET_SERVING_SIGNER && !is_node_serving(&csr, asked) => {
+                Err("invalid kubelet serving certificate request: want CN system:node:<name>, O system:nodes, usages server auth and digital signature, DNS or IP names".to_string())
             }
             Some((pem, _)) => sign(ca_cert_pem, ca_key_pem, pem, &csr),
         };

@@ -151,7 +151,11 @@ impl ApiServer {
             advertise: config.advertise.clone(),
             ready: AtomicBool::new(true),
             kubelet_tls: match &config.kubelet_client {
-                Some((cert, key)) => Some(Arc::new(nodeproxy::client_config(cert, key)?)),
+                Some((cert, key)) => Some(Arc::new(nodeproxy::client_config(
+                    cert,
+                    key,
+                    config.cluster_signing.as_ref().map(|(ca, _)| ca.as_str()),
+                )?)),
                 None => None,
             },
             metrics: config.metrics,

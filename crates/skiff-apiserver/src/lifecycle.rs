@@ -58,10 +58,21 @@ pub async fn bootstrap(reg: &Registry) -> Result<(), ApiError> {
         match reg.create(svc, Some("default"), obj, &opts).await {
             Ok(_) => {}
             Err(e) if e.code == 409 => {}
-            // Another server starting on the same store created it first
-            // (its address is then already allocated).
-            Err(_) if reg.get(svc, Some("default"), "kubernetes").await.is_ok() => {}
-            Err(e) => return Err(e),
+            // Another server starting on the same store is creating it
+            // (its address is then already allocated): wait for it, 5 s.
+            Err(e) => {
+                let mut created = false;
+                for _ in 0..50 {
+                    if reg.get(svc, Some("default"), "kubernetes").await.is_ok() {
+                        created = true;
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                if !created {
+                    return Err(e);
+                }
+            }
         }
     }
     ensure_kube_dns(reg, &opts).await;

@@ -66,10 +66,16 @@ pub fn parse_node(path: &str) -> Option<(String, Option<u16>, String)> {
     Some((name.to_string(), port, format!("/{tail}")))
 }
 
-/// A TLS client for agents: presents the kubelet-client certificate and,
-/// as kube-apiserver does when no kubelet CA is configured, does not check
-/// the agent's self-signed serving certificate.
-pub fn client_config(cert_pem: &str, key_pem: &str) -> anyhow::Result<rustls::ClientConfig> {
+/// A TLS client for agents: presents the kubelet-client certificate and
+/// verifies the agent's serving certificate against `ca_pem` (the cluster
+/// CA, which signs agents' `kubelet-serving` requests) for the address
+/// dialed, as kube-apiserver does with `--kubelet-certificate-authority`;
+/// without a CA, as kube-apiserver without that flag, it does not check it.
+pub fn client_config(
+    cert_pem: &str,
+    key_pem: &str,
+    ca_pem: Option<&str>,
+) -> anyhow::Result<rustls::ClientConfig> {
     use rustls_pki_types::pem::PemObject;
     let certs: Vec<rustls_pki_types::CertificateDer<'static>> =
         rustls_pki_types::CertificateDer::pem_slice_iter(cert_pem.as_bytes())
@@ -78,11 +84,28 @@ pub fn client_config(cert_pem: &str, key_pem: &str) -> anyhow::Result<rustls::Cl
     let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
         .map_err(|e| anyhow::anyhow!("kubelet client key: {e:?}"))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
-        .with_client_auth_cert(certs, key)?;
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let config = match ca_pem {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
+                roots.add(c.map_err(|e| anyhow::anyhow!("cluster CA: {e:?}"))?)?;
+            }
+            let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()?;
+            builder
+                .with_webpki_verifier(verifier)
+                .with_client_auth_cert(certs, key)?
+        }
+        None => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+            .with_client_auth_cert(certs, key)?,
+    };
     Ok(config)
 }
 
@@ -551,5 +574,85 @@ mod tests {
             "follow=true&tailLines=5"
         );
         assert_eq!(forward_query(None), "");
+    }
+
+    /// Whether a TLS client with `config` completes a handshake with a
+    /// server presenting `serving` on 127.0.0.1.
+    async fn handshake(config: rustls::ClientConfig, serving: &crate::tls::CertPair) -> bool {
+        use rustls_pki_types::pem::PemObject;
+        let certs = rustls_pki_types::CertificateDer::pem_slice_iter(serving.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key =
+            rustls_pki_types::PrivateKeyDer::from_pem_slice(serving.key_pem.as_bytes()).unwrap();
+        let server = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        tokio::spawn(async move {
+            let (tcp, _) = l.accept().await.unwrap();
+            let _ = acceptor.accept(tcp).await;
+        });
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn agents_are_verified_against_the_cluster_ca_for_their_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = crate::tls::Pki::load_or_create(dir.path(), &[]).unwrap();
+        let other = crate::tls::Pki::load_or_create(&dir.path().join("other"), &[]).unwrap();
+        let client = &pki.kubelet_client;
+        let verifying =
+            || client_config(&client.cert_pem, &client.key_pem, Some(&pki.ca.cert_pem)).unwrap();
+        let ours = crate::tls::issue(
+            &pki.ca,
+            "system:node:n1",
+            &[],
+            &["127.0.0.1".into()],
+            false,
+            1,
+        )
+        .unwrap();
+        let elsewhere = crate::tls::issue(
+            &pki.ca,
+            "system:node:n2",
+            &[],
+            &["10.9.9.9".into()],
+            false,
+            1,
+        )
+        .unwrap();
+        let foreign = crate::tls::issue(
+            &other.ca,
+            "system:node:n1",
+            &[],
+            &["127.0.0.1".into()],
+            false,
+            1,
+        )
+        .unwrap();
+        assert!(handshake(verifying(), &ours).await);
+        assert!(
+            !handshake(verifying(), &elsewhere).await,
+            "another address passed"
+        );
+        assert!(!handshake(verifying(), &foreign).await, "another CA passed");
+        // Without a CA (no cluster signing configured) nothing is checked.
+        let lax = client_config(&client.cert_pem, &client.key_pem, None).unwrap();
+        assert!(handshake(lax, &foreign).await);
     }
 }

@@ -101,6 +101,22 @@ pub fn issue(
     client: bool,
     days: i64,
 ) -> Result<CertPair> {
+    let eku = if client {
+        ExtendedKeyUsagePurpose::ClientAuth
+    } else {
+        ExtendedKeyUsagePurpose::ServerAuth
+    };
+    issue_with(ca, common_name, groups, sans, vec![eku], days)
+}
+
+fn issue_with(
+    ca: &CertPair,
+    common_name: &str,
+    groups: &[&str],
+    sans: &[String],
+    extended_key_usages: Vec<ExtendedKeyUsagePurpose>,
+    days: i64,
+) -> Result<CertPair> {
     let ca_key = KeyPair::from_pem(&ca.key_pem).context("parsing CA key")?;
     let issuer =
         Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).context("parsing CA certificate")?;
@@ -126,11 +142,7 @@ pub fn issue(
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
     ];
-    params.extended_key_usages = vec![if client {
-        ExtendedKeyUsagePurpose::ClientAuth
-    } else {
-        ExtendedKeyUsagePurpose::ServerAuth
-    }];
+    params.extended_key_usages = extended_key_usages;
     params.use_authority_key_identifier_extension = true;
     validity(&mut params, days);
     let cert = params.signed_by(&key, &issuer)?;
@@ -138,6 +150,27 @@ pub fn issue(
         cert_pem: cert.pem(),
         key_pem: key.serialize_pem(),
     })
+}
+
+/// Issues a certificate signed by `ca` for both server and client auth
+/// (etcd members' peer and serving certificates), for `sans`.
+pub fn issue_peer(
+    ca: &CertPair,
+    common_name: &str,
+    sans: &[String],
+    days: i64,
+) -> Result<CertPair> {
+    issue_with(
+        ca,
+        common_name,
+        &[],
+        sans,
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+        days,
+    )
 }
 
 impl Pki {

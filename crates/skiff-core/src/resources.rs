@@ -442,7 +442,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         ["csr"],
         [],
         ["approval", "status"],
-        &kinds::PLAIN
+        &kinds::certificates::CertificateSigningRequest
     ),
     // coordination.k8s.io/v1
     res!(

@@ -28,6 +28,9 @@ pub struct Options {
     pub backend: &'static str,
     /// Extra flags of every agent.
     pub agent_args: Vec<String>,
+    /// Only the hosts and their network: no server, no agents (the test
+    /// starts its own processes in them with [`Hosts::in_host`]).
+    pub network_only: bool,
 }
 
 impl Default for Options {
@@ -37,6 +40,7 @@ impl Default for Options {
             second_subnet: vec![],
             backend: "auto",
             agent_args: vec![],
+            network_only: false,
         }
     }
 }
@@ -182,6 +186,9 @@ impl Hosts {
                 .output()
                 .expect("nsenter (util-linux)");
             assert!(out.status.success(), "ip_forward: {}", text(&out.stderr));
+        }
+        if options.network_only {
+            return hosts;
         }
         hosts.start_server();
         for i in 0..options.hosts {

@@ -127,6 +127,34 @@ fn an_agent_joined_with_the_token_runs_pods_and_is_only_its_node() {
     });
     let out = s.ok(&["get", "csr"]);
     assert!(out.contains("node-csr-"), "{out}");
+    // kube-apiserver's columns.
+    let header: Vec<&str> = out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "AGE",
+            "SIGNERNAME",
+            "REQUESTOR",
+            "REQUESTEDDURATION",
+            "CONDITION"
+        ],
+        "{out}"
+    );
+    assert!(
+        out.lines().any(
+            |l| l.contains("kubernetes.io/kube-apiserver-client-kubelet")
+                && l.contains("system:bootstrap:")
+                && l.contains("<none>")
+                && l.trim_end().ends_with("Approved,Issued")
+        ),
+        "{out}"
+    );
     let csr = s.ok(&[
         "get",
         "csr",

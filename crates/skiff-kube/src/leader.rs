@@ -16,7 +16,13 @@ use kube::api::{Api, PostParams};
 /// deadline, 2 s retry).
 #[derive(Debug, Clone)]
 pub struct Timing {
+    /// How long a lease not renewed stays the holder's (other candidates
+    /// wait this long after its last renewal).
     pub lease_duration: Duration,
+    /// How long the holder keeps acting without a successful renewal: it
+    /// stops at once when this passes, before the lease can lapse for the
+    /// others. Shorter than `lease_duration`.
+    pub renew_deadline: Duration,
     pub retry: Duration,
 }
 
@@ -24,6 +30,7 @@ impl Default for Timing {
     fn default() -> Self {
         Timing {
             lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
             retry: Duration::from_secs(2),
         }
     }
@@ -31,8 +38,10 @@ impl Default for Timing {
 
 /// Waits until `identity` holds the Lease `kube-system/<name>`, then runs
 /// `work` while renewing it. Returns when `work` ends (its result) or when
-/// the lease is lost (an error: the caller should exit so a fresh process
-/// starts from what it observes).
+/// the lease is lost (an error), `work` then dropped: lost means another
+/// holder took it, or no renewal succeeded within `renew_deadline` of the
+/// last one (a renewal that hangs is abandoned at the deadline), so the
+/// holder has stopped before `lease_duration` lets anyone else start.
 pub async fn run_elected<F, T>(
     client: kube::Client,
     name: &str,
@@ -44,32 +53,58 @@ where
     F: Future<Output = anyhow::Result<T>>,
 {
     let leases: Api<Lease> = Api::namespaced(client, "kube-system");
+    let mut last_renew;
     loop {
-        match try_acquire(&leases, name, identity, &timing).await {
-            Ok(true) => break,
-            Ok(false) => {}
-            Err(e) => tracing::debug!(lease = name, error = %e, "leader election attempt failed"),
+        let attempt = tokio::time::Instant::now();
+        match tokio::time::timeout(
+            timing.renew_deadline,
+            try_acquire(&leases, name, identity, &timing),
+        )
+        .await
+        {
+            Ok(Ok(true)) => {
+                last_renew = attempt;
+                break;
+            }
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(lease = name, error = %e, "leader election attempt failed")
+            }
+            Err(_) => tracing::debug!(lease = name, "leader election attempt timed out"),
         }
         tokio::time::sleep(timing.retry).await;
     }
     tracing::info!(lease = name, identity, "became leader");
-    tokio::pin!(work);
-    let mut last_renew = tokio::time::Instant::now();
-    loop {
-        tokio::select! {
-            out = &mut work => return out,
-            _ = tokio::time::sleep(timing.retry) => {
-                match try_acquire(&leases, name, identity, &timing).await {
-                    Ok(true) => last_renew = tokio::time::Instant::now(),
-                    Ok(false) => anyhow::bail!("lost the lease {name} to another holder"),
-                    Err(e) => {
-                        tracing::warn!(lease = name, error = %e, "renewing the lease failed");
-                        if last_renew.elapsed() > timing.lease_duration * 2 / 3 {
-                            anyhow::bail!("could not renew the lease {name}: {e}");
-                        }
+    let renew = async {
+        loop {
+            tokio::time::sleep(timing.retry).await;
+            let deadline = last_renew + timing.renew_deadline;
+            let attempt = tokio::time::Instant::now();
+            match tokio::time::timeout_at(deadline, try_acquire(&leases, name, identity, &timing))
+                .await
+            {
+                Ok(Ok(true)) => last_renew = attempt,
+                Ok(Ok(false)) => return anyhow::anyhow!("lost the lease {name} to another holder"),
+                Ok(Err(e)) => {
+                    tracing::warn!(lease = name, error = %e, "renewing the lease failed");
+                    if tokio::time::Instant::now() >= deadline {
+                        return anyhow::anyhow!("could not renew the lease {name}: {e}");
                     }
                 }
+                Err(_) => {
+                    return anyhow::anyhow!(
+                        "could not renew the lease {name} within {:?}",
+                        timing.renew_deadline
+                    )
+                }
             }
+        }
+    };
+    tokio::select! {
+        out = work => out,
+        lost = renew => {
+            tracing::warn!(lease = name, identity, error = %lost, "stopped leading");
+            Err(lost)
         }
     }
 }
@@ -148,6 +183,7 @@ mod tests {
         let client = cluster.client("test");
         let timing = Timing {
             lease_duration: Duration::from_secs(2),
+            renew_deadline: Duration::from_millis(1500),
             retry: Duration::from_millis(200),
         };
         let (stop_a, stopped_a) = tokio::sync::oneshot::channel::<()>();
@@ -194,5 +230,101 @@ mod tests {
         let lease = leases.get("demo").await.unwrap().spec.unwrap();
         assert_eq!(lease.holder_identity.as_deref(), Some("b"));
         assert_eq!(lease.lease_transitions, Some(1));
+    }
+
+    /// A holder whose renewals hang (its API server unreachable) stops its
+    /// work within the renew deadline, and a second candidate starts only
+    /// after that: never two at once.
+    #[tokio::test]
+    async fn a_holder_that_cannot_renew_stops_before_another_starts() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::Arc;
+        let cluster = TestCluster::start().await.unwrap();
+        let blocked = Arc::new(AtomicBool::new(false));
+        let gate = blocked.clone();
+        // A's transport: requests hang while `blocked` is set.
+        let router = cluster
+            .api
+            .in_process_router("test")
+            .layer(axum::middleware::from_fn(
+                move |req: axum::extract::Request, next: axum::middleware::Next| {
+                    let hang = gate.load(Ordering::SeqCst);
+                    async move {
+                        if hang {
+                            std::future::pending::<()>().await;
+                        }
+                        next.run(req).await
+                    }
+                },
+            ));
+        let a_client = kube::Client::new(router, "default");
+        let timing = Timing {
+            lease_duration: Duration::from_secs(3),
+            renew_deadline: Duration::from_secs(2),
+            retry: Duration::from_millis(200),
+        };
+        let acted = Arc::new(AtomicU64::new(0));
+        let a_acted = acted.clone();
+        let a = tokio::spawn(run_elected(
+            a_client,
+            "gated",
+            "a",
+            timing.clone(),
+            async move {
+                loop {
+                    a_acted.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                #[allow(unreachable_code)]
+                Ok(())
+            },
+        ));
+        let leases: Api<Lease> = Api::namespaced(cluster.client("test"), "kube-system");
+        for _ in 0..100 {
+            if acted.load(Ordering::SeqCst) > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(acted.load(Ordering::SeqCst) > 0, "a never led");
+        let b_started: Arc<std::sync::Mutex<Option<tokio::time::Instant>>> = Default::default();
+        let flag = b_started.clone();
+        let b = tokio::spawn(run_elected(
+            cluster.client("test"),
+            "gated",
+            "b",
+            timing.clone(),
+            async move {
+                *flag.lock().unwrap() = Some(tokio::time::Instant::now());
+                Ok(())
+            },
+        ));
+        let blocked_at = tokio::time::Instant::now();
+        blocked.store(true, Ordering::SeqCst);
+        let err = tokio::time::timeout(Duration::from_secs(5), a)
+            .await
+            .expect("a kept leading without renewing")
+            .unwrap()
+            .unwrap_err();
+        let a_stopped = tokio::time::Instant::now();
+        assert!(err.to_string().contains("could not renew"), "{err}");
+        assert!(
+            a_stopped - blocked_at <= timing.renew_deadline + Duration::from_millis(500),
+            "a stopped {:?} after losing its API server",
+            a_stopped - blocked_at
+        );
+        // Its work no longer runs.
+        let n = acted.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(acted.load(Ordering::SeqCst), n, "a's work still runs");
+        tokio::time::timeout(Duration::from_secs(10), b)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let b_at = b_started.lock().unwrap().expect("b ran");
+        assert!(b_at >= a_stopped, "b started while a still acted");
+        let lease = leases.get("gated").await.unwrap().spec.unwrap();
+        assert_eq!(lease.holder_identity.as_deref(), Some("b"));
     }
 }

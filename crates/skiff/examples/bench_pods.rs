@@ -11,6 +11,7 @@
 //!    its create call until a watch shows it Running with its container
 //!    running;
 //! 3. N pods created at once, each timed the same way.
+//!
 //! Reports p50/p99 of each and the ratios to the floor.
 
 /// The allocator the `skiff` binary uses, so the benchmark measures it.

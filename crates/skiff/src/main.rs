@@ -16,6 +16,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+mod bootstrap;
+mod cluster;
+
 #[derive(Parser)]
 #[command(
     name = "skiff",
@@ -135,6 +138,31 @@ struct ServerArgs {
     /// The etcd key prefix objects are stored under.
     #[arg(long = "etcd-prefix", default_value = "/registry")]
     etcd_prefix: String,
+    /// The cluster's shared secret (with --etcd-servers): the first server
+    /// stores the cluster CA, service-account and encryption keys in etcd
+    /// encrypted with it; servers started later with the same token load
+    /// them, so every server is the same cluster to its clients.
+    #[arg(long, env = "SKIFF_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Start a new HA control plane: run and supervise a local etcd member
+    /// (DATA/etcd, TLS from the cluster CA) and keep the cluster in it.
+    /// Without --token a token is made (DATA/server-token).
+    #[arg(long, conflicts_with_all = ["etcd_servers", "server"])]
+    cluster_init: bool,
+    /// Join the HA control plane of this server (https://HOST:PORT) with
+    /// --token: take the cluster's credentials, add a local etcd member.
+    #[arg(long, requires = "token", conflicts_with = "etcd_servers")]
+    server: Option<String>,
+    /// Client port of the local etcd member (--cluster-init, --server).
+    #[arg(long, default_value_t = 2379)]
+    etcd_client_port: u16,
+    /// Peer port of the local etcd member (--cluster-init, --server).
+    #[arg(long, default_value_t = 2380)]
+    etcd_peer_port: u16,
+    /// When stopped (SIGTERM), leave the cluster for good: remove the
+    /// local etcd member and its data.
+    #[arg(long)]
+    remove_member_on_stop: bool,
     #[command(flatten)]
     dns: DnsArgs,
     #[command(flatten)]
@@ -393,6 +421,97 @@ struct Started {
     pod_listener: Option<tokio::net::TcpListener>,
     kubeconfig_path: PathBuf,
     data_dir: PathBuf,
+    /// The local etcd member (--cluster-init, --server) and the join
+    /// endpoints served beside the API.
+    etcd: Option<(
+        cluster::Supervisor,
+        Arc<cluster::JoinState>,
+        cluster::Member,
+    )>,
+}
+
+impl Started {
+    /// The API's router, with the join endpoints when this server runs an
+    /// etcd member.
+    fn router(&self) -> axum::Router {
+        let router = self.api.router();
+        match &self.etcd {
+            Some((_, join, _)) => router.merge(cluster::routes(join.clone())),
+            None => router,
+        }
+    }
+}
+
+/// `--cluster-init` or `--server`: starts the local etcd member (joining
+/// the cluster first when it is new) and points `args` at it.
+async fn start_member(
+    args: &mut ServerArgs,
+    data_dir: &Path,
+    peer_ip: std::net::IpAddr,
+    sans: &[String],
+) -> Result<Option<(cluster::Supervisor, cluster::Member)>> {
+    if !args.cluster_init && args.server.is_none() {
+        return Ok(None);
+    }
+    let token = match &args.token {
+        Some(t) => t.clone(),
+        None => {
+            let path = data_dir.join("server-token");
+            match std::fs::read_to_string(&path) {
+                Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+                _ => {
+                    let t = bootstrap::random_token()?;
+                    skiff_apiserver::tls::write_secret_file(&path, &format!("{t}\n"))?;
+                    eprintln!(
+                        "skiff: the cluster's token is in {} (other servers join with --token)",
+                        path.display()
+                    );
+                    t
+                }
+            }
+        }
+    };
+    let member = cluster::Member::new(
+        data_dir,
+        peer_ip,
+        args.etcd_client_port,
+        args.etcd_peer_port,
+    )?;
+    let settings = [
+        ("service-cidr".to_string(), args.service_cidr.clone()),
+        ("cluster-cidr".to_string(), args.cluster_cidr.clone()),
+    ]
+    .into();
+    if let Some(server) = &args.server {
+        if !member.initialized() {
+            cluster::fetch_credentials(server, &token, data_dir, &settings).await?;
+        }
+    }
+    let pki = skiff_apiserver::tls::Pki::load_or_create(&data_dir.join("pki"), sans)?;
+    member.write_certificates(&pki.ca)?;
+    let own = format!("{}={}", member.name, member.peer_url());
+    let (initial, state) = match &args.server {
+        Some(server) if !member.initialized() => (
+            cluster::add_member(server, &token, pki.ca.cert_pem.as_bytes(), &member).await?,
+            "existing",
+        ),
+        _ => (own, "new"),
+    };
+    let supervisor = cluster::Supervisor::start(&member, &initial, state)?;
+    cluster::wait_ready(&member, 90).await?;
+    eprintln!(
+        "skiff: etcd member {} serving at {} (peers at {})",
+        member.name,
+        member.local_client_url(),
+        member.peer_url()
+    );
+    let (ca, cert, key) = member.client_files();
+    args.etcd_servers = vec![member.local_client_url()];
+    args.etcd_cafile = Some(ca);
+    args.etcd_certfile = Some(cert);
+    args.etcd_keyfile = Some(key);
+    args.token = Some(token);
+    Ok(Some((supervisor, member)))
 }
 
 /// The embedded store in DATA, or etcd with `--etcd-servers`.
@@ -402,6 +521,15 @@ async fn open_store(args: &ServerArgs, data_dir: &Path) -> Result<Arc<dyn skiff_
             .with_context(|| format!("opening the store in {}", data_dir.display()))?;
         return Ok(store);
     }
+    let opts = etcd_options(args)?;
+    let store = skiff_store::EtcdStore::connect(opts)
+        .await
+        .with_context(|| format!("connecting to etcd at {}", args.etcd_servers.join(",")))?;
+    Ok(store)
+}
+
+/// How to reach etcd, from the `--etcd-*` flags.
+fn etcd_options(args: &ServerArgs) -> Result<skiff_store::EtcdOptions> {
     let read = |flag: &str, p: &Option<PathBuf>| -> Result<Option<Vec<u8>>> {
         p.as_ref()
             .map(|p| std::fs::read(p).with_context(|| format!("reading {flag} {}", p.display())))
@@ -423,19 +551,17 @@ async fn open_store(args: &ServerArgs, data_dir: &Path) -> Result<Arc<dyn skiff_
             args.etcd_prefix
         );
     }
-    let opts = skiff_store::EtcdOptions {
+    Ok(skiff_store::EtcdOptions {
         endpoints: args.etcd_servers.clone(),
         prefix: args.etcd_prefix.clone(),
         tls: use_tls.then_some(tls),
         ..Default::default()
-    };
-    let store = skiff_store::EtcdStore::connect(opts)
-        .await
-        .with_context(|| format!("connecting to etcd at {}", args.etcd_servers.join(",")))?;
-    Ok(store)
+    })
 }
 
 async fn start_server(args: &ServerArgs) -> Result<Started> {
+    let mut args = args.clone();
+    let args = &mut args;
     let data_dir = args.data_dir.clone().unwrap_or_else(default_data_dir);
     std::fs::create_dir_all(&data_dir)
         .with_context(|| format!("creating {}", data_dir.display()))?;
@@ -457,8 +583,31 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
     if let Some(ip) = endpoint_ip {
         sans.push(ip.to_string());
     }
-    let pki = skiff_apiserver::tls::Pki::load_or_create(&data_dir.join("pki"), &sans)?;
+    let peer_ip = args
+        .advertise_address
+        .or(endpoint_ip)
+        .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
+    let supervisor = start_member(args, &data_dir, peer_ip, &sans).await?;
     let store = open_store(args, &data_dir).await?;
+    let raw_store = store.clone();
+    if let Some(token) = &args.token {
+        anyhow::ensure!(
+            !args.etcd_servers.is_empty(),
+            "--token shares the cluster's credentials through etcd: give --etcd-servers too"
+        );
+        let settings = [
+            ("service-cidr".to_string(), args.service_cidr.clone()),
+            ("cluster-cidr".to_string(), args.cluster_cidr.clone()),
+        ]
+        .into();
+        let key = bootstrap::key_for(&args.etcd_prefix);
+        if bootstrap::sync(&*store, &key, token, &data_dir, settings).await? {
+            eprintln!("skiff: stored the cluster's credentials in etcd ({key})");
+        } else {
+            eprintln!("skiff: loaded the cluster's credentials from etcd ({key})");
+        }
+    }
+    let pki = skiff_apiserver::tls::Pki::load_or_create(&data_dir.join("pki"), &sans)?;
     let store = skiff_apiserver::encryption::wrap(
         store,
         match &args.protect.encryption_provider_config {
@@ -558,6 +707,22 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         &pki.admin,
     );
     skiff_apiserver::tls::write_secret_file(&kubeconfig_path, &kubeconfig)?;
+    let etcd = match supervisor {
+        Some((sup, member)) => {
+            let etcd = etcd_options(args)?;
+            Some((
+                sup,
+                Arc::new(cluster::JoinState {
+                    secret: bootstrap::join_secret(args.token.as_deref().unwrap_or_default()),
+                    store: raw_store,
+                    key: bootstrap::key_for(&args.etcd_prefix),
+                    etcd,
+                }),
+                member,
+            ))
+        }
+        None => None,
+    };
     Ok(Started {
         api,
         pki,
@@ -565,17 +730,15 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         pod_listener,
         kubeconfig_path,
         data_dir,
+        etcd,
     })
 }
 
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    async {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
-        }
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
     }
 }
 
@@ -618,39 +781,48 @@ fn spawn_control_loops(
         let c = scheduler_client;
         let id = id.clone();
         tokio::spawn(async move {
-            let r = skiff_kube::leader::run_elected(
-                c.clone(),
-                "kube-scheduler",
-                &id,
-                Default::default(),
-                skiff_scheduler::run(c, Default::default()),
-            )
-            .await;
-            if let Err(e) = r {
-                tracing::error!(error = %e, "the scheduler stopped");
-                eprintln!("skiff: the scheduler stopped: {e:#}");
-                std::process::exit(1);
-            }
+            lead_forever("kube-scheduler", &c, &id, "the scheduler", || {
+                skiff_scheduler::run(c.clone(), Default::default())
+            })
+            .await
         });
     }
     if controllers {
         let c = client.clone();
         let options = controller_options(cluster_cidr, root_ca, grace);
         tokio::spawn(async move {
-            let r = skiff_kube::leader::run_elected(
-                c.clone(),
+            lead_forever(
                 "kube-controller-manager",
+                &c,
                 &id,
-                Default::default(),
-                skiff_controllers::run(c, options),
+                "the controller manager",
+                || skiff_controllers::run(c.clone(), options.clone()),
             )
-            .await;
-            if let Err(e) = r {
-                tracing::error!(error = %e, "the controller manager stopped");
-                eprintln!("skiff: the controller manager stopped: {e:#}");
-                std::process::exit(1);
-            }
+            .await
         });
+    }
+}
+
+/// Runs `work` whenever this server holds the Lease `lease`: a lost lease
+/// (another holder, or no renewal within the renew deadline) drops the
+/// work at once and this server campaigns again, while its API server
+/// keeps serving.
+async fn lead_forever<F, Fut>(lease: &str, client: &kube::Client, id: &str, what: &str, work: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    loop {
+        let timing = skiff_kube::leader::Timing::default();
+        let retry = timing.retry;
+        match skiff_kube::leader::run_elected(client.clone(), lease, id, timing, work()).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "{what} stopped");
+                eprintln!("skiff: {what} stopped: {e:#}; campaigning again");
+            }
+        }
+        tokio::time::sleep(retry).await;
     }
 }
 
@@ -686,8 +858,9 @@ async fn server(args: ServerArgs) -> Result<()> {
         "skiff: serving https://{addr} (kubeconfig: {})",
         s.kubeconfig_path.display()
     );
+    let router = s.router();
     if let Some(l) = s.pod_listener {
-        let (tls, router) = (tls.clone(), s.api.router());
+        let (tls, router) = (tls.clone(), router.clone());
         tokio::spawn(async move {
             skiff_apiserver::serve::serve_tls_checked(l, tls, router, std::future::pending()).await;
         });
@@ -696,8 +869,23 @@ async fn server(args: ServerArgs) -> Result<()> {
         shutdown_signal().await;
         eprintln!("skiff: shutting down");
     };
-    skiff_apiserver::serve::serve_tls_checked(s.listener, tls, s.api.router(), shutdown).await;
+    skiff_apiserver::serve::serve_tls_checked(s.listener, tls, router, shutdown).await;
     s.api.leave().await;
+    if let Some((etcd, _, member)) = s.etcd {
+        if args.remove_member_on_stop {
+            match cluster::remove(&member).await {
+                Ok(()) => eprintln!(
+                    "skiff: removed etcd member {} from the cluster",
+                    member.name
+                ),
+                Err(e) => eprintln!("skiff: removing etcd member {}: {e:#}", member.name),
+            }
+        }
+        etcd.stop().await;
+        if args.remove_member_on_stop {
+            let _ = std::fs::remove_dir_all(member.etcd_dir());
+        }
+    }
     Ok(())
 }
 
@@ -770,6 +958,7 @@ fn ca_from_kubeconfig(path: &std::path::Path) -> Result<Option<String>> {
 }
 
 async fn agent(args: AgentArgs) -> Result<()> {
+    let mut joined = None;
     let kubeconfig = match (&args.kubeconfig, &args.server, &args.token) {
         (Some(k), _, _) => k.clone(),
         (None, Some(server), Some(token)) => {
@@ -778,11 +967,35 @@ async fn agent(args: AgentArgs) -> Result<()> {
                 .clone()
                 .unwrap_or_else(|| default_data_dir().join("agent"));
             let node = args.node.node_name.clone().unwrap_or_else(hostname);
-            skiff_agent::join::join(server, token, &node, &dir).await?
+            let kc = skiff_agent::join::join(server, token, &node, &dir).await?;
+            joined = Some((server.clone(), node, dir));
+            kc
         }
         _ => anyhow::bail!("give --kubeconfig, or --server and --token"),
     };
-    let client = skiff_kube::client_from_kubeconfig(&kubeconfig).await?;
+    // Through the balancer that follows every API server.
+    let (client, balancer) = skiff_agent::apilb::client_for_kubeconfig(&kubeconfig).await?;
+    // A joined node renews its own client certificate while it runs.
+    let client = match joined {
+        Some((server, node, dir)) => {
+            let rotating = skiff_agent::join::Rotating::new(client);
+            let lb = balancer.clone();
+            tokio::spawn(skiff_agent::join::keep_renewed(
+                rotating.clone(),
+                server,
+                node,
+                dir,
+                move |kc| {
+                    let lb = lb.clone();
+                    async move { lb.client_for(&kc).await }
+                },
+            ));
+            rotating.client()
+        }
+        None => client,
+    };
+    let follow = client.clone();
+    tokio::spawn(async move { balancer.follow_endpoints(follow).await });
     if args.simulate {
         let options = skiff_agent::hollow::HollowOptions {
             nodes: args.nodes,
@@ -835,7 +1048,7 @@ async fn up(args: UpArgs) -> Result<()> {
         s.data_dir.display()
     ));
     let tls = s.pki.server_tls()?;
-    let router = s.api.router();
+    let router = s.router();
     let listener = s.listener;
     if let Some(l) = s.pod_listener {
         let (tls, router) = (tls.clone(), router.clone());

@@ -79,17 +79,25 @@ pub async fn run_for_agent(
     });
     let lb_client = client.clone();
     let identity = node_name.clone();
+    // A lost lease (a server failing over, the API unreachable past the
+    // renew deadline) stops the controller; it campaigns again.
     let service_lb = async move {
-        let r = skiff_kube::leader::run_elected(
-            lb_client.clone(),
-            "skiff-service-lb",
-            &identity,
-            Default::default(),
-            lb::run(lb_client),
-        )
-        .await;
-        if let Err(e) = r {
-            tracing::error!(error = %e, "the LoadBalancer controller stopped");
+        loop {
+            let r = skiff_kube::leader::run_elected(
+                lb_client.clone(),
+                "skiff-service-lb",
+                &identity,
+                Default::default(),
+                lb::run(lb_client.clone()),
+            )
+            .await;
+            match r {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the LoadBalancer controller stopped; campaigning again")
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
         }
     };
     let options = ProxyOptions {

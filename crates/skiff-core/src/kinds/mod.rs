@@ -16,6 +16,7 @@ use crate::table::Printer;
 use crate::Cause;
 
 pub mod batch;
+pub mod certificates;
 pub mod config;
 pub mod event;
 pub mod ingress_class;
