@@ -52,7 +52,17 @@ async fn main() -> anyhow::Result<()> {
         println!("nodes: plain Node objects; pods bound round-robin via pods/binding and marked Running+Ready via pods/status by an in-process simulator (no scheduler, no agent)");
     }
 
-    let cluster = skiff_kube::testing::TestCluster::start().await?;
+    let etcd = if std::env::args().any(|a| a == "--etcd") {
+        println!("store: a single-member etcd on loopback");
+        Some(skiff_store::testsuite::EtcdServer::start().await)
+    } else {
+        println!("store: embedded (redb, durable)");
+        None
+    };
+    let cluster = match &etcd {
+        Some(e) => skiff_kube::testing::TestCluster::on_store(e.store().await).await?,
+        None => skiff_kube::testing::TestCluster::start().await?,
+    };
     let admin = cluster.client("bench");
     let node_api: Api<Node> = Api::all(admin.clone());
     let names: Vec<String> = (0..nodes).map(|i| format!("hollow-{i}")).collect();

@@ -22,6 +22,14 @@ impl TestCluster {
         Ok(TestCluster { api, _dir: dir })
     }
 
+    /// An API server on `store` (an etcd one, say); the temporary directory
+    /// is unused but kept for the same shape.
+    pub async fn on_store(store: Arc<dyn skiff_store::Store>) -> Result<TestCluster> {
+        let dir = tempfile::tempdir()?;
+        let api = skiff_apiserver::ApiServer::start(store, Default::default()).await?;
+        Ok(TestCluster { api, _dir: dir })
+    }
+
     /// A client authenticated as `system:<component>`.
     pub fn client(&self, component: &str) -> kube::Client {
         crate::in_process(&self.api, component)

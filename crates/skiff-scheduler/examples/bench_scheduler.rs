@@ -8,7 +8,9 @@
 //! cargo run --release -p skiff-scheduler --example bench_scheduler -- --workload topology-spread
 //! ```
 //!
-//! Options: `--nodes N --init-pods N --pods N --creators N`, and `--authz`:
+//! Options: `--nodes N --init-pods N --pods N --creators N`, `--etcd` (the
+//! API server on a single-member etcd the benchmark starts on loopback
+//! instead of the embedded store), and `--authz`:
 //! the pod creators and the scheduler act as ordinary users
 //! (`bench-creator`, `system:kube-scheduler`) whose rights come from RBAC
 //! bindings, so every request of the measured path is authorized by RBAC
@@ -129,6 +131,7 @@ struct Args {
     pods: usize,
     creators: usize,
     authz: bool,
+    etcd: bool,
 }
 
 fn args() -> Args {
@@ -139,6 +142,7 @@ fn args() -> Args {
         pods: 10_000,
         creators: 256,
         authz: false,
+        etcd: false,
     };
     let mut pods_set = false;
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -169,6 +173,11 @@ fn args() -> Args {
             "--creators" => a.creators = num(),
             "--authz" => {
                 a.authz = true;
+                i += 1;
+                continue;
+            }
+            "--etcd" => {
+                a.etcd = true;
                 i += 1;
                 continue;
             }
@@ -333,10 +342,19 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 async fn main() {
     let a = args();
     let dir = tempfile::tempdir().unwrap();
-    let redb =
-        skiff_store::RedbStore::open(&dir.path().join("store.redb"), Default::default()).unwrap();
+    // With --etcd, a single-member etcd on loopback (Debian's /usr/bin/etcd).
+    let etcd = if a.etcd {
+        Some(skiff_store::testsuite::EtcdServer::start().await)
+    } else {
+        None
+    };
+    let inner: Arc<dyn Store> = match &etcd {
+        Some(e) => e.store().await,
+        None => skiff_store::RedbStore::open(&dir.path().join("store.redb"), Default::default())
+            .unwrap(),
+    };
     let timed = Arc::new(TimedStore {
-        inner: redb,
+        inner,
         write_ns: AtomicU64::new(0),
         writes: AtomicU64::new(0),
         read_ns: AtomicU64::new(0),
@@ -362,12 +380,16 @@ async fn main() {
         (client.clone(), skiff_kube::in_process(&api, "scheduler"))
     };
     println!(
-        "workload {:?}: {} nodes, {} pods first, {} measured; durable redb store in {}",
+        "workload {:?}: {} nodes, {} pods first, {} measured; {}",
         a.workload,
         a.nodes,
         a.init_pods,
         a.pods,
-        dir.path().display()
+        if a.etcd {
+            "a single-member etcd on loopback".to_string()
+        } else {
+            format!("durable redb store in {}", dir.path().display())
+        }
     );
 
     let t = Instant::now();
