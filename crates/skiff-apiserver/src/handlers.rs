@@ -501,6 +501,7 @@ fn write_options(q: &Query, headers: &HeaderMap, apply: bool) -> Result<WriteOpt
         field_validation: field_validation(q)?,
         force: q.flag("force"),
         user: None,
+        admission: Default::default(),
     })
 }
 
@@ -682,10 +683,12 @@ async fn resource(
                 json_body,
             } = read_write_body(req, api_res, &q).await?;
             opts.user = who;
-            let warnings = check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
+            let mut warnings =
+                check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
             let created = reg
                 .create(res, ns, convert::to_storage(api_res, obj), &opts)
                 .await?;
+            warnings.extend(opts.admission.take_warnings());
             Ok(add_warnings(
                 render_object(
                     api_res,
@@ -699,7 +702,8 @@ async fn resource(
         (&Method::DELETE, None, None) => {
             let filter = filter_from_query(&rr, &q)?;
             let (headers, body) = read_body(req).await?;
-            let dopts = delete_options(&q, &headers, &body)?;
+            let mut dopts = delete_options(&q, &headers, &body)?;
+            dopts.user = who;
             let out = reg.list(res, &filter, 0, None, None, false).await?;
             let mut gone = Vec::new();
             for item in out.items {
@@ -765,7 +769,7 @@ async fn resource(
                 json_body,
             } = read_write_body(req, api_res, &q).await?;
             opts.user = who;
-            let warnings = if sub == Subresource::Scale {
+            let mut warnings = if sub == Subresource::Scale {
                 Vec::new()
             } else {
                 check_fields(api_res, &body, &obj, opts.field_validation, json_body)?
@@ -776,6 +780,7 @@ async fn resource(
                 convert::to_storage(api_res, obj)
             };
             let (out, created) = reg.update(res, ns, name, obj, sub, &opts).await?;
+            warnings.extend(opts.admission.take_warnings());
             let r = render_written(api_res, sub, out, created, output)?;
             Ok(add_warnings(r, &warnings))
         }
@@ -823,6 +828,7 @@ async fn resource(
             } else {
                 reg.patch(res, ns, name, pt, &patch, sub, &opts).await?
             };
+            warnings.extend(opts.admission.take_warnings());
             let r = render_written(api_res, sub, out, created, output)?;
             Ok(add_warnings(r, &warnings))
         }
@@ -944,9 +950,12 @@ async fn resource(
         }
         (&Method::DELETE, Some(name), None) => {
             let (headers, body) = read_body(req).await?;
-            let dopts = delete_options(&q, &headers, &body)?;
-            let warnings = delete_warnings(res, &dopts);
-            let r = match reg.delete(res, ns, name, &dopts).await? {
+            let mut dopts = delete_options(&q, &headers, &body)?;
+            dopts.user = who;
+            let mut warnings = delete_warnings(res, &dopts);
+            let deleted = reg.delete(res, ns, name, &dopts).await?;
+            warnings.extend(dopts.admission.take_warnings());
+            let r = match deleted {
                 Deleted::Pending(obj) => {
                     render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
                 }

@@ -36,6 +36,7 @@ pub mod tls;
 pub mod tokens;
 pub mod watch;
 pub mod watchcache;
+pub mod webhook;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

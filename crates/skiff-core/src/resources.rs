@@ -582,6 +582,31 @@ pub static RESOURCES: &[ResourceInfo] = &[
         [],
         &kinds::ingress_class::IngressClass
     ),
+    // admissionregistration.k8s.io/v1
+    res!(
+        "admissionregistration.k8s.io",
+        "v1",
+        "MutatingWebhookConfiguration",
+        "mutatingwebhookconfigurations",
+        "mutatingwebhookconfiguration",
+        false,
+        [],
+        ["api-extensions"],
+        [],
+        &kinds::admissionregistration::MUTATING
+    ),
+    res!(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingWebhookConfiguration",
+        "validatingwebhookconfigurations",
+        "validatingwebhookconfiguration",
+        false,
+        [],
+        ["api-extensions"],
+        [],
+        &kinds::admissionregistration::VALIDATING
+    ),
     // authentication.k8s.io/v1 and authorization.k8s.io/v1 (reviews, not stored)
     res!(
         "authentication.k8s.io",

@@ -15,6 +15,7 @@ use serde_json::Value;
 use crate::table::Printer;
 use crate::Cause;
 
+pub mod admissionregistration;
 pub mod batch;
 pub mod config;
 pub mod event;

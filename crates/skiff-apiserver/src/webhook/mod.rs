@@ -1,0 +1,299 @@
+//! Dynamic admission: MutatingWebhookConfigurations and
+//! ValidatingWebhookConfigurations (`admissionregistration.k8s.io/v1`).
+//!
+//! The registry calls [`mutate`] after the built-in mutating admission and
+//! [`validate`] after validation, at Kubernetes' points of its create,
+//! update and delete pipelines. Configurations come from the watch cache,
+//! parsed once per version ([`config`]); which webhooks apply is
+//! [`rules`]; each call is an AdmissionReview v1 over HTTPS
+//! ([`crate::outbound`], [`review`]). Mutating webhooks run one after the
+//! other in order of configuration name then webhook order, with one
+//! reinvocation round for `reinvocationPolicy: IfNeeded`; validating ones
+//! run in parallel.
+//!
+//! Never applied, as in Kubernetes: to the admissionregistration resources
+//! themselves (a broken webhook could otherwise never be removed), nor to
+//! the server's own writes (no user), nor, so node heartbeats never wait
+//! on a webhook, to Leases in `kube-node-lease`. A slow webhook costs at
+//! most its timeout.
+
+pub mod config;
+pub mod review;
+pub mod rules;
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+use skiff_core::resources::{ResourceInfo, RESOURCES};
+use skiff_core::{ApiError, ApiResult};
+
+use crate::auth::Identity;
+use crate::registry::{DeleteOptions, Registry, WriteOptions};
+pub use rules::Operation;
+
+/// What admission hands back to the request beyond its result: warnings
+/// (sent as `Warning` headers) and audit annotations. Shared by the clones
+/// of a request's options.
+#[derive(Debug, Clone, Default)]
+pub struct Admission {
+    out: Arc<Mutex<Output>>,
+    /// The request's own dryRun when the registry runs a step as a dry run
+    /// for itself (server-side apply creating an object).
+    pub dry_run: Option<bool>,
+}
+
+#[derive(Debug, Default)]
+struct Output {
+    warnings: Vec<String>,
+    audit_annotations: Vec<(String, String)>,
+}
+
+impl Admission {
+    pub fn warn(&self, w: impl Into<String>) {
+        let w = w.into();
+        let mut o = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        if !o.warnings.contains(&w) {
+            o.warnings.push(w);
+        }
+    }
+
+    /// The warnings collected so far (each once).
+    pub fn take_warnings(&self) -> Vec<String> {
+        std::mem::take(&mut self.out.lock().unwrap_or_else(|e| e.into_inner()).warnings)
+    }
+
+    pub fn annotate(&self, key: String, value: String) {
+        self.out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .audit_annotations
+            .push((key, value));
+    }
+
+    pub fn take_audit_annotations(&self) -> Vec<(String, String)> {
+        std::mem::take(
+            &mut self
+                .out
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .audit_annotations,
+        )
+    }
+}
+
+/// One admission request, as the webhooks see it.
+#[derive(Debug, Clone)]
+pub struct Attributes<'a> {
+    /// The resource as stored (its served versions are its equivalents).
+    pub res: &'static ResourceInfo,
+    pub sub: &'a str,
+    pub op: Operation,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub user: &'a Identity,
+    pub dry_run: bool,
+    /// CreateOptions, UpdateOptions or DeleteOptions.
+    pub options: Value,
+    pub admission: &'a Admission,
+}
+
+/// Whether no webhook may ever apply to writes of `res` in `ns`.
+pub fn exempt(res: &ResourceInfo, ns: &str) -> bool {
+    res.group == "admissionregistration.k8s.io"
+        || res.is_review()
+        || (res.storage == "coordination.k8s.io/leases" && ns == "kube-node-lease")
+}
+
+/// The versions a webhook with `matchPolicy: Equivalent` may match for
+/// `res`: `res` first, then the other versions served from its storage.
+pub fn equivalents(res: &'static ResourceInfo) -> impl Iterator<Item = &'static ResourceInfo> {
+    std::iter::once(res).chain(
+        RESOURCES
+            .iter()
+            .filter(move |r| r.storage == res.storage && *r != res),
+    )
+}
+
+fn options(kind: &str, opts: &WriteOptions, dry_run: bool) -> Value {
+    let mut o = json!({"kind": kind, "apiVersion": "meta.k8s.io/v1"});
+    if dry_run {
+        o["dryRun"] = json!(["All"]);
+    }
+    if !opts.field_manager.is_empty() {
+        o["fieldManager"] = json!(opts.field_manager);
+    }
+    o
+}
+
+fn ns_name(obj: &Value) -> (&str, &str) {
+    let m = |k: &str| {
+        obj.pointer(&format!("/metadata/{k}"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
+    (m("namespace"), m("name"))
+}
+
+/// Mutating webhooks for a create (after the built-in mutating admission).
+pub async fn admit_create(
+    reg: &Registry,
+    res: &'static ResourceInfo,
+    obj: &mut Value,
+    opts: &WriteOptions,
+) -> ApiResult<()> {
+    let Some(user) = opts.user.as_ref() else {
+        return Ok(());
+    };
+    let (ns, name) = ns_name(obj);
+    let (ns, name) = (ns.to_string(), name.to_string());
+    if exempt(res, &ns) {
+        return Ok(());
+    }
+    let dry_run = opts.admission.dry_run.unwrap_or(opts.dry_run);
+    let a = Attributes {
+        res,
+        sub: "",
+        op: Operation::Create,
+        namespace: &ns,
+        name: &name,
+        user,
+        dry_run,
+        options: options("CreateOptions", opts, dry_run),
+        admission: &opts.admission,
+    };
+    review::mutate(reg, &a, obj, None).await
+}
+
+/// Validating webhooks for a create (after validation).
+pub async fn validate_create(
+    reg: &Registry,
+    res: &'static ResourceInfo,
+    obj: &Value,
+    opts: &WriteOptions,
+) -> ApiResult<()> {
+    let Some(user) = opts.user.as_ref() else {
+        return Ok(());
+    };
+    let (ns, name) = ns_name(obj);
+    if exempt(res, ns) {
+        return Ok(());
+    }
+    let dry_run = opts.admission.dry_run.unwrap_or(opts.dry_run);
+    let a = Attributes {
+        res,
+        sub: "",
+        op: Operation::Create,
+        namespace: ns,
+        name,
+        user,
+        dry_run,
+        options: options("CreateOptions", opts, dry_run),
+        admission: &opts.admission,
+    };
+    review::validate(reg, &a, Some(obj), None).await
+}
+
+/// Mutating webhooks for an update of the object or a subresource.
+pub async fn admit_update(
+    reg: &Registry,
+    res: &'static ResourceInfo,
+    sub: Option<&str>,
+    old: &Value,
+    new: &mut Value,
+    opts: &WriteOptions,
+) -> ApiResult<()> {
+    let Some(user) = opts.user.as_ref() else {
+        return Ok(());
+    };
+    let (ns, name) = ns_name(old);
+    if exempt(res, ns) {
+        return Ok(());
+    }
+    let a = Attributes {
+        res,
+        sub: sub.unwrap_or(""),
+        op: Operation::Update,
+        namespace: ns,
+        name,
+        user,
+        dry_run: opts.dry_run,
+        options: options("UpdateOptions", opts, opts.dry_run),
+        admission: &opts.admission,
+    };
+    review::mutate(reg, &a, new, Some(old)).await
+}
+
+/// Validating webhooks for an update.
+pub async fn validate_update(
+    reg: &Registry,
+    res: &'static ResourceInfo,
+    sub: Option<&str>,
+    old: &Value,
+    new: &Value,
+    opts: &WriteOptions,
+) -> ApiResult<()> {
+    let Some(user) = opts.user.as_ref() else {
+        return Ok(());
+    };
+    let (ns, name) = ns_name(old);
+    if exempt(res, ns) {
+        return Ok(());
+    }
+    let a = Attributes {
+        res,
+        sub: sub.unwrap_or(""),
+        op: Operation::Update,
+        namespace: ns,
+        name,
+        user,
+        dry_run: opts.dry_run,
+        options: options("UpdateOptions", opts, opts.dry_run),
+        admission: &opts.admission,
+    };
+    review::validate(reg, &a, Some(new), Some(old)).await
+}
+
+/// Validating webhooks for a delete (the object as it is, as oldObject).
+pub async fn validate_delete(
+    reg: &Registry,
+    res: &'static ResourceInfo,
+    old: &Value,
+    opts: &DeleteOptions,
+) -> ApiResult<()> {
+    let Some(user) = opts.user.as_ref() else {
+        return Ok(());
+    };
+    let (ns, name) = ns_name(old);
+    if exempt(res, ns) {
+        return Ok(());
+    }
+    let mut o = json!({"kind": "DeleteOptions", "apiVersion": "meta.k8s.io/v1"});
+    if opts.dry_run {
+        o["dryRun"] = json!(["All"]);
+    }
+    if let Some(g) = opts.grace_period_seconds {
+        o["gracePeriodSeconds"] = json!(g);
+    }
+    if let Some(p) = &opts.propagation_policy {
+        o["propagationPolicy"] = json!(p);
+    }
+    let a = Attributes {
+        res,
+        sub: "",
+        op: Operation::Delete,
+        namespace: ns,
+        name,
+        user,
+        dry_run: opts.dry_run,
+        options: o,
+        admission: &opts.admission,
+    };
+    review::validate(reg, &a, None, Some(old)).await
+}
+
+/// The 400 a dry-run request gets from a webhook with side effects.
+fn no_dry_run(name: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "admission webhook {name:?} does not support dry run"
+    ))
+}
