@@ -32,6 +32,7 @@ pub mod registry;
 pub mod request;
 pub mod serve;
 pub mod strategy;
+pub mod testing;
 pub mod tls;
 pub mod tokens;
 pub mod watch;

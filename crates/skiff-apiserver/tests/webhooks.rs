@@ -4,9 +4,7 @@
 //! denials with their message, warnings, failurePolicy, timeouts, dry runs
 //! and the resources webhooks never apply to.
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -14,142 +12,47 @@ use axum::http::{Request, StatusCode};
 use axum::Router;
 use base64::Engine;
 use http_body_util::BodyExt;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use skiff_apiserver::tls::CertPair;
 use skiff_apiserver::ApiServer;
 use skiff_store::{RedbStore, Store};
 use tower::ServiceExt;
 
-type Decide = Arc<dyn Fn(&Value) -> Value + Send + Sync>;
+use skiff_apiserver::testing::{self, add_label, admission_handler, TestServer};
 
-/// The webhook server: answers each AdmissionReview with `decide(request)`
-/// after `delay`, and keeps every request it saw.
-struct Hook {
-    addr: SocketAddr,
-    ca_pem: String,
-    seen: Arc<Mutex<Vec<Value>>>,
-    task: tokio::task::JoinHandle<()>,
+async fn hook_server(
+    sans: &[&str],
+    delay: Duration,
+    decide: impl Fn(&Value) -> Value + Send + Sync + 'static,
+) -> TestServer {
+    testing::serve("127.0.0.1:0", sans, None, delay, admission_handler(decide)).await
 }
 
-impl Drop for Hook {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn test_ca() -> CertPair {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, KeyUsagePurpose};
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let cert = params.self_signed(&key).unwrap();
-    CertPair {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    }
-}
-
-async fn hook_server(sans: &[&str], delay: Duration, decide: Decide) -> Hook {
-    use rustls_pki_types::pem::PemObject;
-    let ca = test_ca();
-    let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
-    let serving = skiff_apiserver::tls::issue(&ca, "hook", &[], &sans, false, 1).unwrap();
-    let certs = rustls_pki_types::CertificateDer::pem_slice_iter(serving.cert_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(serving.key_pem.as_bytes()).unwrap();
-    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen: Arc<Mutex<Vec<Value>>> = Default::default();
-    let seen2 = seen.clone();
-    let task = tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, seen, decide) = (acceptor.clone(), seen2.clone(), decide.clone());
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let (seen, decide) = (seen.clone(), decide.clone());
-                    async move {
-                        let body = req.into_body().collect().await.unwrap().to_bytes();
-                        let review: Value = serde_json::from_slice(&body).unwrap();
-                        seen.lock().unwrap().push(review.clone());
-                        tokio::time::sleep(delay).await;
-                        let out = decide(&review["request"]);
-                        let answer = json!({
-                            "apiVersion": "admission.k8s.io/v1",
-                            "kind": "AdmissionReview",
-                            "response": out,
-                        });
-                        Ok::<_, Infallible>(
-                            hyper::Response::builder()
-                                .header("content-type", "application/json")
-                                .body(http_body_util::Full::new(bytes::Bytes::from(
-                                    answer.to_string(),
-                                )))
-                                .unwrap(),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tls), svc)
-                    .await;
-            });
-        }
-    });
-    Hook {
-        addr,
-        ca_pem: ca.cert_pem,
-        seen,
-        task,
-    }
+/// The AdmissionReviews a hook server received.
+fn reviews(h: &TestServer) -> Vec<Value> {
+    h.requests()
+        .iter()
+        .map(|s| serde_json::from_slice(&s.body).unwrap())
+        .collect()
 }
 
 /// Adds the label `hooked=yes`, allows and warns.
-fn labeler() -> Decide {
-    Arc::new(|req: &Value| {
-        let uid = req["uid"].clone();
-        let patch = if req["object"]["metadata"].get("labels").is_some() {
-            json!([{"op": "add", "path": "/metadata/labels/hooked", "value": "yes"}])
-        } else {
-            json!([{"op": "add", "path": "/metadata/labels", "value": {"hooked": "yes"}}])
-        };
-        json!({"uid": uid, "allowed": true, "patchType": "JSONPatch",
-            "patch": base64::engine::general_purpose::STANDARD.encode(patch.to_string()),
-            "warnings": ["seen by the test webhook"]})
-    })
+fn labeler(req: &Value) -> Value {
+    let mut out = add_label(req, "hooked", "yes");
+    out["warnings"] = json!(["seen by the test webhook"]);
+    out
 }
 
 /// Denies ConfigMaps with a `bad` key (in the new object).
-fn denier() -> Decide {
-    Arc::new(|req: &Value| {
-        let uid = req["uid"].clone();
-        if req["object"]["data"].get("bad").is_some() {
-            return json!({"uid": uid, "allowed": false,
-                "status": {"code": 403, "message": "bad data is not welcome here"}});
-        }
-        json!({"uid": uid, "allowed": true})
-    })
+fn denier(req: &Value) -> Value {
+    if req["object"]["data"].get("bad").is_some() {
+        return json!({"allowed": false,
+            "status": {"code": 403, "message": "bad data is not welcome here"}});
+    }
+    json!({"allowed": true})
 }
 
-fn client_config_url(h: &Hook, path: &str) -> Value {
-    json!({"url": format!("https://{}{path}", h.addr),
-        "caBundle": base64::engine::general_purpose::STANDARD.encode(&h.ca_pem)})
+fn client_config_url(h: &TestServer, path: &str) -> Value {
+    json!({"url": format!("https://{}{path}", h.addr), "caBundle": h.ca_bundle()})
 }
 
 fn configmap_rule() -> Value {
@@ -251,8 +154,8 @@ impl Cluster {
 #[tokio::test]
 async fn a_url_webhook_mutates_denies_and_warns() {
     let c = cluster().await;
-    let labels = hook_server(&["127.0.0.1"], Duration::ZERO, labeler()).await;
-    let hook = hook_server(&["127.0.0.1"], Duration::ZERO, denier()).await;
+    let labels = hook_server(&["127.0.0.1"], Duration::ZERO, labeler).await;
+    let hook = hook_server(&["127.0.0.1"], Duration::ZERO, denier).await;
     c.create(
         MWC,
         webhook_configuration(
@@ -308,7 +211,7 @@ async fn a_url_webhook_mutates_denies_and_warns() {
     upd["data"]["bad"] = json!("x");
     let (s, _, _) = call(&c.admin, "PUT", &format!("{CM}/good"), Some(upd)).await;
     assert_eq!(s, StatusCode::FORBIDDEN);
-    let seen = hook.seen.lock().unwrap().clone();
+    let seen = reviews(&hook);
     let update = seen
         .iter()
         .find(|r| r["request"]["operation"] == "UPDATE")
@@ -333,7 +236,7 @@ async fn a_url_webhook_mutates_denies_and_warns() {
     // Deletes are validated with the object as oldObject.
     let (s, _, _) = call(&c.admin, "DELETE", &format!("{CM}/good"), None).await;
     assert_eq!(s, StatusCode::OK);
-    let seen = hook.seen.lock().unwrap().clone();
+    let seen = reviews(&hook);
     let delete = seen
         .iter()
         .find(|r| r["request"]["operation"] == "DELETE")
@@ -345,7 +248,7 @@ async fn a_url_webhook_mutates_denies_and_warns() {
 #[tokio::test]
 async fn a_service_webhook_is_reached_through_the_services_endpoints() {
     let c = cluster().await;
-    let hook = hook_server(&["hook.default.svc"], Duration::ZERO, labeler()).await;
+    let hook = hook_server(&["hook.default.svc"], Duration::ZERO, labeler).await;
     c.create(
         "/api/v1/namespaces/default/services",
         json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "hook"},
@@ -360,7 +263,7 @@ async fn a_service_webhook_is_reached_through_the_services_endpoints() {
     )
     .await;
     let client = json!({"service": {"namespace": "default", "name": "hook", "path": "/mutate"},
-        "caBundle": base64::engine::general_purpose::STANDARD.encode(&hook.ca_pem)});
+        "caBundle": hook.ca_bundle()});
     c.create(
         MWC,
         webhook_configuration(
@@ -398,7 +301,7 @@ async fn failure_policy_decides_when_the_webhook_is_down_and_timeouts_bound_the_
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let ca = test_ca();
+    let ca = testing::test_ca();
     let client = json!({"url": format!("https://{down}/validate"),
         "caBundle": base64::engine::general_purpose::STANDARD.encode(&ca.cert_pem)});
     c.create(
@@ -450,7 +353,7 @@ async fn failure_policy_decides_when_the_webhook_is_down_and_timeouts_bound_the_
     c.wait_configurations(0, 1).await;
 
     // A webhook that does not answer costs its timeout, not more.
-    let slow = hook_server(&["127.0.0.1"], Duration::from_secs(20), labeler()).await;
+    let slow = hook_server(&["127.0.0.1"], Duration::from_secs(20), labeler).await;
     c.create(
         VWC,
         webhook_configuration(
@@ -482,7 +385,7 @@ async fn failure_policy_decides_when_the_webhook_is_down_and_timeouts_bound_the_
 #[tokio::test]
 async fn dry_runs_reach_only_webhooks_without_side_effects() {
     let c = cluster().await;
-    let hook = hook_server(&["127.0.0.1"], Duration::ZERO, labeler()).await;
+    let hook = hook_server(&["127.0.0.1"], Duration::ZERO, labeler).await;
     c.create(
         MWC,
         webhook_configuration(
@@ -506,7 +409,7 @@ async fn dry_runs_reach_only_webhooks_without_side_effects() {
     .await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
     assert_eq!(b["metadata"]["labels"]["hooked"], "yes");
-    let seen = hook.seen.lock().unwrap().clone();
+    let seen = reviews(&hook);
     assert_eq!(seen.last().unwrap()["request"]["dryRun"], true);
     let (s, _, _) = call(&c.admin, "GET", &format!("{CM}/d"), None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);

@@ -294,6 +294,9 @@ pub fn field_meta(definition: &str, field: &str) -> FieldMeta {
             ..Default::default()
         },
         ("NodeStatus", "addresses") => keyed("type", vec!["type"]),
+        ("MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration", "webhooks") => {
+            keyed("name", vec!["name"])
+        }
         (_, "conditions") if short.ends_with("Status") => keyed("type", vec!["type"]),
         ("LabelSelector", "matchLabels") => FieldMeta::default(),
         ("LocalObjectReference" | "ObjectReference", _) => FieldMeta::default(),
