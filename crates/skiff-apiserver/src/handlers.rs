@@ -37,6 +37,8 @@ pub struct AppState {
     pub metrics_windows: crate::metricsapi::Windows,
     /// The ServiceAccount token issuer and verifier, if the server has keys.
     pub tokens: Option<Arc<crate::tokens::Tokens>>,
+    /// APIServices: the front-proxy identity and aggregated discovery.
+    pub aggregator: Arc<crate::aggregator::Aggregator>,
 }
 
 type Resp = Response<Body>;
@@ -173,6 +175,12 @@ pub async fn handle(State(state): State<Arc<AppState>>, mut req: Request<Body>) 
             Err(e) => error_response(&e),
         };
     }
+    if let Some(t) = crate::aggregator::target(&state.registry, &path) {
+        return match crate::aggregator::serve(&state, req, t).await {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        };
+    }
     if let Some(target) = crate::metricsapi::parse(&path) {
         return match crate::metricsapi::serve(&state, req, target).await {
             Ok(r) => r,
@@ -268,10 +276,20 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
         "/apis" if get => {
             return match negotiate::choose_output(accept.as_deref())? {
                 Output::Discovery { v2beta1 } => Ok(discovery_response(
-                    skiff_core::discovery::aggregated_discovery(false),
+                    crate::aggregator::merge_aggregated(
+                        &state.registry,
+                        &state.aggregator,
+                        skiff_core::discovery::aggregated_discovery(false),
+                    ),
                     v2beta1,
                 )),
-                _ => Ok(json_response(200, &skiff_core::discovery::api_group_list())),
+                _ => Ok(json_response(
+                    200,
+                    &crate::aggregator::merge_group_list(
+                        &state.registry,
+                        skiff_core::discovery::api_group_list(),
+                    ),
+                )),
             };
         }
         "/openapi/v2" if get => {

@@ -11,6 +11,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod admission;
+pub mod aggregator;
 pub mod audit;
 pub mod auth;
 pub mod authz;
@@ -144,7 +145,17 @@ impl ApiServer {
             config.compact_keep,
             config.compact_every,
         ));
+        let aggregator = Arc::new(aggregator::Aggregator::new(None)?);
+        tokio::spawn(aggregator::start(
+            registry.clone(),
+            aggregator.clone(),
+            config
+                .cluster_signing
+                .as_ref()
+                .map(|(cert, _)| cert.clone()),
+        ));
         let state = Arc::new(AppState {
+            aggregator,
             registry,
             advertise: config.advertise.clone(),
             ready: AtomicBool::new(true),

@@ -607,6 +607,19 @@ pub static RESOURCES: &[ResourceInfo] = &[
         [],
         &kinds::admissionregistration::VALIDATING
     ),
+    // apiregistration.k8s.io/v1
+    res!(
+        "apiregistration.k8s.io",
+        "v1",
+        "APIService",
+        "apiservices",
+        "apiservice",
+        false,
+        [],
+        ["api-extensions"],
+        ["status"],
+        &kinds::apiservice::ApiService
+    ),
     // authentication.k8s.io/v1 and authorization.k8s.io/v1 (reviews, not stored)
     res!(
         "authentication.k8s.io",

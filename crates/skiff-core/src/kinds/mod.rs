@@ -16,6 +16,7 @@ use crate::table::Printer;
 use crate::Cause;
 
 pub mod admissionregistration;
+pub mod apiservice;
 pub mod batch;
 pub mod config;
 pub mod event;
