@@ -138,8 +138,42 @@ pub mod types {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use schemars::JsonSchema;
 
+    /// Optional fields as Kubernetes' OpenAPI writes them: absent from
+    /// `required`, never `["string", "null"]` (kubectl's validation refuses
+    /// definitions with several types).
+    fn no_null(schema: &mut schemars::Schema) {
+        let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) else {
+            return;
+        };
+        for p in props.values_mut() {
+            let Some(p) = p.as_object_mut() else { continue };
+            if let Some(serde_json::Value::Array(types)) = p.get("type").cloned() {
+                let rest: Vec<_> = types.into_iter().filter(|t| t != "null").collect();
+                if rest.len() == 1 {
+                    p.insert("type".into(), rest[0].clone());
+                }
+            }
+            // `Option<Struct>` is `anyOf: [{$ref}, {type: null}]`.
+            if let Some(serde_json::Value::Array(any)) = p.get("anyOf").cloned() {
+                let rest: Vec<_> = any
+                    .into_iter()
+                    .filter(|t| t.get("type") != Some(&"null".into()))
+                    .collect();
+                if rest.len() == 1 {
+                    p.remove("anyOf");
+                    if let Some(o) = rest[0].as_object() {
+                        for (k, v) in o {
+                            p.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[allow(dead_code)]
     #[derive(JsonSchema)]
+    #[schemars(transform = no_null)]
     #[schemars(rename = "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1.APIService")]
     #[serde(rename_all = "camelCase")]
     /// APIService represents a server for a particular GroupVersion.
@@ -153,6 +187,7 @@ pub mod types {
 
     #[allow(dead_code)]
     #[derive(JsonSchema)]
+    #[schemars(transform = no_null)]
     #[schemars(rename = "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1.APIServiceSpec")]
     #[serde(rename_all = "camelCase")]
     /// APIServiceSpec contains information for locating and communicating with a server.
@@ -169,6 +204,7 @@ pub mod types {
 
     #[allow(dead_code)]
     #[derive(JsonSchema)]
+    #[schemars(transform = no_null)]
     #[schemars(rename = "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1.ServiceReference")]
     /// ServiceReference holds a reference to Service.legacy.k8s.io
     pub struct ServiceReference {
@@ -179,6 +215,7 @@ pub mod types {
 
     #[allow(dead_code)]
     #[derive(JsonSchema)]
+    #[schemars(transform = no_null)]
     #[schemars(rename = "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1.APIServiceStatus")]
     /// APIServiceStatus contains derived information about an API server
     pub struct APIServiceStatus {
@@ -187,6 +224,7 @@ pub mod types {
 
     #[allow(dead_code)]
     #[derive(JsonSchema)]
+    #[schemars(transform = no_null)]
     #[schemars(rename = "io.k8s.kube-aggregator.pkg.apis.apiregistration.v1.APIServiceCondition")]
     #[serde(rename_all = "camelCase")]
     /// APIServiceCondition describes the state of an APIService at a particular point
@@ -203,6 +241,18 @@ pub mod types {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_api_service_schema_has_one_type_per_field_as_kubectl_needs() {
+        let defs = crate::schema::definitions();
+        let mut n = 0;
+        for (name, d) in defs.iter().filter(|(k, _)| k.contains("kube-aggregator")) {
+            n += 1;
+            let text = d.to_string();
+            assert!(!text.contains("\"null\""), "{name}: {text}");
+        }
+        assert_eq!(n, 5);
+    }
 
     #[test]
     fn an_api_service_is_named_after_its_group_version_and_needs_priorities() {
