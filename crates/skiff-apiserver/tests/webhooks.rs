@@ -451,3 +451,57 @@ async fn invalid_configurations_are_refused_with_kubernetes_reasons() {
         assert!(fields.contains(&f), "{f} not in {fields:?}");
     }
 }
+
+#[tokio::test]
+async fn match_conditions_decide_which_requests_reach_the_webhook() {
+    let c = cluster().await;
+    let hook = hook_server(&["127.0.0.1"], Duration::ZERO, labeler).await;
+    c.create(
+        MWC,
+        webhook_configuration(
+            "MutatingWebhookConfiguration",
+            "labeler",
+            vec![webhook(
+                "label.example.com",
+                client_config_url(&hook, "/mutate"),
+                json!({"matchConditions": [
+                    {"name": "prefixed", "expression": "object.metadata.name.startsWith('hook-')"},
+                    {"name": "by-admin", "expression": "request.userInfo.username == 'system:admin'"},
+                ]}),
+            )],
+        ),
+    )
+    .await;
+    c.wait_configurations(1, 0).await;
+    let (s, b, _) = call(&c.admin, "POST", CM, Some(cm("hook-a", json!({})))).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    assert_eq!(b["metadata"]["labels"]["hooked"], "yes", "{b}");
+    let (s, b, _) = call(&c.admin, "POST", CM, Some(cm("other", json!({})))).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    assert!(b["metadata"].get("labels").is_none(), "{b}");
+    assert_eq!(reviews(&hook).len(), 1);
+
+    let (s, b, _) = call(
+        &c.admin,
+        "POST",
+        VWC,
+        Some(webhook_configuration(
+            "ValidatingWebhookConfiguration",
+            "broken-cel",
+            vec![webhook(
+                "cel.example.com",
+                client_config_url(&hook, "/validate"),
+                json!({"matchConditions": [{"name": "bad", "expression": "object.metadata.name ==="}]}),
+            )],
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert!(
+        b["message"]
+            .as_str()
+            .unwrap()
+            .contains("webhooks[0].matchConditions[0].expression"),
+        "{b}"
+    );
+}

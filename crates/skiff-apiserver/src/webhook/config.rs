@@ -36,8 +36,9 @@ pub struct Webhook {
     pub review_version: &'static str,
     /// reinvocationPolicy IfNeeded.
     pub reinvoke: bool,
-    /// (name, expression) of each matchCondition.
-    pub match_conditions: Vec<(String, String)>,
+    /// Each matchCondition: its name and compiled expression (or why it
+    /// does not compile, a failure for failurePolicy).
+    pub match_conditions: Vec<super::rules::MatchCondition>,
 }
 
 impl Webhook {
@@ -77,20 +78,7 @@ impl Webhook {
                 "v1beta1"
             },
             reinvoke: s("reinvocationPolicy") == "IfNeeded",
-            match_conditions: h
-                .get("matchConditions")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .map(|m| {
-                            let f = |k: &str| {
-                                m.get(k).and_then(Value::as_str).unwrap_or("").to_string()
-                            };
-                            (f("name"), f("expression"))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
+            match_conditions: super::rules::match_conditions(h.get("matchConditions")),
         }
     }
 }

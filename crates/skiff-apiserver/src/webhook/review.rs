@@ -97,12 +97,16 @@ fn applies(
         return Ok(None);
     }
     if !h.match_conditions.is_empty() {
-        // matchConditions are CEL expressions; without the CEL evaluator
-        // the webhook's failurePolicy decides.
-        return Err(CallError(format!(
-            "matchConditions ({}) cannot be evaluated: CEL is not available in this server",
-            h.match_conditions[0].0
-        )));
+        let req = request(a, version, "v1", "", None, None)["request"].clone();
+        let none = Value::Null;
+        let vars = [
+            ("object", obj.unwrap_or(&none)),
+            ("oldObject", old.unwrap_or(&none)),
+            ("request", &req),
+        ];
+        if !rules::conditions_hold(&h.match_conditions, &vars).map_err(CallError)? {
+            return Ok(None);
+        }
     }
     Ok(Some(version))
 }

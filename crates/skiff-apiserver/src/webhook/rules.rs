@@ -91,6 +91,60 @@ impl Rule {
     }
 }
 
+/// The variables matchConditions (and policies) may read.
+pub const CEL_VARS: &[&str] = &["object", "oldObject", "request"];
+
+/// One matchCondition, compiled once.
+#[derive(Debug, Clone)]
+pub struct MatchCondition {
+    pub name: String,
+    pub program: Result<skiff_core::cel::Program, String>,
+}
+
+/// Compiles a `matchConditions` list.
+pub fn match_conditions(v: Option<&Value>) -> Vec<MatchCondition> {
+    v.and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|m| MatchCondition {
+                    name: m
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string(),
+                    program: skiff_core::cel::compile(
+                        m.get("expression").and_then(Value::as_str).unwrap_or(""),
+                        CEL_VARS,
+                    ),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether every condition holds (Kubernetes: a false one skips the
+/// webhook or policy; an error is a failure for its failurePolicy).
+pub fn conditions_hold(conds: &[MatchCondition], vars: &[(&str, &Value)]) -> Result<bool, String> {
+    for c in conds {
+        let p = c
+            .program
+            .as_ref()
+            .map_err(|e| format!("matchCondition {:?}: {e}", c.name))?;
+        match p.eval(vars) {
+            Ok(Value::Bool(true)) => {}
+            Ok(Value::Bool(false)) => return Ok(false),
+            Ok(other) => {
+                return Err(format!(
+                    "matchCondition {:?} must evaluate to bool, got {other}",
+                    c.name
+                ))
+            }
+            Err(e) => return Err(format!("matchCondition {:?}: {e}", c.name)),
+        }
+    }
+    Ok(true)
+}
+
 /// A selector as a webhook stores it; an absent or empty one matches all.
 pub fn selector(v: Option<&Value>) -> Result<Option<LabelSelector>, String> {
     match v {

@@ -323,13 +323,15 @@ pub fn validate_match_conditions(mc: Option<&Value>, f: &str, c: &mut Vec<Cause>
         } else if !names.insert(name) {
             c.push(Cause::duplicate(format!("{f}[{i}].name"), &json!(name)));
         }
-        if m.get("expression")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .trim()
-            .is_empty()
-        {
+        let expr = m.get("expression").and_then(Value::as_str).unwrap_or("");
+        if expr.trim().is_empty() {
             c.push(Cause::required(format!("{f}[{i}].expression")));
+        } else if let Err(e) = crate::cel::compile(expr, &["object", "oldObject", "request"]) {
+            c.push(Cause::invalid(
+                format!("{f}[{i}].expression"),
+                &json!(expr),
+                &e,
+            ));
         }
     }
 }
