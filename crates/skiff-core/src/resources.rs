@@ -607,6 +607,30 @@ pub static RESOURCES: &[ResourceInfo] = &[
         [],
         &kinds::admissionregistration::VALIDATING
     ),
+    res!(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+        "validatingadmissionpolicy",
+        false,
+        [],
+        ["api-extensions"],
+        ["status"],
+        &kinds::admissionregistration::ValidatingAdmissionPolicy
+    ),
+    res!(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        "validatingadmissionpolicybinding",
+        false,
+        [],
+        ["api-extensions"],
+        [],
+        &kinds::admissionregistration::ValidatingAdmissionPolicyBinding
+    ),
     // apiregistration.k8s.io/v1
     res!(
         "apiregistration.k8s.io",

@@ -262,3 +262,69 @@ fn b64(pem: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(pem)
 }
+
+const POLICY: &str = r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: max-replicas
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: ["apps"]
+      apiVersions: ["v1"]
+      operations: ["CREATE", "UPDATE"]
+      resources: ["deployments"]
+  validations:
+  - expression: "object.spec.replicas <= 3"
+    message: "a deployment may have at most 3 replicas"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: max-replicas-binding
+spec:
+  policyName: max-replicas
+  validationActions: [Deny]
+"#;
+
+#[test]
+fn a_validating_admission_policy_denies_too_many_replicas_with_kubectl() {
+    let s = Server::start();
+    s.ok_stdin(&["apply", "-f", "-"], POLICY);
+    assert!(s
+        .ok(&["get", "validatingadmissionpolicybindings"])
+        .contains("max-replicas-binding"));
+    let stderr = wait_until("the policy to deny", 30, || {
+        let out = s.kubectl(&[
+            "create",
+            "deployment",
+            "big",
+            "--image=busybox",
+            "--replicas=5",
+        ]);
+        (!out.status.success()).then(|| text(&out.stderr))
+    });
+    assert!(
+        stderr.contains(
+            "ValidatingAdmissionPolicy 'max-replicas' with binding 'max-replicas-binding' denied request: a deployment may have at most 3 replicas"
+        ),
+        "{stderr}"
+    );
+    s.ok(&[
+        "create",
+        "deployment",
+        "small",
+        "--image=busybox",
+        "--replicas=2",
+    ]);
+    // An update of the deployment past the limit is refused too.
+    let err = s.fails(&[
+        "patch",
+        "deployment",
+        "small",
+        "-p",
+        r#"{"spec":{"replicas":4}}"#,
+    ]);
+    assert!(err.contains("at most 3 replicas"), "{err}");
+}

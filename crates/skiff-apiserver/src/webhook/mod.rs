@@ -11,6 +11,9 @@
 //! reinvocation round for `reinvocationPolicy: IfNeeded`; validating ones
 //! run in parallel.
 //!
+//! ValidatingAdmissionPolicies ([`policy`]) run at the validating point
+//! too, before the validating webhooks.
+//!
 //! Never applied, as in Kubernetes: to the admissionregistration resources
 //! themselves (a broken webhook could otherwise never be removed), nor to
 //! the server's own writes (no user), nor, so node heartbeats never wait
@@ -18,6 +21,7 @@
 //! most its timeout.
 
 pub mod config;
+pub mod policy;
 pub mod review;
 pub mod rules;
 
@@ -190,6 +194,7 @@ pub async fn validate_create(
         options: options("CreateOptions", opts, dry_run),
         admission: &opts.admission,
     };
+    policy::validate(reg, &a, Some(obj), None)?;
     review::validate(reg, &a, Some(obj), None).await
 }
 
@@ -250,6 +255,7 @@ pub async fn validate_update(
         options: options("UpdateOptions", opts, opts.dry_run),
         admission: &opts.admission,
     };
+    policy::validate(reg, &a, Some(new), Some(old))?;
     review::validate(reg, &a, Some(new), Some(old)).await
 }
 
@@ -288,6 +294,7 @@ pub async fn validate_delete(
         options: o,
         admission: &opts.admission,
     };
+    policy::validate(reg, &a, None, Some(old))?;
     review::validate(reg, &a, None, Some(old)).await
 }
 

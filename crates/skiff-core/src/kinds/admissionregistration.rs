@@ -4,7 +4,9 @@
 //! `*`, service port 443, reinvocationPolicy Never) and its validation
 //! (unique names of at least three segments, admissionReviewVersions,
 //! sideEffects None/NoneOnDryRun, timeouts 1..30, rules, clientConfig url
-//! xor service, matchConditions), with the table `kubectl get` shows.
+//! xor service, matchConditions), with the table `kubectl get` shows; and
+//! ValidatingAdmissionPolicies with their bindings (CEL expressions
+//! compiled at create, so a broken one is refused with the reason).
 
 use super::prelude::*;
 
@@ -334,6 +336,281 @@ pub fn validate_match_conditions(mc: Option<&Value>, f: &str, c: &mut Vec<Cause>
             ));
         }
     }
+}
+
+/// The variables a ValidatingAdmissionPolicy's expressions may read.
+pub const POLICY_VARS: &[&str] = &[
+    "object",
+    "oldObject",
+    "request",
+    "params",
+    "namespaceObject",
+    "variables",
+];
+
+/// ValidatingAdmissionPolicies: CEL validations over the requests their
+/// matchConstraints select.
+pub struct ValidatingAdmissionPolicy;
+
+impl KindRules for ValidatingAdmissionPolicy {
+    fn kind(&self) -> &'static str {
+        "ValidatingAdmissionPolicy"
+    }
+
+    fn tracks_generation(&self) -> bool {
+        true
+    }
+
+    fn defaults(&self, obj: &mut Value) {
+        let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+            return;
+        };
+        set_default(spec, "failurePolicy", json!("Fail"));
+        if let Some(m) = spec
+            .get_mut("matchConstraints")
+            .and_then(Value::as_object_mut)
+        {
+            set_default(m, "matchPolicy", json!("Equivalent"));
+            set_default(m, "namespaceSelector", json!({}));
+            set_default(m, "objectSelector", json!({}));
+            for list in ["resourceRules", "excludeResourceRules"] {
+                if let Some(rules) = m.get_mut(list).and_then(Value::as_array_mut) {
+                    for r in rules.iter_mut().filter_map(Value::as_object_mut) {
+                        set_default(r, "scope", json!("*"));
+                    }
+                }
+            }
+        }
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<Cause> {
+        let mut c = Vec::new();
+        let spec = obj.get("spec").cloned().unwrap_or(json!({}));
+        let validations = spec.get("validations").and_then(Value::as_array);
+        let audits = spec.get("auditAnnotations").and_then(Value::as_array);
+        if validations.is_none_or(Vec::is_empty) && audits.is_none_or(Vec::is_empty) {
+            c.push(Cause::required("spec.validations"));
+        }
+        let compile = |expr: &str, f: String, c: &mut Vec<Cause>| {
+            if expr.trim().is_empty() {
+                c.push(Cause::required(f));
+            } else if let Err(e) = crate::cel::compile(expr, POLICY_VARS) {
+                c.push(Cause::invalid(f, &json!(expr), &e));
+            }
+        };
+        for (i, v) in validations.into_iter().flatten().enumerate() {
+            let f = format!("spec.validations[{i}]");
+            compile(s(v, "/expression"), format!("{f}.expression"), &mut c);
+            if let Some(m) = v.get("messageExpression").and_then(Value::as_str) {
+                compile(m, format!("{f}.messageExpression"), &mut c);
+            }
+            if let Some(r) = v.get("reason").filter(|r| !r.is_null()) {
+                let allowed = [
+                    "Unauthorized",
+                    "Forbidden",
+                    "Invalid",
+                    "RequestEntityTooLarge",
+                ];
+                if !r.as_str().is_some_and(|r| allowed.contains(&r)) {
+                    c.push(Cause::not_supported(format!("{f}.reason"), r, &allowed));
+                }
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, v) in spec
+            .get("variables")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let f = format!("spec.variables[{i}]");
+            let name = s(v, "/name");
+            if name.is_empty() {
+                c.push(Cause::required(format!("{f}.name")));
+            } else if !names.insert(name.to_string()) {
+                c.push(Cause::duplicate(format!("{f}.name"), &json!(name)));
+            }
+            compile(s(v, "/expression"), format!("{f}.expression"), &mut c);
+        }
+        if let Some(fp) = spec.get("failurePolicy").filter(|v| !v.is_null()) {
+            if !fp.as_str().is_some_and(|v| v == "Fail" || v == "Ignore") {
+                c.push(Cause::not_supported(
+                    "spec.failurePolicy",
+                    fp,
+                    &["Fail", "Ignore"],
+                ));
+            }
+        }
+        match spec.get("matchConstraints").filter(|m| m.is_object()) {
+            None => c.push(Cause::required("spec.matchConstraints")),
+            Some(m) => {
+                let rules = m.get("resourceRules").and_then(Value::as_array);
+                if rules.is_none_or(Vec::is_empty) {
+                    c.push(Cause::required("spec.matchConstraints.resourceRules"));
+                }
+                for (j, r) in rules.into_iter().flatten().enumerate() {
+                    validate_rule(
+                        r,
+                        &format!("spec.matchConstraints.resourceRules[{j}]"),
+                        &mut c,
+                    );
+                }
+            }
+        }
+        if let Some(pk) = spec.get("paramKind").filter(|p| !p.is_null()) {
+            for k in ["apiVersion", "kind"] {
+                if s(pk, &format!("/{k}")).is_empty() {
+                    c.push(Cause::required(format!("spec.paramKind.{k}")));
+                }
+            }
+        }
+        for (i, m) in spec
+            .get("matchConditions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            compile(
+                s(m, "/expression"),
+                format!("spec.matchConditions[{i}].expression"),
+                &mut c,
+            );
+        }
+        c
+    }
+
+    fn printer(&self) -> &'static Printer {
+        &POLICY_PRINTER
+    }
+}
+
+/// ValidatingAdmissionPolicyBindings: which policy applies where, with
+/// which parameters and actions.
+pub struct ValidatingAdmissionPolicyBinding;
+
+impl KindRules for ValidatingAdmissionPolicyBinding {
+    fn kind(&self) -> &'static str {
+        "ValidatingAdmissionPolicyBinding"
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<Cause> {
+        let mut c = Vec::new();
+        if s(obj, "/spec/policyName").is_empty() {
+            c.push(Cause::required("spec.policyName"));
+        }
+        let actions = strs(obj.pointer("/spec/validationActions"));
+        if actions.is_empty() {
+            c.push(Cause::required("spec.validationActions"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, a) in actions.iter().enumerate() {
+            if !["Deny", "Warn", "Audit"].contains(a) {
+                c.push(Cause::not_supported(
+                    format!("spec.validationActions[{i}]"),
+                    &json!(a),
+                    &["Audit", "Deny", "Warn"],
+                ));
+            }
+            if !seen.insert(*a) {
+                c.push(Cause::duplicate(
+                    format!("spec.validationActions[{i}]"),
+                    &json!(a),
+                ));
+            }
+        }
+        if actions.contains(&"Deny") && actions.contains(&"Warn") {
+            c.push(Cause::invalid(
+                "spec.validationActions",
+                &json!(actions),
+                "must not contain both Deny and Warn (repeating the same validation failure information in the API response and headers serves no purpose)",
+            ));
+        }
+        if let Some(p) = obj.pointer("/spec/paramRef").filter(|p| !p.is_null()) {
+            let name = !s(p, "/name").is_empty();
+            let sel = p.get("selector").is_some_and(|v| !v.is_null());
+            if name == sel {
+                c.push(Cause::invalid(
+                    "spec.paramRef",
+                    p,
+                    "one of name or selector must be set",
+                ));
+            }
+            match p.get("parameterNotFoundAction").and_then(Value::as_str) {
+                None => c.push(Cause::required("spec.paramRef.parameterNotFoundAction")),
+                Some("Allow" | "Deny") => {}
+                Some(v) => c.push(Cause::not_supported(
+                    "spec.paramRef.parameterNotFoundAction",
+                    &json!(v),
+                    &["Allow", "Deny"],
+                )),
+            }
+        }
+        c
+    }
+
+    fn printer(&self) -> &'static Printer {
+        &BINDING_PRINTER
+    }
+}
+
+pub static POLICY_PRINTER: Printer = Printer {
+    columns: &[
+        NAME,
+        col("Validations", "integer", 0),
+        col("ParamKind", "string", 0),
+        AGE,
+    ],
+    cells: policy_cells,
+};
+
+fn policy_cells(obj: &Value, now: DateTime<Utc>) -> Vec<Value> {
+    let n = obj
+        .pointer("/spec/validations")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    let pk = match obj.pointer("/spec/paramKind").filter(|v| v.is_object()) {
+        Some(p) => format!("{}/{}", s(p, "/apiVersion"), s(p, "/kind")),
+        None => "<unset>".into(),
+    };
+    vec![
+        json!(s(obj, "/metadata/name")),
+        json!(n),
+        json!(pk),
+        json!(age(obj, "/metadata/creationTimestamp", now)),
+    ]
+}
+
+pub static BINDING_PRINTER: Printer = Printer {
+    columns: &[
+        NAME,
+        col("PolicyName", "string", 0),
+        col("ParamRef", "string", 0),
+        AGE,
+    ],
+    cells: binding_cells,
+};
+
+fn binding_cells(obj: &Value, now: DateTime<Utc>) -> Vec<Value> {
+    let pr = match obj.pointer("/spec/paramRef").filter(|v| v.is_object()) {
+        Some(p) if !s(p, "/name").is_empty() => {
+            let ns = s(p, "/namespace");
+            if ns.is_empty() {
+                format!("*/{}", s(p, "/name"))
+            } else {
+                format!("{ns}/{}", s(p, "/name"))
+            }
+        }
+        Some(_) => "*/*".into(),
+        None => "<unset>".into(),
+    };
+    vec![
+        json!(s(obj, "/metadata/name")),
+        json!(s(obj, "/spec/policyName")),
+        json!(pr),
+        json!(age(obj, "/metadata/creationTimestamp", now)),
+    ]
 }
 
 pub static WEBHOOK_CONFIGURATION_PRINTER: Printer = Printer {

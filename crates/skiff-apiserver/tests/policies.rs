@@ -1,0 +1,259 @@
+//! ValidatingAdmissionPolicies through the router: a policy and binding
+//! deny with their message, parameters come from a ConfigMap the binding
+//! names, Warn turns a failure into a warning, broken CEL is refused.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use skiff_apiserver::ApiServer;
+use skiff_store::{RedbStore, Store};
+use tower::ServiceExt;
+
+async fn call(
+    r: &Router,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value, Vec<String>) {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(body.map(|v| Body::from(v.to_string())).unwrap_or_default())
+        .unwrap();
+    let resp = r.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let warnings = resp
+        .headers()
+        .get_all("warning")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        warnings,
+    )
+}
+
+const VAP: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies";
+const VAPB: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings";
+const DEPLOY: &str = "/apis/apps/v1/namespaces/default/deployments";
+
+fn deployment(name: &str, replicas: i64) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}})
+}
+
+fn policy(name: &str, extra: Value) -> Value {
+    let mut spec = json!({
+        "failurePolicy": "Fail",
+        "matchConstraints": {"resourceRules": [{"apiGroups": ["apps"], "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"], "resources": ["deployments"]}]},
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name}, "spec": spec})
+}
+
+fn binding(name: &str, policy: &str, extra: Value) -> Value {
+    let mut spec = json!({"policyName": policy, "validationActions": ["Deny"]});
+    for (k, v) in extra.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    json!({"apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": name}, "spec": spec})
+}
+
+/// Creates deployments until one is refused (the policy reached the watch
+/// cache), bounded.
+async fn first_refusal(
+    admin: &Router,
+    prefix: &str,
+    replicas: i64,
+) -> (StatusCode, Value, Vec<String>) {
+    for i in 0..200 {
+        let r = call(
+            admin,
+            "POST",
+            DEPLOY,
+            Some(deployment(&format!("{prefix}-{i}"), replicas)),
+        )
+        .await;
+        if r.0 != StatusCode::CREATED {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the policy never applied");
+}
+
+#[tokio::test]
+async fn a_policy_denies_too_many_replicas_with_its_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let server = ApiServer::start(store, Default::default()).await.unwrap();
+    let admin = server.in_process_router("admin");
+
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        VAP,
+        Some(policy(
+            "max-replicas",
+            json!({
+                "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+                "variables": [{"name": "limit", "expression": "int(params.data.max)"}],
+                "validations": [{"expression": "object.spec.replicas <= variables.limit",
+                    "messageExpression": "'replicas must be at most ' + string(variables.limit)"}],
+            }),
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        Some(
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "limits"},
+            "data": {"max": "3"}}),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        VAPB,
+        Some(binding(
+            "max-replicas-binding",
+            "max-replicas",
+            json!({"paramRef": {"name": "limits", "parameterNotFoundAction": "Deny"}}),
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+
+    let (s, b, _) = first_refusal(&admin, "big", 5).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert_eq!(
+        b["message"],
+        "ValidatingAdmissionPolicy 'max-replicas' with binding 'max-replicas-binding' denied request: replicas must be at most 3"
+    );
+    let (s, b, _) = call(&admin, "POST", DEPLOY, Some(deployment("small", 2))).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+
+    // Without the parameter, Deny refuses everything the policy matches.
+    let (s, _, _) = call(
+        &admin,
+        "DELETE",
+        "/api/v1/namespaces/default/configmaps/limits",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, b, _) = first_refusal(&admin, "one", 1).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert!(
+        b["message"].as_str().unwrap().contains("no params found"),
+        "{b}"
+    );
+}
+
+#[tokio::test]
+async fn warn_turns_a_failure_into_a_warning_and_broken_cel_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let server = ApiServer::start(store, Default::default()).await.unwrap();
+    let admin = server.in_process_router("admin");
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        VAP,
+        Some(policy(
+            "labelled",
+            json!({"validations": [{"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels",
+                "message": "every deployment needs a team label"}]}),
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        VAPB,
+        Some(binding(
+            "labelled",
+            "labelled",
+            json!({"validationActions": ["Warn"]}),
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let mut warned = Vec::new();
+    for i in 0..200 {
+        let (s, b, w) = call(
+            &admin,
+            "POST",
+            DEPLOY,
+            Some(deployment(&format!("w-{i}"), 1)),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        if !w.is_empty() {
+            warned = w;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        warned.iter().any(|w| w.contains(
+            "Validation failed for ValidatingAdmissionPolicy 'labelled' with binding 'labelled': every deployment needs a team label"
+        )),
+        "{warned:?}"
+    );
+
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        VAP,
+        Some(policy(
+            "broken",
+            json!({"validations": [{"expression": "object.spec.replicas <="}]}),
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert!(
+        b["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.validations[0].expression"),
+        "{b}"
+    );
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        VAPB,
+        Some(binding(
+            "both",
+            "labelled",
+            json!({"validationActions": ["Deny", "Warn"]}),
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+}
