@@ -49,6 +49,27 @@ pub struct Aggregator {
 }
 
 impl Aggregator {
+    /// The front-proxy CA under `dir` (`ca.crt`, `ca.key`), made at first
+    /// start, so every server sharing the PKI presents certificates the
+    /// aggregated servers keep trusting across restarts.
+    pub fn load_or_create(dir: Option<&std::path::Path>) -> anyhow::Result<Aggregator> {
+        let Some(dir) = dir else {
+            return Aggregator::new(None);
+        };
+        let (crt, key) = (dir.join("ca.crt"), dir.join("ca.key"));
+        let ca = match (std::fs::read_to_string(&crt), std::fs::read_to_string(&key)) {
+            (Ok(cert_pem), Ok(key_pem)) => CertPair { cert_pem, key_pem },
+            _ => {
+                std::fs::create_dir_all(dir)?;
+                let ca = crate::testing::test_ca();
+                crate::tls::write_secret_file(&key, &ca.key_pem)?;
+                crate::tls::write_secret_file(&crt, &ca.cert_pem)?;
+                ca
+            }
+        };
+        Aggregator::new(Some(ca))
+    }
+
     /// An aggregator presenting a client certificate from `front_proxy_ca`
     /// (a CA made now when none is given: aggregated servers then need the
     /// ConfigMap re-read after a restart).
@@ -636,6 +657,20 @@ mod tests {
         assert_eq!(v2[0]["scope"], "Namespaced");
         assert_eq!(v2[0]["shortNames"], json!(["wd"]));
         assert_eq!(v2[0]["subresources"][0]["subresource"], "status");
+    }
+
+    #[test]
+    fn the_front_proxy_ca_is_kept_across_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Aggregator::load_or_create(Some(dir.path())).unwrap();
+        let b = Aggregator::load_or_create(Some(dir.path())).unwrap();
+        assert_eq!(a.front_proxy_ca_pem, b.front_proxy_ca_pem);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(dir.path().join("ca.key"))
+                .unwrap()
+                .permissions(),
+        );
+        assert_eq!(mode & 0o077, 0);
     }
 
     #[test]

@@ -80,6 +80,9 @@ pub struct Config {
     /// The cluster CA (certificate and key, PEM) that signs approved
     /// CertificateSigningRequests; without it none is signed.
     pub cluster_signing: Option<(String, String)>,
+    /// Where the front-proxy CA (requestheader client CA) lives, made at
+    /// first start; without it one is made in memory at every start.
+    pub front_proxy_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -96,6 +99,7 @@ impl Default for Config {
             kubernetes_endpoint: None,
             audit: None,
             cluster_signing: None,
+            front_proxy_dir: None,
         }
     }
 }
@@ -145,7 +149,9 @@ impl ApiServer {
             config.compact_keep,
             config.compact_every,
         ));
-        let aggregator = Arc::new(aggregator::Aggregator::new(None)?);
+        let aggregator = Arc::new(aggregator::Aggregator::load_or_create(
+            config.front_proxy_dir.as_deref(),
+        )?);
         tokio::spawn(aggregator::start(
             registry.clone(),
             aggregator.clone(),
