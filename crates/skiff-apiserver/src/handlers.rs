@@ -618,6 +618,7 @@ async fn resource(
     let ns = rr.namespace.as_deref();
     let method = req.method().clone();
     let who = req.extensions().get::<Identity>().cloned();
+    let audit = req.extensions().get::<crate::audit::Slot>().cloned();
     let output = negotiate::choose_output(accept.as_deref())?;
     if api_res.is_review() {
         if method != Method::POST || rr.name.is_some() {
@@ -706,7 +707,7 @@ async fn resource(
             let created = reg
                 .create(res, ns, convert::to_storage(api_res, obj), &opts)
                 .await?;
-            warnings.extend(opts.admission.take_warnings());
+            warnings.extend(opts.admission.finish(audit.as_ref()));
             Ok(add_warnings(
                 render_object(
                     api_res,
@@ -798,7 +799,7 @@ async fn resource(
                 convert::to_storage(api_res, obj)
             };
             let (out, created) = reg.update(res, ns, name, obj, sub, &opts).await?;
-            warnings.extend(opts.admission.take_warnings());
+            warnings.extend(opts.admission.finish(audit.as_ref()));
             let r = render_written(api_res, sub, out, created, output)?;
             Ok(add_warnings(r, &warnings))
         }
@@ -846,7 +847,7 @@ async fn resource(
             } else {
                 reg.patch(res, ns, name, pt, &patch, sub, &opts).await?
             };
-            warnings.extend(opts.admission.take_warnings());
+            warnings.extend(opts.admission.finish(audit.as_ref()));
             let r = render_written(api_res, sub, out, created, output)?;
             Ok(add_warnings(r, &warnings))
         }
@@ -972,7 +973,7 @@ async fn resource(
             dopts.user = who;
             let mut warnings = delete_warnings(res, &dopts);
             let deleted = reg.delete(res, ns, name, &dopts).await?;
-            warnings.extend(dopts.admission.take_warnings());
+            warnings.extend(dopts.admission.finish(audit.as_ref()));
             let r = match deleted {
                 Deleted::Pending(obj) => {
                     render_object(api_res, 200, &convert::from_storage(api_res, obj), output)

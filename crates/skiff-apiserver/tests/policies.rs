@@ -257,3 +257,74 @@ async fn warn_turns_a_failure_into_a_warning_and_broken_cel_is_refused() {
     .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
 }
+
+#[tokio::test]
+async fn the_audit_action_annotates_the_requests_audit_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy_file = dir.path().join("audit-policy.yaml");
+    std::fs::write(
+        &policy_file,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n",
+    )
+    .unwrap();
+    let log = dir.path().join("audit.log");
+    let auditor = skiff_apiserver::audit::Auditor::start(&skiff_apiserver::audit::Options {
+        policy_file,
+        log_path: log.clone(),
+        max_size_mb: 0,
+        max_backup: 0,
+        max_age_days: 0,
+    })
+    .unwrap();
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let config = skiff_apiserver::Config {
+        audit: Some(auditor),
+        ..Default::default()
+    };
+    let server = ApiServer::start(store, config).await.unwrap();
+    let admin = server.in_process_router("admin");
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        VAP,
+        Some(policy(
+            "audited",
+            json!({"validations": [{"expression": "object.spec.replicas < 2", "message": "big"}]}),
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        VAPB,
+        Some(binding(
+            "audited",
+            "audited",
+            json!({"validationActions": ["Audit"]}),
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    for i in 0..200 {
+        let (s, b, _) = call(
+            &admin,
+            "POST",
+            DEPLOY,
+            Some(deployment(&format!("a-{i}"), 3)),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let annotated = text.lines().any(|l| {
+            l.contains("validation.policy.admission.k8s.io/validation_failure")
+                && l.contains("ResponseComplete")
+        });
+        if annotated {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no audit event carried the policy's annotation");
+}

@@ -74,6 +74,18 @@ impl Admission {
             .push((key, value));
     }
 
+    /// At the end of a request: its audit event gets the annotations, the
+    /// caller the warnings.
+    pub fn finish(&self, audit: Option<&crate::audit::Slot>) -> Vec<String> {
+        let annotations = self.take_audit_annotations();
+        if let Some(slot) = audit {
+            for (k, v) in annotations {
+                slot.annotate(k, v);
+            }
+        }
+        self.take_warnings()
+    }
+
     pub fn take_audit_annotations(&self) -> Vec<(String, String)> {
         std::mem::take(
             &mut self
