@@ -624,9 +624,15 @@ impl Registry {
                     ApiError::conflict(res.group, res.plural, name, ApiError::STALE).into(),
                 );
             }
-            if scale {
+            let scale_opts;
+            let opts = if scale {
+                scale_opts =
+                    crate::webhook::admit_scale(self, res, &old, &mut patched, opts).await?;
                 patched = from_scale(&old, &patched)?;
-            }
+                &scale_opts
+            } else {
+                opts
+            };
             let sub_for_write = if scale { Subresource::Main } else { sub };
             let track = patch_type != PatchType::Apply;
             let v = self
@@ -698,6 +704,8 @@ impl Registry {
         opts: &WriteOptions,
     ) -> Result<Value, WriteError> {
         if sub == Subresource::Scale {
+            let mut new = new;
+            let opts = &crate::webhook::admit_scale(self, res, &old, &mut new, opts).await?;
             let new = from_scale(&old, &new)?;
             let v = self
                 .write_inner(res, ns, name, cur, old, new, Subresource::Main, opts, true)

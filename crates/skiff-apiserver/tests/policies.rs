@@ -328,3 +328,73 @@ async fn the_audit_action_annotates_the_requests_audit_event() {
     }
     panic!("no audit event carried the policy's annotation");
 }
+
+#[tokio::test]
+async fn scale_updates_are_admitted_as_the_scale_subresource() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let server = ApiServer::start(store, Default::default()).await.unwrap();
+    let admin = server.in_process_router("admin");
+    // A policy on the scale subresource: its object is the Scale.
+    let mut p = policy(
+        "scale-limit",
+        json!({"validations": [{"expression": "object.kind == 'Scale' && object.spec.replicas <= 3",
+            "message": "scale to at most 3"}]}),
+    );
+    p["spec"]["matchConstraints"]["resourceRules"][0]["resources"] = json!(["deployments/scale"]);
+    p["spec"]["matchConstraints"]["resourceRules"][0]["operations"] = json!(["UPDATE"]);
+    let (s, b, _) = call(&admin, "POST", VAP, Some(p)).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        VAPB,
+        Some(binding("scale-limit", "scale-limit", json!({}))),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, b, _) = call(&admin, "POST", DEPLOY, Some(deployment("web", 5))).await;
+    assert_eq!(s, StatusCode::CREATED, "creating is not scaling: {b}");
+    let path = format!("{DEPLOY}/web/scale");
+    let scale = |n: i64| {
+        let admin = admin.clone();
+        let path = path.clone();
+        async move {
+            let req = Request::builder()
+                .method("PATCH")
+                .uri(path)
+                .header("content-type", "application/merge-patch+json")
+                .body(Body::from(json!({"spec": {"replicas": n}}).to_string()))
+                .unwrap();
+            let resp = admin.oneshot(req).await.unwrap();
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            (
+                status,
+                serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null),
+            )
+        }
+    };
+    let mut refused = None;
+    for _ in 0..200 {
+        let (s, b) = scale(6).await;
+        if s != StatusCode::OK {
+            refused = Some((s, b));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (s, b) = refused.expect("the scale policy never applied");
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert!(
+        b["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("scale to at most 3"),
+        "{b}"
+    );
+    let (s, b) = scale(2).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["spec"]["replicas"], 2);
+}

@@ -327,4 +327,7 @@ fn a_validating_admission_policy_denies_too_many_replicas_with_kubectl() {
         r#"{"spec":{"replicas":4}}"#,
     ]);
     assert!(err.contains("at most 3 replicas"), "{err}");
+    // `kubectl scale` writes deployments/scale, which a rule for
+    // `deployments` does not match (as in Kubernetes).
+    s.ok(&["scale", "deployment", "small", "--replicas=4"]);
 }

@@ -44,6 +44,9 @@ pub struct Admission {
     /// The request's own dryRun when the registry runs a step as a dry run
     /// for itself (server-side apply creating an object).
     pub dry_run: Option<bool>,
+    /// Dynamic admission already ran on another form of the request (the
+    /// Scale of a `scale` update): the update of the object skips it.
+    pub done: bool,
 }
 
 #[derive(Debug, Default)]
@@ -110,6 +113,9 @@ pub struct Attributes<'a> {
     pub dry_run: bool,
     /// CreateOptions, UpdateOptions or DeleteOptions.
     pub options: Value,
+    /// The kind of the objects when it is not the resource's own (a
+    /// subresource's: autoscaling/v1 Scale).
+    pub kind: Option<(&'static str, &'static str, &'static str)>,
     pub admission: &'a Admission,
 }
 
@@ -175,6 +181,7 @@ pub async fn admit_create(
         user,
         dry_run,
         options: options("CreateOptions", opts, dry_run),
+        kind: None,
         admission: &opts.admission,
     };
     review::mutate(reg, &a, obj, None).await
@@ -204,6 +211,7 @@ pub async fn validate_create(
         user,
         dry_run,
         options: options("CreateOptions", opts, dry_run),
+        kind: None,
         admission: &opts.admission,
     };
     policy::validate(reg, &a, Some(obj), None)?;
@@ -219,7 +227,7 @@ pub async fn admit_update(
     new: &mut Value,
     opts: &WriteOptions,
 ) -> ApiResult<()> {
-    let Some(user) = opts.user.as_ref() else {
+    let Some(user) = opts.user.as_ref().filter(|_| !opts.admission.done) else {
         return Ok(());
     };
     let (ns, name) = ns_name(old);
@@ -235,6 +243,7 @@ pub async fn admit_update(
         user,
         dry_run: opts.dry_run,
         options: options("UpdateOptions", opts, opts.dry_run),
+        kind: None,
         admission: &opts.admission,
     };
     review::mutate(reg, &a, new, Some(old)).await
@@ -249,7 +258,7 @@ pub async fn validate_update(
     new: &Value,
     opts: &WriteOptions,
 ) -> ApiResult<()> {
-    let Some(user) = opts.user.as_ref() else {
+    let Some(user) = opts.user.as_ref().filter(|_| !opts.admission.done) else {
         return Ok(());
     };
     let (ns, name) = ns_name(old);
@@ -265,10 +274,50 @@ pub async fn validate_update(
         user,
         dry_run: opts.dry_run,
         options: options("UpdateOptions", opts, opts.dry_run),
+        kind: None,
         admission: &opts.admission,
     };
     policy::validate(reg, &a, Some(new), Some(old))?;
     review::validate(reg, &a, Some(new), Some(old)).await
+}
+
+/// Mutating then validating admission of a `scale` update, on the Scale
+/// objects as Kubernetes admits them (resource the object's, subresource
+/// `scale`, kind autoscaling/v1 Scale). Returns the options for the
+/// object's own update, which then skips dynamic admission.
+pub async fn admit_scale(
+    reg: &Registry,
+    res: &'static ResourceInfo,
+    old: &Value,
+    scale: &mut Value,
+    opts: &WriteOptions,
+) -> ApiResult<WriteOptions> {
+    let mut inner = opts.clone();
+    inner.admission.done = true;
+    let Some(user) = opts.user.as_ref() else {
+        return Ok(inner);
+    };
+    let (ns, name) = ns_name(old);
+    if exempt(res, ns) {
+        return Ok(inner);
+    }
+    let old_scale = crate::registry::to_scale(old)?;
+    let a = Attributes {
+        res,
+        sub: "scale",
+        op: Operation::Update,
+        namespace: ns,
+        name,
+        user,
+        dry_run: opts.dry_run,
+        options: options("UpdateOptions", opts, opts.dry_run),
+        kind: Some(("autoscaling", "v1", "Scale")),
+        admission: &opts.admission,
+    };
+    review::mutate(reg, &a, scale, Some(&old_scale)).await?;
+    policy::validate(reg, &a, Some(scale), Some(&old_scale))?;
+    review::validate(reg, &a, Some(scale), Some(&old_scale)).await?;
+    Ok(inner)
 }
 
 /// Validating webhooks for a delete (the object as it is, as oldObject).
@@ -304,6 +353,7 @@ pub async fn validate_delete(
         user,
         dry_run: opts.dry_run,
         options: o,
+        kind: None,
         admission: &opts.admission,
     };
     policy::validate(reg, &a, None, Some(old))?;

@@ -500,9 +500,10 @@ pub fn validate(
                 continue;
             }
         };
-        let convert = |v: Option<&Value>| {
-            v.map(|v| skiff_core::convert::from_storage(version, v.clone()))
-                .unwrap_or(Value::Null)
+        let convert = |v: Option<&Value>| match (v, a.kind) {
+            (Some(v), None) => skiff_core::convert::from_storage(version, v.clone()),
+            (Some(v), Some(_)) => v.clone(),
+            (None, _) => Value::Null,
         };
         let (object, old_object) = (convert(obj), convert(old));
         let request = super::review::request(a, version, "v1", "", None, None)["request"].clone();

@@ -128,9 +128,10 @@ pub fn request(
     obj: Option<&Value>,
     old: Option<&Value>,
 ) -> Value {
-    let convert = |v: Option<&Value>| {
-        v.map(|v| skiff_core::convert::from_storage(version, v.clone()))
-            .unwrap_or(Value::Null)
+    let convert = |v: Option<&Value>| match (v, a.kind) {
+        (Some(v), None) => skiff_core::convert::from_storage(version, v.clone()),
+        (Some(v), Some(_)) => v.clone(),
+        (None, _) => Value::Null,
     };
     let mut user = json!({"username": a.user.user, "groups": a.user.groups});
     if let Some(uid) = &a.user.uid {
@@ -139,11 +140,15 @@ pub fn request(
     if !a.user.extra.is_empty() {
         user["extra"] = json!(a.user.extra);
     }
+    let kind = match a.kind {
+        Some((group, version, kind)) => json!({"group": group, "version": version, "kind": kind}),
+        None => group_version_kind(version),
+    };
     let mut req = json!({
         "uid": uid,
-        "kind": group_version_kind(version),
+        "kind": kind,
         "resource": group_version_resource(version),
-        "requestKind": group_version_kind(version),
+        "requestKind": kind,
         "requestResource": group_version_resource(version),
         "name": a.name,
         "operation": a.op.as_str(),
@@ -370,14 +375,23 @@ async fn mutate_one(
     if a.op == super::Operation::Delete {
         return Ok(Some(false));
     }
-    let view = skiff_core::convert::from_storage(version, obj.clone());
+    let own_kind = a.kind.is_none();
+    let view = if own_kind {
+        skiff_core::convert::from_storage(version, obj.clone())
+    } else {
+        obj.clone()
+    };
     let patched = skiff_core::patch::apply_json_patch(&view, &patch).map_err(|e| {
         ApiError::internal(format!(
             "failed calling webhook {:?}: the patch could not be applied: {}",
             h.name, e.message
         ))
     })?;
-    let mut patched = skiff_core::convert::to_storage(version, patched);
+    let mut patched = if own_kind {
+        skiff_core::convert::to_storage(version, patched)
+    } else {
+        patched
+    };
     // What the server owns stays as it was.
     for k in ["uid", "namespace", "creationTimestamp", "resourceVersion"] {
         let before = obj.pointer(&format!("/metadata/{k}")).cloned();
@@ -392,7 +406,9 @@ async fn mutate_one(
             }
         }
     }
-    skiff_core::defaults::apply_defaults(a.res, &mut patched);
+    if own_kind {
+        skiff_core::defaults::apply_defaults(a.res, &mut patched);
+    }
     if patched == *obj {
         return Ok(Some(false));
     }
