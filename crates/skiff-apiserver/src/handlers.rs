@@ -163,6 +163,19 @@ pub async fn handle(State(state): State<Arc<AppState>>, mut req: Request<Body>) 
             _ => method == Method::GET || method == Method::POST,
         };
         if allowed {
+            let user = req.extensions().get::<Identity>().cloned();
+            let q = req.uri().query().map(str::to_string);
+            let admitted = crate::webhook::admit_connect(
+                &state.registry,
+                &ns,
+                &pod,
+                sub,
+                q.as_deref(),
+                user.as_ref(),
+            );
+            if let Err(e) = admitted.await {
+                return error_response(&e);
+            }
             return match crate::nodeproxy::proxy(&state, req, &ns, &pod, sub).await {
                 Ok(r) => r,
                 Err(e) => error_response(&e),

@@ -505,3 +505,46 @@ async fn match_conditions_decide_which_requests_reach_the_webhook() {
         "{b}"
     );
 }
+
+#[tokio::test]
+async fn exec_is_admitted_as_a_connect_with_its_options() {
+    let c = cluster().await;
+    let hook = hook_server(&["127.0.0.1"], Duration::ZERO, |req: &Value| {
+        if req["operation"] == "CONNECT" {
+            return json!({"allowed": false, "status": {"code": 403, "message": "no exec here"}});
+        }
+        json!({"allowed": true})
+    })
+    .await;
+    let mut h = webhook(
+        "exec.example.com",
+        client_config_url(&hook, "/validate"),
+        json!({}),
+    );
+    h["rules"] = json!([{"operations": ["CONNECT"], "apiGroups": [""], "apiVersions": ["v1"],
+        "resources": ["pods/exec"]}]);
+    c.create(
+        VWC,
+        webhook_configuration("ValidatingWebhookConfiguration", "no-exec", vec![h]),
+    )
+    .await;
+    c.wait_configurations(0, 1).await;
+    let (s, b, _) = call(
+        &c.admin,
+        "POST",
+        "/api/v1/namespaces/default/pods/web/exec?command=sh&command=-c&stdout=true",
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{b}");
+    assert_eq!(
+        b["message"],
+        "admission webhook \"exec.example.com\" denied the request: no exec here"
+    );
+    let r = &reviews(&hook)[0]["request"];
+    assert_eq!(r["operation"], "CONNECT");
+    assert_eq!(r["subResource"], "exec");
+    assert_eq!(r["kind"]["kind"], "PodExecOptions");
+    assert_eq!(r["object"]["command"], json!(["sh", "-c"]));
+    assert_eq!(r["name"], "web");
+}

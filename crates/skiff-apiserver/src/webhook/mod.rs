@@ -320,6 +320,96 @@ pub async fn admit_scale(
     Ok(inner)
 }
 
+/// The options object of a CONNECT to a pod subresource, from the query
+/// (PodExecOptions, PodAttachOptions, PodPortForwardOptions).
+pub fn connect_options(sub: &str, query: Option<&str>) -> Option<(&'static str, Value)> {
+    let kind = match sub {
+        "exec" => "PodExecOptions",
+        "attach" => "PodAttachOptions",
+        "portforward" => "PodPortForwardOptions",
+        _ => return None,
+    };
+    let mut o = json!({"kind": kind, "apiVersion": "v1"});
+    let mut command = Vec::new();
+    let mut ports = Vec::new();
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v);
+        match k {
+            "command" => command.push(json!(v)),
+            "ports" => {
+                if let Ok(p) = v.parse::<u16>() {
+                    ports.push(json!(p));
+                }
+            }
+            "container" => o["container"] = json!(v),
+            "stdin" | "stdout" | "stderr" | "tty" => o[k] = json!(v == "true" || v == "1"),
+            _ => {}
+        }
+    }
+    if !command.is_empty() {
+        o["command"] = Value::Array(command);
+    }
+    if !ports.is_empty() {
+        o["ports"] = Value::Array(ports);
+    }
+    Some((kind, o))
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push(h * 16 + l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Admission of a CONNECT to `pods/exec|attach|portforward`: mutating
+/// webhooks are called (their patches do not apply to a connection),
+/// then policies and validating webhooks, with the options object.
+pub async fn admit_connect(
+    reg: &Registry,
+    namespace: &str,
+    pod: &str,
+    sub: &str,
+    query: Option<&str>,
+    user: Option<&Identity>,
+) -> ApiResult<()> {
+    let (Some(user), Some((kind, mut object))) = (user, connect_options(sub, query)) else {
+        return Ok(());
+    };
+    let res = skiff_core::resources::lookup("", "v1", "pods").expect("pods");
+    let admission = Admission::default();
+    let a = Attributes {
+        res,
+        sub,
+        op: Operation::Connect,
+        namespace,
+        name: pod,
+        user,
+        dry_run: false,
+        options: Value::Null,
+        kind: Some(("", "v1", kind)),
+        admission: &admission,
+    };
+    let before = object.clone();
+    review::mutate(reg, &a, &mut object, None).await?;
+    let object = before;
+    policy::validate(reg, &a, Some(&object), None)?;
+    review::validate(reg, &a, Some(&object), None).await
+}
+
 /// Validating webhooks for a delete (the object as it is, as oldObject).
 pub async fn validate_delete(
     reg: &Registry,
@@ -365,4 +455,27 @@ fn no_dry_run(name: &str) -> ApiError {
     ApiError::bad_request(format!(
         "admission webhook {name:?} does not support dry run"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_options_come_from_the_query() {
+        let (kind, o) = connect_options(
+            "exec",
+            Some("command=ls&command=-l%20a&container=c&stdout=true&tty=false"),
+        )
+        .unwrap();
+        assert_eq!(kind, "PodExecOptions");
+        assert_eq!(o["command"], json!(["ls", "-l a"]));
+        assert_eq!(o["container"], "c");
+        assert_eq!(o["stdout"], json!(true));
+        assert_eq!(o["tty"], json!(false));
+        assert!(connect_options("log", None).is_none());
+        // Bytes that are not a valid escape stay as they are.
+        assert_eq!(percent_decode("%zz%e2%82%ac%"), "%zz\u{20ac}%");
+        assert_eq!(percent_decode("é%4"), "é%4");
+    }
 }
