@@ -715,6 +715,7 @@ async fn resource(
                 json_body,
             } = read_write_body(req, api_res, &q).await?;
             opts.user = who;
+            opts.admission.request = Some(api_res);
             let mut warnings =
                 check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
             let created = reg
@@ -736,6 +737,7 @@ async fn resource(
             let (headers, body) = read_body(req).await?;
             let mut dopts = delete_options(&q, &headers, &body)?;
             dopts.user = who;
+            dopts.admission.request = Some(api_res);
             let out = reg.list(res, &filter, 0, None, None, false).await?;
             let mut gone = Vec::new();
             for item in out.items {
@@ -781,6 +783,7 @@ async fn resource(
         (&Method::PUT, Some(name), Some("approval")) => {
             let WriteBody { obj, mut opts, .. } = read_write_body(req, api_res, &q).await?;
             opts.user = who;
+            opts.admission.request = Some(api_res);
             let out = crate::certificates::approve(reg, name, obj, &opts).await?;
             Ok(json_response(200, &out))
         }
@@ -801,6 +804,7 @@ async fn resource(
                 json_body,
             } = read_write_body(req, api_res, &q).await?;
             opts.user = who;
+            opts.admission.request = Some(api_res);
             let mut warnings = if sub == Subresource::Scale {
                 Vec::new()
             } else {
@@ -832,6 +836,7 @@ async fn resource(
             let patch = negotiate::decode_patch(pt, &body)?;
             let mut opts = write_options(&q, &headers, pt == PatchType::Apply)?;
             opts.user = who;
+            opts.admission.request = Some(api_res);
             if q.get("force").is_some() && pt != PatchType::Apply {
                 return Err(ApiError::bad_request(
                     "force flag can only be set for apply patches",
@@ -984,6 +989,7 @@ async fn resource(
             let (headers, body) = read_body(req).await?;
             let mut dopts = delete_options(&q, &headers, &body)?;
             dopts.user = who;
+            dopts.admission.request = Some(api_res);
             let mut warnings = delete_warnings(res, &dopts);
             let deleted = reg.delete(res, ns, name, &dopts).await?;
             warnings.extend(dopts.admission.finish(audit.as_ref()));

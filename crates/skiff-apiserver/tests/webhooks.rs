@@ -548,3 +548,58 @@ async fn exec_is_admitted_as_a_connect_with_its_options() {
     assert_eq!(r["object"]["command"], json!(["sh", "-c"]));
     assert_eq!(r["name"], "web");
 }
+
+#[tokio::test]
+async fn match_policy_equivalent_sends_the_matched_version_and_the_requested_one() {
+    let c = cluster().await;
+    let hook = hook_server(
+        &["127.0.0.1"],
+        Duration::ZERO,
+        |_: &Value| json!({"allowed": true}),
+    )
+    .await;
+    let mut h = webhook(
+        "hpa.example.com",
+        client_config_url(&hook, "/validate"),
+        json!({}),
+    );
+    h["rules"] = json!([{"operations": ["CREATE"], "apiGroups": ["autoscaling"],
+        "apiVersions": ["v2"], "resources": ["horizontalpodautoscalers"]}]);
+    let mut exact = webhook(
+        "exact.example.com",
+        client_config_url(&hook, "/exact"),
+        json!({"matchPolicy": "Exact"}),
+    );
+    exact["rules"] = h["rules"].clone();
+    c.create(
+        VWC,
+        webhook_configuration("ValidatingWebhookConfiguration", "hpa", vec![h, exact]),
+    )
+    .await;
+    c.wait_configurations(0, 2).await;
+    let (s, b, _) = call(
+        &c.admin,
+        "POST",
+        "/apis/autoscaling/v1/namespaces/default/horizontalpodautoscalers",
+        Some(json!({"apiVersion": "autoscaling/v1", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "web"},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+                "maxReplicas": 3, "targetCPUUtilizationPercentage": 50}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let seen = hook.requests();
+    // Only the Equivalent webhook: the request was for v1.
+    assert_eq!(
+        seen.len(),
+        1,
+        "{:?}",
+        seen.iter().map(|s| &s.path).collect::<Vec<_>>()
+    );
+    let r = &reviews(&hook)[0]["request"];
+    assert_eq!(r["kind"]["version"], "v2");
+    assert_eq!(r["requestKind"]["version"], "v1");
+    assert_eq!(r["requestResource"]["version"], "v1");
+    assert_eq!(r["object"]["apiVersion"], "autoscaling/v2");
+    assert!(r["object"]["spec"]["metrics"].is_array(), "{r}");
+}

@@ -47,6 +47,10 @@ pub struct Admission {
     /// Dynamic admission already ran on another form of the request (the
     /// Scale of a `scale` update): the update of the object skips it.
     pub done: bool,
+    /// The resource at the version the client asked for (`requestKind`,
+    /// `requestResource`, and what matchPolicy Exact matches); `None`:
+    /// the stored version.
+    pub request: Option<&'static ResourceInfo>,
 }
 
 #[derive(Debug, Default)]
@@ -105,6 +109,8 @@ impl Admission {
 pub struct Attributes<'a> {
     /// The resource as stored (its served versions are its equivalents).
     pub res: &'static ResourceInfo,
+    /// The resource at the version the client asked for.
+    pub request_res: &'static ResourceInfo,
     pub sub: &'a str,
     pub op: Operation,
     pub namespace: &'a str,
@@ -174,6 +180,7 @@ pub async fn admit_create(
     let dry_run = opts.admission.dry_run.unwrap_or(opts.dry_run);
     let a = Attributes {
         res,
+        request_res: opts.admission.request.unwrap_or(res),
         sub: "",
         op: Operation::Create,
         namespace: &ns,
@@ -204,6 +211,7 @@ pub async fn validate_create(
     let dry_run = opts.admission.dry_run.unwrap_or(opts.dry_run);
     let a = Attributes {
         res,
+        request_res: opts.admission.request.unwrap_or(res),
         sub: "",
         op: Operation::Create,
         namespace: ns,
@@ -236,6 +244,7 @@ pub async fn admit_update(
     }
     let a = Attributes {
         res,
+        request_res: opts.admission.request.unwrap_or(res),
         sub: sub.unwrap_or(""),
         op: Operation::Update,
         namespace: ns,
@@ -267,6 +276,7 @@ pub async fn validate_update(
     }
     let a = Attributes {
         res,
+        request_res: opts.admission.request.unwrap_or(res),
         sub: sub.unwrap_or(""),
         op: Operation::Update,
         namespace: ns,
@@ -304,6 +314,7 @@ pub async fn admit_scale(
     let old_scale = crate::registry::to_scale(old)?;
     let a = Attributes {
         res,
+        request_res: opts.admission.request.unwrap_or(res),
         sub: "scale",
         op: Operation::Update,
         namespace: ns,
@@ -393,6 +404,7 @@ pub async fn admit_connect(
     let admission = Admission::default();
     let a = Attributes {
         res,
+        request_res: res,
         sub,
         op: Operation::Connect,
         namespace,
@@ -436,6 +448,7 @@ pub async fn validate_delete(
     }
     let a = Attributes {
         res,
+        request_res: opts.admission.request.unwrap_or(res),
         sub: "",
         op: Operation::Delete,
         namespace: ns,

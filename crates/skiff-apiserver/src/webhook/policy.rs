@@ -84,10 +84,12 @@ impl Matcher {
                     && (names.is_empty() || names.iter().any(|n| n == a.name))
             })
         };
-        let version = if self.equivalent {
+        let version = if hit(&self.rules, a.request_res) {
+            Some(a.request_res)
+        } else if self.equivalent {
             equivalents(a.res).find(|r| hit(&self.rules, r))
         } else {
-            hit(&self.rules, a.res).then_some(a.res)
+            None
         };
         let Some(version) = version else {
             return Ok(None);

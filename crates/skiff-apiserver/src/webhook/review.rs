@@ -61,10 +61,12 @@ fn matched_version(h: &Webhook, a: &Attributes<'_>) -> Option<&'static ResourceI
             .iter()
             .any(|rule| rule.matches(a.op, r.group, r.version, r.plural, a.sub, namespaced))
     };
-    if h.equivalent {
+    if hit(a.request_res) {
+        Some(a.request_res)
+    } else if h.equivalent {
         equivalents(a.res).find(|r| hit(r))
     } else {
-        hit(a.res).then_some(a.res)
+        None
     }
 }
 
@@ -144,12 +146,16 @@ pub fn request(
         Some((group, version, kind)) => json!({"group": group, "version": version, "kind": kind}),
         None => group_version_kind(version),
     };
+    let request_kind = match a.kind {
+        Some(_) => kind.clone(),
+        None => group_version_kind(a.request_res),
+    };
     let mut req = json!({
         "uid": uid,
         "kind": kind,
         "resource": group_version_resource(version),
-        "requestKind": kind,
-        "requestResource": group_version_resource(version),
+        "requestKind": request_kind,
+        "requestResource": group_version_resource(a.request_res),
         "name": a.name,
         "operation": a.op.as_str(),
         "userInfo": user,
