@@ -61,7 +61,7 @@ impl Aggregator {
             (Ok(cert_pem), Ok(key_pem)) => CertPair { cert_pem, key_pem },
             _ => {
                 std::fs::create_dir_all(dir)?;
-                let ca = crate::testing::test_ca();
+                let ca = new_front_proxy_ca()?;
                 crate::tls::write_secret_file(&key, &ca.key_pem)?;
                 crate::tls::write_secret_file(&crt, &ca.cert_pem)?;
                 ca
@@ -76,7 +76,7 @@ impl Aggregator {
     pub fn new(front_proxy_ca: Option<CertPair>) -> anyhow::Result<Aggregator> {
         let ca = match front_proxy_ca {
             Some(ca) => ca,
-            None => crate::testing::test_ca(),
+            None => new_front_proxy_ca()?,
         };
         let client = crate::tls::issue(&ca, FRONT_PROXY_CLIENT, &[], &[], true, 365)?;
         Ok(Aggregator {
@@ -88,6 +88,33 @@ impl Aggregator {
             discovery: Mutex::new(HashMap::new()),
         })
     }
+}
+
+/// A new front-proxy CA (ten years, as kubeadm's).
+fn new_front_proxy_ca() -> anyhow::Result<CertPair> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair,
+        KeyUsagePurpose,
+    };
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "front-proxy-ca");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - Duration::from_secs(3600);
+    params.not_after = now + Duration::from_secs(3650 * 86400);
+    let cert = params.self_signed(&key)?;
+    Ok(CertPair {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
 }
 
 fn apiservices() -> &'static ResourceInfo {
