@@ -19,6 +19,7 @@ pub mod bootstrap_token;
 pub mod certificates;
 pub mod encryption;
 pub mod fieldmanager;
+pub mod flowcontrol;
 pub mod handlers;
 pub mod kubernetes_endpoints;
 pub mod lifecycle;
@@ -83,6 +84,8 @@ pub struct Config {
     /// Where the front-proxy CA (requestheader client CA) lives, made at
     /// first start; without it one is made in memory at every start.
     pub front_proxy_dir: Option<std::path::PathBuf>,
+    /// Priority and fairness: seats, queues, watches per user.
+    pub flow: flowcontrol::Limits,
 }
 
 impl Default for Config {
@@ -100,6 +103,7 @@ impl Default for Config {
             audit: None,
             cluster_signing: None,
             front_proxy_dir: None,
+            flow: flowcontrol::Limits::default(),
         }
     }
 }
@@ -178,6 +182,7 @@ impl ApiServer {
                 )?)),
                 None => None,
             },
+            flow: flowcontrol::FlowControl::new(&config.flow),
         });
         Ok(ApiServer {
             state,
