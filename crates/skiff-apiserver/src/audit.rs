@@ -567,6 +567,9 @@ struct SlotState {
     user: Option<Identity>,
     impersonated: Option<Identity>,
     authorized: Option<bool>,
+    /// Annotations admission added (webhooks' auditAnnotations, policies'
+    /// Audit action).
+    annotations: Vec<(String, String)>,
 }
 
 impl Slot {
@@ -594,6 +597,15 @@ impl Slot {
     /// The authorization decision.
     pub fn authorized(&self, allowed: bool) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).authorized = Some(allowed);
+    }
+
+    /// An annotation for the request's later events (from admission).
+    pub fn annotate(&self, key: String, value: String) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .annotations
+            .push((key, value));
     }
 }
 
@@ -638,14 +650,19 @@ impl SlotState {
         copy("requestReceivedTimestamp", &mut ev);
         ev.insert("stageTimestamp".into(), json!(micro_time(at)));
         if stage != "RequestReceived" {
+            let mut annotations = Map::new();
             if let Some(allowed) = self.authorized {
-                ev.insert(
-                    "annotations".into(),
-                    json!({
-                        "authorization.k8s.io/decision": if allowed { "allow" } else { "forbid" },
-                        "authorization.k8s.io/reason": "",
-                    }),
+                annotations.insert(
+                    "authorization.k8s.io/decision".into(),
+                    json!(if allowed { "allow" } else { "forbid" }),
                 );
+                annotations.insert("authorization.k8s.io/reason".into(), json!(""));
+            }
+            for (k, v) in &self.annotations {
+                annotations.insert(k.clone(), json!(v));
+            }
+            if !annotations.is_empty() {
+                ev.insert("annotations".into(), Value::Object(annotations));
             }
         }
         Value::Object(ev)
@@ -894,6 +911,7 @@ pub async fn layer(State(auditor): State<Arc<Auditor>>, req: Request, next: Next
         user: None,
         impersonated: None,
         authorized: None,
+        annotations: Vec::new(),
     })));
     let mut req = Request::from_parts(parts, body);
     req.extensions_mut().insert(slot.clone());

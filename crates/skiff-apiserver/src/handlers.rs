@@ -37,6 +37,8 @@ pub struct AppState {
     pub metrics_windows: crate::metricsapi::Windows,
     /// The ServiceAccount token issuer and verifier, if the server has keys.
     pub tokens: Option<Arc<crate::tokens::Tokens>>,
+    /// APIServices: the front-proxy identity and aggregated discovery.
+    pub aggregator: Arc<crate::aggregator::Aggregator>,
     /// Priority and fairness: seats per level, fair queues per user.
     pub flow: Arc<crate::flowcontrol::FlowControl>,
 }
@@ -207,6 +209,19 @@ async fn authorize_and_serve(
             _ => method == Method::GET || method == Method::POST,
         };
         if allowed {
+            let user = req.extensions().get::<Identity>().cloned();
+            let q = req.uri().query().map(str::to_string);
+            let admitted = crate::webhook::admit_connect(
+                &state.registry,
+                &ns,
+                &pod,
+                sub,
+                q.as_deref(),
+                user.as_ref(),
+            );
+            if let Err(e) = admitted.await {
+                return error_response(&e);
+            }
             return match crate::nodeproxy::proxy(&state, req, &ns, &pod, sub).await {
                 Ok(r) => r,
                 Err(e) => error_response(&e),
@@ -215,6 +230,12 @@ async fn authorize_and_serve(
     }
     if let Some((node, port, agent_path)) = crate::nodeproxy::parse_node(&path) {
         return match crate::nodeproxy::proxy_node(&state, req, &node, port, &agent_path).await {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        };
+    }
+    if let Some(t) = crate::aggregator::target(&state.registry, &path) {
+        return match crate::aggregator::serve(&state, req, t).await {
             Ok(r) => r,
             Err(e) => error_response(&e),
         };
@@ -314,10 +335,20 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
         "/apis" if get => {
             return match negotiate::choose_output(accept.as_deref())? {
                 Output::Discovery { v2beta1 } => Ok(discovery_response(
-                    skiff_core::discovery::aggregated_discovery(false),
+                    crate::aggregator::merge_aggregated(
+                        &state.registry,
+                        &state.aggregator,
+                        skiff_core::discovery::aggregated_discovery(false),
+                    ),
                     v2beta1,
                 )),
-                _ => Ok(json_response(200, &skiff_core::discovery::api_group_list())),
+                _ => Ok(json_response(
+                    200,
+                    &crate::aggregator::merge_group_list(
+                        &state.registry,
+                        skiff_core::discovery::api_group_list(),
+                    ),
+                )),
             };
         }
         "/openapi/v2" if get => {
@@ -547,6 +578,7 @@ fn write_options(q: &Query, headers: &HeaderMap, apply: bool) -> Result<WriteOpt
         field_validation: field_validation(q)?,
         force: q.flag("force"),
         user: None,
+        admission: Default::default(),
     })
 }
 
@@ -645,6 +677,7 @@ async fn resource(
     let ns = rr.namespace.as_deref();
     let method = req.method().clone();
     let who = req.extensions().get::<Identity>().cloned();
+    let audit = req.extensions().get::<crate::audit::Slot>().cloned();
     let output = negotiate::choose_output(accept.as_deref())?;
     if api_res.is_review() {
         if method != Method::POST || rr.name.is_some() {
@@ -728,10 +761,13 @@ async fn resource(
                 json_body,
             } = read_write_body(req, api_res, &q).await?;
             opts.user = who;
-            let warnings = check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
+            opts.admission.request = Some(api_res);
+            let mut warnings =
+                check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
             let created = reg
                 .create(res, ns, convert::to_storage(api_res, obj), &opts)
                 .await?;
+            warnings.extend(opts.admission.finish(audit.as_ref()));
             Ok(add_warnings(
                 render_object(
                     api_res,
@@ -745,7 +781,9 @@ async fn resource(
         (&Method::DELETE, None, None) => {
             let filter = filter_from_query(&rr, &q)?;
             let (headers, body) = read_body(req).await?;
-            let dopts = delete_options(&q, &headers, &body)?;
+            let mut dopts = delete_options(&q, &headers, &body)?;
+            dopts.user = who;
+            dopts.admission.request = Some(api_res);
             let out = reg.list(res, &filter, 0, None, None, false).await?;
             let mut gone = Vec::new();
             for item in out.items {
@@ -791,6 +829,7 @@ async fn resource(
         (&Method::PUT, Some(name), Some("approval")) => {
             let WriteBody { obj, mut opts, .. } = read_write_body(req, api_res, &q).await?;
             opts.user = who;
+            opts.admission.request = Some(api_res);
             let out = crate::certificates::approve(reg, name, obj, &opts).await?;
             Ok(json_response(200, &out))
         }
@@ -811,7 +850,8 @@ async fn resource(
                 json_body,
             } = read_write_body(req, api_res, &q).await?;
             opts.user = who;
-            let warnings = if sub == Subresource::Scale {
+            opts.admission.request = Some(api_res);
+            let mut warnings = if sub == Subresource::Scale {
                 Vec::new()
             } else {
                 check_fields(api_res, &body, &obj, opts.field_validation, json_body)?
@@ -822,6 +862,7 @@ async fn resource(
                 convert::to_storage(api_res, obj)
             };
             let (out, created) = reg.update(res, ns, name, obj, sub, &opts).await?;
+            warnings.extend(opts.admission.finish(audit.as_ref()));
             let r = render_written(api_res, sub, out, created, output)?;
             Ok(add_warnings(r, &warnings))
         }
@@ -841,6 +882,7 @@ async fn resource(
             let patch = negotiate::decode_patch(pt, &body)?;
             let mut opts = write_options(&q, &headers, pt == PatchType::Apply)?;
             opts.user = who;
+            opts.admission.request = Some(api_res);
             if q.get("force").is_some() && pt != PatchType::Apply {
                 return Err(ApiError::bad_request(
                     "force flag can only be set for apply patches",
@@ -869,6 +911,7 @@ async fn resource(
             } else {
                 reg.patch(res, ns, name, pt, &patch, sub, &opts).await?
             };
+            warnings.extend(opts.admission.finish(audit.as_ref()));
             let r = render_written(api_res, sub, out, created, output)?;
             Ok(add_warnings(r, &warnings))
         }
@@ -990,9 +1033,13 @@ async fn resource(
         }
         (&Method::DELETE, Some(name), None) => {
             let (headers, body) = read_body(req).await?;
-            let dopts = delete_options(&q, &headers, &body)?;
-            let warnings = delete_warnings(res, &dopts);
-            let r = match reg.delete(res, ns, name, &dopts).await? {
+            let mut dopts = delete_options(&q, &headers, &body)?;
+            dopts.user = who;
+            dopts.admission.request = Some(api_res);
+            let mut warnings = delete_warnings(res, &dopts);
+            let deleted = reg.delete(res, ns, name, &dopts).await?;
+            warnings.extend(dopts.admission.finish(audit.as_ref()));
+            let r = match deleted {
                 Deleted::Pending(obj) => {
                     render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
                 }

@@ -11,6 +11,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod admission;
+pub mod aggregator;
 pub mod audit;
 pub mod auth;
 pub mod authz;
@@ -33,10 +34,12 @@ pub mod registry;
 pub mod request;
 pub mod serve;
 pub mod strategy;
+pub mod testing;
 pub mod tls;
 pub mod tokens;
 pub mod watch;
 pub mod watchcache;
+pub mod webhook;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -78,6 +81,9 @@ pub struct Config {
     /// The cluster CA (certificate and key, PEM) that signs approved
     /// CertificateSigningRequests; without it none is signed.
     pub cluster_signing: Option<(String, String)>,
+    /// Where the front-proxy CA (requestheader client CA) lives, made at
+    /// first start; without it one is made in memory at every start.
+    pub front_proxy_dir: Option<std::path::PathBuf>,
     /// Priority and fairness: seats, queues, watches per user.
     pub flow: flowcontrol::Limits,
 }
@@ -96,6 +102,7 @@ impl Default for Config {
             kubernetes_endpoint: None,
             audit: None,
             cluster_signing: None,
+            front_proxy_dir: None,
             flow: flowcontrol::Limits::default(),
         }
     }
@@ -146,7 +153,19 @@ impl ApiServer {
             config.compact_keep,
             config.compact_every,
         ));
+        let aggregator = Arc::new(aggregator::Aggregator::load_or_create(
+            config.front_proxy_dir.as_deref(),
+        )?);
+        tokio::spawn(aggregator::start(
+            registry.clone(),
+            aggregator.clone(),
+            config
+                .cluster_signing
+                .as_ref()
+                .map(|(cert, _)| cert.clone()),
+        ));
         let state = Arc::new(AppState {
+            aggregator,
             registry,
             advertise: config.advertise.clone(),
             ready: AtomicBool::new(true),

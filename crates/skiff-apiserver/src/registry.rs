@@ -46,6 +46,8 @@ pub struct WriteOptions {
     /// Who writes (for escalation checks on RBAC objects); `None` for the
     /// server's own writes.
     pub user: Option<crate::auth::Identity>,
+    /// Warnings and audit annotations admission webhooks hand back.
+    pub admission: crate::webhook::Admission,
 }
 
 impl Default for WriteOptions {
@@ -56,6 +58,7 @@ impl Default for WriteOptions {
             field_validation: FieldValidation::Warn,
             force: false,
             user: None,
+            admission: Default::default(),
         }
     }
 }
@@ -79,6 +82,9 @@ pub struct DeleteOptions {
     /// The deprecated `orphanDependents`; it wins over `propagationPolicy`.
     pub orphan_dependents: Option<bool>,
     pub dry_run: bool,
+    /// Who deletes (admission webhooks see it); `None` for the server's own.
+    pub user: Option<crate::auth::Identity>,
+    pub admission: crate::webhook::Admission,
 }
 
 /// What a delete did.
@@ -480,6 +486,7 @@ impl Registry {
         skiff_core::defaults::apply_defaults(res, &mut obj);
         strategy.admit_create(self, res, ns, &mut obj).await?;
         crate::podtoken::admit_create(self, res, ns, &mut obj).await;
+        crate::webhook::admit_create(self, res, &mut obj, opts).await?;
         self.check_escalation(res, ns, &obj, opts).await?;
         for attempt in 0..8 {
             if generate {
@@ -493,6 +500,7 @@ impl Registry {
             if !causes.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, &name, causes));
             }
+            crate::webhook::validate_create(self, res, &obj, opts).await?;
             // Only a generated name may be retried, so only then is a copy kept.
             let mut obj = if generate {
                 obj.clone()
@@ -616,9 +624,15 @@ impl Registry {
                     ApiError::conflict(res.group, res.plural, name, ApiError::STALE).into(),
                 );
             }
-            if scale {
+            let scale_opts;
+            let opts = if scale {
+                scale_opts =
+                    crate::webhook::admit_scale(self, res, &old, &mut patched, opts).await?;
                 patched = from_scale(&old, &patched)?;
-            }
+                &scale_opts
+            } else {
+                opts
+            };
             let sub_for_write = if scale { Subresource::Main } else { sub };
             let track = patch_type != PatchType::Apply;
             let v = self
@@ -654,6 +668,7 @@ impl Registry {
             .cloned();
         let mut created_opts = opts.clone();
         created_opts.dry_run = true;
+        created_opts.admission.dry_run = Some(opts.dry_run);
         let mut prepared = self.create(res, ns, obj, &created_opts).await?;
         if let Some(m) = managed {
             metadata_mut(&mut prepared).insert("managedFields".into(), m);
@@ -689,6 +704,8 @@ impl Registry {
         opts: &WriteOptions,
     ) -> Result<Value, WriteError> {
         if sub == Subresource::Scale {
+            let mut new = new;
+            let opts = &crate::webhook::admit_scale(self, res, &old, &mut new, opts).await?;
             let new = from_scale(&old, &new)?;
             let v = self
                 .write_inner(res, ns, name, cur, old, new, Subresource::Main, opts, true)
@@ -718,6 +735,7 @@ impl Registry {
         new = prepare_for_update(res, &old, new, sub);
         strategy.prepare_for_update(&old, &mut new);
         crate::noderestriction::admit_update(res, sub.as_str(), &old, &new, opts.user.as_ref())?;
+        crate::webhook::admit_update(self, res, sub.as_str(), &old, &mut new, opts).await?;
         self.check_escalation(res, ns, &new, opts).await?;
         // Allocations an update leaves out are carried over before validation
         // (as Kubernetes' service registry does).
@@ -757,6 +775,7 @@ impl Registry {
         if !causes.is_empty() {
             return Err(ApiError::invalid(res.group, res.kind, name, causes).into());
         }
+        crate::webhook::validate_update(self, res, sub.as_str(), old, &new, opts).await?;
         if track_fields {
             crate::fieldmanager::record(
                 res,
@@ -867,6 +886,7 @@ impl Registry {
                     .into());
                 }
             }
+            crate::webhook::validate_delete(self, res, &obj, opts).await?;
             let plan = strategy.delete_plan(&obj, opts);
             let grace = match plan {
                 DeletePlan::Graceful(g) => g,

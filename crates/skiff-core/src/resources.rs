@@ -582,6 +582,68 @@ pub static RESOURCES: &[ResourceInfo] = &[
         [],
         &kinds::ingress_class::IngressClass
     ),
+    // admissionregistration.k8s.io/v1
+    res!(
+        "admissionregistration.k8s.io",
+        "v1",
+        "MutatingWebhookConfiguration",
+        "mutatingwebhookconfigurations",
+        "mutatingwebhookconfiguration",
+        false,
+        [],
+        ["api-extensions"],
+        [],
+        &kinds::admissionregistration::MUTATING
+    ),
+    res!(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingWebhookConfiguration",
+        "validatingwebhookconfigurations",
+        "validatingwebhookconfiguration",
+        false,
+        [],
+        ["api-extensions"],
+        [],
+        &kinds::admissionregistration::VALIDATING
+    ),
+    res!(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+        "validatingadmissionpolicy",
+        false,
+        [],
+        ["api-extensions"],
+        ["status"],
+        &kinds::admissionregistration::ValidatingAdmissionPolicy
+    ),
+    res!(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        "validatingadmissionpolicybinding",
+        false,
+        [],
+        ["api-extensions"],
+        [],
+        &kinds::admissionregistration::ValidatingAdmissionPolicyBinding
+    ),
+    // apiregistration.k8s.io/v1
+    res!(
+        "apiregistration.k8s.io",
+        "v1",
+        "APIService",
+        "apiservices",
+        "apiservice",
+        false,
+        [],
+        ["api-extensions"],
+        ["status"],
+        &kinds::apiservice::ApiService
+    ),
     // authentication.k8s.io/v1 and authorization.k8s.io/v1 (reviews, not stored)
     res!(
         "authentication.k8s.io",

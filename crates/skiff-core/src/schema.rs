@@ -90,6 +90,11 @@ static SCHEMAS: LazyLock<Schemas> = LazyLock::new(|| {
         ("policy", "v1", "PodDisruptionBudget", policy::v1::PodDisruptionBudget),
         ("policy", "v1", "Eviction", policy::v1::Eviction),
         ("scheduling.k8s.io", "v1", "PriorityClass", scheduling::v1::PriorityClass),
+        ("admissionregistration.k8s.io", "v1", "MutatingWebhookConfiguration", admissionregistration::v1::MutatingWebhookConfiguration),
+        ("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration", admissionregistration::v1::ValidatingWebhookConfiguration),
+        ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicy", admissionregistration::v1::ValidatingAdmissionPolicy),
+        ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicyBinding", admissionregistration::v1::ValidatingAdmissionPolicyBinding),
+        ("apiregistration.k8s.io", "v1", "APIService", crate::kinds::apiservice::types::APIService),
         ("networking.k8s.io", "v1", "IngressClass", networking::v1::IngressClass),
         ("networking.k8s.io", "v1", "NetworkPolicy", networking::v1::NetworkPolicy),
         ("rbac.authorization.k8s.io", "v1", "Role", rbac::v1::Role),
@@ -290,6 +295,9 @@ pub fn field_meta(definition: &str, field: &str) -> FieldMeta {
             ..Default::default()
         },
         ("NodeStatus", "addresses") => keyed("type", vec!["type"]),
+        ("MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration", "webhooks") => {
+            keyed("name", vec!["name"])
+        }
         (_, "conditions") if short.ends_with("Status") => keyed("type", vec!["type"]),
         ("LabelSelector", "matchLabels") => FieldMeta::default(),
         ("LocalObjectReference" | "ObjectReference", _) => FieldMeta::default(),

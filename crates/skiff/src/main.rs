@@ -685,6 +685,7 @@ async fn start_server(args: &ServerArgs) -> Result<Started> {
         service_account_key_dir: Some(data_dir.join("pki").join("service-account")),
         audit: args.protect.auditor()?,
         cluster_signing: Some((pki.ca.cert_pem.clone(), pki.ca.key_pem.clone())),
+        front_proxy_dir: Some(data_dir.join("pki").join("front-proxy")),
         ..Default::default()
     };
     let api = skiff_apiserver::ApiServer::start(store, config).await?;

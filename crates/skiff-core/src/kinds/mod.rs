@@ -15,6 +15,8 @@ use serde_json::Value;
 use crate::table::Printer;
 use crate::Cause;
 
+pub mod admissionregistration;
+pub mod apiservice;
 pub mod batch;
 pub mod certificates;
 pub mod config;

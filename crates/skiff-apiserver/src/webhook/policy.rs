@@ -1,0 +1,561 @@
+//! ValidatingAdmissionPolicies and their bindings: CEL validations run in
+//! the server at the validating admission point, before the validating
+//! webhooks (Kubernetes' plugin order). A binding selects a policy, its
+//! parameters (paramRef by name or selector, in the request's namespace
+//! unless it names one) and what a failure does (Deny, Warn, Audit). The
+//! policy's matchConstraints use the webhooks' rule matcher; its variables
+//! are evaluated in order; expressions are compiled once per object
+//! version.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use serde_json::{json, Map, Value};
+use skiff_core::cel::Program;
+use skiff_core::kinds::admissionregistration::POLICY_VARS;
+use skiff_core::resources::{self, ResourceInfo};
+use skiff_core::selector::LabelSelector;
+use skiff_core::{ApiError, ApiResult};
+
+use super::rules::{self, MatchCondition, Rule};
+use super::{equivalents, Attributes};
+use crate::registry::Registry;
+use crate::watchcache::{CachedObject, Filter};
+
+type Compiled = Result<Program, String>;
+
+fn compile(expr: &str) -> Compiled {
+    skiff_core::cel::compile(expr, POLICY_VARS)
+}
+
+/// Which requests a policy or binding selects (`MatchResources`).
+#[derive(Debug)]
+struct Matcher {
+    rules: Vec<(Rule, Vec<String>)>,
+    exclude: Vec<(Rule, Vec<String>)>,
+    equivalent: bool,
+    namespace_selector: Result<Option<LabelSelector>, String>,
+    object_selector: Result<Option<LabelSelector>, String>,
+}
+
+fn named_rules(v: Option<&Value>) -> Vec<(Rule, Vec<String>)> {
+    v.and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let names = r
+                .get("resourceNames")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default();
+            (Rule::from_json(r), names)
+        })
+        .collect()
+}
+
+impl Matcher {
+    fn from_json(m: &Value) -> Matcher {
+        Matcher {
+            rules: named_rules(m.get("resourceRules")),
+            exclude: named_rules(m.get("excludeResourceRules")),
+            equivalent: m.get("matchPolicy").and_then(Value::as_str) != Some("Exact"),
+            namespace_selector: rules::selector(m.get("namespaceSelector")),
+            object_selector: rules::selector(m.get("objectSelector")),
+        }
+    }
+
+    /// The version of the request's resource this matcher selects, if any.
+    fn matches(
+        &self,
+        a: &Attributes<'_>,
+        ns_labels: &Option<Map<String, Value>>,
+        obj: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Result<Option<&'static ResourceInfo>, String> {
+        let namespaced = !a.namespace.is_empty();
+        let hit = |list: &[(Rule, Vec<String>)], r: &ResourceInfo| {
+            list.iter().any(|(rule, names)| {
+                rule.matches(a.op, r.group, r.version, r.plural, a.sub, namespaced)
+                    && (names.is_empty() || names.iter().any(|n| n == a.name))
+            })
+        };
+        let version = if hit(&self.rules, a.request_res) {
+            Some(a.request_res)
+        } else if self.equivalent {
+            equivalents(a.res).find(|r| hit(&self.rules, r))
+        } else {
+            None
+        };
+        let Some(version) = version else {
+            return Ok(None);
+        };
+        if equivalents(a.res).any(|r| hit(&self.exclude, r)) {
+            return Ok(None);
+        }
+        if let (Some(sel), Some(labels)) = (self.namespace_selector.as_ref()?, ns_labels) {
+            if !sel.matches(labels) {
+                return Ok(None);
+            }
+        }
+        if !rules::object_matches(self.object_selector.as_ref()?, obj, old) {
+            return Ok(None);
+        }
+        Ok(Some(version))
+    }
+}
+
+#[derive(Debug)]
+struct Validation {
+    source: String,
+    program: Compiled,
+    message: String,
+    message_expression: Option<Compiled>,
+    reason: String,
+}
+
+#[derive(Debug)]
+struct Policy {
+    name: String,
+    fail: bool,
+    matcher: Matcher,
+    match_conditions: Vec<MatchCondition>,
+    variables: Vec<(String, Compiled)>,
+    validations: Vec<Validation>,
+    /// (apiVersion, kind) of the parameters.
+    param_kind: Option<(String, String)>,
+}
+
+#[derive(Debug)]
+struct Binding {
+    name: String,
+    policy: String,
+    deny: bool,
+    warn: bool,
+    audit: bool,
+    param_ref: Option<Value>,
+    matcher: Option<Matcher>,
+}
+
+fn str_at<'a>(v: &'a Value, ptr: &str) -> &'a str {
+    v.pointer(ptr).and_then(Value::as_str).unwrap_or("")
+}
+
+impl Policy {
+    fn from_json(v: &Value) -> Policy {
+        let spec = v.get("spec").cloned().unwrap_or(json!({}));
+        Policy {
+            name: str_at(v, "/metadata/name").to_string(),
+            fail: str_at(&spec, "/failurePolicy") != "Ignore",
+            matcher: Matcher::from_json(spec.get("matchConstraints").unwrap_or(&json!({}))),
+            match_conditions: rules::match_conditions(spec.get("matchConditions")),
+            variables: spec
+                .get("variables")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|x| {
+                    (
+                        str_at(x, "/name").to_string(),
+                        compile(str_at(x, "/expression")),
+                    )
+                })
+                .collect(),
+            validations: spec
+                .get("validations")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|x| Validation {
+                    source: str_at(x, "/expression").to_string(),
+                    program: compile(str_at(x, "/expression")),
+                    message: str_at(x, "/message").to_string(),
+                    message_expression: x
+                        .get("messageExpression")
+                        .and_then(Value::as_str)
+                        .map(compile),
+                    reason: match str_at(x, "/reason") {
+                        "" => "Invalid".into(),
+                        r => r.to_string(),
+                    },
+                })
+                .collect(),
+            param_kind: spec.get("paramKind").filter(|p| p.is_object()).map(|p| {
+                (
+                    str_at(p, "/apiVersion").to_string(),
+                    str_at(p, "/kind").to_string(),
+                )
+            }),
+        }
+    }
+}
+
+impl Binding {
+    fn from_json(v: &Value) -> Binding {
+        let actions: Vec<&str> = v
+            .pointer("/spec/validationActions")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        Binding {
+            name: str_at(v, "/metadata/name").to_string(),
+            policy: str_at(v, "/spec/policyName").to_string(),
+            deny: actions.contains(&"Deny"),
+            warn: actions.contains(&"Warn"),
+            audit: actions.contains(&"Audit"),
+            param_ref: v
+                .pointer("/spec/paramRef")
+                .filter(|p| p.is_object())
+                .cloned(),
+            matcher: v
+                .pointer("/spec/matchResources")
+                .filter(|m| m.is_object())
+                .map(Matcher::from_json),
+        }
+    }
+}
+
+enum Parsed {
+    Policy(Arc<Policy>),
+    Binding(Arc<Binding>),
+}
+
+/// Parsed objects by (uid, resourceVersion).
+type ParsedCache = Mutex<HashMap<(String, i64), Arc<Parsed>>>;
+
+fn cache() -> &'static ParsedCache {
+    static C: OnceLock<ParsedCache> = OnceLock::new();
+    C.get_or_init(Default::default)
+}
+
+fn parsed(o: &CachedObject, make: impl FnOnce(&Value) -> Parsed) -> Option<Arc<Parsed>> {
+    let v = o.value()?;
+    let key = (str_at(&v, "/metadata/uid").to_string(), o.revision);
+    if let Some(p) = cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Some(p.clone());
+    }
+    let p = Arc::new(make(&v));
+    let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
+    if c.len() > 2048 {
+        c.clear();
+    }
+    c.insert(key, p.clone());
+    Some(p)
+}
+
+fn all(reg: &Registry, plural: &str) -> Vec<Arc<CachedObject>> {
+    let res = resources::lookup("admissionregistration.k8s.io", "v1", plural).expect("served");
+    reg.cache().resource(res).snapshot(&Filter::default())
+}
+
+/// The bindings in name order with their policies.
+fn bindings(reg: &Registry) -> Vec<(Arc<Binding>, Option<Arc<Policy>>)> {
+    let raw = all(reg, "validatingadmissionpolicybindings");
+    if raw.is_empty() {
+        return Vec::new();
+    }
+    let mut policies: HashMap<String, Arc<Policy>> = HashMap::new();
+    for o in all(reg, "validatingadmissionpolicies") {
+        if let Some(p) = parsed(&o, |v| Parsed::Policy(Arc::new(Policy::from_json(v)))) {
+            if let Parsed::Policy(p) = &*p {
+                policies.insert(p.name.clone(), p.clone());
+            }
+        }
+    }
+    raw.iter()
+        .filter_map(|o| parsed(o, |v| Parsed::Binding(Arc::new(Binding::from_json(v)))))
+        .filter_map(|p| match &*p {
+            Parsed::Binding(b) => Some((b.clone(), policies.get(&b.policy).cloned())),
+            Parsed::Policy(_) => None,
+        })
+        .collect()
+}
+
+/// Why a policy could not be evaluated (subject to its failurePolicy).
+struct EvalError(String);
+
+fn denial(p: &Policy, b: &Binding, message: &str, reason: &str) -> ApiError {
+    let code = match reason {
+        "Unauthorized" => 401,
+        "Forbidden" => 403,
+        "RequestEntityTooLarge" => 413,
+        _ => 422,
+    };
+    ApiError::new(
+        code,
+        reason,
+        format!(
+            "ValidatingAdmissionPolicy '{}' with binding '{}' denied request: {message}",
+            p.name, b.name
+        ),
+    )
+}
+
+/// The parameter objects a binding names (`None`: no params used).
+fn params(
+    reg: &Registry,
+    a: &Attributes<'_>,
+    p: &Policy,
+    b: &Binding,
+) -> Result<Option<Vec<Value>>, EvalError> {
+    let Some((api_version, kind)) = &p.param_kind else {
+        return Ok(None);
+    };
+    let Some(r) = &b.param_ref else {
+        return Err(EvalError(format!(
+            "policy {:?} has paramKind but binding {:?} has no paramRef",
+            p.name, b.name
+        )));
+    };
+    let res = resources::lookup_kind(api_version, kind).ok_or_else(|| {
+        EvalError(format!(
+            "failed to find resource referenced by paramKind: '{api_version}, Kind={kind}'"
+        ))
+    })?;
+    let ns = match str_at(r, "/namespace") {
+        "" if res.namespaced => {
+            if a.namespace.is_empty() {
+                return Err(EvalError(
+                    "cannot use namespaced paramRef in policy binding that matches cluster-scoped resources"
+                        .into(),
+                ));
+            }
+            Some(a.namespace.to_string())
+        }
+        "" => None,
+        ns => Some(ns.to_string()),
+    };
+    let cache = reg.cache().resource(res);
+    let name = str_at(r, "/name");
+    let found: Vec<Value> = if !name.is_empty() {
+        cache
+            .get(&crate::object::object_key(res, ns.as_deref(), name))
+            .and_then(|o| o.value())
+            .map(|v| vec![(*v).clone()])
+            .unwrap_or_default()
+    } else {
+        let sel = LabelSelector::from_label_selector_json(r.get("selector").unwrap_or(&json!({})))
+            .map_err(EvalError)?;
+        cache
+            .snapshot(&Filter {
+                namespace: ns,
+                labels: Some(sel),
+                fields: None,
+            })
+            .iter()
+            .filter_map(|o| o.value().map(|v| (*v).clone()))
+            .collect()
+    };
+    if found.is_empty() {
+        if str_at(r, "/parameterNotFoundAction") == "Allow" {
+            return Ok(Some(Vec::new()));
+        }
+        return Err(EvalError(
+            "failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction"
+                .into(),
+        ));
+    }
+    Ok(Some(found))
+}
+
+/// A failed validation's message.
+fn message_of(v: &Validation, vars: &[(&str, &Value)]) -> String {
+    if !v.message.is_empty() {
+        return v.message.clone();
+    }
+    if let Some(Ok(p)) = &v.message_expression {
+        if let Ok(Value::String(m)) = p.eval(vars) {
+            let m = m.trim().to_string();
+            if !m.is_empty() && !m.contains('\n') {
+                return m;
+            }
+        }
+    }
+    format!("failed expression: {}", v.source)
+}
+
+/// Evaluates one policy for one parameter: the failures (message, reason).
+fn evaluate(
+    p: &Policy,
+    object: &Value,
+    old: &Value,
+    request: &Value,
+    param: &Value,
+    namespace: &Value,
+) -> Result<Vec<(String, String, usize)>, EvalError> {
+    let mut variables = Map::new();
+    for (name, prog) in &p.variables {
+        let prog = prog.as_ref().map_err(|e| EvalError(e.clone()))?;
+        let vars_value = Value::Object(variables.clone());
+        let v = prog
+            .eval(&[
+                ("object", object),
+                ("oldObject", old),
+                ("request", request),
+                ("params", param),
+                ("namespaceObject", namespace),
+                ("variables", &vars_value),
+            ])
+            .map_err(|e| EvalError(format!("variable {name:?} resulted in error: {e}")))?;
+        variables.insert(name.clone(), v);
+    }
+    let vars_value = Value::Object(variables);
+    let vars = [
+        ("object", object),
+        ("oldObject", old),
+        ("request", request),
+        ("params", param),
+        ("namespaceObject", namespace),
+        ("variables", &vars_value),
+    ];
+    if !rules::conditions_hold(&p.match_conditions, &vars).map_err(EvalError)? {
+        return Ok(Vec::new());
+    }
+    let mut failures = Vec::new();
+    for (i, v) in p.validations.iter().enumerate() {
+        let prog = v.program.as_ref().map_err(|e| EvalError(e.clone()))?;
+        match prog.eval(&vars) {
+            Ok(Value::Bool(true)) => {}
+            Ok(Value::Bool(false)) => failures.push((message_of(v, &vars), v.reason.clone(), i)),
+            Ok(other) => {
+                return Err(EvalError(format!(
+                    "expression '{}' resulted in error: expected a bool, got {other}",
+                    v.source
+                )))
+            }
+            Err(e) => {
+                return Err(EvalError(format!(
+                    "expression '{}' resulted in error: {e}",
+                    v.source
+                )))
+            }
+        }
+    }
+    Ok(failures)
+}
+
+/// Runs every binding's policy that selects the request.
+pub fn validate(
+    reg: &Registry,
+    a: &Attributes<'_>,
+    obj: Option<&Value>,
+    old: Option<&Value>,
+) -> ApiResult<()> {
+    let bs = bindings(reg);
+    if bs.is_empty() {
+        return Ok(());
+    }
+    let ns_res = resources::lookup("", "v1", "namespaces").expect("namespaces");
+    let namespace_obj: Value = if a.namespace.is_empty() {
+        Value::Null
+    } else {
+        reg.cache()
+            .resource(ns_res)
+            .get(&crate::object::object_key(ns_res, None, a.namespace))
+            .and_then(|o| o.value())
+            .map(|v| (*v).clone())
+            .unwrap_or(Value::Null)
+    };
+    let ns_labels = if a.res.storage == "/namespaces" {
+        Some(rules::labels(obj.or(old)))
+    } else if a.res.namespaced {
+        Some(rules::labels(Some(&namespace_obj)))
+    } else {
+        None
+    };
+    for (b, p) in bs {
+        let Some(p) = p else { continue };
+        let fail_or_skip = |e: String| -> ApiResult<()> {
+            if p.fail {
+                Err(denial(&p, &b, &e, "Invalid"))
+            } else {
+                tracing::warn!(policy = %p.name, binding = %b.name, error = %e, "policy failed open");
+                Ok(())
+            }
+        };
+        let version = match p.matcher.matches(a, &ns_labels, obj, old) {
+            Ok(Some(v)) => v,
+            Ok(None) => continue,
+            Err(e) => {
+                fail_or_skip(e)?;
+                continue;
+            }
+        };
+        if let Some(m) = &b.matcher {
+            match m.matches(a, &ns_labels, obj, old) {
+                Ok(Some(_)) => {}
+                Ok(None) => continue,
+                Err(e) => {
+                    fail_or_skip(e)?;
+                    continue;
+                }
+            }
+        }
+        let params = match params(reg, a, &p, &b) {
+            Ok(ps) => ps,
+            Err(EvalError(e)) => {
+                fail_or_skip(e)?;
+                continue;
+            }
+        };
+        let convert = |v: Option<&Value>| match (v, a.kind) {
+            (Some(v), None) => skiff_core::convert::from_storage(version, v.clone()),
+            (Some(v), Some(_)) => v.clone(),
+            (None, _) => Value::Null,
+        };
+        let (object, old_object) = (convert(obj), convert(old));
+        let request = super::review::request(a, version, "v1", "", None, None)["request"].clone();
+        let param_list = match params {
+            None => vec![Value::Null],
+            Some(list) => list,
+        };
+        for param in &param_list {
+            let failures = match evaluate(&p, &object, &old_object, &request, param, &namespace_obj)
+            {
+                Ok(f) => f,
+                Err(EvalError(e)) => {
+                    fail_or_skip(e)?;
+                    continue;
+                }
+            };
+            for (message, reason, index) in failures {
+                if b.warn {
+                    a.admission.warn(format!(
+                        "Validation failed for ValidatingAdmissionPolicy '{}' with binding '{}': {message}",
+                        p.name, b.name
+                    ));
+                }
+                if b.audit {
+                    a.admission.annotate(
+                        "validation.policy.admission.k8s.io/validation_failure".into(),
+                        json!([{"message": message, "policy": p.name, "binding": b.name,
+                            "expressionIndex": index, "validationActions": actions(&b)}])
+                        .to_string(),
+                    );
+                }
+                if b.deny {
+                    return Err(denial(&p, &b, &message, &reason));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn actions(b: &Binding) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if b.deny {
+        out.push("Deny");
+    }
+    if b.warn {
+        out.push("Warn");
+    }
+    if b.audit {
+        out.push("Audit");
+    }
+    out
+}
