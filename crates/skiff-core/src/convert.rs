@@ -14,6 +14,11 @@ use crate::resources::{ResourceInfo, RESOURCES};
 /// The resource whose version is stored for `res` (the first served version
 /// with the same storage, which is the preferred one).
 pub fn storage_resource(res: &'static ResourceInfo) -> &'static ResourceInfo {
+    if let Some(c) = res.rules.custom() {
+        // Custom resources: the definition's storage version (conversion
+        // `None` rewrites apiVersion and nothing else).
+        return c.storage_resource().unwrap_or(res);
+    }
     RESOURCES
         .iter()
         .find(|r| r.storage == res.storage)
