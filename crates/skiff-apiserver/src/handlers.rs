@@ -39,6 +39,13 @@ pub struct AppState {
     pub tokens: Option<Arc<crate::tokens::Tokens>>,
 }
 
+impl AppState {
+    /// The resources this server serves (built-ins and custom resources).
+    pub fn catalog(&self) -> &skiff_core::resources::Catalog {
+        self.registry.cache().catalog()
+    }
+}
+
 type Resp = Response<Body>;
 
 /// A JSON response.
@@ -256,7 +263,7 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
         "/api" if get => {
             return match negotiate::choose_output(accept.as_deref())? {
                 Output::Discovery { v2beta1 } => Ok(discovery_response(
-                    skiff_core::discovery::aggregated_discovery(true),
+                    skiff_core::discovery::aggregated_discovery_in(state.catalog(), true),
                     v2beta1,
                 )),
                 _ => Ok(json_response(
@@ -268,10 +275,13 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
         "/apis" if get => {
             return match negotiate::choose_output(accept.as_deref())? {
                 Output::Discovery { v2beta1 } => Ok(discovery_response(
-                    skiff_core::discovery::aggregated_discovery(false),
+                    skiff_core::discovery::aggregated_discovery_in(state.catalog(), false),
                     v2beta1,
                 )),
-                _ => Ok(json_response(200, &skiff_core::discovery::api_group_list())),
+                _ => Ok(json_response(
+                    200,
+                    &skiff_core::discovery::api_group_list_in(state.catalog()),
+                )),
             };
         }
         "/openapi/v2" if get => {
@@ -296,7 +306,10 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
             ));
         }
         "/openapi/v3" if get => {
-            return Ok(json_response(200, &skiff_core::openapi::openapi_v3_index()))
+            return Ok(json_response(
+                200,
+                &skiff_core::openapi::openapi_v3_index_in(state.catalog()),
+            ))
         }
         _ => {}
     }
@@ -308,7 +321,9 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
                 _ => None,
             };
             if let Some((g, v)) = gv {
-                if let Some(doc) = skiff_core::openapi::openapi_v3_group_version(g, v) {
+                if let Some(doc) =
+                    skiff_core::openapi::openapi_v3_group_version_in(state.catalog(), g, v)
+                {
                     return Ok(json_response(200, &doc));
                 }
             }
@@ -317,27 +332,33 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         match segs.as_slice() {
             ["api", v] => {
-                return skiff_core::discovery::api_resource_list("", v)
+                return skiff_core::discovery::api_resource_list_in(state.catalog(), "", v)
                     .map(|d| json_response(200, &d))
                     .ok_or_else(|| request::not_found_path(&path))
             }
             ["apis", g] => {
-                return skiff_core::discovery::api_group(g)
+                return skiff_core::discovery::api_group_in(state.catalog(), g)
                     .map(|d| json_response(200, &d))
                     .ok_or_else(|| request::not_found_path(&path))
             }
             ["apis", g, v] => {
-                return skiff_core::discovery::api_resource_list(g, v)
+                return skiff_core::discovery::api_resource_list_in(state.catalog(), g, v)
                     .map(|d| json_response(200, &d))
                     .ok_or_else(|| request::not_found_path(&path))
             }
             _ => {}
         }
     }
-    let Some(rr) = request::parse_path(&path)? else {
+    let Some(rr) = request::parse_path_in(state.catalog(), &path)? else {
         return Err(request::not_found_path(&path));
     };
-    resource(state, rr, query, accept, req).await
+    // A deprecated version of a custom resource answers with its warning.
+    let deprecation = rr.res.rules.custom().and_then(|c| c.deprecation.clone());
+    let r = resource(state, rr, query, accept, req).await;
+    match deprecation {
+        Some(w) => r.map(|r| add_warnings(r, &[w])),
+        None => r,
+    }
 }
 
 fn discovery_response(doc: Value, v2beta1: bool) -> Resp {
@@ -832,7 +853,7 @@ async fn resource(
         }
         (&Method::GET, Some(name), Some("scale")) => {
             let obj = reg.get(res, ns, name).await?;
-            let scale = crate::registry::to_scale(&obj)?;
+            let scale = crate::registry::to_scale(res, &obj)?;
             match output {
                 Output::Table { v1beta1 } => Ok(json_response(
                     200,
@@ -1216,6 +1237,20 @@ pub fn table(
     with_columns: bool,
     include: &str,
 ) -> Value {
+    if let Some(c) = res.rules.custom() {
+        // A custom resource's additionalPrinterColumns.
+        return table_with(
+            c.columns,
+            &|o, now| c.cells(o, now),
+            objs,
+            v1beta1,
+            rv,
+            cont,
+            remaining,
+            with_columns,
+            include,
+        );
+    }
     table_of(
         res.rules.printer(),
         objs,
@@ -1241,8 +1276,33 @@ pub fn table_of(
     with_columns: bool,
     include: &str,
 ) -> Value {
+    table_with(
+        printer.columns,
+        &|o, now| (printer.cells)(o, now),
+        objs,
+        v1beta1,
+        rv,
+        cont,
+        remaining,
+        with_columns,
+        include,
+    )
+}
+
+/// [`table_of`] with the columns and the cells apart.
+#[allow(clippy::too_many_arguments)]
+fn table_with(
+    cols: &[skiff_core::table::Column],
+    cells: &dyn Fn(&Value, chrono::DateTime<chrono::Utc>) -> Vec<Value>,
+    objs: &[Value],
+    v1beta1: bool,
+    rv: Option<i64>,
+    cont: Option<&str>,
+    remaining: Option<i64>,
+    with_columns: bool,
+    include: &str,
+) -> Value {
     let now = chrono::Utc::now();
-    let cols = printer.columns;
     let rows: Vec<Value> = objs
         .iter()
         .map(|o| {
@@ -1251,7 +1311,7 @@ pub fn table_of(
                 "Object" => o.clone(),
                 _ => partial_metadata(o, v1beta1),
             };
-            let mut row = json!({"cells": (printer.cells)(o, now), "object": object});
+            let mut row = json!({"cells": cells(o, now), "object": object});
             if object_is_null(&row) {
                 row.as_object_mut().map(|m| m.remove("object"));
             }

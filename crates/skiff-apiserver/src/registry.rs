@@ -591,7 +591,8 @@ impl Registry {
         sub: Subresource,
         opts: &WriteOptions,
     ) -> ApiResult<(Value, bool)> {
-        let schema = skiff_core::schema::root(res.group, res.version, res.kind);
+        let schema = skiff_core::schema::root(res.group, res.version, res.kind)
+            .or_else(|| res.rules.custom().and_then(|c| c.type_ref()));
         let scale = sub == Subresource::Scale;
         self.guaranteed_update(res, ns, name, None, |cur| async move {
             let Some(cur) = cur else {
@@ -606,7 +607,7 @@ impl Registry {
                 return Err(ApiError::not_found(res.group, res.plural, name).into());
             };
             let old = decode(&cur)?;
-            let current_view = if scale { to_scale(&old)? } else { old.clone() };
+            let current_view = if scale { to_scale(res, &old)? } else { old.clone() };
             let t = if scale { None } else { schema };
             let mut patched = apply_patch(res, Some(&current_view), patch_type, patch, t, opts)?;
             // A patch that names a resourceVersion is a precondition on it.
@@ -617,7 +618,7 @@ impl Registry {
                 );
             }
             if scale {
-                patched = from_scale(&old, &patched)?;
+                patched = from_scale(res, &old, &patched)?;
             }
             let sub_for_write = if scale { Subresource::Main } else { sub };
             let track = patch_type != PatchType::Apply;
@@ -634,7 +635,7 @@ impl Registry {
                     track,
                 )
                 .await?;
-            Ok((if scale { to_scale(&v)? } else { v }, false))
+            Ok((if scale { to_scale(res, &v)? } else { v }, false))
         })
         .await
     }
@@ -689,11 +690,11 @@ impl Registry {
         opts: &WriteOptions,
     ) -> Result<Value, WriteError> {
         if sub == Subresource::Scale {
-            let new = from_scale(&old, &new)?;
+            let new = from_scale(res, &old, &new)?;
             let v = self
                 .write_inner(res, ns, name, cur, old, new, Subresource::Main, opts, true)
                 .await?;
-            return Ok(to_scale(&v)?);
+            return Ok(to_scale(res, &v)?);
         }
         self.write_inner(res, ns, name, cur, old, new, sub, opts, true)
             .await
@@ -1164,6 +1165,12 @@ pub fn apply_patch(
     match patch_type {
         PatchType::Json => skiff_core::patch::apply_json_patch(cur, patch),
         PatchType::Merge => skiff_core::patch::apply_merge_patch(cur, patch),
+        // Custom resources have no strategic merge keys: 415 as Kubernetes.
+        PatchType::Strategic if res.rules.custom().is_some() => Err(ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+        )),
         PatchType::Strategic => skiff_core::patch::apply_strategic_merge_patch(cur, patch, t),
         PatchType::Apply if t.is_none() => skiff_core::patch::apply_merge_patch(cur, patch),
         PatchType::Apply => {
@@ -1438,17 +1445,28 @@ fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Subresou
 }
 
 /// The `Scale` view (autoscaling/v1) of a scalable object.
-pub fn to_scale(obj: &Value) -> ApiResult<Value> {
+pub fn to_scale(res: &ResourceInfo, obj: &Value) -> ApiResult<Value> {
     let md = obj.get("metadata").cloned().unwrap_or(json!({}));
+    // A custom resource's scale paths (`subresources.scale`).
+    let paths = res.rules.custom().and_then(|c| c.scale.as_ref());
     let replicas = obj
-        .pointer("/spec/replicas")
+        .pointer(paths.map_or("/spec/replicas", |p| p.spec_replicas.as_str()))
         .and_then(Value::as_i64)
         .unwrap_or(0);
     let status_replicas = obj
-        .pointer("/status/replicas")
+        .pointer(paths.map_or("/status/replicas", |p| p.status_replicas.as_str()))
         .and_then(Value::as_i64)
         .unwrap_or(0);
-    let selector = skiff_core::selector::selector_string(obj.pointer("/spec/selector"));
+    let selector = match paths {
+        Some(p) => p
+            .label_selector
+            .as_deref()
+            .and_then(|l| obj.pointer(l))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        None => skiff_core::selector::selector_string(obj.pointer("/spec/selector")),
+    };
     let mut meta = json!({});
     for k in [
         "name",
@@ -1471,7 +1489,7 @@ pub fn to_scale(obj: &Value) -> ApiResult<Value> {
 }
 
 /// Applies a written `Scale` to the object it scales.
-fn from_scale(old: &Value, scale: &Value) -> ApiResult<Value> {
+fn from_scale(res: &ResourceInfo, old: &Value, scale: &Value) -> ApiResult<Value> {
     let name = meta_str(old, "name");
     let replicas = match scale.pointer("/spec/replicas") {
         None | Some(Value::Null) => 0,
@@ -1497,8 +1515,29 @@ fn from_scale(old: &Value, scale: &Value) -> ApiResult<Value> {
         ));
     }
     let mut new = old.clone();
-    new["spec"]["replicas"] = json!(replicas);
+    match res.rules.custom().and_then(|c| c.scale.as_ref()) {
+        Some(p) => set_pointer(&mut new, &p.spec_replicas, json!(replicas)),
+        None => new["spec"]["replicas"] = json!(replicas),
+    }
     Ok(new)
+}
+
+/// Sets the value at a JSON pointer, creating the objects on the way.
+fn set_pointer(obj: &mut Value, pointer: &str, v: Value) {
+    let mut cur = obj;
+    let parts: Vec<&str> = pointer.split('/').skip(1).collect();
+    for (i, p) in parts.iter().enumerate() {
+        let key = p.replace("~1", "/").replace("~0", "~");
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        let m = cur.as_object_mut().expect("object");
+        if i + 1 == parts.len() {
+            m.insert(key, v);
+            return;
+        }
+        cur = m.entry(key).or_insert_with(|| json!({}));
+    }
 }
 
 fn encode_continue(rev: i64, start: &str) -> String {
