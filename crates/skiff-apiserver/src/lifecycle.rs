@@ -158,7 +158,13 @@ async fn finalize_namespace(reg: &Registry, ns: &str) -> Result<bool, ApiError> 
     };
     let mut seen = std::collections::HashSet::new();
     // Built-in and custom resources alike.
-    for res in reg.cache().catalog().all().into_iter().filter(|r| r.namespaced) {
+    for res in reg
+        .cache()
+        .catalog()
+        .all()
+        .into_iter()
+        .filter(|r| r.namespaced)
+    {
         if !seen.insert(res.storage) {
             continue;
         }

@@ -607,7 +607,11 @@ impl Registry {
                 return Err(ApiError::not_found(res.group, res.plural, name).into());
             };
             let old = decode(&cur)?;
-            let current_view = if scale { to_scale(res, &old)? } else { old.clone() };
+            let current_view = if scale {
+                to_scale(res, &old)?
+            } else {
+                old.clone()
+            };
             let t = if scale { None } else { schema };
             let mut patched = apply_patch(res, Some(&current_view), patch_type, patch, t, opts)?;
             // A patch that names a resourceVersion is a precondition on it.

@@ -39,7 +39,13 @@ async fn api() -> Api {
 }
 
 impl Api {
-    async fn req(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<Value>) -> Resp {
+    async fn req(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Value>,
+    ) -> Resp {
         let mut b = Request::builder().method(method).uri(path);
         if !headers.iter().any(|(k, _)| *k == "content-type") {
             b = b.header("content-type", "application/json");
@@ -151,7 +157,10 @@ async fn a_broken_definition_is_refused_whole_with_every_reason() {
     crd["spec"]["versions"][0]["storage"] = json!(true);
     crd["spec"]["names"]["singular"] = json!("Widget");
     let r = api
-        .post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        .post(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            crd,
+        )
         .await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
     assert_eq!(r.body["reason"], "Invalid");
@@ -212,7 +221,10 @@ async fn custom_resources_are_served_once_the_definition_is_established() {
         .req(
             "GET",
             "/apis",
-            &[("accept", "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList")],
+            &[(
+                "accept",
+                "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            )],
             None,
         )
         .await;
@@ -304,7 +316,10 @@ async fn custom_resources_are_served_once_the_definition_is_established() {
     let r = api.put(&format!("{WIDGETS}/w1/status"), cur.clone()).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
     assert_eq!(r.body["status"]["size"], 5);
-    assert_eq!(r.body["metadata"]["generation"], 1, "status leaves generation");
+    assert_eq!(
+        r.body["metadata"]["generation"], 1,
+        "status leaves generation"
+    );
     let r = api
         .patch(
             &format!("{WIDGETS}/w1"),

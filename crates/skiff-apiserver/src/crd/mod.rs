@@ -122,7 +122,12 @@ pub async fn run(reg: Weak<Registry>) {
 /// group) or a built-in resource of the group already has; Kubernetes'
 /// NamingConditionController's message.
 pub fn name_conflict(crd: &Value, others: &[Arc<Value>]) -> Option<String> {
-    let s = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+    let s = |v: &Value, p: &str| {
+        v.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
     let group = s(crd, "/spec/group");
     let name = meta_str(crd, "name");
     let plural = s(crd, "/spec/names/plural");
@@ -132,7 +137,12 @@ pub fn name_conflict(crd: &Value, others: &[Arc<Value>]) -> Option<String> {
     let shorts: Vec<String> = crd
         .pointer("/spec/names/shortNames")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default();
     // Built-in resources of the group.
     for r in resources::RESOURCES.iter().filter(|r| r.group == group) {
@@ -158,7 +168,12 @@ pub fn name_conflict(crd: &Value, others: &[Arc<Value>]) -> Option<String> {
         let oshorts: Vec<String> = o
             .pointer("/status/acceptedNames/shortNames")
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
             .unwrap_or_default();
         if let Some(sn) = shorts.iter().find(|x| oshorts.contains(x)) {
             return Some(format!("{sn:?} is already in use"));
@@ -286,13 +301,16 @@ async fn clean_up(reg: &Registry, crd: &Value) -> Result<bool, ApiError> {
     if let Some(res) = storage {
         for o in reg.cache().resource(res).snapshot(&Filter::default()) {
             remaining += 1;
-            let v: Value = serde_json::from_slice(&o.bytes)
-                .map_err(|e| ApiError::internal(e.to_string()))?;
+            let v: Value =
+                serde_json::from_slice(&o.bytes).map_err(|e| ApiError::internal(e.to_string()))?;
             if !meta_str(&v, "deletionTimestamp").is_empty() {
                 continue;
             }
             let ns = (!o.namespace.is_empty()).then_some(o.namespace.as_str());
-            match reg.delete(res, ns, &o.name, &DeleteOptions::default()).await {
+            match reg
+                .delete(res, ns, &o.name, &DeleteOptions::default())
+                .await
+            {
                 Ok(_) => {}
                 Err(e) if e.code == 404 => {}
                 Err(e) => return Err(e),

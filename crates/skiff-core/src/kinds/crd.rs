@@ -349,7 +349,7 @@ fn validate_subresources(v: &Value, p: &str, out: &mut Vec<Cause>) {
         ));
     }
     let sel = str_at(scale, "/labelSelectorPath");
-    if !sel.is_empty() && !(sel.starts_with(".spec.") || sel.starts_with(".status.")) {
+    if !(sel.is_empty() || sel.starts_with(".spec.") || sel.starts_with(".status.")) {
         out.push(Cause::invalid(
             format!("{sp}.labelSelectorPath"),
             &json!(sel),

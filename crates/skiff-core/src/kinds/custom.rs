@@ -23,6 +23,38 @@ enum Step {
     Field(String),
     Index(i64),
     All,
+    /// `[?(@.a.b=="v")]` (or `!=`): the elements whose field compares so.
+    Filter {
+        path: Vec<String>,
+        equal: bool,
+        value: String,
+    },
+}
+
+/// `?(@.type=="Ready")` → the filter step.
+fn parse_filter(inner: &str) -> Option<Step> {
+    let body = inner.strip_prefix('?')?.trim();
+    let body = body.strip_prefix('(')?.strip_suffix(')')?.trim();
+    let rest = body.strip_prefix("@.")?;
+    let (lhs, rhs, equal) = match rest.split_once("==") {
+        Some((l, r)) => (l, r, true),
+        None => {
+            let (l, r) = rest.split_once("!=")?;
+            (l, r, false)
+        }
+    };
+    let rhs = rhs.trim();
+    let value = rhs
+        .strip_prefix('"')
+        .and_then(|x| x.strip_suffix('"'))
+        .or_else(|| rhs.strip_prefix('\'').and_then(|x| x.strip_suffix('\'')))
+        .unwrap_or(rhs)
+        .to_string();
+    let path: Vec<String> = lhs.trim().split('.').map(str::to_string).collect();
+    if path.iter().any(String::is_empty) {
+        return None;
+    }
+    Some(Step::Filter { path, equal, value })
 }
 
 impl JsonPath {
@@ -69,7 +101,12 @@ impl JsonPath {
                         .map(|e| e + i)
                         .ok_or_else(|| format!("unterminated [ in {p:?}"))?;
                     let inner = s[i + 1..end].trim();
-                    if inner == "*" {
+                    if inner.starts_with('?') {
+                        steps.push(
+                            parse_filter(inner)
+                                .ok_or_else(|| format!("unsupported filter {inner:?} in {p:?}"))?,
+                        );
+                    } else if inner == "*" {
                         steps.push(Step::All);
                     } else if let Some(q) = inner
                         .strip_prefix('\'')
@@ -115,6 +152,26 @@ impl JsonPath {
                         Value::Object(m) => next.extend(m.values()),
                         _ => {}
                     },
+                    Step::Filter { path, equal, value } => {
+                        let items: Vec<&Value> = match v {
+                            Value::Array(a) => a.iter().collect(),
+                            other => vec![other],
+                        };
+                        for item in items {
+                            let mut f = Some(item);
+                            for p in path {
+                                f = f.and_then(|x| x.get(p.as_str()));
+                            }
+                            let shown = match f {
+                                Some(Value::String(s)) => Some(s.clone()),
+                                Some(Value::Null) | None => None,
+                                Some(other) => Some(other.to_string()),
+                            };
+                            if (shown.as_deref() == Some(value.as_str())) == *equal {
+                                next.push(item);
+                            }
+                        }
+                    }
                 }
             }
             cur = next;
@@ -575,6 +632,10 @@ mod tests {
             JsonPath::parse("{.a['b.c'][-1].d}").unwrap().eval(&obj),
             vec![&json!(3)]
         );
+        let conds = json!({"status": {"conditions": [
+            {"type": "Issuing", "status": "False"}, {"type": "Ready", "status": "True"}]}});
+        let p = JsonPath::parse(".status.conditions[?(@.type==\"Ready\")].status").unwrap();
+        assert_eq!(p.eval(&conds), vec![&json!("True")]);
         assert!(JsonPath::parse("a.b").is_err());
         assert!(JsonPath::parse(".a[").is_err());
     }
