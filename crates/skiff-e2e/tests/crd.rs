@@ -383,3 +383,48 @@ spec:
         .ok(&["get", "crd", "-o", "name"])
         .contains("gizmos.example.org"));
 }
+
+#[test]
+fn the_garbage_collector_collects_owned_custom_resources_and_their_dependents() {
+    let s = Server::start();
+    s.ok(&["apply", "--server-side", "-f", &data("widgets.yaml")]);
+    established(&s, "widgets.example.com");
+    s.ok(&["create", "configmap", "owner"]);
+    let cm_uid = s.ok(&["get", "cm", "owner", "-o", "jsonpath={.metadata.uid}"]);
+    // A custom resource owned by a ConfigMap.
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: owned\n  ownerReferences:\n  - apiVersion: v1\n    kind: ConfigMap\n    name: owner\n    uid: {cm_uid}\nspec: {{color: red}}\n"
+        ),
+    );
+    // A Service owned by a custom resource (the collector's dependents are
+    // the kinds the controller manager caches, and custom resources).
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: parent\nspec: {color: blue}\n",
+    );
+    let w_uid = s.ok(&["get", "widget", "parent", "-o", "jsonpath={.metadata.uid}"]);
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: child\n  ownerReferences:\n  - apiVersion: example.com/v1\n    kind: Widget\n    name: parent\n    uid: {w_uid}\nspec:\n  ports: [{{port: 80}}]\n"
+        ),
+    );
+    // Nothing is collected while the owners live.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    s.ok(&["get", "widget", "owned"]);
+    s.ok(&["get", "svc", "child"]);
+
+    s.ok(&["delete", "cm", "owner"]);
+    wait_until("the owned widget is collected", 60, || {
+        s.ok(&["get", "widgets", "-o", "name"])
+            .lines()
+            .all(|l| l != "widget.example.com/owned")
+            .then_some(())
+    });
+    s.ok(&["delete", "widget", "parent"]);
+    wait_until("the widget's service is collected", 60, || {
+        (!s.kubectl(&["get", "svc", "child"]).status.success()).then_some(())
+    });
+}
