@@ -170,7 +170,10 @@ async fn main() -> anyhow::Result<()> {
             "list",
             "chain",
             "ip",
-            TABLE,
+            &skiff_agent::proxy::nft::shard_table(
+                TABLE,
+                skiff_agent::proxy::rules::shard_of("default", &format!("svc-{last}")),
+            ),
             &format!("svc-default/svc-{last}/tcp/http"),
         ])
         .output()?;

@@ -11,7 +11,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use skiff_agent::proxy::model::{Endpoint, PortKey, PortPlan, Protocol};
 use skiff_agent::proxy::nft::{self, Nft};
 use skiff_agent::proxy::policy::model::{render, NamedPort, PodInfo};
-use skiff_agent::proxy::rules::{self, Op, PortRules};
+use skiff_agent::proxy::rules::{self, Home, Op, PortRules};
 
 fn nft_available() -> bool {
     Command::new(skiff_agent::proxy::nft::tool("nft"))
@@ -21,12 +21,18 @@ fn nft_available() -> bool {
         .unwrap_or(false)
 }
 
-fn list(table: &str) -> String {
+/// One table as nft lists it.
+fn list_one(table: &str) -> String {
     let o = Command::new(skiff_agent::proxy::nft::tool("nft"))
         .args(["list", "table", "ip", table])
         .output()
         .unwrap();
     String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+/// skiff's main table and all its service shards.
+fn list(table: &str) -> String {
+    nft::all_tables(table).iter().map(|t| list_one(t)).collect()
 }
 
 fn ep(ip: &str, port: u16) -> Endpoint {
@@ -80,7 +86,28 @@ async fn transactions_replace_update_and_fail_atomically() {
 
     let web = rules::port_rules(&plan("web", "198.18.10.1", &[ep("198.19.0.5", 8080)]), CIDR);
     let empty = rules::port_rules(&plan("empty", "198.18.10.2", &[]), CIDR);
-    nft.replace_all(&node, &[&web, &empty]).await.unwrap();
+    let web_home = rules::shard_of("default", "web");
+    let empty_home = rules::shard_of("default", "empty");
+    nft.replace_all(&node, &[(web_home, &web), (empty_home, &empty)])
+        .await
+        .unwrap();
+    // The service's DNAT lives in its shard; its no-endpoint entries and
+    // the hooks they need in the main table.
+    let shard = list_one(&nft.table_of(web_home));
+    assert!(
+        shard.contains("198.18.10.1 . tcp . 80 : goto svc-default/web/tcp/http"),
+        "{shard}"
+    );
+    assert!(
+        shard.contains("type nat hook prerouting priority dstnat"),
+        "{shard}"
+    );
+    let main = list_one(&table.0);
+    assert!(!main.contains("svc-default/web"), "{main}");
+    assert!(
+        main.contains("198.18.10.2 . tcp . 80 : goto reject-chain"),
+        "{main}"
+    );
     let t = list(&table.0);
     assert!(
         t.contains("198.18.10.1 . tcp . 80 : goto svc-default/web/tcp/http"),
@@ -111,9 +138,17 @@ async fn transactions_replace_update_and_fail_atomically() {
         CIDR,
     );
     let empty2 = rules::port_rules(&plan("empty", "198.18.10.2", &[ep("198.19.0.9", 80)]), CIDR);
-    let mut ops = rules::diff(&web, &web2);
-    ops.extend(rules::diff(&empty, &empty2));
-    ops.push(Op::AddHairpin("198.19.0.6".parse().unwrap()));
+    let mut ops: Vec<(Home, Op)> = rules::diff(&web, &web2)
+        .into_iter()
+        .map(|o| (web_home, o))
+        .collect();
+    ops.extend(
+        rules::diff(&empty, &empty2)
+            .into_iter()
+            .map(|o| (empty_home, o)),
+    );
+    ops.push((Home::Main, Op::AddHairpin("198.19.0.6".parse().unwrap())));
+    ops.sort_by_key(|(_, o)| o.phase());
     nft.apply(&ops).await.unwrap();
     let t = list(&table.0);
     assert!(t.contains("198.19.0.6 . 198.19.0.6"), "{t}");
@@ -135,18 +170,28 @@ async fn transactions_replace_update_and_fail_atomically() {
     // exist after a valid first step) changes nothing at all.
     let before = list(&table.0);
     let bad = vec![
-        Op::DeleteElement(
-            rules::SERVICE_IPS,
-            rules::MapKey::Ip("198.18.10.1".parse().unwrap(), Protocol::Tcp, 80),
+        (
+            web_home,
+            Op::DeleteElement(
+                rules::SERVICE_IPS,
+                rules::MapKey::Ip("198.18.10.1".parse().unwrap(), Protocol::Tcp, 80),
+            ),
         ),
-        Op::AddRule("no-such-chain".into(), rules::Rule::Drop),
+        (
+            Home::Main,
+            Op::AddRule("no-such-chain".into(), rules::Rule::Drop),
+        ),
     ];
     assert!(nft.apply(&bad).await.is_err());
     assert_eq!(list(&table.0), before);
 
     // Removing every endpoint of web: back to a reject, chains gone.
     let web3 = rules::port_rules(&plan("web", "198.18.10.1", &[]), CIDR);
-    nft.apply(&rules::diff(&web2, &web3)).await.unwrap();
+    let ops: Vec<(Home, Op)> = rules::diff(&web2, &web3)
+        .into_iter()
+        .map(|o| (web_home, o))
+        .collect();
+    nft.apply(&ops).await.unwrap();
     let t = list(&table.0);
     assert!(
         t.contains("198.18.10.1 . tcp . 80 : goto reject-chain"),
@@ -156,12 +201,13 @@ async fn transactions_replace_update_and_fail_atomically() {
     assert!(!t.contains("aff-default/web"), "{t}");
 
     // And a full replace of a table that exists works the same way.
-    nft.replace_all(&node, &[&PortRules::default()])
+    nft.replace_all(&node, &[(web_home, &PortRules::default())])
         .await
         .unwrap();
     assert!(!list(&table.0).contains("svc-default"));
 
     nft::delete_table(&table.0).unwrap();
+    // Every shard goes with the main table.
     assert!(!Command::new(skiff_agent::proxy::nft::tool("nft"))
         .args(["list", "tables"])
         .output()
@@ -212,7 +258,9 @@ async fn network_policy_chains_are_programmed_whole_and_changed_incrementally() 
     let dns = ["198.18.0.10".parse().unwrap()];
     let first = render(&pods, &namespaces, std::slice::from_ref(&policy), &dns);
     assert!(first.unsupported.is_empty());
-    nft.replace_all(&[], &[&first.rules]).await.unwrap();
+    nft.replace_all(&[], &[(Home::Main, &first.rules)])
+        .await
+        .unwrap();
     // (nft lists `meta l4proto tcp th dport` as `tcp dport`.)
     let t = list(&table.0);
     for want in [
@@ -244,6 +292,7 @@ async fn network_policy_chains_are_programmed_whole_and_changed_incrementally() 
         ),
         "{ops:?}"
     );
+    let ops: Vec<(Home, Op)> = ops.into_iter().map(|o| (Home::Main, o)).collect();
     nft.apply(&ops).await.unwrap();
     let t = list(&table.0);
     assert!(
@@ -253,16 +302,24 @@ async fn network_policy_chains_are_programmed_whole_and_changed_incrementally() 
     // A transaction nft refuses (a rule in a chain that does not exist)
     // changes nothing: the policy rules in force stay as they were.
     let before = list(&table.0);
-    let mut bad = rules::diff(&second.rules, &first.rules);
-    bad.push(Op::AddRule("pol-in/198.18.99.99".into(), rules::Rule::Drop));
+    let mut bad: Vec<(Home, Op)> = rules::diff(&second.rules, &first.rules)
+        .into_iter()
+        .map(|o| (Home::Main, o))
+        .collect();
+    bad.push((
+        Home::Main,
+        Op::AddRule("pol-in/198.18.99.99".into(), rules::Rule::Drop),
+    ));
     assert!(nft.apply(&bad).await.is_err());
     assert_eq!(list(&table.0), before);
 
     // No policy left: the chains and map elements go, the base chains stay.
     let none = render(&more, &namespaces, &[], &dns);
-    nft.apply(&rules::diff(&second.rules, &none.rules))
-        .await
-        .unwrap();
+    let ops: Vec<(Home, Op)> = rules::diff(&second.rules, &none.rules)
+        .into_iter()
+        .map(|o| (Home::Main, o))
+        .collect();
+    nft.apply(&ops).await.unwrap();
     let t = list(&table.0);
     assert!(!t.contains("pol-in/"), "{t}");
     assert!(t.contains("chain policy-forward"), "{t}");
@@ -348,7 +405,9 @@ async fn in_netns_a_connection_to_the_node_outlives_the_first_transaction() {
     let table = Table(format!("skiff-test-{}", std::process::id()));
     let nft = Nft::new(&table.0);
     let api = rules::port_rules(&plan("api", "198.18.10.1", &[ep("198.18.0.1", port)]), CIDR);
-    nft.replace_all(&[node], &[&api]).await.unwrap();
+    nft.replace_all(&[node], &[(rules::shard_of("default", "api"), &api)])
+        .await
+        .unwrap();
     let t = list(&table.0);
     assert!(t.contains("198.18.0.1 . 198.18.0.1"), "hairpin pair: {t}");
 

@@ -17,11 +17,17 @@ use serde_json::json;
 use skiff_agent::proxy::{self, model::NodeFacts, ProxyOptions};
 
 fn list(table: &str) -> String {
-    let o = Command::new(skiff_agent::proxy::nft::tool("nft"))
-        .args(["list", "table", "ip", table])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout).to_string()
+    // The main table and its service shards.
+    proxy::nft::all_tables(table)
+        .iter()
+        .map(|t| {
+            let o = Command::new(proxy::nft::tool("nft"))
+                .args(["list", "table", "ip", t])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&o.stdout).to_string()
+        })
+        .collect()
 }
 
 async fn until(what: &str, table: &str, f: impl Fn(&str) -> bool) -> String {

@@ -27,6 +27,7 @@ pub mod negotiate;
 pub mod nodeproxy;
 pub mod noderestriction;
 pub mod object;
+pub mod outbound;
 pub mod podtoken;
 pub mod registry;
 pub mod request;

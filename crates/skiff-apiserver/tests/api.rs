@@ -592,6 +592,101 @@ async fn autoscaling_v1_and_v2_are_one_object() {
     );
 }
 
+/// Many Services created at once on one server all get an address and a
+/// NodePort, each different: the allocations queue on the server instead of
+/// failing with "too many concurrent changes" (32 creates in flight at a
+/// time once made some fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_service_creates_all_get_distinct_allocations() {
+    let a = Arc::new(api().await);
+    let svcs = "/api/v1/namespaces/default/services";
+    let results: Vec<Resp> = futures::stream::iter(0..600)
+        .map(|i| {
+            let a = a.clone();
+            async move {
+                let svc = json!({"metadata": {"name": format!("c{i}")},
+                    "spec": {"type": "NodePort", "ports": [{"port": 80}]}});
+                a.post(svcs, svc).await
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let mut ips = std::collections::BTreeSet::new();
+    let mut ports = std::collections::BTreeSet::new();
+    for r in results {
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+        ips.insert(r.body["spec"]["clusterIP"].as_str().unwrap().to_string());
+        ports.insert(r.body["spec"]["ports"][0]["nodePort"].as_u64().unwrap());
+    }
+    assert_eq!(ips.len(), 600);
+    assert_eq!(ports.len(), 600);
+}
+
+/// A LoadBalancer with externalTrafficPolicy Local gets a
+/// healthCheckNodePort from the NodePort range (what its nodes' proxies
+/// answer health checks on); updates keep it, leaving Local releases it,
+/// and no other Service may set one.
+#[tokio::test]
+async fn local_load_balancers_get_a_health_check_node_port() {
+    let a = api().await;
+    let svcs = "/api/v1/namespaces/default/services";
+    let lb = json!({"metadata": {"name": "lb"}, "spec": {"type": "LoadBalancer",
+        "externalTrafficPolicy": "Local", "selector": {"a": "b"}, "ports": [{"port": 80}]}});
+    let created = a.post(svcs, lb.clone()).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let hc = created.body["spec"]["healthCheckNodePort"]
+        .as_u64()
+        .unwrap();
+    assert!((30000..=32767).contains(&hc));
+    assert_ne!(
+        Some(hc),
+        created.body["spec"]["ports"][0]["nodePort"].as_u64()
+    );
+
+    // An update that leaves it out keeps it.
+    let mut replaced = lb.clone();
+    replaced["metadata"]["resourceVersion"] = created.body["metadata"]["resourceVersion"].clone();
+    let updated = a.put(&format!("{svcs}/lb"), replaced).await;
+    assert_eq!(updated.status, StatusCode::OK, "{}", updated.body);
+    assert_eq!(
+        updated.body["spec"]["healthCheckNodePort"].as_u64(),
+        Some(hc)
+    );
+
+    // Another Service may not take it while it is held.
+    let taker = |name: &str| {
+        json!({"metadata": {"name": name}, "spec": {"type": "NodePort",
+        "ports": [{"port": 80, "nodePort": hc}]}})
+    };
+    assert_eq!(
+        a.post(svcs, taker("t1")).await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
+
+    // Back to Cluster (the object as read, port and all): the port goes.
+    let mut cluster = updated.body.clone();
+    cluster["spec"]["externalTrafficPolicy"] = json!("Cluster");
+    let changed = a.put(&format!("{svcs}/lb"), cluster).await;
+    assert_eq!(changed.status, StatusCode::OK, "{}", changed.body);
+    assert!(
+        changed.body["spec"].get("healthCheckNodePort").is_none(),
+        "{}",
+        changed.body
+    );
+    assert_eq!(a.post(svcs, taker("t2")).await.status, StatusCode::CREATED);
+
+    // Only a LoadBalancer with Local may carry one.
+    let bad = json!({"metadata": {"name": "bad"}, "spec": {"type": "NodePort",
+        "healthCheckNodePort": 31000, "ports": [{"port": 80}]}});
+    let refused = a.post(svcs, bad).await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        refused.body["details"]["causes"][0]["field"],
+        "spec.healthCheckNodePort"
+    );
+}
+
 #[tokio::test]
 async fn node_port_services_get_a_port_that_updates_keep() {
     let a = api().await;

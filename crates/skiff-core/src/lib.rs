@@ -11,7 +11,9 @@
 pub mod admission;
 pub mod bootstrap_nodes;
 pub mod bootstrap_policy;
+pub mod cel;
 pub mod convert;
+pub mod crd_schema;
 pub mod defaults;
 pub mod discovery;
 pub mod error;

@@ -85,7 +85,6 @@ metadata: {name: local}
 spec:
   type: LoadBalancer
   externalTrafficPolicy: Local
-  healthCheckNodePort: 32123
   selector: {app: web}
   ports: [{name: http, port: 18081, targetPort: http}]
 ---
@@ -206,10 +205,14 @@ fn cluster_ip_node_port_affinity_readiness_hairpin_and_rejection_work_through_th
     });
     assert!(body.contains("web-a") || body.contains("web-b"), "{body}");
 
-    // externalTrafficPolicy Local: the health check node port counts this
-    // node's endpoints.
+    // externalTrafficPolicy Local: the API server allocated a health check
+    // node port, which counts this node's endpoints.
+    let hc: u16 = jsonpath(&s, "service", "local", "{.spec.healthCheckNodePort}")
+        .parse()
+        .expect("an allocated healthCheckNodePort");
+    assert!((30000..=32767).contains(&hc), "{hc}");
     let health = wait_until("the health check node port answers", 30, || {
-        http_get(&node_ip, 32123).ok()
+        http_get(&node_ip, hc).ok()
     });
     assert!(health.starts_with("HTTP/1.0 200"), "{health}");
     assert!(health.contains("\"localEndpoints\":2"), "{health}");

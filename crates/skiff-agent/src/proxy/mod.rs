@@ -1,6 +1,7 @@
 //! The service proxy (skiff's kube-proxy, nftables mode), run by every real
 //! agent: it watches Services and EndpointSlices and programs skiff's own
-//! nftables table (`ip skiff-proxy`) so ClusterIPs, NodePorts, externalIPs
+//! nftables tables (`ip skiff-proxy` and its service shards
+//! `skiff-proxy-svc0..15`) so ClusterIPs, NodePorts, externalIPs
 //! and LoadBalancer IPs reach ready endpoints.
 //!
 //! - [`model`] decides, from data alone, what each service port needs.
@@ -13,7 +14,7 @@
 //! EndpointSlices are complete; after that a change touches only the
 //! service it belongs to. A failed transaction changes nothing in the
 //! kernel; the proxy then retries with a full resync. Rules stay when the
-//! agent stops (fail-static); `skiff down` deletes the table.
+//! agent stops (fail-static); `skiff down` deletes the tables.
 //! [`lb`] is the small LoadBalancer controller (ServiceLB-like) that gives
 //! LoadBalancer services the nodes' addresses.
 
@@ -137,6 +138,16 @@ struct State {
     slices: HashMap<Key, EndpointSlice>,
     /// (namespace, service name) → its slices' names.
     by_service: HashMap<Key, BTreeSet<String>>,
+}
+
+/// The table a key's objects live in: NetworkPolicy's in the main table,
+/// each service's in its shard.
+fn home_of(key: &Key) -> rules::Home {
+    if key.0.is_empty() {
+        rules::Home::Main
+    } else {
+        rules::shard_of(&key.0, &key.1)
+    }
 }
 
 fn key_of(ns: Option<&String>, name: Option<&String>) -> Key {
@@ -569,7 +580,8 @@ pub async fn run_with_policy(
             for r in next.rules.values() {
                 next.hairpin.extend(r.endpoints.iter().copied());
             }
-            let all: Vec<&PortRules> = next.rules.values().collect();
+            let all: Vec<(rules::Home, &PortRules)> =
+                next.rules.iter().map(|(k, r)| (home_of(k), r)).collect();
             let t = Instant::now();
             let r = nft.replace_all(&node.ips, &all).await;
             nft_time = t.elapsed();
@@ -590,7 +602,8 @@ pub async fn run_with_policy(
                 owners.claim(k, &mut r);
                 let empty = PortRules::default();
                 let old = applied.rules.get(k).unwrap_or(&empty);
-                ops.extend(rules::diff(old, &r));
+                let home = home_of(k);
+                ops.extend(rules::diff(old, &r).into_iter().map(|op| (home, op)));
                 next_rules.push((k.clone(), r, p));
             }
             let new_pairs: BTreeSet<Ipv4Addr> = next_rules
@@ -598,8 +611,12 @@ pub async fn run_with_policy(
                 .flat_map(|(_, r, _)| r.endpoints.iter().copied())
                 .filter(|ip| !applied.hairpin.contains(ip))
                 .collect();
-            ops.extend(new_pairs.iter().map(|ip| rules::Op::AddHairpin(*ip)));
-            ops.sort_by_key(rules::Op::phase);
+            ops.extend(
+                new_pairs
+                    .iter()
+                    .map(|ip| (rules::Home::Main, rules::Op::AddHairpin(*ip))),
+            );
+            ops.sort_by_key(|(_, op)| op.phase());
             let t = Instant::now();
             let r = nft.apply(&ops).await;
             nft_time = t.elapsed();

@@ -24,7 +24,7 @@ use nftables::stmt::{
 use nftables::types::{NfChainType, NfFamily, NfHook};
 use serde_json::{json, Value};
 
-use super::rules::{self, MapKey, Op, PortRules, Rule, Verdict};
+use super::rules::{self, Home, MapKey, Op, PortRules, Rule, Verdict};
 
 /// Why a transaction failed; retryable (the kernel kept the previous rules).
 #[derive(Debug, thiserror::Error)]
@@ -52,115 +52,137 @@ impl Nft {
         &self.table
     }
 
-    /// Replaces the whole table (skeleton, node addresses, every service)
-    /// in one transaction: existing connections keep their conntrack state.
+    /// The name of the table `home` in the kernel: the main table, or
+    /// `<main>-svc<i>` for a service shard.
+    pub fn table_of(&self, home: Home) -> String {
+        shard_table(&self.table, home)
+    }
+
+    /// Replaces the whole of skiff's tables (skeletons, node addresses,
+    /// every service, each in its home) in one transaction: existing
+    /// connections keep their conntrack state.
     pub async fn replace_all(
         &self,
         node_ips: &[Ipv4Addr],
-        services: &[&PortRules],
+        services: &[(Home, &PortRules)],
     ) -> Result<(), Error> {
         let endpoints: std::collections::BTreeSet<Ipv4Addr> = services
             .iter()
-            .flat_map(|s| s.endpoints.iter().copied())
+            .flat_map(|(_, s)| s.endpoints.iter().copied())
             .collect();
         let mut objs = vec![];
-        let table = NfListObject::Table(Table {
-            family: NfFamily::IP,
-            name: Cow::Owned(self.table.clone()),
-            handle: None,
-        });
-        objs.push(cmd(NfCmd::Add(table.clone())));
-        objs.push(cmd(NfCmd::Delete(table.clone())));
-        objs.push(cmd(NfCmd::Add(table)));
-        for (name, by_ip) in rules::MAPS {
-            let key = if by_ip {
-                json!(["ipv4_addr", "inet_proto", "inet_service"])
-            } else {
-                json!(["inet_proto", "inet_service"])
+        let homes = std::iter::once(Home::Main).chain((0..rules::SHARDS).map(Home::Shard));
+        for home in homes {
+            let name = self.table_of(home);
+            let table = NfListObject::Table(Table {
+                family: NfFamily::IP,
+                name: Cow::Owned(name.clone()),
+                handle: None,
+            });
+            objs.push(cmd(NfCmd::Add(table.clone())));
+            objs.push(cmd(NfCmd::Delete(table.clone())));
+            objs.push(cmd(NfCmd::Add(table)));
+            let (maps, skeleton) = match home {
+                Home::Main => (&rules::MAPS, rules::skeleton()),
+                Home::Shard(_) => (&rules::SHARD_MAPS, rules::shard_skeleton()),
             };
-            // The crate's set types have no `verdict`, so the maps are
-            // declared as raw JSON of the same schema.
-            objs.push(json!({"add": {"map": {
-                "family": "ip", "table": self.table, "name": name,
-                "type": key, "map": "verdict",
-            }}}));
-        }
-        for name in [
-            super::policy::model::POLICY_INGRESS,
-            super::policy::model::POLICY_EGRESS,
-        ] {
-            objs.push(json!({"add": {"map": {
-                "family": "ip", "table": self.table, "name": name,
-                "type": "ipv4_addr", "map": "verdict",
-            }}}));
-        }
-        objs.push(cmd(NfCmd::Add(NfListObject::Set(Box::new(Set {
-            family: NfFamily::IP,
-            table: Cow::Owned(self.table.clone()),
-            name: Cow::Borrowed(rules::NODEPORT_IPS),
-            set_type: SetTypeValue::Single(SetType::Ipv4Addr),
-            elem: (!node_ips.is_empty()).then(|| {
-                Cow::Owned(
-                    node_ips
-                        .iter()
-                        .map(|ip| Expression::String(Cow::Owned(ip.to_string())))
-                        .collect(),
-                )
-            }),
-            ..Default::default()
-        })))));
-        objs.push(cmd(NfCmd::Add(NfListObject::Set(Box::new(Set {
-            family: NfFamily::IP,
-            table: Cow::Owned(self.table.clone()),
-            name: Cow::Borrowed(rules::HAIRPIN),
-            set_type: SetTypeValue::Concatenated(Cow::Borrowed(&[
-                SetType::Ipv4Addr,
-                SetType::Ipv4Addr,
-            ])),
-            ..Default::default()
-        })))));
-        for (name, hook, _) in rules::skeleton() {
-            let mut chain = self.chain(name);
-            if let Some(h) = hook {
-                chain._type = Some(if h.nat {
-                    NfChainType::NAT
+            for (map, by_ip) in maps {
+                let key = if *by_ip {
+                    json!(["ipv4_addr", "inet_proto", "inet_service"])
                 } else {
-                    NfChainType::Filter
-                });
-                chain.hook = Some(match h.hook {
-                    "prerouting" => NfHook::Prerouting,
-                    "input" => NfHook::Input,
-                    "forward" => NfHook::Forward,
-                    "output" => NfHook::Output,
-                    _ => NfHook::Postrouting,
-                });
-                chain.prio = Some(h.priority);
+                    json!(["inet_proto", "inet_service"])
+                };
+                // The crate's set types have no `verdict`, so the maps are
+                // declared as raw JSON of the same schema.
+                objs.push(json!({"add": {"map": {
+                    "family": "ip", "table": name, "name": map,
+                    "type": key, "map": "verdict",
+                }}}));
             }
-            objs.push(cmd(NfCmd::Add(NfListObject::Chain(chain))));
-        }
-        for (name, _, rules) in rules::skeleton() {
-            for r in rules {
-                objs.push(self.op(&Op::AddRule(name.to_string(), r)));
+            if home == Home::Main {
+                for map in [
+                    super::policy::model::POLICY_INGRESS,
+                    super::policy::model::POLICY_EGRESS,
+                ] {
+                    objs.push(json!({"add": {"map": {
+                        "family": "ip", "table": name, "name": map,
+                        "type": "ipv4_addr", "map": "verdict",
+                    }}}));
+                }
+                objs.push(cmd(NfCmd::Add(NfListObject::Set(Box::new(Set {
+                    family: NfFamily::IP,
+                    table: Cow::Owned(name.clone()),
+                    name: Cow::Borrowed(rules::HAIRPIN),
+                    set_type: SetTypeValue::Concatenated(Cow::Borrowed(&[
+                        SetType::Ipv4Addr,
+                        SetType::Ipv4Addr,
+                    ])),
+                    ..Default::default()
+                })))));
+            }
+            // Both kinds of table match NodePorts on the node's addresses.
+            objs.push(cmd(NfCmd::Add(NfListObject::Set(Box::new(Set {
+                family: NfFamily::IP,
+                table: Cow::Owned(name.clone()),
+                name: Cow::Borrowed(rules::NODEPORT_IPS),
+                set_type: SetTypeValue::Single(SetType::Ipv4Addr),
+                elem: (!node_ips.is_empty()).then(|| {
+                    Cow::Owned(
+                        node_ips
+                            .iter()
+                            .map(|ip| Expression::String(Cow::Owned(ip.to_string())))
+                            .collect(),
+                    )
+                }),
+                ..Default::default()
+            })))));
+            for (chain_name, hook, _) in &skeleton {
+                let mut chain = chain(&name, chain_name);
+                if let Some(h) = hook {
+                    chain._type = Some(if h.nat {
+                        NfChainType::NAT
+                    } else {
+                        NfChainType::Filter
+                    });
+                    chain.hook = Some(match h.hook {
+                        "prerouting" => NfHook::Prerouting,
+                        "input" => NfHook::Input,
+                        "forward" => NfHook::Forward,
+                        "output" => NfHook::Output,
+                        _ => NfHook::Postrouting,
+                    });
+                    chain.prio = Some(h.priority);
+                }
+                objs.push(cmd(NfCmd::Add(NfListObject::Chain(chain))));
+            }
+            for (chain_name, _, rules) in skeleton {
+                for r in rules {
+                    objs.push(self.op(home, &Op::AddRule(chain_name.to_string(), r)));
+                }
             }
         }
         let empty = PortRules::default();
-        for s in services {
+        for (owner, s) in services {
             for op in rules::diff(&empty, s) {
-                objs.push(self.op(&op));
+                objs.push(self.op(op.home(*owner), &op));
             }
         }
         for ip in endpoints {
-            objs.push(self.op(&Op::AddHairpin(ip)));
+            objs.push(self.op(Home::Main, &Op::AddHairpin(ip)));
         }
         self.run(objs).await
     }
 
-    /// Applies `ops` in one transaction (nothing to do for none).
-    pub async fn apply(&self, ops: &[Op]) -> Result<(), Error> {
+    /// Applies `ops` (each with the home of the service it belongs to) in
+    /// one transaction (nothing to do for none).
+    pub async fn apply(&self, ops: &[(Home, Op)]) -> Result<(), Error> {
         if ops.is_empty() {
             return Ok(());
         }
-        let objs = ops.iter().map(|o| self.op(o)).collect();
+        let objs = ops
+            .iter()
+            .map(|(owner, o)| self.op(o.home(*owner), o))
+            .collect();
         self.run(objs).await
     }
 
@@ -171,71 +193,94 @@ impl Nft {
             .map_err(|e| Error::NftUnavailable(e.to_string()))?
     }
 
-    fn chain(&self, name: &str) -> Chain<'static> {
-        Chain {
-            family: NfFamily::IP,
-            table: Cow::Owned(self.table.clone()),
-            name: Cow::Owned(name.to_string()),
-            ..Default::default()
-        }
-    }
-
-    fn set(&self, name: &str) -> Set<'static> {
-        Set {
-            family: NfFamily::IP,
-            table: Cow::Owned(self.table.clone()),
-            name: Cow::Owned(name.to_string()),
-            set_type: SetTypeValue::Single(SetType::Ipv4Addr),
-            ..Default::default()
-        }
-    }
-
-    fn element(&self, map: &str, elem: Expression<'static>) -> Element<'static> {
-        Element {
-            family: NfFamily::IP,
-            table: Cow::Owned(self.table.clone()),
-            name: Cow::Owned(map.to_string()),
-            elem: Cow::Owned(vec![elem]),
-        }
-    }
-
-    /// One op as nft JSON.
-    pub fn op(&self, op: &Op) -> Value {
+    /// One op, in the table `home`, as nft JSON.
+    pub fn op(&self, home: Home, op: &Op) -> Value {
+        let table = self.table_of(home);
+        let t = table.as_str();
         let c = match op {
             Op::DeleteElement(map, key) => {
-                NfCmd::Delete(NfListObject::Element(self.element(map, key_expr(key))))
+                NfCmd::Delete(NfListObject::Element(element(t, map, key_expr(key))))
             }
             Op::AddSet(name, timeout) => {
-                let mut s = self.set(name);
+                let mut s = set(t, name);
                 // `dynamic` is implied by the `update` rules (nft 1.0.6 refuses it
                 // in JSON).
                 s.flags = Some(HashSet::from([SetFlag::Timeout]));
                 s.timeout = Some(*timeout);
                 NfCmd::Add(NfListObject::Set(Box::new(s)))
             }
-            Op::AddChain(name) => NfCmd::Add(NfListObject::Chain(self.chain(name))),
-            Op::FlushChain(name) => NfCmd::Flush(FlushObject::Chain(self.chain(name))),
+            Op::AddChain(name) => NfCmd::Add(NfListObject::Chain(chain(t, name))),
+            Op::FlushChain(name) => NfCmd::Flush(FlushObject::Chain(chain(t, name))),
             Op::AddRule(chain, rule) => NfCmd::Add(NfListObject::Rule(NfRule {
                 family: NfFamily::IP,
-                table: Cow::Owned(self.table.clone()),
+                table: Cow::Owned(table.clone()),
                 chain: Cow::Owned(chain.clone()),
                 expr: Cow::Owned(statements(rule)),
                 ..Default::default()
             })),
-            Op::AddElement(map, key, verdict) => NfCmd::Add(NfListObject::Element(self.element(
+            Op::AddElement(map, key, verdict) => NfCmd::Add(NfListObject::Element(element(
+                t,
                 map,
                 Expression::List(vec![key_expr(key), verdict_expr(verdict)]),
             ))),
-            Op::DeleteChain(name) => NfCmd::Delete(NfListObject::Chain(self.chain(name))),
-            Op::DeleteSet(name) => NfCmd::Delete(NfListObject::Set(Box::new(self.set(name)))),
-            Op::AddHairpin(ip) => NfCmd::Add(NfListObject::Element(
-                self.element(rules::HAIRPIN, hairpin_elem(*ip)),
-            )),
-            Op::DeleteHairpin(ip) => NfCmd::Delete(NfListObject::Element(
-                self.element(rules::HAIRPIN, hairpin_elem(*ip)),
-            )),
+            Op::DeleteChain(name) => NfCmd::Delete(NfListObject::Chain(chain(t, name))),
+            Op::DeleteSet(name) => NfCmd::Delete(NfListObject::Set(Box::new(set(t, name)))),
+            Op::AddHairpin(ip) => NfCmd::Add(NfListObject::Element(element(
+                t,
+                rules::HAIRPIN,
+                hairpin_elem(*ip),
+            ))),
+            Op::DeleteHairpin(ip) => NfCmd::Delete(NfListObject::Element(element(
+                t,
+                rules::HAIRPIN,
+                hairpin_elem(*ip),
+            ))),
         };
         cmd(c)
+    }
+}
+
+/// The kernel name of the table `home` of skiff's table `main`.
+pub fn shard_table(main: &str, home: Home) -> String {
+    match home {
+        Home::Main => main.to_string(),
+        Home::Shard(i) => format!("{main}-svc{i}"),
+    }
+}
+
+/// The main table and every shard of it.
+pub fn all_tables(main: &str) -> Vec<String> {
+    std::iter::once(Home::Main)
+        .chain((0..rules::SHARDS).map(Home::Shard))
+        .map(|h| shard_table(main, h))
+        .collect()
+}
+
+fn chain(table: &str, name: &str) -> Chain<'static> {
+    Chain {
+        family: NfFamily::IP,
+        table: Cow::Owned(table.to_string()),
+        name: Cow::Owned(name.to_string()),
+        ..Default::default()
+    }
+}
+
+fn set(table: &str, name: &str) -> Set<'static> {
+    Set {
+        family: NfFamily::IP,
+        table: Cow::Owned(table.to_string()),
+        name: Cow::Owned(name.to_string()),
+        set_type: SetTypeValue::Single(SetType::Ipv4Addr),
+        ..Default::default()
+    }
+}
+
+fn element(table: &str, map: &str, elem: Expression<'static>) -> Element<'static> {
+    Element {
+        family: NfFamily::IP,
+        table: Cow::Owned(table.to_string()),
+        name: Cow::Owned(map.to_string()),
+        elem: Cow::Owned(vec![elem]),
     }
 }
 
@@ -624,14 +669,15 @@ fn run_nft(payload: &str) -> Result<(), Error> {
     }
 }
 
-/// Deletes skiff's table (what `skiff down` does); absent is fine.
+/// Deletes skiff's table and its service shards (what `skiff down`
+/// does); absent is fine.
 pub fn delete_table(table: &str) -> Result<(), Error> {
-    let payload = json!({"nftables": [
-        {"add": {"table": {"family": "ip", "name": table}}},
-        {"delete": {"table": {"family": "ip", "name": table}}},
-    ]})
-    .to_string();
-    run_nft(&payload)
+    let mut objs = vec![];
+    for name in all_tables(table) {
+        objs.push(json!({"add": {"table": {"family": "ip", "name": name}}}));
+        objs.push(json!({"delete": {"table": {"family": "ip", "name": name}}}));
+    }
+    run_nft(&json!({ "nftables": objs }).to_string())
 }
 
 /// Conntrack entries to delete after an endpoint change.

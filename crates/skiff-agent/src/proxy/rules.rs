@@ -20,6 +20,17 @@
 //! `no-endpoint-nodeports`, consulted by filter hooks before NAT, which
 //! reject new connections at once. So a change to one service touches only
 //! that service's chains and map elements.
+//!
+//! The services are spread over [`SHARDS`] tables of their own ([`Home`]),
+//! each with its NAT hooks, its `service-ips`/`service-nodeports` maps and
+//! its services' chains; the main table keeps everything shared (the
+//! filter hooks and their no-endpoint maps, masquerading, hairpin,
+//! NetworkPolicy). The kernel's commit work grows with the size of the
+//! tables a transaction touches (it re-validates a changed table's whole
+//! graph of jumps from its hooks), so a change to one service costs a
+//! sixteenth of the services, not all of them. A NAT hook whose chains
+//! find no service returns, and the next table's hook looks; only the
+//! first packet of a connection passes the NAT hooks.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -230,6 +241,28 @@ impl fmt::Display for Verdict {
 /// (map name, key) → verdict.
 pub type Elements = BTreeMap<(&'static str, MapKey), Verdict>;
 
+/// How many tables the services are spread over.
+pub const SHARDS: u8 = 16;
+
+/// The table an object lives in: the main one, or a service shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Home {
+    Main,
+    Shard(u8),
+}
+
+/// The shard of a service (by namespace and name; stable across restarts
+/// and agents, so a service's objects never move between tables).
+pub fn shard_of(namespace: &str, name: &str) -> Home {
+    // FNV-1a: tiny, stable, and spreads short similar names well.
+    let mut h: u32 = 0x811c_9dc5;
+    for b in namespace.bytes().chain([b'/']).chain(name.bytes()) {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    Home::Shard((h % u32::from(SHARDS)) as u8)
+}
+
 /// A base chain's hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hook {
@@ -260,18 +293,19 @@ impl PortRules {
     }
 }
 
-/// The fixed part of skiff's table: base chains with their hooks, helper
-/// chains, the maps and the node's addresses.
-pub fn skeleton() -> Vec<(&'static str, Option<Hook>, Vec<Rule>)> {
-    let hook = |nat, hook, priority| {
-        Some(Hook {
-            nat,
-            hook,
-            priority,
-        })
-    };
+fn hook(nat: bool, hook: &'static str, priority: i32) -> Option<Hook> {
+    Some(Hook {
+        nat,
+        hook,
+        priority,
+    })
+}
+
+/// The fixed part of each service shard: the DNAT hooks (dstnat, -100, in
+/// prerouting and output) looking the packet up in the shard's maps, and
+/// the chain service chains jump to for masquerading.
+pub fn shard_skeleton() -> Vec<(&'static str, Option<Hook>, Vec<Rule>)> {
     vec![
-        // NAT: dstnat (-100) in prerouting and output, srcnat (100).
         (
             "nat-prerouting",
             hook(true, "prerouting", -100),
@@ -282,6 +316,23 @@ pub fn skeleton() -> Vec<(&'static str, Option<Hook>, Vec<Rule>)> {
             hook(true, "output", -100),
             vec![Rule::Jump("services".into())],
         ),
+        (
+            "services",
+            None,
+            vec![
+                Rule::DaddrProtoPortVmap(SERVICE_IPS.into()),
+                Rule::NodePortVmap(SERVICE_NODEPORTS.into()),
+            ],
+        ),
+        (MARK_FOR_MASQ, None, vec![Rule::SetMark]),
+    ]
+}
+
+/// The fixed part of skiff's main table: base chains with their hooks and
+/// helper chains.
+pub fn skeleton() -> Vec<(&'static str, Option<Hook>, Vec<Rule>)> {
+    vec![
+        // srcnat (100).
         (
             "nat-postrouting",
             hook(true, "postrouting", 100),
@@ -303,14 +354,6 @@ pub fn skeleton() -> Vec<(&'static str, Option<Hook>, Vec<Rule>)> {
             "filter-output",
             hook(false, "output", -110),
             vec![Rule::JumpIfNew("endpoints-check".into())],
-        ),
-        (
-            "services",
-            None,
-            vec![
-                Rule::DaddrProtoPortVmap(SERVICE_IPS.into()),
-                Rule::NodePortVmap(SERVICE_NODEPORTS.into()),
-            ],
         ),
         (
             "endpoints-check",
@@ -353,13 +396,11 @@ pub fn skeleton() -> Vec<(&'static str, Option<Hook>, Vec<Rule>)> {
     ]
 }
 
-/// The four verdict maps: (name, keyed by IP too).
-pub const MAPS: [(&str, bool); 4] = [
-    (SERVICE_IPS, true),
-    (SERVICE_NODEPORTS, false),
-    (NO_ENDPOINT_SERVICES, true),
-    (NO_ENDPOINT_NODEPORTS, false),
-];
+/// The main table's verdict maps of services: (name, keyed by IP too).
+pub const MAPS: [(&str, bool); 2] = [(NO_ENDPOINT_SERVICES, true), (NO_ENDPOINT_NODEPORTS, false)];
+
+/// Each shard's verdict maps.
+pub const SHARD_MAPS: [(&str, bool); 2] = [(SERVICE_IPS, true), (SERVICE_NODEPORTS, false)];
 
 fn endpoint_chain(base: &str, ep: &Endpoint) -> String {
     format!("ep-{base}/{}:{}", ep.ip, ep.port)
@@ -592,6 +633,22 @@ pub fn diff(old: &PortRules, new: &PortRules) -> Vec<Op> {
 }
 
 impl Op {
+    /// The table this op of a service (whose objects live in `owner`)
+    /// changes: the service's chains, sets and DNAT map elements are in its
+    /// shard; its no-endpoint elements, the hairpin pairs and
+    /// NetworkPolicy's maps are in the main table.
+    pub fn home(&self, owner: Home) -> Home {
+        match self {
+            Op::AddHairpin(_) | Op::DeleteHairpin(_) => Home::Main,
+            Op::AddElement(map, ..) | Op::DeleteElement(map, ..)
+                if *map != SERVICE_IPS && *map != SERVICE_NODEPORTS =>
+            {
+                Home::Main
+            }
+            _ => owner,
+        }
+    }
+
     /// The step of a transaction this op belongs to: ops of several
     /// services are ordered by it (stably), so a map key or name one
     /// service frees can be taken by another in the same transaction.
@@ -895,6 +952,54 @@ mod tests {
                 r#"add element no-endpoint-services { 10.43.0.20 . tcp . 80 : goto "reject-chain" }"#,
                 r#"delete chain "svc-default/web/tcp/http""#,
             ]
+        );
+    }
+
+    #[test]
+    fn services_spread_over_every_shard_and_keep_theirs() {
+        let mut seen = std::collections::BTreeMap::new();
+        for i in 0..1000 {
+            *seen
+                .entry(shard_of("default", &format!("svc-{i}")))
+                .or_insert(0) += 1;
+        }
+        assert_eq!(seen.len(), usize::from(SHARDS), "{seen:?}");
+        // Roughly even: no shard holds more than twice its share.
+        assert!(
+            seen.values().all(|n| *n < 2 * 1000 / usize::from(SHARDS)),
+            "{seen:?}"
+        );
+        // The same service lands in the same shard every time; the
+        // namespace is part of the key.
+        assert_eq!(shard_of("default", "web"), shard_of("default", "web"));
+        let homes: std::collections::BTreeSet<_> = (0..50)
+            .map(|i| shard_of(&format!("ns-{i}"), "web"))
+            .collect();
+        assert!(homes.len() > 1);
+    }
+
+    #[test]
+    fn a_services_dnat_goes_to_its_shard_and_shared_objects_to_the_main_table() {
+        let owner = Home::Shard(3);
+        let vip = MapKey::Ip("10.43.0.5".parse().unwrap(), Protocol::Tcp, 80);
+        let chain = "svc-default/web/tcp/http".to_string();
+        assert_eq!(Op::AddChain(chain.clone()).home(owner), owner);
+        assert_eq!(Op::AddRule(chain.clone(), Rule::Drop).home(owner), owner);
+        assert_eq!(
+            Op::AddElement(SERVICE_IPS, vip.clone(), Verdict::Goto(chain)).home(owner),
+            owner
+        );
+        assert_eq!(
+            Op::AddElement(NO_ENDPOINT_SERVICES, vip.clone(), Verdict::Drop).home(owner),
+            Home::Main
+        );
+        assert_eq!(
+            Op::DeleteElement(NO_ENDPOINT_NODEPORTS, vip).home(owner),
+            Home::Main
+        );
+        assert_eq!(
+            Op::AddHairpin("10.42.0.5".parse().unwrap()).home(owner),
+            Home::Main
         );
     }
 }

@@ -116,15 +116,35 @@ impl Range {
     }
 }
 
+/// The NodePort range's values a Service holds: its ports' NodePorts and
+/// its `healthCheckNodePort`.
 fn node_ports_of(svc: &Value) -> Vec<u16> {
     svc.pointer("/spec/ports")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .filter_map(|p| p.get("nodePort").and_then(Value::as_u64))
+        .chain(health_check_port(svc))
         .filter(|n| *n <= u16::MAX as u64)
         .map(|n| n as u16)
         .collect()
+}
+
+fn health_check_port(svc: &Value) -> Option<u64> {
+    svc.pointer("/spec/healthCheckNodePort")
+        .and_then(Value::as_u64)
+        .filter(|n| *n != 0)
+}
+
+/// Whether a Service gets a `healthCheckNodePort`: a LoadBalancer whose
+/// external traffic stays on the node it arrives at (Kubernetes'
+/// `needsHCNodePort`).
+fn needs_health_check(svc: &Value) -> bool {
+    svc.pointer("/spec/type").and_then(Value::as_str) == Some("LoadBalancer")
+        && svc
+            .pointer("/spec/externalTrafficPolicy")
+            .and_then(Value::as_str)
+            == Some("Local")
 }
 
 fn services() -> &'static ResourceInfo {
@@ -177,9 +197,24 @@ async fn read(cx: &dyn AdmissionCtx, range: Range) -> ApiResult<(Bitmap, Option<
     }
 }
 
+/// One lock per range for the writers of this process: as kube-apiserver's
+/// allocator holds its own lock around an allocation, so the creates
+/// racing on one server queue here instead of conflicting in the store
+/// (32 concurrent creates used to exhaust the retries below). Only other
+/// servers' writes can conflict.
+fn local_lock(range: Range) -> &'static tokio::sync::Mutex<()> {
+    static IPS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    static PORTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    match range {
+        Range::Ips { .. } => &IPS,
+        Range::Ports => &PORTS,
+    }
+}
+
 /// Changes a range with `f` under optimistic concurrency: read, change,
-/// write conditional on the revision read, and on a conflict start again
-/// from a fresh read (so `f` must only depend on the bitmap it is given).
+/// write conditional on the revision read, and on a conflict (another
+/// server's write) start again from a fresh read after a short random
+/// pause (so `f` must only depend on the bitmap it is given).
 /// A dry run reads and changes, but writes nothing.
 async fn modify<T: Send>(
     cx: &dyn AdmissionCtx,
@@ -187,7 +222,12 @@ async fn modify<T: Send>(
     dry_run: bool,
     mut f: impl FnMut(&mut Bitmap) -> ApiResult<T> + Send,
 ) -> ApiResult<T> {
-    for _ in 0..64 {
+    let _local = local_lock(range).lock().await;
+    for attempt in 0..64u32 {
+        if attempt > 0 {
+            let ms = rand::random::<u64>() % (u64::from(attempt.min(10)) * 5 + 1);
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
         let (mut bm, rev) = read(cx, range).await?;
         let before = bm.clone();
         let out = f(&mut bm)?;
@@ -385,6 +425,56 @@ fn node_ports(bm: &mut Bitmap, svc: &mut Value, old: Option<&Value>) -> ApiResul
             }
         }
     }
+    if needs_health_check(svc) {
+        // Given, kept from before, or picked like a NodePort.
+        let field = "spec.healthCheckNodePort";
+        let kept = old
+            .filter(|o| needs_health_check(o))
+            .and_then(health_check_port);
+        let n = match health_check_port(svc).or(kept) {
+            Some(n) => {
+                if n > u16::MAX as u64 || !NODE_PORTS.contains(&(n as u16)) {
+                    return Err(ApiError::invalid("", "Service", &name, vec![Cause::invalid(field, &json!(n), "provided port is not in the valid range. The range of valid ports is 30000-32767")]));
+                }
+                let n16 = n as u16;
+                let ours = old.and_then(health_check_port) == Some(n)
+                    || old.is_some_and(|o| node_ports_of(o).contains(&n16));
+                if !ours && (bm.get(off(n16)) || fresh.contains(&n16)) {
+                    return Err(ApiError::invalid(
+                        "",
+                        "Service",
+                        &name,
+                        vec![Cause::invalid(
+                            field,
+                            &json!(n),
+                            "provided port is already allocated",
+                        )],
+                    ));
+                }
+                if !ours {
+                    fresh.push(n16);
+                }
+                n16
+            }
+            None => {
+                let span = (NODE_PORTS.end() - NODE_PORTS.start() + 1) as u64;
+                let start = rand::random::<u64>() % span;
+                let n = (0..span)
+                    .map(|k| NODE_PORTS.start() + ((start + k) % span) as u16)
+                    .find(|c| !bm.get(off(*c)) && !fresh.contains(c))
+                    .ok_or_else(|| {
+                        ApiError::internal(
+                            "failed to allocate a healthCheckNodePort: range is full",
+                        )
+                    })?;
+                fresh.push(n);
+                n
+            }
+        };
+        if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.insert("healthCheckNodePort".into(), json!(n));
+        }
+    }
     for p in &fresh {
         bm.set(off(*p));
     }
@@ -410,6 +500,22 @@ async fn release_ports(cx: &dyn AdmissionCtx, ports: &[u16]) {
 
 #[async_trait]
 impl Strategy for ServiceStrategy {
+    /// A Service that stops needing its `healthCheckNodePort` (no longer a
+    /// LoadBalancer with externalTrafficPolicy Local) loses it unless the
+    /// update changed it, as Kubernetes' `dropTypeDependentFields` does; the
+    /// port is released once the update is stored.
+    fn prepare_for_update(&self, old: &Value, new: &mut Value) {
+        if needs_health_check(old)
+            && !needs_health_check(new)
+            && health_check_port(new).is_some()
+            && health_check_port(new) == health_check_port(old)
+        {
+            if let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.remove("healthCheckNodePort");
+            }
+        }
+    }
+
     async fn allocate(
         &self,
         cx: &dyn AdmissionCtx,

@@ -47,6 +47,26 @@ impl KindRules for Service {
     fn validate(&self, obj: &Value) -> Vec<Cause> {
         let mut c = Vec::new();
         crate::validation::service(obj, &mut c);
+        // The API server allocates it for LoadBalancers with
+        // externalTrafficPolicy Local; nothing else may carry one.
+        if let Some(n) = obj
+            .pointer("/spec/healthCheckNodePort")
+            .filter(|n| n.as_i64() != Some(0) && !n.is_null())
+        {
+            let lb_local = obj.pointer("/spec/type").and_then(Value::as_str)
+                == Some("LoadBalancer")
+                && obj
+                    .pointer("/spec/externalTrafficPolicy")
+                    .and_then(Value::as_str)
+                    == Some("Local");
+            if !lb_local {
+                c.push(Cause::invalid(
+                    "spec.healthCheckNodePort",
+                    n,
+                    "may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` is 'Local'",
+                ));
+            }
+        }
         c
     }
 

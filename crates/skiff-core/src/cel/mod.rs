@@ -1,0 +1,362 @@
+//! CEL as Kubernetes runs it: expressions compiled once on the `cel` crate,
+//! extended with Kubernetes' libraries (lists, regex, url, quantity, strings)
+//! and bounded by cost limits, for CRD validation rules and for admission
+//! (matchConditions, ValidatingAdmissionPolicy).
+//!
+//! `compile(expr, &["object", "oldObject"])` checks the expression and its
+//! free variables once; `Program::eval(&[("object", &json)])` binds JSON
+//! values and returns the result as JSON. Nothing here panics on user input:
+//! a bad expression is an `Err` with Kubernetes-like wording.
+
+pub mod cost;
+mod library;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, OnceLock};
+
+use ::cel::common::ast::{EntryExpr, Expr};
+use ::cel::objects::{Key, Map};
+use ::cel::{Context, Env, Value as CelValue};
+use serde_json::Value;
+
+pub use cost::{Shape, PER_CALL_LIMIT, RUNTIME_COST_BUDGET};
+
+/// The environment every program is compiled and run in: the standard
+/// library, the strings and lists extensions, and Kubernetes' libraries.
+fn env() -> &'static Arc<Env> {
+    static ENV: OnceLock<Arc<Env>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let mut env = Env::stdlib();
+        // Each extension registers distinct names; a clash would be a bug in
+        // this file, found by the first test, so failures are ignored rather
+        // than panicking in a server.
+        let _ = env.add_extension(::cel::extensions::strings);
+        library::register(&mut env);
+        Arc::new(env)
+    })
+}
+
+/// A compiled CEL expression: cheap to clone, `Send + Sync`.
+#[derive(Clone)]
+pub struct Program {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    source: String,
+    program: ::cel::Program,
+    /// Free variables the expression reads.
+    reads: BTreeSet<String>,
+}
+
+impl std::fmt::Debug for Program {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Program({:?})", self.inner.source)
+    }
+}
+
+/// Identifiers that name types or namespaces rather than variables.
+const BUILTIN_IDENTS: &[&str] = &[
+    "int",
+    "uint",
+    "double",
+    "bool",
+    "string",
+    "bytes",
+    "list",
+    "map",
+    "null_type",
+    "type",
+    "duration",
+    "timestamp",
+    "dyn",
+    "optional",
+    "strings",
+    "math",
+    "base64",
+    "lists",
+];
+
+/// Compiles `expr` for an environment declaring `vars`. Errors read as
+/// Kubernetes' compilation errors (`compilation failed: ...`).
+pub fn compile(expr: &str, vars: &[&str]) -> Result<Program, String> {
+    if expr.trim().is_empty() {
+        return Err("compilation failed: expression is empty".to_string());
+    }
+    // The parser is recursive: refuse absurdly deep nesting before it can
+    // exhaust the stack.
+    let depth = expr
+        .chars()
+        .filter(|c| matches!(c, '(' | '[' | '{'))
+        .count();
+    if depth > 250 || expr.len() > 100_000 {
+        return Err("compilation failed: expression is too large or too deeply nested".into());
+    }
+    let program = env()
+        .compile(expr)
+        .map_err(|e| format!("compilation failed: ERROR: <input>:{e}"))?;
+    let mut reads = BTreeSet::new();
+    let mut scope = Vec::new();
+    free_idents(program.expression(), &mut scope, &mut reads);
+    for name in &reads {
+        if !vars.contains(&name.as_str()) && !BUILTIN_IDENTS.contains(&name.as_str()) {
+            return Err(format!(
+                "compilation failed: ERROR: <input>:1:1: undeclared reference to '{name}' (in container '')"
+            ));
+        }
+    }
+    Ok(Program {
+        inner: Arc::new(Inner {
+            source: expr.to_string(),
+            program,
+            reads,
+        }),
+    })
+}
+
+/// Collects the identifiers an expression reads that no comprehension binds.
+fn free_idents(e: &::cel::IdedExpr, scope: &mut Vec<String>, out: &mut BTreeSet<String>) {
+    match &e.expr {
+        Expr::Ident(name) => {
+            if !scope.iter().any(|s| s == name) {
+                out.insert(name.clone());
+            }
+        }
+        Expr::Select(s) => free_idents(&s.operand, scope, out),
+        Expr::Call(c) => {
+            if let Some(t) = &c.target {
+                free_idents(t, scope, out);
+            }
+            for a in &c.args {
+                free_idents(a, scope, out);
+            }
+        }
+        Expr::List(l) => {
+            for x in &l.elements {
+                free_idents(x, scope, out);
+            }
+        }
+        Expr::Map(m) => {
+            for en in &m.entries {
+                if let EntryExpr::MapEntry(me) = &en.expr {
+                    free_idents(&me.key, scope, out);
+                    free_idents(&me.value, scope, out);
+                }
+            }
+        }
+        Expr::Struct(s) => {
+            for en in &s.entries {
+                match &en.expr {
+                    EntryExpr::StructField(f) => free_idents(&f.value, scope, out),
+                    EntryExpr::MapEntry(me) => free_idents(&me.value, scope, out),
+                }
+            }
+        }
+        Expr::Comprehension(c) => {
+            free_idents(&c.iter_range, scope, out);
+            free_idents(&c.accu_init, scope, out);
+            let n = scope.len();
+            scope.push(c.iter_var.clone());
+            if let Some(v2) = &c.iter_var2 {
+                scope.push(v2.clone());
+            }
+            scope.push(c.accu_var.clone());
+            free_idents(&c.loop_cond, scope, out);
+            free_idents(&c.loop_step, scope, out);
+            free_idents(&c.result, scope, out);
+            scope.truncate(n);
+        }
+        Expr::Literal(_) | Expr::Unspecified => {}
+    }
+}
+
+impl Program {
+    /// The expression as written.
+    pub fn source(&self) -> &str {
+        &self.inner.source
+    }
+
+    /// Whether the expression reads variable `name` (e.g. `oldSelf`).
+    pub fn reads(&self, name: &str) -> bool {
+        self.inner.reads.contains(name)
+    }
+
+    /// The compiled AST (for cost estimation).
+    pub(crate) fn ast(&self) -> &::cel::IdedExpr {
+        self.inner.program.expression()
+    }
+
+    /// The estimated worst-case cost of one evaluation with variables of the
+    /// given shapes (unknown variables are unbounded).
+    pub fn estimate_cost(&self, vars: &[(&str, Shape)]) -> u64 {
+        cost::estimate(self.ast(), vars)
+    }
+
+    /// Evaluates with JSON variables and returns the result as JSON. Fails
+    /// when a variable the expression reads is missing, on a runtime error,
+    /// or when the evaluation would exceed the per-call cost limit.
+    pub fn eval(&self, vars: &[(&str, &Value)]) -> Result<Value, String> {
+        let shapes: Vec<(&str, Shape)> = vars
+            .iter()
+            .filter(|(n, _)| self.reads(n))
+            .map(|(n, v)| (*n, Shape::of(v)))
+            .collect();
+        let cost = self.estimate_cost(&shapes);
+        if cost > PER_CALL_LIMIT {
+            return Err("operation cancelled: actual cost limit exceeded".to_string());
+        }
+        let bound: Vec<(&str, CelValue)> = vars
+            .iter()
+            .filter(|(n, _)| self.reads(n))
+            .map(|(n, v)| (*n, to_cel(v)))
+            .collect();
+        let out = self.eval_cel(bound)?;
+        Ok(from_cel(&out))
+    }
+
+    /// Evaluates with CEL values already built (the CRD validator types them
+    /// from the schema). No cost check: the caller budgets.
+    pub(crate) fn eval_cel(&self, vars: Vec<(&str, CelValue)>) -> Result<CelValue, String> {
+        let mut ctx = Context::with_env(Arc::clone(env()));
+        for (name, v) in vars {
+            ctx.add_variable_from_value(name, v);
+        }
+        for name in &self.inner.reads {
+            if ctx.get_variable(name.as_str()).is_none() && !BUILTIN_IDENTS.contains(&name.as_str())
+            {
+                return Err(format!("no such attribute(s): {name}"));
+            }
+        }
+        self.inner.program.execute(&ctx).map_err(|e| e.to_string())
+    }
+}
+
+/// A JSON value as a CEL value: objects are maps with string keys, integers
+/// `int`, other numbers `double`.
+pub fn to_cel(v: &Value) -> CelValue {
+    match v {
+        Value::Null => CelValue::Null,
+        Value::Bool(b) => CelValue::Bool(*b),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                CelValue::Int(i)
+            } else if let Some(u) = n.as_u64() {
+                CelValue::UInt(u)
+            } else {
+                CelValue::Float(n.as_f64().unwrap_or(0.0))
+            }
+        }
+        Value::String(s) => CelValue::String(Arc::new(s.clone())),
+        Value::Array(a) => CelValue::List(Arc::new(a.iter().map(to_cel).collect())),
+        Value::Object(m) => {
+            let map: HashMap<Key, CelValue> = m
+                .iter()
+                .map(|(k, v)| (Key::String(Arc::new(k.clone())), to_cel(v)))
+                .collect();
+            CelValue::Map(Map { map: Arc::new(map) })
+        }
+    }
+}
+
+/// A CEL value as JSON (durations and timestamps as strings, bytes as
+/// base64, opaque values such as quantities by their string form).
+pub fn from_cel(v: &CelValue) -> Value {
+    use base64::Engine;
+    match v {
+        CelValue::Null => Value::Null,
+        CelValue::Bool(b) => Value::Bool(*b),
+        CelValue::Int(i) => Value::from(*i),
+        CelValue::UInt(u) => Value::from(*u),
+        CelValue::Float(f) => serde_json::Number::from_f64(*f)
+            .map(Value::Number)
+            .unwrap_or(Value::Null),
+        CelValue::String(s) => Value::String(s.to_string()),
+        CelValue::Bytes(b) => {
+            Value::String(base64::engine::general_purpose::STANDARD.encode(b.as_slice()))
+        }
+        CelValue::List(l) => Value::Array(l.iter().map(from_cel).collect()),
+        CelValue::Map(m) => {
+            let mut out = serde_json::Map::new();
+            for (k, v) in m.map.iter() {
+                let key = match k {
+                    Key::String(s) => s.to_string(),
+                    Key::Int(i) => i.to_string(),
+                    Key::Uint(u) => u.to_string(),
+                    Key::Bool(b) => b.to_string(),
+                };
+                out.insert(key, from_cel(v));
+            }
+            Value::Object(out)
+        }
+        CelValue::Duration(d) => Value::String(library::format_duration(*d)),
+        CelValue::Timestamp(t) => Value::String(t.to_rfc3339()),
+        CelValue::Opaque(o) => library::opaque_to_json(o.as_ref()),
+        other => Value::String(format!("{other:?}")),
+    }
+}
+
+/// The name under which CEL sees an object property, as Kubernetes escapes
+/// it (`x-y` → `x__dash__y`, `a.b` → `a__dot__b`, reserved words as
+/// `__word__`); `None` when the property cannot be accessed from CEL.
+pub fn escape_property(name: &str) -> Option<String> {
+    const RESERVED: &[&str] = &[
+        "true",
+        "false",
+        "null",
+        "in",
+        "as",
+        "break",
+        "const",
+        "continue",
+        "else",
+        "for",
+        "function",
+        "if",
+        "import",
+        "let",
+        "loop",
+        "package",
+        "namespace",
+        "return",
+        "var",
+        "void",
+        "while",
+    ];
+    if RESERVED.contains(&name) {
+        return Some(format!("__{name}__"));
+    }
+    let mut chars = name.chars();
+    let first = chars.next()?;
+    if !(first.is_ascii_alphabetic() || matches!(first, '_' | '.' | '-' | '/')) {
+        return None;
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/'))
+    {
+        return None;
+    }
+    if !name.contains(['_', '.', '-', '/']) {
+        return Some(name.to_string());
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    let mut rest = name;
+    while let Some(c) = rest.chars().next() {
+        if let Some(r) = rest.strip_prefix("__") {
+            out.push_str("__underscores__");
+            rest = r;
+            continue;
+        }
+        match c {
+            '.' => out.push_str("__dot__"),
+            '-' => out.push_str("__dash__"),
+            '/' => out.push_str("__slash__"),
+            c => out.push(c),
+        }
+        rest = &rest[c.len_utf8()..];
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests;

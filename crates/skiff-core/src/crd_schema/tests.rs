@@ -1,0 +1,870 @@
+//! Tests of structural schemas: expected causes as kube-apiserver words them.
+
+use serde_json::{json, Value};
+
+use super::Schema;
+
+fn compile(s: Value) -> Schema {
+    Schema::compile(&s, "spec.versions[0].schema.openAPIV3Schema").expect("schema compiles")
+}
+
+fn messages(causes: &[crate::Cause]) -> Vec<String> {
+    causes
+        .iter()
+        .map(|c| format!("{}: {}", c.field, c.message))
+        .collect()
+}
+
+#[test]
+fn a_string_where_an_integer_is_declared_is_a_type_error() {
+    let s = compile(
+        json!({"type": "object", "properties": {"spec": {"type": "object",
+        "properties": {"replicas": {"type": "integer"}}}}}),
+    );
+    let causes = s.validate(&json!({"spec": {"replicas": "three"}}), None);
+    assert_eq!(
+        messages(&causes),
+        vec![
+            r#"spec.replicas: Invalid value: "string": spec.replicas in body must be of type integer: "string""#
+        ]
+    );
+}
+
+const P: &str = "spec.versions[0].schema.openAPIV3Schema";
+
+fn refused(s: Value) -> Vec<String> {
+    messages(&Schema::compile(&s, P).expect_err("schema is refused"))
+}
+
+fn obj(props: Value) -> Value {
+    json!({"type": "object", "properties": {"spec": {"type": "object", "properties": props}}})
+}
+
+#[test]
+fn a_property_without_a_type_is_not_structural() {
+    let got = refused(obj(json!({"foo": {"description": "x"}})));
+    assert_eq!(
+        got,
+        vec![format!(
+            "{P}.properties[spec].properties[foo].type: Required value: must not be empty for specified object fields"
+        )]
+    );
+}
+
+#[test]
+fn array_items_and_the_root_need_types_too() {
+    let got = refused(json!({"properties": {"l": {"type": "array", "items": {}}}}));
+    assert!(
+        got.contains(&format!(
+        "{P}.properties[l].items.type: Required value: must not be empty for specified array items"
+    )),
+        "{got:?}"
+    );
+    assert!(
+        got.contains(&format!(
+            "{P}.type: Required value: must not be empty at the root"
+        )),
+        "{got:?}"
+    );
+    let got = refused(json!({"type": "object", "properties": {"l": {"type": "array"}}}));
+    assert_eq!(
+        got,
+        vec![format!(
+            "{P}.properties[l].items: Required value: must be specified"
+        )]
+    );
+}
+
+#[test]
+fn keywords_kubernetes_does_not_support_are_forbidden() {
+    let got = refused(obj(json!({
+        "a": {"$ref": "#/definitions/x"},
+        "b": {"type": "array", "items": {"type": "string"}, "uniqueItems": true},
+        "c": {"type": "object", "patternProperties": {}},
+        "d": {"type": "string", "additionalItems": false},
+        "e": {"type": "null"},
+        "f": {"type": "object", "properties": {"x": {"type": "string"}}, "additionalProperties": {"type": "string"}},
+        "g": {"type": "strin"},
+    })));
+    let p = format!("{P}.properties[spec].properties");
+    for want in [
+        format!("{p}[a].$ref: Forbidden: $ref is not supported"),
+        format!("{p}[b].uniqueItems: Forbidden: uniqueItems cannot be set to true since the runtime complexity becomes quadratic"),
+        format!("{p}[c].patternProperties: Forbidden: patternProperties is not supported"),
+        format!("{p}[d].additionalItems: Forbidden: additionalItems is not supported"),
+        format!("{p}[e].type: Forbidden: type cannot be set to null, use nullable as an alternative"),
+        format!("{p}[f].additionalProperties: Forbidden: additionalProperties and properties are mutual exclusive"),
+        format!(r#"{p}[g].type: Unsupported value: "strin": supported values: "array", "boolean", "integer", "number", "object", "string""#),
+    ] {
+        assert!(got.contains(&want), "missing {want}\nin {got:#?}");
+    }
+}
+
+#[test]
+fn value_validations_may_not_declare_types() {
+    let got = refused(obj(
+        json!({"a": {"type": "string", "anyOf": [{"type": "string"}, {"pattern": "x"}]}}),
+    ));
+    assert_eq!(
+        got,
+        vec![format!("{P}.properties[spec].properties[a].anyOf[0].type: Forbidden: must be empty to be structural")]
+    );
+    // Kubernetes' int-or-string pattern is allowed.
+    compile(obj(json!({"port": {"x-kubernetes-int-or-string": true,
+        "anyOf": [{"type": "integer"}, {"type": "string"}]}})));
+}
+
+#[test]
+fn metadata_at_the_root_may_only_constrain_name() {
+    let got = refused(
+        json!({"type": "object", "properties": {"metadata": {"type": "object",
+        "properties": {"labels": {"type": "object"}}}}}),
+    );
+    assert_eq!(
+        got,
+        vec![format!("{P}.properties[metadata]: Forbidden: must not specify anything other than name and generateName, but metadata is implicitly specified")]
+    );
+    compile(
+        json!({"type": "object", "properties": {"metadata": {"type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 10}}}}}),
+    );
+}
+
+#[test]
+fn list_types_are_checked_where_they_are_declared() {
+    let got = refused(obj(json!({
+        "m": {"type": "array", "x-kubernetes-list-type": "map",
+              "items": {"type": "object", "properties": {"name": {"type": "string"}}}},
+        "k": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+              "items": {"type": "object", "properties": {"name": {"type": "string"}}}},
+        "t": {"type": "string", "x-kubernetes-list-type": "set"},
+        "u": {"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "list"},
+    })));
+    let p = format!("{P}.properties[spec].properties");
+    for want in [
+        format!("{p}[m].x-kubernetes-list-map-keys: Required value: must not be empty if x-kubernetes-list-type is map"),
+        format!("{p}[k].items.properties[name].default: Required value: this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property"),
+        format!(r#"{p}[t].type: Invalid value: "string": must be array if x-kubernetes-list-type is specified"#),
+        format!(r#"{p}[u].x-kubernetes-list-type: Unsupported value: "list": supported values: "atomic", "set", "map""#),
+    ] {
+        assert!(got.contains(&want), "missing {want}\nin {got:#?}");
+    }
+}
+
+#[test]
+fn a_default_must_validate_and_must_not_be_pruned() {
+    let got = refused(obj(json!({
+        "replicas": {"type": "integer", "default": "one"},
+        "tpl": {"type": "object", "properties": {"a": {"type": "string"}}, "default": {"a": "x", "b": "y"}},
+        "size": {"type": "integer", "maximum": 5, "default": 10},
+    })));
+    let p = format!("{P}.properties[spec].properties");
+    for want in [
+        format!(
+            r#"{p}[replicas].default: Invalid value: "string":  in body must be of type integer: "string""#
+        ),
+        format!(
+            r#"{p}[tpl].default: Invalid value: {{"a":"x","b":"y"}}: must not have unknown fields"#
+        ),
+        format!("{p}[size].default: Invalid value: 10:  in body should be less than or equal to 5"),
+    ] {
+        assert!(got.contains(&want), "missing {want}\nin {got:#?}");
+    }
+}
+
+#[test]
+fn defaults_in_top_level_metadata_are_forbidden() {
+    let got = refused(
+        json!({"type": "object", "properties": {"metadata": {"type": "object",
+        "properties": {"name": {"type": "string", "default": "x"}}}}}),
+    );
+    assert!(
+        got.contains(&format!(
+            "{P}.properties[metadata].properties[name].default: Forbidden: in top-level metadata"
+        )),
+        "{got:?}"
+    );
+}
+
+fn spec_schema() -> Schema {
+    compile(json!({
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "spec": {
+                "type": "object",
+                "required": ["image"],
+                "properties": {
+                    "image": {"type": "string", "minLength": 1, "maxLength": 20, "pattern": "^[a-z:./0-9]+$"},
+                    "replicas": {"type": "integer", "minimum": 0, "maximum": 10, "default": 1},
+                    "ratio": {"type": "number", "exclusiveMinimum": true, "minimum": 0, "multipleOf": 0.5},
+                    "mode": {"type": "string", "enum": ["Fast", "Slow"]},
+                    "port": {"x-kubernetes-int-or-string": true},
+                    "tags": {"type": "array", "maxItems": 2, "minItems": 1, "items": {"type": "string"},
+                             "x-kubernetes-list-type": "set"},
+                    "ports": {"type": "array", "x-kubernetes-list-type": "map",
+                              "x-kubernetes-list-map-keys": ["name"],
+                              "items": {"type": "object", "required": ["name"], "properties": {
+                                  "name": {"type": "string"},
+                                  "protocol": {"type": "string", "default": "TCP"}}}},
+                    "labels": {"type": "object", "maxProperties": 1,
+                               "additionalProperties": {"type": "string", "default": "none", "nullable": false}},
+                    "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                              "properties": {"known": {"type": "object", "properties": {"a": {"type": "string"}}}}},
+                    "template": {"type": "object", "x-kubernetes-embedded-resource": true,
+                                 "properties": {"spec": {"type": "object", "properties": {"x": {"type": "integer"}}}}},
+                    "note": {"type": "string", "nullable": true},
+                    "email": {"type": "string", "format": "email"},
+                    "when": {"type": "string", "format": "date-time"},
+                    "id": {"type": "string", "format": "uuid"},
+                }
+            },
+            "status": {"type": "object", "properties": {"ready": {"type": "boolean"}}}
+        }
+    }))
+}
+
+#[test]
+fn every_failing_field_is_reported_as_kubernetes_words_it() {
+    let s = spec_schema();
+    let obj = json!({"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "a"}, "spec": {
+        "image": "BAD IMAGE NAME THAT IS LONG",
+        "replicas": 11,
+        "ratio": 0.7,
+        "mode": "Medium",
+        "port": true,
+        "tags": ["a", "a", "b"],
+        "ports": [{"name": "http"}, {"name": "http"}],
+        "labels": {"a": "1", "b": "2"},
+        "template": {"spec": {"x": 1}},
+        "note": null,
+        "email": "not-an-email",
+        "when": "yesterday",
+        "id": "123",
+    }});
+    let got = messages(&s.validate(&obj, None));
+    for want in [
+        "spec.image: Too long: may not be more than 20 bytes",
+        r#"spec.image: Invalid value: "BAD IMAGE NAME THAT IS LONG": spec.image in body should match '^[a-z:./0-9]+$'"#,
+        "spec.replicas: Invalid value: 11: spec.replicas in body should be less than or equal to 10",
+        "spec.ratio: Invalid value: 0.7: spec.ratio in body should be a multiple of 0.5",
+        r#"spec.mode: Unsupported value: "Medium": supported values: "Fast", "Slow""#,
+        r#"spec.port: Invalid value: "boolean": spec.port in body must be of type integer,string: "boolean""#,
+        "spec.tags: Too many: 3: must have at most 2 items",
+        r#"spec.tags[1]: Duplicate value: "a""#,
+        r#"spec.ports[1]: Duplicate value: {"name":"http"}"#,
+        "spec.labels: Too many: 2: must have at most 1 item",
+        "spec.template.apiVersion: Required value",
+        "spec.template.kind: Required value",
+        r#"spec.email: Invalid value: "not-an-email": spec.email in body must be of type email: "not-an-email""#,
+        r#"spec.when: Invalid value: "yesterday": spec.when in body must be of type date-time: "yesterday""#,
+        r#"spec.id: Invalid value: "123": spec.id in body must be of type uuid: "123""#,
+    ] {
+        assert!(got.contains(&want.to_string()), "missing {want}\nin {got:#?}");
+    }
+    assert_eq!(got.len(), 15, "{got:#?}");
+}
+
+#[test]
+fn required_fields_and_nulls() {
+    let s = spec_schema();
+    let got = messages(&s.validate(&json!({"spec": {"replicas": null, "note": null}}), None));
+    assert_eq!(
+        got,
+        vec![
+            "spec.image: Required value".to_string(),
+            r#"spec.replicas: Invalid value: "null": spec.replicas in body must be of type integer: "null""#.to_string(),
+        ]
+    );
+    let got = messages(&s.validate(&json!({"metadata": {"name": "a"}}), None));
+    assert_eq!(got, vec!["spec: Required value".to_string()]);
+}
+
+#[test]
+fn a_valid_object_has_no_causes() {
+    let s = spec_schema();
+    let obj = json!({"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "a"}, "spec": {
+        "image": "nginx:1.25", "replicas": 3, "ratio": 1.5, "mode": "Fast", "port": "http",
+        "tags": ["a"], "ports": [{"name": "a"}, {"name": "b"}], "labels": {"a": "1"},
+        "template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"x": 1}},
+        "note": null, "email": "a@example.com", "when": "2024-01-02T03:04:05Z",
+        "id": "123e4567-e89b-12d3-a456-426614174000", "extra": {"anything": [1, 2]}}});
+    assert_eq!(messages(&s.validate(&obj, None)), Vec::<String>::new());
+    let whole = json!({"spec": {"image": "x", "replicas": 2.0}});
+    assert!(
+        s.validate(&whole, None).is_empty(),
+        "2.0 is an integer in JSON"
+    );
+}
+
+#[test]
+fn pruning_drops_unknown_fields_and_keeps_what_kubernetes_keeps() {
+    let s = spec_schema();
+    let mut obj = json!({"apiVersion": "x/v1", "kind": "K",
+        "metadata": {"name": "a", "labels": {"x": "y"}, "bogus": 1},
+        "unknown": 1,
+        "spec": {"image": "x", "junk": true,
+                 "extra": {"anything": {"deep": 1}, "known": {"a": "x", "b": "dropped"}},
+                 "template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "zzz": 1},
+                              "spec": {"x": 1, "y": 2}, "other": 3},
+                 "ports": [{"name": "a", "junk": 1}],
+                 "labels": {"k": "v"}},
+        "status": {"ready": true, "junk": 1}});
+    s.prune(&mut obj);
+    assert_eq!(
+        obj,
+        json!({"apiVersion": "x/v1", "kind": "K",
+        "metadata": {"name": "a", "labels": {"x": "y"}},
+        "spec": {"image": "x",
+                 "extra": {"anything": {"deep": 1}, "known": {"a": "x"}},
+                 "template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                              "spec": {"x": 1}},
+                 "ports": [{"name": "a"}],
+                 "labels": {"k": "v"}},
+        "status": {"ready": true}})
+    );
+}
+
+#[test]
+fn defaults_are_applied_nested_into_arrays_and_maps() {
+    let s = spec_schema();
+    let mut obj = json!({"spec": {"image": "x", "ports": [{"name": "a"}, {"name": "b", "protocol": "UDP"}],
+        "labels": {"a": null}, "note": null}});
+    s.apply_defaults(&mut obj);
+    assert_eq!(
+        obj,
+        json!({"spec": {"image": "x", "replicas": 1,
+        "ports": [{"name": "a", "protocol": "TCP"}, {"name": "b", "protocol": "UDP"}],
+        "labels": {"a": "none"}, "note": null}})
+    );
+    let mut obj = json!({"spec": {"image": "x", "replicas": null}});
+    s.apply_defaults(&mut obj);
+    assert_eq!(
+        obj["spec"]["replicas"],
+        json!(1),
+        "null of a non-nullable field is defaulted"
+    );
+    // no default below an absent parent
+    let mut obj = json!({"metadata": {"name": "a"}});
+    s.apply_defaults(&mut obj);
+    assert_eq!(obj, json!({"metadata": {"name": "a"}}));
+}
+
+#[test]
+fn an_object_default_is_itself_defaulted_and_nulls_without_defaults_are_dropped() {
+    let s = compile(obj(json!({
+        "res": {"type": "object", "default": {}, "properties": {"cpu": {"type": "string", "default": "1"}}},
+        "opt": {"type": "string"},
+    })));
+    let mut o = json!({"spec": {"opt": null}});
+    s.apply_defaults(&mut o);
+    assert_eq!(o, json!({"spec": {"res": {"cpu": "1"}}}));
+}
+
+#[test]
+fn unchanged_invalid_values_are_ratcheted_on_update() {
+    let s = spec_schema();
+    let old = json!({"spec": {"image": "BAD", "replicas": 50}});
+    let new = json!({"spec": {"image": "BAD", "replicas": 5}});
+    assert!(s.validate(&new, Some(&old)).is_empty());
+    let new = json!({"spec": {"image": "ALSO BAD", "replicas": 5}});
+    assert_eq!(
+        messages(&s.validate(&new, Some(&old))),
+        vec![
+            r#"spec.image: Invalid value: "ALSO BAD": spec.image in body should match '^[a-z:./0-9]+$'"#
+        ]
+    );
+}
+
+#[test]
+fn composition_keywords_report_as_kube_openapi() {
+    let s = compile(obj(json!({
+        "a": {"type": "string", "anyOf": [{"pattern": "^x"}, {"pattern": "^y"}]},
+        "b": {"type": "integer", "oneOf": [{"minimum": 0}, {"maximum": 10}]},
+        "c": {"type": "string", "not": {"enum": ["no"]}},
+        "d": {"type": "string", "allOf": [{"minLength": 2}, {"maxLength": 3}]},
+    })));
+    let got = messages(&s.validate(
+        &json!({"spec": {"a": "z", "b": 5, "c": "no", "d": "a"}}),
+        None,
+    ));
+    for want in [
+        r#": Invalid value: "": "spec.a" must validate at least one schema (anyOf)"#,
+        r#"spec.a: Invalid value: "z": spec.a in body should match '^x'"#,
+        r#": Invalid value: "": "spec.b" must validate one and only one schema (oneOf). Found 2 valid alternatives"#,
+        r#": Invalid value: "": "spec.c" must not validate the schema (not)"#,
+        r#"spec.d: Invalid value: "a": spec.d in body should be at least 2 chars long"#,
+        r#": Invalid value: "": "spec.d" must validate all the schemas (allOf)"#,
+    ] {
+        assert!(
+            got.contains(&want.to_string()),
+            "missing {want}\nin {got:#?}"
+        );
+    }
+}
+
+fn rules_schema(rules: Value) -> Schema {
+    compile(
+        json!({"type": "object", "properties": {"spec": {"type": "object",
+        "x-kubernetes-validations": rules,
+        "properties": {
+            "minReplicas": {"type": "integer"},
+            "maxReplicas": {"type": "integer"},
+            "name": {"type": "string", "maxLength": 64},
+            "mode": {"type": "string", "x-kubernetes-validations": [
+                {"rule": "self == oldSelf", "message": "mode is immutable"}]},
+            "items": {"type": "array", "maxItems": 10, "items": {"type": "string", "maxLength": 10}},
+            "cpu": {"x-kubernetes-int-or-string": true},
+        }}}}),
+    )
+}
+
+#[test]
+fn a_failing_rule_reports_its_message_or_the_rule() {
+    let s = rules_schema(json!([
+        {"rule": "self.minReplicas <= self.maxReplicas"},
+        {"rule": "self.name.startsWith('a')", "message": "name must start with a"},
+        {"rule": "self.items.all(i, i.size() < 4)", "messageExpression": "'item too long in ' + self.name"},
+        {"rule": "!has(self.cpu) || quantity(string(self.cpu)).isLessThan(quantity('4'))",
+         "message": "too many cpus", "fieldPath": ".cpu", "reason": "FieldValueForbidden"},
+    ]));
+    let got = messages(&s.validate(
+        &json!({"spec": {"minReplicas": 5, "maxReplicas": 2,
+        "name": "bob", "items": ["short", "x"], "cpu": "8"}}),
+        None,
+    ));
+    assert_eq!(
+        got,
+        vec![
+            "spec: Invalid value: failed rule: self.minReplicas <= self.maxReplicas",
+            "spec: Invalid value: name must start with a",
+            "spec: Invalid value: item too long in bob",
+            "spec.cpu: Forbidden: too many cpus",
+        ]
+    );
+    let ok = json!({"spec": {"minReplicas": 1, "maxReplicas": 2, "name": "al", "items": ["abc"], "cpu": 2}});
+    assert!(
+        s.validate(&ok, None).is_empty(),
+        "{:?}",
+        messages(&s.validate(&ok, None))
+    );
+}
+
+#[test]
+fn transition_rules_see_the_old_object_on_update_only() {
+    let s = rules_schema(json!([]));
+    let old = json!({"spec": {"mode": "a"}});
+    assert!(s.validate(&json!({"spec": {"mode": "b"}}), None).is_empty());
+    assert!(s.validate(&old, Some(&old)).is_empty());
+    assert_eq!(
+        messages(&s.validate(&json!({"spec": {"mode": "b"}}), Some(&old))),
+        vec![r#"spec.mode: Invalid value: "b": mode is immutable"#]
+    );
+}
+
+#[test]
+fn a_rule_that_errors_says_so() {
+    let s = rules_schema(json!([{"rule": "self.minReplicas > 0"}]));
+    let got = messages(&s.validate(&json!({"spec": {"name": "x"}}), None));
+    assert_eq!(got.len(), 1);
+    assert!(
+        got[0].starts_with(r#"spec: Invalid value: "object": "#),
+        "{got:?}"
+    );
+    assert!(
+        got[0].ends_with("evaluating rule: self.minReplicas > 0"),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn invalid_rules_are_refused_at_creation() {
+    let p = format!("{P}.properties[spec].x-kubernetes-validations");
+    let with_rules = |rules: Value| {
+        refused(
+            json!({"type": "object", "properties": {"spec": {"type": "object",
+            "properties": {"a": {"type": "string"}}, "x-kubernetes-validations": rules}}}),
+        )
+    };
+    let got = with_rules(json!([{"rule": "self.a ==="}, {"rule": "self.b == 'x'"}]));
+    assert!(
+        got.iter().any(|g| g.starts_with(&format!(
+            "{p}[0].rule: Invalid value: {{\"rule\":\"self.a ===\"}}: compilation failed: "
+        ))),
+        "{got:#?}"
+    );
+    assert!(
+        got.iter()
+            .any(|g| g.starts_with(&format!("{p}[1].rule: Invalid value: "))
+                && g.contains("undefined field 'b'")),
+        "{got:#?}"
+    );
+    // Static mistakes are reported first, as Kubernetes skips compiling then.
+    let got = with_rules(json!([{"rule": "self.a == 'x'", "reason": "Nope"}, {"rule": ""}]));
+    assert_eq!(
+        got,
+        vec![
+            format!(
+                r#"{p}[0].reason: Unsupported value: "Nope": supported values: "FieldValueDuplicate", "FieldValueForbidden", "FieldValueInvalid", "FieldValueRequired""#
+            ),
+            format!("{p}[1].rule: Required value: rule is not specified"),
+        ]
+    );
+}
+
+#[test]
+fn compile_errors_and_old_self_misuse_are_reported() {
+    let p = format!("{P}.properties[spec]");
+    let got = refused(
+        json!({"type": "object", "properties": {"spec": {"type": "object",
+        "properties": {
+            "a": {"type": "string", "x-kubernetes-validations": [{"rule": "size(foo) > 1"}]},
+            "l": {"type": "array", "items": {"type": "string", "x-kubernetes-validations": [{"rule": "self == oldSelf"}]}},
+            "o": {"type": "string", "x-kubernetes-validations": [{"rule": "self == 'x'", "optionalOldSelf": true}]},
+        }}}}),
+    );
+    assert!(
+        got.iter().any(|g| g.starts_with(&format!(
+            "{p}.properties[a].x-kubernetes-validations[0].rule: Invalid value: "
+        )) && g.contains("undeclared reference to 'foo'")),
+        "{got:#?}"
+    );
+    assert!(
+        got.iter().any(|g| g.starts_with(&format!(
+            "{p}.properties[l].items.x-kubernetes-validations[0].rule: Invalid value: "
+        )) && g
+            .contains("oldSelf cannot be used on the uncorrelatable portion of the schema")),
+        "{got:#?}"
+    );
+    assert!(got.contains(&format!("{p}.properties[o].x-kubernetes-validations[0].optionalOldSelf: Invalid value: true: may not be set if oldSelf is not used in rule")), "{got:#?}");
+}
+
+#[test]
+fn nested_macros_over_unbounded_lists_exceed_the_estimated_budget() {
+    let unbounded = json!({"type": "object", "properties": {"spec": {"type": "object",
+    "x-kubernetes-validations": [{"rule": "self.a.all(x, self.b.all(y, x != y))"}],
+    "properties": {
+        "a": {"type": "array", "items": {"type": "string"}},
+        "b": {"type": "array", "items": {"type": "string"}},
+    }}}});
+    let got = refused(unbounded.clone());
+    assert!(got.iter().any(|g| g.starts_with(&format!(
+        "{P}.properties[spec].x-kubernetes-validations[0].rule: Forbidden: estimated rule cost exceeds budget by factor of"))
+        && g.ends_with("(try simplifying the rule, or adding maxItems, maxProperties, and maxLength where arrays, maps, and strings are declared)")),
+        "{got:#?}");
+    let mut bounded = unbounded;
+    for l in ["a", "b"] {
+        let p = &mut bounded["properties"]["spec"]["properties"][l];
+        p["maxItems"] = json!(100);
+        p["items"]["maxLength"] = json!(64);
+    }
+    let s = compile(bounded);
+    assert!(s
+        .validate(&json!({"spec": {"a": ["x"], "b": ["y"]}}), None)
+        .is_empty());
+    assert_eq!(
+        s.validate(&json!({"spec": {"a": ["x"], "b": ["x"]}}), None)
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn rules_inside_lists_run_for_each_element_with_its_path() {
+    let s = compile(obj(json!({"ports": {"type": "array", "maxItems": 5,
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+        "items": {"type": "object", "required": ["name"],
+            "x-kubernetes-validations": [{"rule": "self.port > 0 && self.port < 65536", "message": "bad port"},
+                                         {"rule": "!has(oldSelf.port) || self.port == oldSelf.port", "message": "port is immutable"}],
+            "properties": {"name": {"type": "string", "maxLength": 10}, "port": {"type": "integer"}}}}})));
+    let old = json!({"spec": {"ports": [{"name": "a", "port": 80}, {"name": "b", "port": 81}]}});
+    let new = json!({"spec": {"ports": [{"name": "b", "port": 82}, {"name": "a", "port": 80}, {"name": "c", "port": 0}]}});
+    assert_eq!(
+        messages(&s.validate(&new, Some(&old))),
+        vec![
+            "spec.ports[0]: Invalid value: port is immutable",
+            "spec.ports[2]: Invalid value: bad port",
+        ]
+    );
+}
+
+#[test]
+fn property_names_are_escaped_for_cel() {
+    let s = compile(obj(json!({"x-y": {"type": "string"}, "in": {"type": "integer"}, "a.b": {"type": "string"}})
+        ).pointer("").cloned().map(|mut v| {
+            v["properties"]["spec"]["x-kubernetes-validations"] =
+                json!([{"rule": "self.x__dash__y == 'ok' && self.__in__ == 1 && self.a__dot__b == 'z'"}]);
+            v
+        }).unwrap());
+    assert!(s
+        .validate(&json!({"spec": {"x-y": "ok", "in": 1, "a.b": "z"}}), None)
+        .is_empty());
+    assert_eq!(
+        s.validate(&json!({"spec": {"x-y": "no", "in": 1, "a.b": "z"}}), None)
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn numbers_are_doubles_and_date_times_timestamps_in_rules() {
+    let s = compile(
+        json!({"type": "object", "properties": {"spec": {"type": "object",
+        "x-kubernetes-validations": [
+            {"rule": "self.ratio > 0.5 && self.ratio == 2.0"},
+            {"rule": "self.start < self.end"},
+            {"rule": "self.timeout > duration('1s')"}],
+        "properties": {"ratio": {"type": "number"},
+            "start": {"type": "string", "format": "date-time"},
+            "end": {"type": "string", "format": "date-time"},
+            "timeout": {"type": "string", "format": "duration"}}}}}),
+    );
+    let ok = json!({"spec": {"ratio": 2, "start": "2024-01-01T00:00:00Z", "end": "2024-06-01T00:00:00Z", "timeout": "1m"}});
+    assert!(
+        s.validate(&ok, None).is_empty(),
+        "{:?}",
+        messages(&s.validate(&ok, None))
+    );
+}
+
+#[test]
+fn root_rules_see_metadata_name() {
+    let s = compile(json!({"type": "object",
+        "x-kubernetes-validations": [{"rule": "self.metadata.name.startsWith('x-')", "message": "name needs x-"}],
+        "properties": {"spec": {"type": "object"}}}));
+    assert!(s
+        .validate(&json!({"metadata": {"name": "x-a"}, "spec": {}}), None)
+        .is_empty());
+    assert_eq!(
+        messages(&s.validate(&json!({"metadata": {"name": "a"}, "spec": {}}), None)),
+        vec![": Invalid value: name needs x-"]
+    );
+}
+
+/// A tiny deterministic generator, so the fuzz test needs no extra crate.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// A mostly structural schema with random keywords.
+    fn schema(&mut self, depth: u32) -> Value {
+        let types = ["object", "array", "string", "integer", "number", "boolean"];
+        let ty = types[self.below(if depth > 3 { 4 } else { 6 }) as usize % 6];
+        let ty = if depth > 3 {
+            ["string", "integer", "number", "boolean"][self.below(4) as usize]
+        } else {
+            ty
+        };
+        let mut m = serde_json::Map::new();
+        m.insert("type".into(), json!(ty));
+        match ty {
+            "object" => {
+                if self.below(4) == 0 {
+                    m.insert("additionalProperties".into(), self.schema(depth + 1));
+                } else {
+                    let mut props = serde_json::Map::new();
+                    for k in ["a", "b", "c"].iter().take(self.below(4) as usize) {
+                        props.insert(k.to_string(), self.schema(depth + 1));
+                    }
+                    m.insert("properties".into(), Value::Object(props));
+                    if self.below(3) == 0 {
+                        m.insert("required".into(), json!(["a"]));
+                    }
+                }
+                if self.below(5) == 0 {
+                    m.insert("x-kubernetes-preserve-unknown-fields".into(), json!(true));
+                }
+            }
+            "array" => {
+                m.insert("items".into(), self.schema(depth + 1));
+                if self.below(2) == 0 {
+                    m.insert("maxItems".into(), json!(self.below(5)));
+                }
+                if self.below(4) == 0 {
+                    m.insert("x-kubernetes-list-type".into(), json!("atomic"));
+                }
+            }
+            "string" => {
+                if self.below(3) == 0 {
+                    m.insert("maxLength".into(), json!(self.below(8)));
+                }
+                if self.below(4) == 0 {
+                    m.insert(
+                        "pattern".into(),
+                        json!(["^a", "[", "b$", "^(x|y)*$"][self.below(4) as usize]),
+                    );
+                }
+                if self.below(4) == 0 {
+                    m.insert(
+                        "format".into(),
+                        json!(
+                            ["date-time", "uuid", "email", "byte", "duration"]
+                                [self.below(5) as usize]
+                        ),
+                    );
+                }
+                if self.below(4) == 0 {
+                    m.insert("enum".into(), json!(["a", "b"]));
+                }
+            }
+            "integer" | "number" => {
+                if self.below(3) == 0 {
+                    m.insert("minimum".into(), json!(self.below(10) as i64 - 5));
+                }
+                if self.below(4) == 0 {
+                    m.insert(
+                        "multipleOf".into(),
+                        json!([0.5, 2.0, 3.0][self.below(3) as usize]),
+                    );
+                }
+            }
+            _ => {}
+        }
+        if self.below(4) == 0 {
+            m.insert("nullable".into(), json!(true));
+        }
+        if self.below(4) == 0 {
+            m.insert("default".into(), self.value(3));
+        }
+        if self.below(5) == 0 {
+            let rules = [
+                "self == oldSelf",
+                "size(self) > 0",
+                "self.all(x, x != null)",
+                "has(self.a)",
+                "self.a.b",
+                "self > 1",
+                "self.matches('^a')",
+                "quantity(self).sign() > 0",
+                "1/0 == 1",
+                "[1,2].map(x, x * 2).sum() == 6",
+                "self.size() < 3 ? true : false",
+            ];
+            m.insert(
+                "x-kubernetes-validations".into(),
+                json!([{"rule": rules[self.below(rules.len() as u64) as usize]}]),
+            );
+        }
+        if self.below(6) == 0 {
+            m.insert("anyOf".into(), json!([{"minimum": 1}, {"maxLength": 2}]));
+        }
+        Value::Object(m)
+    }
+
+    fn value(&mut self, depth: u32) -> Value {
+        let keys = [
+            "spec",
+            "type",
+            "properties",
+            "items",
+            "a",
+            "b",
+            "default",
+            "enum",
+            "required",
+            "x-kubernetes-validations",
+            "rule",
+            "x-kubernetes-list-type",
+            "x-kubernetes-list-map-keys",
+            "additionalProperties",
+            "nullable",
+            "anyOf",
+            "allOf",
+            "not",
+            "pattern",
+            "maxItems",
+            "x-kubernetes-int-or-string",
+            "x-kubernetes-preserve-unknown-fields",
+            "format",
+            "x-kubernetes-embedded-resource",
+            "minimum",
+            "multipleOf",
+            "metadata",
+            "name",
+        ];
+        let strings = [
+            "object",
+            "array",
+            "string",
+            "integer",
+            "number",
+            "boolean",
+            "map",
+            "set",
+            "self.a > 1",
+            "self == oldSelf",
+            "self.all(x, x > 0)",
+            "[",
+            "(a",
+            "date-time",
+            "",
+            "a",
+            "\u{0}",
+        ];
+        match if depth > 4 {
+            self.below(5)
+        } else {
+            self.below(8)
+        } {
+            0 => Value::Null,
+            1 => Value::Bool(self.below(2) == 0),
+            2 => json!(self.next() as i64 % 100 - 50),
+            3 => json!((self.next() % 1000) as f64 / 7.0),
+            4 => Value::String(strings[self.below(strings.len() as u64) as usize].to_string()),
+            5 | 6 => {
+                let mut m = serde_json::Map::new();
+                for _ in 0..self.below(5) {
+                    m.insert(
+                        keys[self.below(keys.len() as u64) as usize].to_string(),
+                        self.value(depth + 1),
+                    );
+                }
+                Value::Object(m)
+            }
+            _ => Value::Array((0..self.below(4)).map(|_| self.value(depth + 1)).collect()),
+        }
+    }
+}
+
+#[test]
+fn random_schemas_and_objects_never_panic() {
+    let mut rng = Rng(0x2545F4914F6CDD1D);
+    let mut compiled = 0;
+    for _ in 0..3000 {
+        let mut schema = if rng.below(4) == 0 {
+            rng.value(0)
+        } else {
+            rng.schema(0)
+        };
+        if rng.below(2) == 0 {
+            schema = json!({"type": "object", "properties": {"spec": schema}});
+        }
+        if let Ok(s) = Schema::compile(&schema, "s") {
+            compiled += 1;
+            for _ in 0..5 {
+                let v = rng.value(1);
+                let mut o = json!({"spec": v});
+                let old = if rng.below(2) == 0 {
+                    o.clone()
+                } else {
+                    json!({"spec": rng.value(1)})
+                };
+                s.prune(&mut o);
+                s.apply_defaults(&mut o);
+                let _ = s.validate(&o, Some(&old));
+                let _ = s.validate(&o, None);
+            }
+        }
+    }
+    assert!(
+        compiled > 300,
+        "the generator should produce some valid schemas ({compiled})"
+    );
+}
