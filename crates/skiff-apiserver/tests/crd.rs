@@ -114,7 +114,7 @@ fn widget_crd() -> Value {
                     "spec": {"type": "object", "properties": {
                         "color": {"type": "string"}, "size": {"type": "integer"},
                         "ports": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
-                                  "items": {"type": "object", "properties": {"name": {"type": "string"}, "port": {"type": "integer"}}}}}},
+                                  "items": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}, "port": {"type": "integer"}}}}}},
                     "status": {"type": "object", "properties": {"size": {"type": "integer"}, "selector": {"type": "string"}}}}}},
                  "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.size", "statusReplicasPath": ".status.size", "labelSelectorPath": ".status.selector"}},
                  "selectableFields": [{"jsonPath": ".spec.color"}],
@@ -498,4 +498,139 @@ async fn deleting_a_namespace_deletes_its_custom_resources() {
     api.until("/api/v1/namespaces/team", StatusCode::NOT_FOUND)
         .await;
     api.until(&format!("{path}/w"), StatusCode::NOT_FOUND).await;
+}
+
+#[tokio::test]
+async fn custom_resources_are_pruned_defaulted_and_validated_by_the_schema() {
+    let api = api().await;
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "pools.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Cluster",
+            "names": {"plural": "pools", "singular": "pool", "kind": "Pool"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object",
+                        "x-kubernetes-validations": [
+                            {"rule": "self.size <= self.max", "message": "size must not exceed max"},
+                            {"rule": "!has(oldSelf.mode) || self.mode == oldSelf.mode", "message": "mode is immutable"}],
+                        "properties": {
+                            "size": {"type": "integer", "minimum": 0, "default": 1},
+                            "max": {"type": "integer", "default": 10},
+                            "mode": {"type": "string", "enum": ["fast", "safe"], "default": "safe"}}}}}}}],
+        }
+    });
+    let r = api
+        .post(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            crd,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    established(&api, "pools.example.com").await;
+    let pools = "/apis/example.com/v1/pools";
+    api.until(pools, StatusCode::OK).await;
+
+    // Unknown fields pruned, defaults filled.
+    let r = api
+        .post(
+            pools,
+            json!({"apiVersion": "example.com/v1", "kind": "Pool", "metadata": {"name": "p"},
+                "spec": {"size": 3, "colour": "red"}, "extra": true}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(
+        r.body["spec"],
+        json!({"size": 3, "max": 10, "mode": "safe"})
+    );
+    assert!(r.body.get("extra").is_none());
+
+    // Every failing field at once, as 422 causes.
+    let r = api
+        .post(
+            pools,
+            json!({"apiVersion": "example.com/v1", "kind": "Pool", "metadata": {"name": "q"},
+                "spec": {"size": -1, "mode": "slow"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    let fields: Vec<&str> = r.body["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["field"].as_str().unwrap())
+        .collect();
+    assert!(fields.contains(&"spec.size"), "{}", r.body);
+    assert!(fields.contains(&"spec.mode"), "{}", r.body);
+    let r = api
+        .post(
+            pools,
+            json!({"apiVersion": "example.com/v1", "kind": "Pool", "metadata": {"name": "q"},
+                "spec": {"size": 20}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("size must not exceed max"),
+        "{}",
+        r.body
+    );
+
+    // A transition rule sees the old object.
+    let r = api
+        .patch(
+            &format!("{pools}/p"),
+            "application/merge-patch+json",
+            json!({"spec": {"mode": "fast"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("mode is immutable"),
+        "{}",
+        r.body
+    );
+
+    // A definition whose schema is not structural is refused with the reason.
+    let bad = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "bads.example.com"},
+        "spec": {"group": "example.com", "scope": "Cluster",
+            "names": {"plural": "bads", "singular": "bad", "kind": "Bad"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"properties": {"a": {"type": "string"}}},
+                    "check": {"type": "object", "x-kubernetes-validations": [{"rule": "self.nope +"}]}}}}}]}
+    });
+    let r = api
+        .post(
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            bad,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    let fields: Vec<&str> = r.body["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["field"].as_str().unwrap())
+        .collect();
+    assert!(
+        fields
+            .iter()
+            .any(|f| f.starts_with("spec.versions[0].schema.openAPIV3Schema.properties[spec]")),
+        "{}",
+        r.body
+    );
 }

@@ -133,6 +133,19 @@ fn cpu_of(list: Option<&Value>, field: &str) -> Option<Value> {
 
 /// Converts a stored object to the version `res` serves.
 pub fn from_storage(res: &'static ResourceInfo, mut obj: Value) -> Value {
+    if let Some(c) = res.rules.custom() {
+        // Conversion `None`: the apiVersion changes; then the served
+        // version's defaults (defaulting on read from storage).
+        if needed(res) {
+            if let Some(m) = obj.as_object_mut() {
+                m.insert("apiVersion".into(), json!(res.api_version()));
+            }
+        }
+        if let Some(s) = &c.compiled {
+            s.apply_defaults(&mut obj);
+        }
+        return obj;
+    }
     if !needed(res) {
         return obj;
     }

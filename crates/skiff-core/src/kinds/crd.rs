@@ -274,18 +274,11 @@ fn validate_versions(obj: &Value, out: &mut Vec<Cause>) {
                 "Required value: schemas are required",
             ));
         } else if let Some(s) = v.pointer("/schema/openAPIV3Schema") {
-            if !s.is_object() {
-                out.push(Cause::invalid(
-                    format!("{p}.schema.openAPIV3Schema"),
-                    s,
-                    "must be an object",
-                ));
-            } else if s.get("type").and_then(Value::as_str) != Some("object") {
-                out.push(Cause::invalid(
-                    format!("{p}.schema.openAPIV3Schema.type"),
-                    s.get("type").unwrap_or(&json!("")),
-                    "must be object at the root",
-                ));
+            // Structural, with every keyword, extension and CEL rule checked.
+            if let Err(causes) =
+                crate::crd_schema::Schema::compile(s, &format!("{p}.schema.openAPIV3Schema"))
+            {
+                out.extend(causes);
             }
         }
         validate_subresources(v, &p, out);

@@ -229,6 +229,8 @@ pub struct CustomRules {
     /// The version's `openAPIV3Schema` (or the definition's top-level one),
     /// with `metadata` as Kubernetes' ObjectMeta and `apiVersion`/`kind`.
     pub schema: Option<&'static Value>,
+    /// The compiled schema: pruning, defaults and validation.
+    pub compiled: Option<crate::crd_schema::Schema>,
     /// Conversion strategy `Webhook` and its settings (`spec.conversion`).
     pub conversion: Value,
     /// The served resource of the storage version.
@@ -323,6 +325,32 @@ impl KindRules for CustomRules {
             Some(Value::Bool(b)) => Some(b.to_string()),
             Some(Value::Number(n)) => Some(n.to_string()),
             _ => Some(String::new()),
+        }
+    }
+
+    /// Kubernetes' order on every write: unknown fields pruned, then the
+    /// schema's defaults.
+    fn defaults(&self, obj: &mut Value) {
+        if let Some(s) = &self.compiled {
+            s.prune(obj);
+            s.apply_defaults(obj);
+        }
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<Cause> {
+        match &self.compiled {
+            Some(s) => s.validate(obj, None),
+            None => Vec::new(),
+        }
+    }
+
+    /// On update the whole check, with `oldSelf` for transition rules and
+    /// unchanged invalid values let through (ratcheting); `validate` is not
+    /// called on updates of custom resources.
+    fn validate_update(&self, new: &Value, old: &Value) -> Vec<Cause> {
+        match &self.compiled {
+            Some(s) => s.validate(new, Some(old)),
+            None => Vec::new(),
         }
     }
 
@@ -500,6 +528,10 @@ fn build(crd: &Value) -> Vec<&'static ResourceInfo> {
                 .or_else(|| top_schema.clone())
                 .map(|s| &*Box::leak(Box::new(with_object_meta(s)))),
             conversion: conversion.clone(),
+            compiled: v
+                .pointer("/schema/openAPIV3Schema")
+                .or(top_schema.as_ref())
+                .and_then(|s| crate::crd_schema::Schema::compile(s, "").ok()),
             storage: OnceLock::new(),
         }));
         let info: &'static ResourceInfo = Box::leak(Box::new(ResourceInfo {
