@@ -53,19 +53,37 @@ fn container_schema() -> Value {
     let quantity = json!({"anyOf": [{"type": "integer"}, {"type": "string"}], "x-kubernetes-int-or-string": true,
         "pattern": "^(\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))))?$"});
     let mut props = Map::new();
-    props.insert("name".into(), json!({"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}));
-    props.insert("image".into(), json!({"type": "string", "description": "Container image name."}));
-    props.insert("imagePullPolicy".into(), json!({"type": "string", "enum": ["Always", "IfNotPresent", "Never"]}));
-    props.insert("args".into(), json!({"type": "array", "items": {"type": "string"}}));
-    props.insert("command".into(), json!({"type": "array", "items": {"type": "string"}}));
+    props.insert(
+        "name".into(),
+        json!({"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}),
+    );
+    props.insert(
+        "image".into(),
+        json!({"type": "string", "description": "Container image name."}),
+    );
+    props.insert(
+        "imagePullPolicy".into(),
+        json!({"type": "string", "enum": ["Always", "IfNotPresent", "Never"]}),
+    );
+    props.insert(
+        "args".into(),
+        json!({"type": "array", "items": {"type": "string"}}),
+    );
+    props.insert(
+        "command".into(),
+        json!({"type": "array", "items": {"type": "string"}}),
+    );
     props.insert("env".into(), env);
     props.insert("ports".into(), json!({"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["containerPort", "protocol"],
         "items": {"type": "object", "required": ["containerPort"], "properties": {
             "name": {"type": "string"}, "containerPort": {"type": "integer", "format": "int32", "minimum": 1, "maximum": 65535},
             "protocol": {"type": "string", "default": "TCP", "enum": ["TCP", "UDP", "SCTP"]}}}}));
-    props.insert("resources".into(), json!({"type": "object", "properties": {
+    props.insert(
+        "resources".into(),
+        json!({"type": "object", "properties": {
         "limits": {"type": "object", "additionalProperties": quantity.clone()},
-        "requests": {"type": "object", "additionalProperties": quantity}}}));
+        "requests": {"type": "object", "additionalProperties": quantity}}}),
+    );
     for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
         props.insert(probe.into(), json!({"type": "object", "properties": {
             "httpGet": {"type": "object", "required": ["port"], "properties": {
@@ -91,24 +109,49 @@ fn container_schema() -> Value {
 /// A Prometheus-sized structural schema with CEL rules.
 fn big_schema() -> Value {
     let mut spec = Map::new();
-    spec.insert("replicas".into(), json!({"type": "integer", "format": "int32", "minimum": 0, "default": 1}));
-    spec.insert("shards".into(), json!({"type": "integer", "format": "int32", "minimum": 1}));
-    spec.insert("maxReplicas".into(), json!({"type": "integer", "format": "int32", "default": 10}));
+    spec.insert(
+        "replicas".into(),
+        json!({"type": "integer", "format": "int32", "minimum": 0, "default": 1}),
+    );
+    spec.insert(
+        "shards".into(),
+        json!({"type": "integer", "format": "int32", "minimum": 1}),
+    );
+    spec.insert(
+        "maxReplicas".into(),
+        json!({"type": "integer", "format": "int32", "default": 10}),
+    );
     spec.insert("retention".into(), json!({"type": "string", "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}));
-    spec.insert("logLevel".into(), json!({"type": "string", "enum": ["", "debug", "info", "warn", "error"]}));
-    spec.insert("logFormat".into(), json!({"type": "string", "enum": ["", "logfmt", "json"]}));
+    spec.insert(
+        "logLevel".into(),
+        json!({"type": "string", "enum": ["", "debug", "info", "warn", "error"]}),
+    );
+    spec.insert(
+        "logFormat".into(),
+        json!({"type": "string", "enum": ["", "logfmt", "json"]}),
+    );
     spec.insert("externalUrl".into(), json!({"type": "string"}));
     spec.insert("externalLabels".into(), json!({"type": "object", "additionalProperties": {"type": "string"},
         "x-kubernetes-validations": [{"rule": "self.all(k, k.size() < 64)", "message": "label names are at most 63 characters"}]}));
     spec.insert("containers".into(), json!({"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"], "items": container_schema()}));
-    spec.insert("initContainers".into(), json!({"type": "array", "items": container_schema()}));
+    spec.insert(
+        "initContainers".into(),
+        json!({"type": "array", "items": container_schema()}),
+    );
     let selector = json!({"type": "object", "x-kubernetes-map-type": "atomic", "properties": {
         "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
         "matchExpressions": {"type": "array", "items": {"type": "object", "required": ["key", "operator"], "properties": {
             "key": {"type": "string"}, "operator": {"type": "string", "enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
             "values": {"type": "array", "items": {"type": "string"}}}}}},
         "x-kubernetes-validations": [{"rule": "!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['Exists', 'DoesNotExist'] || (has(e.values) && e.values.size() > 0))", "message": "In and NotIn need values"}]});
-    for s in ["ruleSelector", "serviceMonitorSelector", "podMonitorSelector", "probeSelector", "ruleNamespaceSelector", "serviceMonitorNamespaceSelector"] {
+    for s in [
+        "ruleSelector",
+        "serviceMonitorSelector",
+        "podMonitorSelector",
+        "probeSelector",
+        "ruleNamespaceSelector",
+        "serviceMonitorNamespaceSelector",
+    ] {
         spec.insert(s.into(), selector.clone());
     }
     spec.insert("storage".into(), json!({"type": "object", "properties": {
@@ -134,10 +177,16 @@ fn big_schema() -> Value {
     // Many plain settings, as the real Prometheus spec has.
     for i in 0..120 {
         let v = match i % 4 {
-            0 => json!({"type": "string", "maxLength": 256, "description": format!("Setting {i}.")}),
-            1 => json!({"type": "integer", "minimum": 0, "maximum": 1_000_000, "description": format!("Setting {i}.")}),
+            0 => {
+                json!({"type": "string", "maxLength": 256, "description": format!("Setting {i}.")})
+            }
+            1 => {
+                json!({"type": "integer", "minimum": 0, "maximum": 1_000_000, "description": format!("Setting {i}.")})
+            }
             2 => json!({"type": "boolean", "description": format!("Setting {i}.")}),
-            _ => json!({"type": "array", "items": {"type": "string"}, "maxItems": 32, "description": format!("Setting {i}.")}),
+            _ => {
+                json!({"type": "array", "items": {"type": "string"}, "maxItems": 32, "description": format!("Setting {i}.")})
+            }
         };
         spec.insert(format!("setting{i}"), v);
     }
@@ -197,8 +246,16 @@ fn prometheus(name: &str) -> String {
     spec.insert("shards".into(), json!(1));
     spec.insert("retention".into(), json!("15d"));
     spec.insert("logLevel".into(), json!("info"));
-    spec.insert("externalLabels".into(), json!((0..10).map(|i| (format!("label{i}"), json!(format!("v{i}")))).collect::<Map<_, _>>()));
-    spec.insert("containers".into(), json!((0..3).map(container).collect::<Vec<_>>()));
+    spec.insert(
+        "externalLabels".into(),
+        json!((0..10)
+            .map(|i| (format!("label{i}"), json!(format!("v{i}"))))
+            .collect::<Map<_, _>>()),
+    );
+    spec.insert(
+        "containers".into(),
+        json!((0..3).map(container).collect::<Vec<_>>()),
+    );
     spec.insert("serviceMonitorSelector".into(), json!({"matchLabels": {"team": "frontend"}, "matchExpressions": [{"key": "tier", "operator": "In", "values": ["web"]}]}));
     spec.insert("remoteWrite".into(), json!([{"url": "https://remote.example.com/api/v1/write", "writeRelabelConfigs": [{"sourceLabels": ["__name__"], "regex": "go_.*", "action": "drop"}]}]));
     spec.insert("tolerations".into(), json!([{"key": "dedicated", "operator": "Equal", "value": "monitoring", "effect": "NoSchedule"}]));
@@ -341,8 +398,15 @@ async fn main() {
             pct(&cm_lat, 0.5),
             pct(&cm_lat, 0.99)
         );
-        let (cr_rate, cr_lat) =
-            phase(&conns, secs, CRS, |n, _| prometheus(n), size, format!("cr{r}")).await;
+        let (cr_rate, cr_lat) = phase(
+            &conns,
+            secs,
+            CRS,
+            |n, _| prometheus(n),
+            size,
+            format!("cr{r}"),
+        )
+        .await;
         println!(
             "| Prometheus (custom resource), round {} | {cr_rate:.0} | {:.2} | {:.2} |",
             r + 1,

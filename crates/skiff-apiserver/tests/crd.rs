@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
+use futures::StreamExt;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use skiff_store::{RedbStore, Store};
@@ -633,4 +634,119 @@ async fn custom_resources_are_pruned_defaulted_and_validated_by_the_schema() {
         "{}",
         r.body
     );
+}
+
+/// The first `n` events of a watch.
+async fn watch_events(api: &Api, path: &str, n: usize) -> Vec<Value> {
+    let r = Request::builder().uri(path).body(Body::empty()).unwrap();
+    let resp = api.router.clone().oneshot(r).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut stream = resp.into_body().into_data_stream();
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .expect("event within 5s")
+            .expect("open")
+            .unwrap();
+        buf.extend_from_slice(&chunk);
+        while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=i).collect();
+            out.push(serde_json::from_slice(&line).unwrap());
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn custom_resources_are_watched_and_paged_in_every_served_version() {
+    let api = api().await;
+    api.post(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        widget_crd(),
+    )
+    .await;
+    established(&api, "widgets.example.com").await;
+    let list = api.until(WIDGETS, StatusCode::OK).await;
+    let rv = list.body["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for i in 0..3 {
+        let r = api
+            .post(
+                WIDGETS,
+                json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": format!("w{i}")}, "spec": {"color": "red"}}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    }
+    // From the list's resourceVersion, in the deprecated version too.
+    let evs = watch_events(
+        &api,
+        &format!(
+            "/apis/example.com/v1beta1/namespaces/default/widgets?watch=true&resourceVersion={rv}"
+        ),
+        3,
+    )
+    .await;
+    assert_eq!(evs[0]["type"], "ADDED");
+    assert_eq!(evs[0]["object"]["apiVersion"], "example.com/v1beta1");
+    assert_eq!(evs[2]["object"]["metadata"]["name"], "w2");
+    // Paging.
+    let p1 = api.get(&format!("{WIDGETS}?limit=2")).await.body;
+    assert_eq!(p1["items"].as_array().unwrap().len(), 2);
+    let cont = p1["metadata"]["continue"].as_str().unwrap();
+    let p2 = api
+        .get(&format!("{WIDGETS}?limit=2&continue={cont}"))
+        .await
+        .body;
+    assert_eq!(p2["items"].as_array().unwrap().len(), 1);
+    assert_eq!(p2["items"][0]["metadata"]["name"], "w2");
+}
+
+#[tokio::test]
+async fn a_server_starting_on_a_store_with_definitions_serves_them_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let first = skiff_apiserver::ApiServer::start(store.clone(), Default::default())
+        .await
+        .unwrap();
+    let a = Api {
+        router: first.in_process_router("test"),
+        _dir: tempfile::tempdir().unwrap(),
+    };
+    a.post(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        widget_crd(),
+    )
+    .await;
+    established(&a, "widgets.example.com").await;
+    a.until(WIDGETS, StatusCode::OK).await;
+    let r = a
+        .post(
+            WIDGETS,
+            json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "kept"}, "spec": {"color": "red"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    // A second server on the same store (as after a restart, or another
+    // API server on the same etcd) serves the definition from its first
+    // request, with the objects and their selectable fields.
+    let second = skiff_apiserver::ApiServer::start(store, Default::default())
+        .await
+        .unwrap();
+    let b = Api {
+        router: second.in_process_router("test"),
+        _dir: dir,
+    };
+    let r = b
+        .get("/apis/example.com/v1/widgets?fieldSelector=spec.color%3Dred")
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["items"][0]["metadata"]["name"], "kept");
+    let d = b.get("/apis/example.com/v1").await;
+    assert_eq!(d.status, StatusCode::OK);
 }

@@ -238,6 +238,18 @@ spec:
     group: cert-manager.io
 "#,
     );
+    // A Certificate the schema refuses: every failing field in the answer.
+    let out = s.kubectl_stdin(
+        &["apply", "--server-side", "-f", "-"],
+        "apiVersion: cert-manager.io/v1\nkind: Certificate\nmetadata:\n  name: broken\nspec:\n  issuerRef: {name: ca-issuer}\n  privateKey: {algorithm: DSA}\n",
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("spec.secretName: Required value")
+            && err.contains("spec.privateKey.algorithm: Unsupported value: \"DSA\""),
+        "{err}"
+    );
     let certs = s.ok(&["get", "certs"]);
     assert!(
         certs.lines().next().unwrap().contains("SECRET") && certs.contains("example-com-tls"),
