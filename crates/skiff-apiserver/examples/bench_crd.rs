@@ -59,7 +59,7 @@ fn container_schema() -> Value {
     );
     props.insert(
         "image".into(),
-        json!({"type": "string", "description": "Container image name."}),
+        json!({"type": "string", "maxLength": 512, "description": "Container image name."}),
     );
     props.insert(
         "imagePullPolicy".into(),
@@ -67,7 +67,7 @@ fn container_schema() -> Value {
     );
     props.insert(
         "args".into(),
-        json!({"type": "array", "items": {"type": "string"}}),
+        json!({"type": "array", "maxItems": 64, "items": {"type": "string", "maxLength": 4096}}),
     );
     props.insert(
         "command".into(),
@@ -131,18 +131,18 @@ fn big_schema() -> Value {
         json!({"type": "string", "enum": ["", "logfmt", "json"]}),
     );
     spec.insert("externalUrl".into(), json!({"type": "string"}));
-    spec.insert("externalLabels".into(), json!({"type": "object", "additionalProperties": {"type": "string"},
+    spec.insert("externalLabels".into(), json!({"type": "object", "maxProperties": 64, "additionalProperties": {"type": "string", "maxLength": 256},
         "x-kubernetes-validations": [{"rule": "self.all(k, k.size() < 64)", "message": "label names are at most 63 characters"}]}));
-    spec.insert("containers".into(), json!({"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"], "items": container_schema()}));
+    spec.insert("containers".into(), json!({"type": "array", "maxItems": 16, "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"], "items": container_schema()}));
     spec.insert(
         "initContainers".into(),
-        json!({"type": "array", "items": container_schema()}),
+        json!({"type": "array", "maxItems": 16, "items": container_schema()}),
     );
     let selector = json!({"type": "object", "x-kubernetes-map-type": "atomic", "properties": {
         "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
-        "matchExpressions": {"type": "array", "items": {"type": "object", "required": ["key", "operator"], "properties": {
-            "key": {"type": "string"}, "operator": {"type": "string", "enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
-            "values": {"type": "array", "items": {"type": "string"}}}}}},
+        "matchExpressions": {"type": "array", "maxItems": 16, "items": {"type": "object", "required": ["key", "operator"], "properties": {
+            "key": {"type": "string", "maxLength": 317}, "operator": {"type": "string", "maxLength": 16, "enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+            "values": {"type": "array", "maxItems": 64, "items": {"type": "string", "maxLength": 63}}}}}},
         "x-kubernetes-validations": [{"rule": "!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['Exists', 'DoesNotExist'] || (has(e.values) && e.values.size() > 0))", "message": "In and NotIn need values"}]});
     for s in [
         "ruleSelector",
@@ -166,8 +166,8 @@ fn big_schema() -> Value {
     spec.insert("tolerations".into(), json!({"type": "array", "items": {"type": "object", "properties": {
         "effect": {"type": "string", "enum": ["", "NoSchedule", "PreferNoSchedule", "NoExecute"]}, "key": {"type": "string"},
         "operator": {"type": "string", "enum": ["", "Exists", "Equal"]}, "tolerationSeconds": {"type": "integer", "format": "int64"}, "value": {"type": "string"}}}}));
-    spec.insert("remoteWrite".into(), json!({"type": "array", "items": {"type": "object", "required": ["url"], "properties": {
-        "url": {"type": "string", "x-kubernetes-validations": [{"rule": "self.startsWith('http://') || self.startsWith('https://')", "message": "url must be http or https"}]},
+    spec.insert("remoteWrite".into(), json!({"type": "array", "maxItems": 16, "items": {"type": "object", "required": ["url"], "properties": {
+        "url": {"type": "string", "maxLength": 2048, "x-kubernetes-validations": [{"rule": "self.startsWith('http://') || self.startsWith('https://')", "message": "url must be http or https"}]},
         "name": {"type": "string"}, "remoteTimeout": {"type": "string"},
         "queueConfig": {"type": "object", "properties": {"capacity": {"type": "integer"}, "maxShards": {"type": "integer"}, "minShards": {"type": "integer"}, "maxSamplesPerSend": {"type": "integer"}, "batchSendDeadline": {"type": "string"}}},
         "writeRelabelConfigs": {"type": "array", "items": {"type": "object", "properties": {
