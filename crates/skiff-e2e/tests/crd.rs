@@ -135,6 +135,23 @@ spec:
         "{err}"
     );
 
+    // edit (kubectl sends a merge patch for custom resources) and describe.
+    let out = s
+        .kubectl_cmd(&["edit", "widget", "w1"])
+        .env("KUBE_EDITOR", "sed -i s/green/purple/")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        s.ok(&["get", "widget", "w1", "-o", "jsonpath={.spec.color}"]),
+        "purple"
+    );
+    let described = s.ok(&["describe", "widget", "w1"]);
+    assert!(
+        described.contains("Kind:         Widget") && described.contains("purple"),
+        "{described}"
+    );
+
     // Server-side apply merges a list-map by its key across managers.
     s.ok_stdin(
         &["apply", "--server-side", "--field-manager=one", "-f", "-"],
