@@ -556,6 +556,11 @@ fn check_fields(
         for u in skiff_core::patch::unknown_fields(t, obj) {
             problems.push(format!("unknown field \"{}\"", u.trim_start_matches('.')));
         }
+    } else if let Some(c) = res.rules.custom() {
+        // A custom resource: the fields its schema would prune.
+        for u in c.unknown_fields(obj) {
+            problems.push(format!("unknown field \"{}\"", u.trim_start_matches('.')));
+        }
     }
     if problems.is_empty() {
         return Ok(problems);

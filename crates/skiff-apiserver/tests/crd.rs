@@ -549,6 +549,24 @@ async fn custom_resources_are_pruned_defaulted_and_validated_by_the_schema() {
         json!({"size": 3, "max": 10, "mode": "safe"})
     );
     assert!(r.body.get("extra").is_none());
+    let warning = r.headers.get("warning").unwrap().to_str().unwrap();
+    assert!(
+        warning.contains(r#"unknown field \"spec.colour\""#),
+        "{warning}"
+    );
+    // Strict field validation (kubectl's default) refuses them instead.
+    let r = api
+        .post(
+            &format!("{pools}?fieldValidation=Strict"),
+            json!({"apiVersion": "example.com/v1", "kind": "Pool", "metadata": {"name": "s"},
+                "spec": {"size": 3, "colour": "red"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+    assert_eq!(
+        r.body["message"],
+        "strict decoding error: unknown field \"spec.colour\""
+    );
 
     // Every failing field at once, as 422 causes.
     let r = api

@@ -135,6 +135,18 @@ spec:
         "{err}"
     );
 
+    // kubectl's strict field validation: a field the schema does not have.
+    let out = s.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: typo}\nspec: {colour: red}\n",
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains(r#"unknown field "spec.colour""#),
+        "{}",
+        text(&out.stderr)
+    );
+
     // edit (kubectl sends a merge patch for custom resources) and describe.
     let out = s
         .kubectl_cmd(&["edit", "widget", "w1"])

@@ -261,6 +261,18 @@ impl CustomRules {
         self.schema.map(crate::schema::TypeRef::custom)
     }
 
+    /// Fields of `obj` the schema does not specify (what pruning would
+    /// drop), as `.spec.colour`: field validation's unknown fields.
+    /// `metadata` is ObjectMeta's business; `x-kubernetes-preserve-unknown-fields`
+    /// keeps anything below it.
+    pub fn unknown_fields(&self, obj: &Value) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(s) = self.schema {
+            unknown_walk(s, obj, String::new(), true, &mut out);
+        }
+        out
+    }
+
     /// The OpenAPI definition name Kubernetes gives the kind
     /// (`com.example.v1.Widget` for `example.com/v1 Widget`).
     pub fn definition_name(res: &ResourceInfo) -> String {
@@ -306,6 +318,44 @@ impl CustomRules {
             out.push(cell);
         }
         out
+    }
+}
+
+fn unknown_walk(s: &Value, v: &Value, path: String, root: bool, out: &mut Vec<String>) {
+    if s.get("x-kubernetes-preserve-unknown-fields") == Some(&json!(true)) {
+        return;
+    }
+    let embedded = root || s.get("x-kubernetes-embedded-resource") == Some(&json!(true));
+    match v {
+        Value::Object(m) => {
+            let props = s.get("properties").and_then(Value::as_object);
+            let additional = s.get("additionalProperties");
+            for (k, child) in m {
+                if embedded && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                    continue;
+                }
+                match (props.and_then(|p| p.get(k)), additional) {
+                    (Some(ps), _) => unknown_walk(ps, child, format!("{path}.{k}"), false, out),
+                    (None, Some(a @ Value::Object(_))) => {
+                        unknown_walk(a, child, format!("{path}.{k}"), false, out)
+                    }
+                    (None, Some(Value::Bool(true))) => {}
+                    (None, _) if props.is_some() || additional.is_some() => {
+                        out.push(format!("{path}.{k}"))
+                    }
+                    // An object schema naming no fields at all: everything is unknown.
+                    (None, _) => out.push(format!("{path}.{k}")),
+                }
+            }
+        }
+        Value::Array(a) => {
+            if let Some(items) = s.get("items") {
+                for (i, child) in a.iter().enumerate() {
+                    unknown_walk(items, child, format!("{path}[{i}]"), false, out);
+                }
+            }
+        }
+        _ => {}
     }
 }
 
@@ -652,6 +702,31 @@ mod tests {
         assert_eq!(
             rs[0].rules.field_value(&obj, "spec.color").as_deref(),
             Some("red")
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_what_pruning_drops() {
+        let c = json!({
+            "metadata": {"name": "things.example.com"},
+            "spec": {"group": "example.com", "scope": "Cluster",
+                "names": {"plural": "things", "singular": "thing", "kind": "Thing"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "spec": {"type": "object", "properties": {
+                            "a": {"type": "string"},
+                            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                            "list": {"type": "array", "items": {"type": "object", "properties": {"n": {"type": "string"}}}},
+                            "labels": {"type": "object", "additionalProperties": {"type": "string"}}}}}}}}]}
+        });
+        let rs = resources_of(&c);
+        let rules = rs[0].rules.custom().unwrap();
+        let obj = json!({"apiVersion": "example.com/v1", "kind": "Thing", "metadata": {"name": "t", "odd": 1},
+            "spec": {"a": "x", "b": 1, "free": {"anything": [1]}, "list": [{"n": "1", "m": 2}], "labels": {"k": "v"}},
+            "extra": true});
+        assert_eq!(
+            rules.unknown_fields(&obj),
+            [".spec.b", ".spec.list[0].m", ".extra"]
         );
     }
 
