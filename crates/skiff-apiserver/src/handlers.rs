@@ -37,6 +37,8 @@ pub struct AppState {
     pub metrics_windows: crate::metricsapi::Windows,
     /// The ServiceAccount token issuer and verifier, if the server has keys.
     pub tokens: Option<Arc<crate::tokens::Tokens>>,
+    /// Priority and fairness: seats per level, fair queues per user.
+    pub flow: Arc<crate::flowcontrol::FlowControl>,
 }
 
 impl AppState {
@@ -142,19 +144,63 @@ pub async fn handle(State(state): State<Arc<AppState>>, mut req: Request<Body>) 
     if let (Some(a), Some(o)) = (&audit, &original) {
         a.impersonated(o, &who);
     }
+    let mut a = skiff_core::rbac::request_info(req.method().as_str(), &path, req.uri().query());
+    // Priority and fairness before authorization, as kube-apiserver's
+    // filters run: a seat (or a watch's place) is held until the request
+    // is done; a refused one is a 429 with Retry-After.
+    let admitted = {
+        let limit = crate::flowcontrol::query_limit(req.uri().query());
+        let objects = || {
+            crate::request::parse_path(&path)
+                .ok()
+                .flatten()
+                .map(|rr| state.registry.cache().resource(rr.res).len())
+                .unwrap_or(0)
+        };
+        match state.flow.admit(&who, &a, objects, limit).await {
+            Ok(x) => x,
+            Err(e) => return error_response(&e),
+        }
+    };
+    let response = authorize_and_serve(state.clone(), req, who, &mut a, path, audit).await;
+    // A watch keeps its place, and a request its seats, until its body is
+    // sent (or the client goes): so a list's bytes waiting for a slow
+    // reader still count against its level, which bounds their memory.
+    let guard: Box<dyn Send + Sync + Unpin> = match admitted {
+        crate::flowcontrol::Admitted::Watch(slot) => Box::new(slot),
+        crate::flowcontrol::Admitted::Seat(seat) => Box::new(seat),
+        _ => return response,
+    };
+    let (parts, body) = response.into_parts();
+    Response::from_parts(
+        parts,
+        Body::new(crate::flowcontrol::Guarded::new(body, guard)),
+    )
+}
+
+/// Authorization (RBAC, the Node authorizer, NodeRestriction's request
+/// checks), then the request itself.
+async fn authorize_and_serve(
+    state: Arc<AppState>,
+    mut req: Request<Body>,
+    who: Identity,
+    a: &mut skiff_core::rbac::Attributes,
+    path: String,
+    audit: Option<crate::audit::Slot>,
+) -> Resp {
     if !who.is_master() {
-        let mut a = skiff_core::rbac::request_info(req.method().as_str(), &path, req.uri().query());
         a.user = who.user.clone();
         a.groups = who.groups.clone();
-        let allowed = state.registry.authz.authorize(&a);
+        let a = &*a;
+        let allowed = state.registry.authz.authorize(a);
         if let Some(slot) = &audit {
             slot.authorized(allowed);
         }
         if !allowed {
-            let why = state.registry.authz.reason(&a);
-            return error_response(&skiff_core::rbac::forbidden(&a, &why));
+            let why = state.registry.authz.reason(a);
+            return error_response(&skiff_core::rbac::forbidden(a, &why));
         }
-        if let Err(e) = crate::noderestriction::admit_request(&state.registry, &a).await {
+        if let Err(e) = crate::noderestriction::admit_request(&state.registry, a).await {
             return error_response(&e);
         }
     } else if let Some(slot) = &audit {

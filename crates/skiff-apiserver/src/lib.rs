@@ -19,6 +19,7 @@ pub mod certificates;
 pub mod crd;
 pub mod encryption;
 pub mod fieldmanager;
+pub mod flowcontrol;
 pub mod handlers;
 pub mod kubernetes_endpoints;
 pub mod lifecycle;
@@ -78,6 +79,8 @@ pub struct Config {
     /// The cluster CA (certificate and key, PEM) that signs approved
     /// CertificateSigningRequests; without it none is signed.
     pub cluster_signing: Option<(String, String)>,
+    /// Priority and fairness: seats, queues, watches per user.
+    pub flow: flowcontrol::Limits,
 }
 
 impl Default for Config {
@@ -94,6 +97,7 @@ impl Default for Config {
             kubernetes_endpoint: None,
             audit: None,
             cluster_signing: None,
+            flow: flowcontrol::Limits::default(),
         }
     }
 }
@@ -161,6 +165,7 @@ impl ApiServer {
                 )?)),
                 None => None,
             },
+            flow: flowcontrol::FlowControl::new(&config.flow),
         });
         Ok(ApiServer {
             state,

@@ -161,7 +161,16 @@ impl Shape {
     fn iteration(&self) -> (u64, Shape) {
         match self {
             Shape::List { max_items, elem } => (*max_items, (**elem).clone()),
-            Shape::Map { max_props, .. } => (*max_props, Shape::Str { max_len: 256 }),
+            // Kubernetes sizes map keys at zero when estimating (their
+            // declared type has no length); actual keys are measured at run time.
+            Shape::Map {
+                max_props, fields, ..
+            } => (
+                *max_props,
+                Shape::Str {
+                    max_len: fields.keys().map(|k| k.len() as u64).max().unwrap_or(0),
+                },
+            ),
             Shape::Str { max_len } => (*max_len, Shape::Str { max_len: 1 }),
             Shape::Scalar => (0, Shape::Scalar),
             Shape::Unknown { max_size } => (
@@ -403,15 +412,26 @@ impl Estimator {
                 };
                 (own, shape)
             }
-            "_==_" | "_!=_" | "_<_" | "_<=_" | "_>_" | "_>=_" => {
-                let l = args.iter().map(Shape::size).min().unwrap_or(1);
-                (1 + tenth(l), Shape::Scalar)
+            // cel-go estimates equality as constant (an actual comparison is
+            // bounded by the values' sizes, which a request bounds).
+            "_==_" | "_!=_" => (1, Shape::Scalar),
+            // Ordering: constant for scalars, a tenth per byte of the smaller
+            // operand for strings and bytes.
+            "_<_" | "_<=_" | "_>_" | "_>=_" => {
+                let scalar = args.iter().all(|a| matches!(a, Shape::Scalar));
+                let own = if scalar {
+                    1
+                } else {
+                    tenth(args.iter().map(Shape::size).min().unwrap_or(1)).max(1)
+                };
+                (own, Shape::Scalar)
             }
             "@in" => {
+                let needle = args.first().map(Shape::size).unwrap_or(1);
                 let container = args.get(1).cloned().unwrap_or(Shape::Scalar);
                 let own = match container {
                     Shape::List { max_items, elem } => {
-                        1 + max_items.saturating_mul(1 + tenth(elem.size()))
+                        1 + max_items.saturating_mul(1 + tenth(elem.size().min(needle)))
                     }
                     Shape::Unknown { max_size } => 1 + max_size / 2,
                     _ => 1,
@@ -422,12 +442,31 @@ impl Estimator {
                 let s = args.first().cloned().unwrap_or(Shape::Scalar);
                 (1, s.field(""))
             }
-            "size" | "has" | "!_" | "-_" | "_&&_" | "_||_" | "_?_:_" | "_-_" | "_*_" | "_/_"
-            | "_%_" | "int" | "uint" | "double" | "bool" | "type" | "dyn" | "isSorted" => {
-                let own = if call.func_name == "isSorted" {
-                    first_len
-                } else {
-                    1
+            "size"
+            | "has"
+            | "!_"
+            | "-_"
+            | "_&&_"
+            | "_||_"
+            | "_?_:_"
+            | "@not_strictly_false"
+            | "_-_"
+            | "_*_"
+            | "_/_"
+            | "_%_"
+            | "int"
+            | "uint"
+            | "double"
+            | "bool"
+            | "type"
+            | "dyn"
+            | "isSorted" => {
+                // cel-go: logical operators and the conditional cost only
+                // their operands; a comprehension's loop condition is free.
+                let own = match call.func_name.as_str() {
+                    "isSorted" => first_len,
+                    "_&&_" | "_||_" | "_?_:_" | "@not_strictly_false" => 0,
+                    _ => 1,
                 };
                 let shape = if call.func_name == "_?_:_" {
                     args.get(1)
@@ -446,7 +485,7 @@ impl Estimator {
                 } else {
                     (arg_len(0), arg_len(1))
                 };
-                let own = (1 + tenth(s)).saturating_mul(1 + re / 4);
+                let own = tenth(s).max(1).saturating_mul(re.div_ceil(4).max(1));
                 let shape = if call.func_name == "findAll" {
                     Shape::List {
                         max_items: s,
@@ -505,7 +544,9 @@ impl Estimator {
                 };
                 (own, shape)
             }
-            _ => (1, Shape::unbounded()),
+            // Everything else (duration, timestamp, conversions, quantity
+            // and url accessors...) is constant-cost with a small result.
+            _ => (1, Shape::Scalar),
         };
         (cost.saturating_add(own), shape)
     }

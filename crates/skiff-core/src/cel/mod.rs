@@ -47,6 +47,13 @@ struct Inner {
     program: ::cel::Program,
     /// Free variables the expression reads.
     reads: BTreeSet<String>,
+    /// Per variable read, the top-level fields the expression selects when
+    /// it only ever selects fields of it (`None`: it uses the value whole).
+    /// Only those fields are converted for evaluation.
+    fields: Vec<(String, Option<BTreeSet<String>>)>,
+    /// The estimated cost with every variable unbounded: when within the
+    /// per-call limit, no evaluation can exceed it and values need no sizing.
+    unbounded_cost: u64,
 }
 
 impl std::fmt::Debug for Program {
@@ -75,6 +82,9 @@ const BUILTIN_IDENTS: &[&str] = &[
     "math",
     "base64",
     "lists",
+    "format",
+    "ip",
+    "sets",
 ];
 
 /// Compiles `expr` for an environment declaring `vars`. Errors read as
@@ -83,21 +93,44 @@ pub fn compile(expr: &str, vars: &[&str]) -> Result<Program, String> {
     if expr.trim().is_empty() {
         return Err("compilation failed: expression is empty".to_string());
     }
-    // The parser is recursive: refuse absurdly deep nesting before it can
-    // exhaust the stack.
-    let depth = expr
-        .chars()
-        .filter(|c| matches!(c, '(' | '[' | '{'))
-        .count();
-    if depth > 250 || expr.len() > 100_000 {
-        return Err("compilation failed: expression is too large or too deeply nested".into());
+    // cel-go's limit on an expression's size (in code points).
+    let size = expr.chars().count();
+    if size > 100_000 {
+        return Err(format!(
+            "compilation failed: expression code point size exceeds limit: size: {size}, limit 100000"
+        ));
     }
-    let program = env()
-        .compile(expr)
-        .map_err(|e| format!("compilation failed: ERROR: <input>:{e}"))?;
-    let mut reads = BTreeSet::new();
-    let mut scope = Vec::new();
-    free_idents(program.expression(), &mut scope, &mut reads);
+    // The parser and the checks below recurse over the expression, and
+    // evaluation will recurse over its tree: refuse trees deeper than
+    // evaluation may safely recurse (cel-go refuses them too). A long
+    // expression is parsed on a thread with a large stack, so no input can
+    // overflow the caller's; a short one cannot nest deeply enough to.
+    let source = expr.to_string();
+    let parse = move || -> Result<(::cel::Program, BTreeSet<String>), String> {
+        let program = env()
+            .compile(&source)
+            .map_err(|e| format!("compilation failed: {e}"))?;
+        if depth(program.expression()) > MAX_DEPTH {
+            return Err(format!(
+                "compilation failed: ERROR: <input>:1:1: expression nested more than {MAX_DEPTH} levels deep (max recursion depth exceeded)"
+            ));
+        }
+        let mut reads = BTreeSet::new();
+        let mut scope = Vec::new();
+        free_idents(program.expression(), &mut scope, &mut reads);
+        Ok((program, reads))
+    };
+    let parsed = if expr.len() <= 512 {
+        parse()
+    } else {
+        std::thread::Builder::new()
+            .stack_size(256 * 1024 * 1024)
+            .spawn(parse)
+            .map_err(|e| format!("compilation failed: {e}"))?
+            .join()
+            .map_err(|_| "compilation failed: the expression could not be parsed".to_string())?
+    };
+    let (program, reads) = parsed?;
     for name in &reads {
         if !vars.contains(&name.as_str()) && !BUILTIN_IDENTS.contains(&name.as_str()) {
             return Err(format!(
@@ -105,13 +138,110 @@ pub fn compile(expr: &str, vars: &[&str]) -> Result<Program, String> {
             ));
         }
     }
+    let fields = reads
+        .iter()
+        .map(|v| {
+            (
+                v.clone(),
+                selected_fields(program.expression(), &[v.as_str()]),
+            )
+        })
+        .collect();
+    let unbounded_cost = cost::estimate(program.expression(), &[]);
     Ok(Program {
         inner: Arc::new(Inner {
             source: expr.to_string(),
             program,
             reads,
+            fields,
+            unbounded_cost,
         }),
     })
+}
+
+/// The fields of the named variables an expression reads, when it reads
+/// them only by selecting fields (`v.f`, `has(v.f)`); `None` when it uses a
+/// variable whole (compared, iterated, passed to a function...).
+pub(crate) fn selected_fields(e: &::cel::IdedExpr, names: &[&str]) -> Option<BTreeSet<String>> {
+    fn visit(e: &::cel::IdedExpr, names: &[&str], out: &mut BTreeSet<String>) -> bool {
+        let is_var =
+            |x: &::cel::IdedExpr| matches!(&x.expr, Expr::Ident(i) if names.contains(&i.as_str()));
+        match &e.expr {
+            Expr::Ident(i) => !names.contains(&i.as_str()),
+            Expr::Select(s) => {
+                if is_var(&s.operand) {
+                    out.insert(s.field.clone());
+                    true
+                } else {
+                    visit(&s.operand, names, out)
+                }
+            }
+            Expr::Call(c) => {
+                c.target.as_deref().is_none_or(|t| visit(t, names, out))
+                    && c.args.iter().all(|a| visit(a, names, out))
+            }
+            Expr::List(l) => l.elements.iter().all(|a| visit(a, names, out)),
+            Expr::Map(m) => m.entries.iter().all(|en| match &en.expr {
+                EntryExpr::MapEntry(me) => {
+                    visit(&me.key, names, out) && visit(&me.value, names, out)
+                }
+                EntryExpr::StructField(f) => visit(&f.value, names, out),
+            }),
+            Expr::Struct(_) => false,
+            Expr::Comprehension(c) => {
+                // A comprehension variable shadowing one of the names makes
+                // its uses inside refer to something else: stay whole.
+                if names.contains(&c.iter_var.as_str()) || names.contains(&c.accu_var.as_str()) {
+                    return false;
+                }
+                visit(&c.iter_range, names, out)
+                    && visit(&c.accu_init, names, out)
+                    && visit(&c.loop_cond, names, out)
+                    && visit(&c.loop_step, names, out)
+                    && visit(&c.result, names, out)
+            }
+            Expr::Literal(_) | Expr::Unspecified => true,
+        }
+    }
+    let mut out = BTreeSet::new();
+    visit(e, names, &mut out).then_some(out)
+}
+
+/// The deepest nesting of an expression evaluation may recurse through.
+pub const MAX_DEPTH: usize = 100;
+
+/// The depth of an expression tree.
+fn depth(e: &::cel::IdedExpr) -> usize {
+    let children: Vec<&::cel::IdedExpr> = match &e.expr {
+        Expr::Select(s) => vec![&s.operand],
+        Expr::Call(c) => c.target.iter().map(|t| &**t).chain(c.args.iter()).collect(),
+        Expr::List(l) => l.elements.iter().collect(),
+        Expr::Map(m) => m
+            .entries
+            .iter()
+            .flat_map(|en| match &en.expr {
+                EntryExpr::MapEntry(me) => vec![&me.key, &me.value],
+                EntryExpr::StructField(f) => vec![&f.value],
+            })
+            .collect(),
+        Expr::Struct(s) => s
+            .entries
+            .iter()
+            .map(|en| match &en.expr {
+                EntryExpr::MapEntry(me) => &me.value,
+                EntryExpr::StructField(f) => &f.value,
+            })
+            .collect(),
+        Expr::Comprehension(c) => vec![
+            &c.iter_range,
+            &c.accu_init,
+            &c.loop_cond,
+            &c.loop_step,
+            &c.result,
+        ],
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => vec![],
+    };
+    1 + children.into_iter().map(depth).max().unwrap_or(0)
 }
 
 /// Collects the identifiers an expression reads that no comprehension binds.
@@ -186,6 +316,28 @@ impl Program {
         self.inner.program.expression()
     }
 
+    /// `line:column` (1-based) of an expression node, as cel-go reports
+    /// positions in its errors.
+    pub(crate) fn position(&self, id: u64) -> String {
+        let Some((start, _)) = self.inner.program.source_info().offset_for(id) else {
+            return "1:1".to_string();
+        };
+        let mut line = 1;
+        let mut col = 1;
+        for (i, c) in self.inner.source.chars().enumerate() {
+            if i as u32 >= start {
+                break;
+            }
+            if c == '\n' {
+                line += 1;
+                col = 1;
+            } else {
+                col += 1;
+            }
+        }
+        format!("{line}:{col}")
+    }
+
     /// The estimated worst-case cost of one evaluation with variables of the
     /// given shapes (unknown variables are unbounded).
     pub fn estimate_cost(&self, vars: &[(&str, Shape)]) -> u64 {
@@ -196,19 +348,39 @@ impl Program {
     /// when a variable the expression reads is missing, on a runtime error,
     /// or when the evaluation would exceed the per-call cost limit.
     pub fn eval(&self, vars: &[(&str, &Value)]) -> Result<Value, String> {
-        let shapes: Vec<(&str, Shape)> = vars
-            .iter()
-            .filter(|(n, _)| self.reads(n))
-            .map(|(n, v)| (*n, Shape::of(v)))
-            .collect();
-        let cost = self.estimate_cost(&shapes);
-        if cost > PER_CALL_LIMIT {
-            return Err("operation cancelled: actual cost limit exceeded".to_string());
+        if self.inner.unbounded_cost > PER_CALL_LIMIT {
+            let shapes: Vec<(&str, Shape)> = vars
+                .iter()
+                .filter(|(n, _)| self.reads(n))
+                .map(|(n, v)| (*n, Shape::of(v)))
+                .collect();
+            if self.estimate_cost(&shapes) > PER_CALL_LIMIT {
+                return Err("operation cancelled: actual cost limit exceeded".to_string());
+            }
         }
         let bound: Vec<(&str, CelValue)> = vars
             .iter()
             .filter(|(n, _)| self.reads(n))
-            .map(|(n, v)| (*n, to_cel(v)))
+            .map(|(n, v)| {
+                let only = self
+                    .inner
+                    .fields
+                    .iter()
+                    .find(|(name, _)| name == n)
+                    .and_then(|(_, f)| f.as_ref());
+                let value = match (only, v) {
+                    (Some(only), Value::Object(m)) => {
+                        let map: HashMap<Key, CelValue> = m
+                            .iter()
+                            .filter(|(k, _)| only.contains(k.as_str()))
+                            .map(|(k, x)| (Key::String(Arc::new(k.clone())), to_cel(x)))
+                            .collect();
+                        CelValue::Map(Map { map: Arc::new(map) })
+                    }
+                    _ => to_cel(v),
+                };
+                (*n, value)
+            })
             .collect();
         let out = self.eval_cel(bound)?;
         Ok(from_cel(&out))
@@ -227,7 +399,30 @@ impl Program {
                 return Err(format!("no such attribute(s): {name}"));
             }
         }
-        self.inner.program.execute(&ctx).map_err(|e| e.to_string())
+        // A bug in the interpreter must cost one request an error, never the
+        // server a thread: a panic becomes an evaluation error.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.inner.program.execute(&ctx)
+        })) {
+            Ok(r) => r.map_err(runtime_error),
+            Err(_) => Err("internal error evaluating the expression".to_string()),
+        }
+    }
+}
+
+/// A runtime error in cel-go's words, as Kubernetes reports them.
+fn runtime_error(e: ::cel::ExecutionError) -> String {
+    use ::cel::ExecutionError as E;
+    match e {
+        E::NoSuchKey(k) => format!("no such key: {k}"),
+        E::UndeclaredReference(r) => format!("no such attribute(s): {r}"),
+        E::DivisionByZero(_) => "division by zero".to_string(),
+        E::RemainderByZero(_) => "modulus by zero".to_string(),
+        E::Overflow(..) => "integer overflow".to_string(),
+        E::IndexOutOfBounds(i) => format!("index out of range: {}", from_cel(&i)),
+        E::FunctionError { message, .. } => message,
+        E::NoSuchOverload(o) => o.to_string(),
+        other => other.to_string(),
     }
 }
 
@@ -290,7 +485,11 @@ pub fn from_cel(v: &CelValue) -> Value {
         }
         CelValue::Duration(d) => Value::String(library::format_duration(*d)),
         CelValue::Timestamp(t) => Value::String(t.to_rfc3339()),
-        CelValue::Opaque(o) => library::opaque_to_json(o.as_ref()),
+        CelValue::Opaque(o) => match o.as_ref().downcast_ref::<::cel::objects::OptionalValue>() {
+            // an optional is its value, or null when absent
+            Some(opt) => opt.value().map(from_cel).unwrap_or(Value::Null),
+            None => library::opaque_to_json(o.as_ref()),
+        },
         other => Value::String(format!("{other:?}")),
     }
 }

@@ -209,3 +209,356 @@ fn property_escaping_matches_kubernetes() {
     );
     assert_eq!(escape_property("1abc"), None);
 }
+
+#[test]
+fn format_library() {
+    check(&[
+        (
+            "format.dns1123Label().validate('my-name').hasValue()",
+            json!(false),
+        ),
+        (
+            "format.dns1123Label().validate('My_Name').hasValue()",
+            json!(true),
+        ),
+        (
+            "format.dns1123Subdomain().validate('apiextensions.k8s.io').hasValue()",
+            json!(false),
+        ),
+        (
+            "format.dns1035Label().validate('1abc').hasValue()",
+            json!(true),
+        ),
+        (
+            "format.qualifiedName().validate('apiextensions.k8s.io/v1beta1').hasValue()",
+            json!(false),
+        ),
+        (
+            "format.dns1123LabelPrefix().validate('my-prefix-').hasValue()",
+            json!(false),
+        ),
+        ("format.labelValue().validate('').hasValue()", json!(false)),
+        (
+            "format.uuid().validate('123e4567-e89b-12d3-a456-426614174000').hasValue()",
+            json!(false),
+        ),
+        (
+            "format.date().validate('2021-13-01').hasValue()",
+            json!(true),
+        ),
+        ("format.named('dns1123Label').hasValue()", json!(true)),
+        ("format.named('nope').hasValue()", json!(false)),
+    ]);
+    let e = eval("format.dns1123Label().validate('x'.repeat(64) + '_').value()");
+    // `repeat` is not a CEL function: an error, never a panic
+    assert!(e.is_err());
+    assert_eq!(
+        eval("format.dns1123Label().validate('A').value()"),
+        Ok(json!(["a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"]))
+    );
+}
+
+#[test]
+fn ip_and_cidr_libraries() {
+    check(&[
+        ("isIP('10.0.0.1')", json!(true)),
+        ("isIP('::1')", json!(true)),
+        ("isIP('::ffff:1.2.3.4')", json!(false)),
+        ("isIP('fe80::1%eth0')", json!(false)),
+        ("isIP('example.com')", json!(false)),
+        ("ip('10.0.0.1').family()", json!(4)),
+        ("ip('::1').family()", json!(6)),
+        ("ip('127.0.0.1').isLoopback()", json!(true)),
+        ("ip('0.0.0.0').isUnspecified()", json!(true)),
+        ("ip('169.254.1.1').isLinkLocalUnicast()", json!(true)),
+        ("ip('8.8.8.8').isGlobalUnicast()", json!(true)),
+        ("ip.isCanonical('2001:db8::1')", json!(true)),
+        ("ip.isCanonical('2001:DB8::1')", json!(false)),
+        ("ip('10.0.0.1') == ip('10.0.0.1')", json!(true)),
+        ("string(ip('10.0.0.1'))", json!("10.0.0.1")),
+        ("isCIDR('10.0.0.0/8')", json!(true)),
+        ("isCIDR('10.0.0.0/33')", json!(false)),
+        ("cidr('10.0.0.0/8').containsIP(ip('10.1.2.3'))", json!(true)),
+        ("cidr('10.0.0.0/8').containsIP('11.1.2.3')", json!(false)),
+        (
+            "cidr('10.0.0.0/8').containsCIDR('10.1.0.0/16')",
+            json!(true),
+        ),
+        (
+            "cidr('10.1.0.0/16').containsCIDR('10.0.0.0/8')",
+            json!(false),
+        ),
+        (
+            "cidr('10.1.2.3/8').masked() == cidr('10.0.0.0/8')",
+            json!(true),
+        ),
+        ("cidr('10.1.2.3/8').prefixLength()", json!(8)),
+        ("string(cidr('10.1.2.3/8').ip())", json!("10.1.2.3")),
+        (
+            "string(cidr('2001:db8::1/32').masked())",
+            json!("2001:db8::/32"),
+        ),
+    ]);
+    assert!(eval("ip('nope')").is_err());
+}
+
+#[test]
+fn semver_and_sets_libraries() {
+    check(&[
+        ("isSemver('1.2.3')", json!(true)),
+        ("isSemver('v1.2')", json!(false)),
+        ("isSemver('v1.2', true)", json!(true)),
+        ("semver('1.2.3').major()", json!(1)),
+        ("semver('1.2.3').minor()", json!(2)),
+        ("semver('1.2.3').patch()", json!(3)),
+        ("semver('1.2.3').isLessThan(semver('1.10.0'))", json!(true)),
+        (
+            "semver('1.0.0-alpha').isLessThan(semver('1.0.0'))",
+            json!(true),
+        ),
+        (
+            "semver('1.0.0-alpha.2').compareTo(semver('1.0.0-alpha.10'))",
+            json!(-1),
+        ),
+        (
+            "semver('2.0.0').isGreaterThan(semver('1.9.9'))",
+            json!(true),
+        ),
+        ("semver('v1.2', true).compareTo(semver('1.2.0'))", json!(0)),
+        ("sets.contains([1, 2, 3], [2, 3])", json!(true)),
+        ("sets.contains([1, 2], [3])", json!(false)),
+        ("sets.equivalent([1, 2, 2], [2, 1])", json!(true)),
+        ("sets.intersects([1, 2], [2, 5])", json!(true)),
+        ("sets.intersects([1], [])", json!(false)),
+    ]);
+    assert!(eval("semver('nope')").is_err());
+}
+
+#[test]
+fn long_and_deep_expressions_are_refused_or_run_without_overflowing() {
+    for expr in [
+        format!("{}1", "1 + ".repeat(20_000)),
+        format!("{}true", "!".repeat(20_000)),
+        format!("{}1{}", "[".repeat(200), "]".repeat(200)),
+        format!("self{}", ".a".repeat(20_000)),
+        format!("{}1", "-".repeat(20_000)),
+        "a || ".repeat(20_000) + "a",
+    ] {
+        if let Ok(p) = compile(&expr, &["self", "a"]) {
+            let _ = p.eval(&[("self", &json!({})), ("a", &json!(true))]);
+        }
+    }
+}
+
+#[test]
+fn the_deepest_accepted_expression_evaluates_on_a_small_stack() {
+    // Just under the limits: accepted, and evaluating it fits a 2 MiB stack
+    // (a server thread's); deeper is refused.
+    let on_small_stack = |p: super::Program| {
+        std::thread::Builder::new()
+            .stack_size(2 * 1024 * 1024)
+            .spawn(move || p.eval(&[]))
+            .unwrap()
+            .join()
+            .unwrap()
+    };
+    let lists = format!("{}1{}", "[".repeat(90), "]".repeat(90));
+    assert!(on_small_stack(compile(&lists, &[]).expect("accepted")).is_ok());
+    let sums = format!("{}1", "1 + ".repeat(super::MAX_DEPTH - 2));
+    assert!(on_small_stack(compile(&sums, &[]).expect("accepted")).is_ok());
+    let e = compile(&format!("{}1", "1 + ".repeat(super::MAX_DEPTH + 1)), &[]).unwrap_err();
+    assert!(e.contains("max recursion depth exceeded"), "{e}");
+    let e = compile(&format!("{}1{}", "[".repeat(200), "]".repeat(200)), &[]).unwrap_err();
+    assert!(e.starts_with("compilation failed: ERROR: <input>:"), "{e}");
+}
+
+#[test]
+fn random_expressions_never_panic() {
+    let tokens = [
+        "self",
+        "a",
+        "1",
+        "-1",
+        "0",
+        "1.5",
+        "'x'",
+        "\"\"",
+        "b'x'",
+        "true",
+        "null",
+        "[",
+        "]",
+        "{",
+        "}",
+        "(",
+        ")",
+        ",",
+        ".",
+        ":",
+        "?",
+        "+",
+        "-",
+        "*",
+        "/",
+        "%",
+        "==",
+        "!=",
+        "<",
+        ">=",
+        "&&",
+        "||",
+        "!",
+        "in",
+        "size(",
+        "has(",
+        ".all(x,",
+        ".map(x,",
+        ".filter(x,",
+        ".exists_one(x,",
+        "x",
+        "int(",
+        "string(",
+        "double(",
+        "duration(",
+        "timestamp(",
+        "'1s'",
+        "quantity(",
+        "'1Gi'",
+        "url(",
+        "'http://a/b'",
+        ".substring(",
+        ".charAt(",
+        ".split(",
+        ".join(",
+        ".lowerAscii()",
+        ".matches(",
+        "'['",
+        ".isSorted()",
+        ".sum()",
+        ".min()",
+        ".max()",
+        ".indexOf(",
+        "ip(",
+        "'::1'",
+        "cidr(",
+        "'1.2.3.4/8'",
+        ".containsIP(",
+        "format.dns1123Label()",
+        ".validate(",
+        "semver(",
+        "'1.2.3'",
+        ".compareTo(",
+        "9223372036854775807",
+        "-9223372036854775808",
+        "18446744073709551615u",
+        ".?a",
+        "[?",
+        "optional.of(",
+        ".value()",
+        ".orValue(",
+        "sets.contains(",
+        "[1,2]",
+        "{'a':1}",
+        ".a",
+        "[0]",
+        "[-1]",
+        "[99]",
+    ];
+    let mut state: u64 = 0x9E3779B97F4A7C15;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let vars = [
+        (
+            "self",
+            json!({"a": [1, 2, {"b": "c"}], "s": "text", "n": 1.5}),
+        ),
+        ("a", json!(["x", "y"])),
+    ];
+    for _ in 0..4000 {
+        let len = 1 + next() % 12;
+        let expr: String = (0..len)
+            .map(|_| tokens[(next() % tokens.len() as u64) as usize])
+            .collect::<Vec<_>>()
+            .join(" ");
+        if let Ok(p) = compile(&expr, &["self", "a"]) {
+            let bound: Vec<(&str, &serde_json::Value)> =
+                vars.iter().map(|(n, v)| (*n, v)).collect();
+            let _ = p.eval(&bound);
+        }
+    }
+}
+
+#[test]
+fn variables_used_whole_or_by_field_evaluate_the_same() {
+    let obj = json!({"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": {"n": [1, 2, 3]}});
+    let old = json!({"metadata": {"name": "a"}, "spec": {"n": [1, 2]}});
+    for (expr, want) in [
+        (
+            "object.metadata.name == oldObject.metadata.name",
+            json!(true),
+        ),
+        ("object == oldObject", json!(false)),
+        (
+            "object.spec.n.all(x, x > 0) && size(object.spec.n) == 3",
+            json!(true),
+        ),
+        (
+            "'x' in object.metadata.labels && !has(oldObject.metadata.labels)",
+            json!(true),
+        ),
+        (
+            "size(object) == 2 && object.spec.n.map(object, object * 2) == [2, 4, 6]",
+            json!(true),
+        ),
+        ("[object.metadata, oldObject.spec].size() == 2", json!(true)),
+    ] {
+        let p = compile(expr, &["object", "oldObject"]).unwrap();
+        assert_eq!(
+            p.eval(&[("object", &obj), ("oldObject", &old)]),
+            Ok(want),
+            "{expr}"
+        );
+    }
+}
+
+#[test]
+fn the_nastiest_short_expressions_parse_on_a_small_stack() {
+    // Under 512 bytes an expression is parsed on the caller's thread: the
+    // deepest such inputs must fit a 2 MiB stack.
+    let out = std::thread::Builder::new()
+        .stack_size(2 * 1024 * 1024)
+        .spawn(|| {
+            for expr in [
+                format!("{}1", "1+".repeat(255)),
+                format!("{}true", "!".repeat(508)),
+                format!("{}1", "-".repeat(510)),
+                format!("{}1{}", "(".repeat(255), ")".repeat(255)),
+                format!("{}1{}", "[".repeat(255), "]".repeat(255)),
+                format!("a{}", ".b".repeat(255)),
+                format!("{}a", "a||".repeat(170)),
+                format!("{}1{}", "f(".repeat(170), ")".repeat(170)),
+            ] {
+                assert!(expr.len() <= 512);
+                if let Ok(p) = compile(&expr, &["a"]) {
+                    let _ = p.eval(&[("a", &json!(true))]);
+                }
+            }
+        })
+        .unwrap()
+        .join();
+    assert!(out.is_ok());
+}
+
+#[test]
+fn optional_results_are_their_value_or_null() {
+    check(&[
+        ("optional.of(1)", json!(1)),
+        ("optional.none()", json!(null)),
+        ("{'a': 1}.?a", json!(1)),
+        ("{'a': 1}.?b.orValue(2)", json!(2)),
+    ]);
+}

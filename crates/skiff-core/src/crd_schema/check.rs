@@ -70,7 +70,12 @@ pub(crate) fn check(schema: &Value, path: &str) -> Vec<Cause> {
     };
     props(schema, path, Level::Root, &ctx, &mut out);
     if out.is_empty() {
-        structural(schema, path, Level::Root, &mut out);
+        let mut st = Vec::new();
+        structural(schema, path, Level::Root, &mut st);
+        completeness(schema, path, &mut st);
+        // Kubernetes sorts these by their text, for a stable answer.
+        st.sort_by_key(|c| format!("{}: {}", c.field, c.message));
+        out.extend(st);
     }
     out
 }
@@ -723,6 +728,80 @@ fn structural(s: &Value, path: &str, lvl: Level, out: &mut Vec<Cause>) {
     }
 }
 
+fn forbid_key_metadata(path: &str, out: &mut Vec<Cause>) {
+    out.push(Cause::forbidden(
+        key(&child(path, "properties"), "metadata"),
+        "must not be specified in a nested context",
+    ));
+}
+
+/// `validateStructuralCompleteness`: every property or items a value
+/// validation mentions is specified in the structural schema beside it.
+fn completeness(s: &Value, path: &str, out: &mut Vec<Cause>) {
+    let Some(m) = s.as_object() else { return };
+    value_complete(s, Some(s), path, path, out);
+    if let Some(items) = m.get("items") {
+        completeness(items, &child(path, "items"), out);
+    }
+    if let Some(p) = m.get("properties").and_then(Value::as_object) {
+        for (k, v) in p {
+            completeness(v, &key(&child(path, "properties"), k), out);
+        }
+    }
+    if let Some(ap) = m.get("additionalProperties").filter(|a| a.is_object()) {
+        completeness(ap, &child(path, "additionalProperties"), out);
+    }
+}
+
+fn value_complete(v: &Value, s: Option<&Value>, s_path: &str, v_path: &str, out: &mut Vec<Cause>) {
+    let Some(vm) = v.as_object() else { return };
+    if let Some(n) = vm.get("not") {
+        nested_complete(n, s, s_path, &child(v_path, "not"), out);
+    }
+    for kw in ["allOf", "anyOf", "oneOf"] {
+        for (i, sub) in vm
+            .get(kw)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            nested_complete(sub, s, s_path, &index(&child(v_path, kw), i), out);
+        }
+    }
+}
+
+fn nested_complete(v: &Value, s: Option<&Value>, s_path: &str, v_path: &str, out: &mut Vec<Cause>) {
+    let Some(s) = s else {
+        out.push(required(
+            s_path.to_string(),
+            &format!("because it is defined in {v_path}"),
+        ));
+        return;
+    };
+    value_complete(v, Some(s), s_path, v_path, out);
+    let Some(vm) = v.as_object() else { return };
+    if let Some(items) = vm.get("items") {
+        nested_complete(
+            items,
+            s.get("items"),
+            &child(s_path, "items"),
+            &child(v_path, "items"),
+            out,
+        );
+    }
+    if let Some(p) = vm.get("properties").and_then(Value::as_object) {
+        for (k, sub) in p {
+            let sp = key(&child(s_path, "properties"), k);
+            let vp = key(&child(v_path, "properties"), k);
+            match s.get("properties").and_then(|p| p.get(k)) {
+                None => out.push(required(sp, &format!("because it is defined in {vp}"))),
+                Some(sf) => nested_complete(sub, Some(sf), &sp, &vp, out),
+            }
+        }
+    }
+}
+
 /// A schema under `allOf`/`anyOf`/`oneOf`/`not`: only value validations.
 fn nested(s: &Value, path: &str, skip_any_of: bool, out: &mut Vec<Cause>) {
     let Some(m) = s.as_object() else { return };
@@ -811,6 +890,12 @@ fn nested(s: &Value, path: &str, skip_any_of: bool, out: &mut Vec<Cause>) {
             "must be empty to be structural",
             out,
         );
+    }
+    if m.get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|p| p.contains_key("metadata"))
+    {
+        forbid_key_metadata(path, out);
     }
     if let Some(items) = m.get("items") {
         nested(items, &child(path, "items"), false, out);

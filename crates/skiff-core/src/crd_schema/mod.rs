@@ -37,6 +37,12 @@ struct Inner {
     root: Node,
 }
 
+/// Whether `s` is valid for the OpenAPI string `format` (unknown formats
+/// accept anything, as in Kubernetes).
+pub fn format_valid(format: &str, s: &str) -> bool {
+    formats::valid(format, s)
+}
+
 /// ObjectMeta's fields: what pruning keeps of `metadata`.
 const OBJECT_META_FIELDS: &[&str] = &[
     "name",
@@ -71,11 +77,13 @@ impl Schema {
             schema,
             path,
             true,
+            true,
             None,
-            1,
+            Some(1),
             &mut cost,
             &mut causes,
         );
+        root.mark_rules();
         if causes.is_empty() {
             check_defaults(&root, schema, path, &mut causes);
         }
@@ -152,7 +160,7 @@ impl Schema {
 
 fn validate_root(v: &mut validate::Validator<'_>, root: &Node, obj: &Value, old: Option<&Value>) {
     let Some(m) = obj.as_object() else {
-        v.validate(root, obj, old, "");
+        v.validate(root, obj, old, &validate::P::Root(""));
         return;
     };
     let old_m = old.and_then(Value::as_object);
@@ -171,16 +179,16 @@ fn validate_root(v: &mut validate::Validator<'_>, root: &Node, obj: &Value, old:
                     for f in ["name", "generateName"] {
                         if let (Some(fnode), Some(x)) = (p.properties.get(f), meta.get(f)) {
                             let oo = o.and_then(|o| o.get(f));
-                            v.validate(fnode, x, oo, &format!("metadata.{f}"));
+                            v.validate(fnode, x, oo, &validate::P::Root(&format!("metadata.{f}")));
                         }
                     }
                 }
             }
             _ => {
                 if let Some(p) = root.properties.get(k) {
-                    v.validate(p, val, o, k);
+                    v.validate(p, val, o, &validate::P::Root(k));
                 } else if let Some(a) = &root.additional {
-                    v.validate(a, val, o, k);
+                    v.validate(a, val, o, &validate::P::Root(k));
                 }
             }
         }
@@ -320,6 +328,28 @@ fn min_size(n: &Node) -> u64 {
     }
 }
 
+/// The longest a string without `maxLength` can be: its longest enum value,
+/// the fixed length of its format, or what fits in a request (as
+/// Kubernetes estimates it).
+fn string_bound(n: &Node) -> u64 {
+    if let Some(values) = &n.enum_values {
+        return values
+            .iter()
+            .map(|v| v.as_str().map_or(8, str::len) as u64)
+            .max()
+            .unwrap_or(0);
+    }
+    match n.format.as_deref() {
+        Some("date") => 10,
+        Some("date-time") | Some("datetime") => 32,
+        Some("uuid") | Some("uuid3") | Some("uuid4") | Some("uuid5") => 36,
+        Some("ipv4") => 15,
+        Some("ipv6") => 45,
+        Some("mac") => 23,
+        _ => MAX_REQUEST_BYTES,
+    }
+}
+
 /// The cost shape of a node's values, from the schema's bounds.
 pub(crate) fn shape_of(n: &Node, depth: usize) -> Shape {
     if depth > 32 {
@@ -332,7 +362,7 @@ pub(crate) fn shape_of(n: &Node, depth: usize) -> Shape {
     }
     match n.ty {
         Some(Type::String) => Shape::Str {
-            max_len: n.max_length.unwrap_or(MAX_REQUEST_BYTES),
+            max_len: n.max_length.unwrap_or_else(|| string_bound(n)),
         },
         Some(Type::Array) => {
             let elem = n.items.as_deref();
@@ -364,18 +394,14 @@ pub(crate) fn shape_of(n: &Node, depth: usize) -> Shape {
                     values: Box::new(shape_of(a, depth + 1)),
                 },
                 None if n.preserve_unknown && n.properties.is_empty() => Shape::unbounded(),
-                None => {
-                    let values = fields
-                        .values()
-                        .cloned()
-                        .reduce(Shape::merge)
-                        .unwrap_or(Shape::Scalar);
-                    Shape::Map {
-                        max_props: fields.len() as u64,
-                        fields,
-                        values: Box::new(values),
-                    }
-                }
+                // An object's values reached by a computed key are taken as
+                // anything (merging every field's shape costs more than
+                // the rare rule that indexes an object so).
+                None => Shape::Map {
+                    max_props: fields.len() as u64,
+                    fields,
+                    values: Box::new(Shape::unbounded()),
+                },
             }
         }
         Some(_) => Shape::Scalar,
@@ -390,9 +416,10 @@ fn compile_rules(
     n: &mut Node,
     raw: &Value,
     path: &str,
+    is_root: bool,
     correlatable: bool,
     uncorrelatable_at: Option<&str>,
-    cardinality: u64,
+    cardinality: Option<u64>,
     cost: &mut CostTotal,
     out: &mut Vec<Cause>,
 ) {
@@ -400,18 +427,9 @@ fn compile_rules(
         .get("x-kubernetes-validations")
         .and_then(Value::as_array)
     {
-        let self_shape = shape_of(n, 0);
         for (i, r) in list.iter().enumerate() {
             let rpath = format!("{path}.x-kubernetes-validations[{i}]");
-            match compile_rule(
-                r,
-                &rpath,
-                n,
-                &self_shape,
-                correlatable,
-                uncorrelatable_at,
-                out,
-            ) {
+            match compile_rule(r, &rpath, is_root, n, correlatable, uncorrelatable_at, out) {
                 Some((rule, c)) => {
                     if c > STATIC_ESTIMATED_COST_LIMIT {
                         out.push(Cause::forbidden(
@@ -423,9 +441,24 @@ fn compile_rules(
                             ),
                         ));
                     }
-                    let total = c.saturating_mul(cardinality);
+                    // How many times the rule can run: the product of the
+                    // enclosing lists' and maps' bounds, or when one is
+                    // unbounded, as many values as fit in one request.
+                    let times = cardinality.unwrap_or(MAX_REQUEST_BYTES / (min_size(n) + 1));
+                    let total = c.saturating_mul(times);
                     cost.total = cost.total.saturating_add(total);
-                    cost.rules.push((format!("{rpath}.rule"), total));
+                    if total >= STATIC_ESTIMATED_CRD_COST_LIMIT / 100 {
+                        cost.rules.push((format!("{rpath}.rule"), total));
+                    }
+                    let fields = rules::selected_fields(&rule);
+                    n.rule_fields = match (n.rules.is_empty(), n.rule_fields.take(), fields) {
+                        (true, _, f) => f,
+                        (false, Some(mut a), Some(b)) => {
+                            a.extend(b);
+                            Some(a)
+                        }
+                        _ => None,
+                    };
                     n.rules.push(rule);
                 }
                 None => continue,
@@ -448,6 +481,7 @@ fn compile_rules(
                     p,
                     sub,
                     &ppath,
+                    false,
                     child_correlatable,
                     unc.as_deref(),
                     cardinality,
@@ -461,9 +495,6 @@ fn compile_rules(
         n.additional.as_deref_mut(),
         raw.get("additionalProperties").filter(|a| a.is_object()),
     ) {
-        let max = n
-            .max_properties
-            .unwrap_or(MAX_REQUEST_BYTES / (min_size(a) + 4));
         let unc = if correlatable && !n.map_atomic {
             uncorrelatable_at.map(str::to_string)
         } else {
@@ -475,18 +506,18 @@ fn compile_rules(
             a,
             sub,
             &format!("{path}.additionalProperties"),
+            false,
             correlatable && !n.map_atomic,
             unc.as_deref(),
-            cardinality.saturating_mul(max.max(1)),
+            cardinality
+                .zip(n.max_properties)
+                .map(|(c, m)| c.saturating_mul(m)),
             cost,
             out,
         );
     }
     let list_type = n.list_type;
     if let (Some(items), Some(sub)) = (n.items.as_deref_mut(), raw.get("items")) {
-        let max = n
-            .max_items
-            .unwrap_or(MAX_REQUEST_BYTES / (min_size(items) + 1));
         let corr = correlatable && list_type == Some(ListType::Map);
         let unc = if corr {
             uncorrelatable_at.map(str::to_string)
@@ -499,25 +530,48 @@ fn compile_rules(
             items,
             sub,
             &format!("{path}.items"),
+            false,
             corr,
             unc.as_deref(),
-            cardinality.saturating_mul(max.max(1)),
+            cardinality
+                .zip(n.max_items)
+                .map(|(c, m)| c.saturating_mul(m)),
             cost,
             out,
         );
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn compile_rule(
     r: &Value,
     rpath: &str,
+    is_root: bool,
     n: &Node,
-    self_shape: &Shape,
     correlatable: bool,
     uncorrelatable_at: Option<&str>,
     out: &mut Vec<Cause>,
 ) -> Option<(Rule, u64)> {
     let src = r.get("rule").and_then(Value::as_str).unwrap_or("");
+    // Kubernetes prints the rule as its Go struct marshals: fields in the
+    // order ValidationRule declares them.
+    let shown = {
+        let mut m = serde_json::Map::new();
+        for k in [
+            "rule",
+            "message",
+            "messageExpression",
+            "reason",
+            "fieldPath",
+            "optionalOldSelf",
+        ] {
+            if let Some(v) = r.get(k) {
+                m.insert(k.to_string(), v.clone());
+            }
+        }
+        Value::Object(m)
+    };
+    let r = &shown;
     let optional_old_self = r.get("optionalOldSelf").and_then(Value::as_bool) == Some(true);
     let program = match crate::cel::compile(src, &["self", "oldSelf"]) {
         Ok(p) => p,
@@ -526,11 +580,11 @@ fn compile_rule(
             return None;
         }
     };
-    if let Err(e) = rules::check_fields(&program, n, rpath_is_root(rpath)) {
+    if let Err(e) = rules::check_types(&program, n, is_root) {
         out.push(Cause::invalid(
             format!("{rpath}.rule"),
             r,
-            &format!("compilation failed: ERROR: <input>:1:1: {e}"),
+            &format!("compilation failed: {e}"),
         ));
         return None;
     }
@@ -568,10 +622,34 @@ fn compile_rule(
         },
         None => None,
     };
-    let vars = [
-        ("self", self_shape.clone()),
-        ("oldSelf", self_shape.clone()),
-    ];
+    // Size only the fields of `self` the rule reads (all of them when it
+    // uses `self` whole): a rule on a large object costs no walk of it all.
+    let mut fields = crate::cel::selected_fields(program.ast(), &["self", "oldSelf"]);
+    if let Some(me) = &message_expression {
+        match (
+            &mut fields,
+            crate::cel::selected_fields(me.ast(), &["self", "oldSelf"]),
+        ) {
+            (Some(f), Some(more)) => f.extend(more),
+            _ => fields = None,
+        }
+    }
+    let self_shape = match fields {
+        Some(fields) if n.ty == Some(Type::Object) && n.additional.is_none() => Shape::Map {
+            max_props: n.properties.len() as u64,
+            fields: n
+                .properties
+                .iter()
+                .filter_map(|(k, p)| {
+                    let e = crate::cel::escape_property(k)?;
+                    fields.contains(&e).then(|| (e, shape_of(p, 1)))
+                })
+                .collect(),
+            values: Box::new(Shape::unbounded()),
+        },
+        _ => shape_of(n, 0),
+    };
+    let vars = [("self", self_shape.clone()), ("oldSelf", self_shape)];
     let mut c = program.estimate_cost(&vars);
     if let Some(me) = &message_expression {
         let mc = me.estimate_cost(&vars);
@@ -620,18 +698,6 @@ fn compile_rule(
     ))
 }
 
-/// Whether a rule path is a rule on the schema's root (`<path>.x-kubernetes-validations[i]`
-/// with no property, items or additionalProperties step before it).
-fn rpath_is_root(rpath: &str) -> bool {
-    let head = rpath
-        .rsplit_once(".x-kubernetes-validations[")
-        .map_or(rpath, |(h, _)| h);
-    !head.contains(".properties[")
-        && !head.ends_with(".items")
-        && !head.contains(".items.")
-        && !head.contains(".additionalProperties")
-}
-
 /// Every default must validate against its schema and survive pruning.
 fn check_defaults(n: &Node, raw: &Value, path: &str, out: &mut Vec<Cause>) {
     if let Some(d) = &n.default {
@@ -651,8 +717,22 @@ fn check_defaults(n: &Node, raw: &Value, path: &str, out: &mut Vec<Cause>) {
                 base: &dpath,
                 out: Vec::new(),
             };
-            v.validate(n, &defaulted, None, "");
+            v.validate(n, &defaulted, None, &validate::P::Root(""));
+            let schema_ok = v.out.is_empty();
             out.extend(v.out);
+            // Kubernetes also runs the rules on a default.
+            if schema_ok && n.has_rules_below {
+                let mut rule_causes = Vec::new();
+                rules::validate_rules_at(n, &defaulted, n.embedded, &mut rule_causes);
+                for mut c in rule_causes {
+                    c.field = if c.field.is_empty() {
+                        dpath.clone()
+                    } else {
+                        format!("{dpath}.{}", c.field)
+                    };
+                    out.push(c);
+                }
+            }
         }
     }
     if let (Some(props), Some(rawp)) = (

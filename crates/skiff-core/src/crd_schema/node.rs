@@ -113,6 +113,10 @@ pub(crate) struct Node {
     /// `x-kubernetes-map-type: atomic`.
     pub(crate) map_atomic: bool,
     pub(crate) rules: Vec<Rule>,
+    /// The fields of `self` (as CEL names them) the rules read, when they
+    /// only ever select fields of it: only those are converted for CEL.
+    /// `None` when a rule uses `self` whole.
+    pub(crate) rule_fields: Option<std::collections::BTreeSet<String>>,
     /// Whether this node or anything below it carries CEL rules (so validation
     /// can skip whole subtrees without rules).
     pub(crate) has_rules_below: bool,

@@ -22,11 +22,30 @@ use crate::Cause;
 /// escaped), numbers as `double`, date-times as timestamps, durations as
 /// durations; the root's metadata reduced to name and generateName.
 pub(crate) fn typed(n: &Node, v: &Value, root: bool) -> CelValue {
+    typed_fields(n, v, root, None)
+}
+
+/// `typed`, keeping only the given fields (CEL names) at the top level.
+fn typed_fields(
+    n: &Node,
+    v: &Value,
+    root: bool,
+    only: Option<&std::collections::BTreeSet<String>>,
+) -> CelValue {
     match v {
         Value::Object(m) => {
             let mut map: HashMap<Key, CelValue> = HashMap::with_capacity(m.len());
             let schemaless = n.properties.is_empty() && n.additional.is_none();
             for (k, x) in m {
+                if let Some(only) = only {
+                    let wanted = match escape_property(k) {
+                        Some(e) => only.contains(&e),
+                        None => false,
+                    };
+                    if !wanted && !only.contains(k) {
+                        continue;
+                    }
+                }
                 if (root || n.embedded) && matches!(k.as_str(), "apiVersion" | "kind") {
                     map.insert(key(k), crate::cel::to_cel(x));
                 } else if (root || n.embedded) && k == "metadata" {
@@ -104,6 +123,17 @@ pub(crate) fn validate_rules(root: &Node, obj: &Value, old: Option<&Value>, out:
     walk(&mut run, root, obj, old, "", true);
 }
 
+/// Evaluates the rules of `n` and below on a value (a default), as if it
+/// sat at the root of a path; `resource` when it is a whole resource.
+pub(crate) fn validate_rules_at(n: &Node, v: &Value, resource: bool, out: &mut Vec<Cause>) {
+    let mut run = Run {
+        out,
+        budget: RUNTIME_COST_BUDGET,
+        stopped: false,
+    };
+    walk(&mut run, n, v, None, "", resource);
+}
+
 fn join(path: &str, name: &str) -> String {
     if path.is_empty() {
         name.to_string()
@@ -151,8 +181,9 @@ fn walk(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path: &str,
 
 fn eval_rules(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path: &str, root: bool) {
     let unchanged = old.is_some_and(|o| json_eq(o, v));
-    let self_val = typed(n, v, root);
-    let old_val = old.map(|o| typed(n, o, root));
+    let only = n.rule_fields.as_ref();
+    let self_val = typed_fields(n, v, root, only);
+    let old_val = old.map(|o| typed_fields(n, o, root, only));
     let type_name = Value::String(n.type_name().to_string());
     let mut shape: Option<Shape> = None;
     for rule in &n.rules {
@@ -248,6 +279,17 @@ fn eval_rules(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path:
     }
 }
 
+/// The fields of `self`/`oldSelf` a rule (and its messageExpression) reads,
+/// when it reads them only by selection; `None` when it uses them whole.
+pub(crate) fn selected_fields(rule: &Rule) -> Option<std::collections::BTreeSet<String>> {
+    let names = ["self", "oldSelf"];
+    let mut out = crate::cel::selected_fields(rule.program.ast(), &names)?;
+    if let Some(me) = &rule.message_expression {
+        out.extend(crate::cel::selected_fields(me.ast(), &names)?);
+    }
+    Some(out)
+}
+
 /// The cost charged for one evaluation: the static estimate when it is
 /// small, else an estimate from the actual value's sizes.
 fn runtime_cost(rule: &Rule, n: &Node, v: &Value, shape: &mut Option<Shape>) -> u64 {
@@ -302,75 +344,287 @@ fn error_for_reason(n: &Node, v: &Value, field: &str, detail: &str, reason: Opti
     }
 }
 
-/// Kubernetes type-checks rules against the schema; this checks what a
-/// schema makes certain: selecting a field `self` cannot have is
-/// `undefined field`.
-pub(crate) fn check_fields(p: &crate::cel::Program, n: &Node, is_root: bool) -> Result<(), String> {
-    fn resolve<'a>(e: &::cel::IdedExpr, n: &'a Node) -> Option<&'a Node> {
-        match &e.expr {
-            Expr::Ident(name) if name == "self" || name == "oldSelf" => Some(n),
-            Expr::Select(s) if !s.test => {
-                let parent = resolve(&s.operand, n)?;
-                lookup(parent, &s.field)
-            }
-            _ => None,
+/// What the checker knows of an expression's type.
+#[derive(Clone, Copy, Debug)]
+enum Ty<'a> {
+    Int,
+    Uint,
+    Double,
+    Str,
+    Bool,
+    Bytes,
+    Null,
+    Duration,
+    Timestamp,
+    List(Option<&'a Node>),
+    Map(Option<&'a Node>),
+    Object(&'a Node),
+    Dyn,
+}
+
+impl Ty<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Ty::Int => "int",
+            Ty::Uint => "uint",
+            Ty::Double => "double",
+            Ty::Str => "string",
+            Ty::Bool => "bool",
+            Ty::Bytes => "bytes",
+            Ty::Null => "null_type",
+            Ty::Duration => "google.protobuf.Duration",
+            Ty::Timestamp => "google.protobuf.Timestamp",
+            Ty::List(_) => "list",
+            Ty::Map(_) | Ty::Object(_) => "map",
+            Ty::Dyn => "dyn",
         }
     }
-    fn lookup<'a>(parent: &'a Node, field: &str) -> Option<&'a Node> {
-        parent
-            .properties
-            .iter()
-            .find(|(k, _)| escape_property(k).as_deref() == Some(field))
-            .map(|(_, v)| v)
-            .or(parent.additional.as_deref())
+    /// Types that never mix in comparisons or arithmetic (numbers together).
+    fn category(&self) -> u8 {
+        match self {
+            Ty::Int | Ty::Uint | Ty::Double => 1,
+            Ty::Str => 2,
+            Ty::Bool => 3,
+            Ty::Bytes => 4,
+            Ty::Duration => 5,
+            Ty::Timestamp => 6,
+            Ty::List(_) => 7,
+            Ty::Map(_) | Ty::Object(_) => 8,
+            Ty::Null | Ty::Dyn => 0,
+        }
     }
-    fn visit(e: &::cel::IdedExpr, n: &Node, is_root: bool) -> Result<(), String> {
-        match &e.expr {
+}
+
+fn node_ty(n: &Node) -> Ty<'_> {
+    if n.int_or_string {
+        return Ty::Dyn;
+    }
+    match n.ty {
+        Some(Type::Integer) => Ty::Int,
+        Some(Type::Number) => Ty::Double,
+        Some(Type::Boolean) => Ty::Bool,
+        Some(Type::String) => match n.format.as_deref() {
+            Some("date-time") => Ty::Timestamp,
+            Some("duration") => Ty::Duration,
+            Some("byte") => Ty::Bytes,
+            _ => Ty::Str,
+        },
+        Some(Type::Array) => Ty::List(n.items.as_deref()),
+        Some(Type::Object) if n.additional.is_some() => Ty::Map(n.additional.as_deref()),
+        Some(Type::Object)
+            if n.additional_any || (n.preserve_unknown && n.properties.is_empty()) =>
+        {
+            Ty::Dyn
+        }
+        Some(Type::Object) => Ty::Object(n),
+        _ => Ty::Dyn,
+    }
+}
+
+/// A type check of a rule against the schema, for the mistakes the schema
+/// makes certain (Kubernetes type-checks rules fully): fields a closed object
+/// does not have (`undefined field`), operands of kinds no overload accepts
+/// together (`'a' > 1`, `self.name + 1`, `!self.count`), inside macros too,
+/// reported as cel-go reports them.
+pub(crate) fn check_types(p: &crate::cel::Program, n: &Node, is_root: bool) -> Result<(), String> {
+    struct Cx<'p, 'a> {
+        p: &'p crate::cel::Program,
+        n: &'a Node,
+        is_root: bool,
+        /// Comprehension variables and their types, innermost last.
+        scope: Vec<(String, Ty<'a>)>,
+    }
+    fn closed(o: &Node) -> bool {
+        o.additional.is_none() && !o.additional_any && !o.preserve_unknown && !o.embedded
+    }
+    fn ty<'a>(e: &::cel::IdedExpr, cx: &mut Cx<'_, 'a>) -> Result<Ty<'a>, String> {
+        use ::cel::common::ast::LiteralValue as L;
+        let n = cx.n;
+        Ok(match &e.expr {
+            Expr::Literal(l) => match l {
+                L::Int(_) => Ty::Int,
+                L::UInt(_) => Ty::Uint,
+                L::Double(_) => Ty::Double,
+                L::String(_) => Ty::Str,
+                L::Boolean(_) => Ty::Bool,
+                L::Bytes(_) => Ty::Bytes,
+                L::Null => Ty::Null,
+            },
+            Expr::Ident(i) => match cx.scope.iter().rev().find(|(v, _)| v == i) {
+                Some((_, t)) => *t,
+                None if i == "self" || i == "oldSelf" => node_ty(n),
+                None => Ty::Dyn,
+            },
+            Expr::Select(s) if s.test => {
+                ty(&s.operand, cx)?;
+                Ty::Bool
+            }
             Expr::Select(s) => {
-                let on_root =
-                    matches!(&s.operand.expr, Expr::Ident(i) if i == "self" || i == "oldSelf");
-                if on_root
-                    && is_root
-                    && matches!(s.field.as_str(), "apiVersion" | "kind" | "metadata")
-                {
-                    return Ok(());
+                let operand = ty(&s.operand, cx)?;
+                let on_root_self = cx.is_root
+                    && matches!(&s.operand.expr, Expr::Ident(i) if (i == "self" || i == "oldSelf")
+                        && !cx.scope.iter().any(|(v, _)| v == i));
+                match operand {
+                    Ty::Object(o) => match o
+                        .properties
+                        .iter()
+                        .find(|(k, _)| escape_property(k).as_deref() == Some(s.field.as_str()))
+                    {
+                        Some((_, v)) => node_ty(v),
+                        None if on_root_self
+                            && matches!(s.field.as_str(), "apiVersion" | "kind" | "metadata") =>
+                        {
+                            Ty::Dyn
+                        }
+                        None if closed(o) => {
+                            return Err(format!(
+                                "ERROR: <input>:{}: undefined field '{}'",
+                                cx.p.position(e.id),
+                                s.field
+                            ))
+                        }
+                        None => Ty::Dyn,
+                    },
+                    Ty::Map(Some(v)) => node_ty(v),
+                    _ => Ty::Dyn,
                 }
-                if let Some(parent) = resolve(&s.operand, n) {
-                    let closed = parent.ty == Some(Type::Object)
-                        && parent.additional.is_none()
-                        && !parent.additional_any
-                        && !parent.preserve_unknown
-                        && !parent.embedded;
-                    if closed && lookup(parent, &s.field).is_none() {
-                        return Err(format!("undefined field '{}'", s.field));
+            }
+            Expr::List(l) => {
+                for x in &l.elements {
+                    ty(x, cx)?;
+                }
+                Ty::List(None)
+            }
+            Expr::Map(m) => {
+                for en in &m.entries {
+                    if let ::cel::common::ast::EntryExpr::MapEntry(me) = &en.expr {
+                        ty(&me.key, cx)?;
+                        ty(&me.value, cx)?;
                     }
                 }
-                visit(&s.operand, n, is_root)
+                Ty::Map(None)
+            }
+            Expr::Comprehension(c) => {
+                let range = ty(&c.iter_range, cx)?;
+                let elem = match range {
+                    Ty::List(Some(i)) => node_ty(i),
+                    Ty::Map(_) | Ty::Object(_) => Ty::Str,
+                    _ => Ty::Dyn,
+                };
+                ty(&c.accu_init, cx)?;
+                let base = cx.scope.len();
+                match &c.iter_var2 {
+                    Some(v2) => {
+                        cx.scope.push((c.iter_var.clone(), Ty::Dyn));
+                        cx.scope.push((v2.clone(), Ty::Dyn));
+                    }
+                    None => cx.scope.push((c.iter_var.clone(), elem)),
+                }
+                cx.scope.push((c.accu_var.clone(), Ty::Dyn));
+                let r = (|| -> Result<(), String> {
+                    ty(&c.loop_cond, cx)?;
+                    ty(&c.loop_step, cx)?;
+                    ty(&c.result, cx)?;
+                    Ok(())
+                })();
+                cx.scope.truncate(base);
+                r?;
+                Ty::Dyn
             }
             Expr::Call(c) => {
+                let mut args = Vec::with_capacity(c.args.len() + 1);
                 if let Some(t) = &c.target {
-                    visit(t, n, is_root)?;
+                    args.push(ty(t, cx)?);
                 }
-                c.args.iter().try_for_each(|a| visit(a, n, is_root))
+                for a in &c.args {
+                    args.push(ty(a, cx)?);
+                }
+                let f = c.func_name.as_str();
+                let a0 = args.first().copied().unwrap_or(Ty::Dyn);
+                let mismatch = |args: &[Ty<'_>]| {
+                    format!(
+                        "ERROR: <input>:{}: found no matching overload for '{f}' applied to '({})'",
+                        cx.p.position(e.id),
+                        args.iter().map(Ty::name).collect::<Vec<_>>().join(", ")
+                    )
+                };
+                match f {
+                    "_<_" | "_<=_" | "_>_" | "_>=_" | "_==_" | "_!=_" => {
+                        let (a, b) = (a0.category(), args.get(1).map_or(0, Ty::category));
+                        if a != 0 && b != 0 && a != b {
+                            return Err(mismatch(&args));
+                        }
+                        Ty::Bool
+                    }
+                    "_&&_" | "_||_" | "!_" => {
+                        if args
+                            .iter()
+                            .any(|a| a.category() != 0 && !matches!(a, Ty::Bool))
+                        {
+                            return Err(mismatch(&args));
+                        }
+                        Ty::Bool
+                    }
+                    "_+_" | "_-_" | "_*_" | "_/_" | "_%_" => {
+                        let known: Vec<u8> =
+                            args.iter().map(Ty::category).filter(|c| *c != 0).collect();
+                        let time = |c: &u8| *c == 5 || *c == 6;
+                        if known.len() == 2
+                            && known[0] != known[1]
+                            && !(time(&known[0]) && time(&known[1]))
+                        {
+                            return Err(mismatch(&args));
+                        }
+                        if f != "_+_" && known.iter().any(|c| matches!(c, 2 | 3 | 4 | 7 | 8)) {
+                            return Err(mismatch(&args));
+                        }
+                        if known.contains(&3) {
+                            return Err(mismatch(&args));
+                        }
+                        args.iter()
+                            .copied()
+                            .find(|a| a.category() != 0)
+                            .unwrap_or(Ty::Dyn)
+                    }
+                    "-_" => {
+                        if !matches!(a0.category(), 0 | 1 | 5) {
+                            return Err(mismatch(&args));
+                        }
+                        a0
+                    }
+                    "_[_]" => match a0 {
+                        Ty::List(Some(i)) => node_ty(i),
+                        Ty::Map(Some(v)) => node_ty(v),
+                        _ => Ty::Dyn,
+                    },
+                    "size" => Ty::Int,
+                    "contains" | "startsWith" | "endsWith" | "matches" | "@in" => Ty::Bool,
+                    "int" => Ty::Int,
+                    "uint" => Ty::Uint,
+                    "double" => Ty::Double,
+                    "string" => Ty::Str,
+                    "duration" => Ty::Duration,
+                    "timestamp" => Ty::Timestamp,
+                    _ => Ty::Dyn,
+                }
             }
-            Expr::List(l) => l.elements.iter().try_for_each(|a| visit(a, n, is_root)),
-            Expr::Comprehension(c) => {
-                visit(&c.iter_range, n, is_root)?;
-                visit(&c.accu_init, n, is_root)?;
-                visit(&c.loop_cond, n, is_root)?;
-                visit(&c.loop_step, n, is_root)?;
-                visit(&c.result, n, is_root)
-            }
-            _ => Ok(()),
-        }
+            _ => Ty::Dyn,
+        })
     }
-    visit(p.ast(), n, is_root)
+    let mut cx = Cx {
+        p,
+        n,
+        is_root,
+        scope: Vec::new(),
+    };
+    ty(p.ast(), &mut cx).map(|_| ())
 }
 
 /// A rule's `fieldPath` (`.spec.x`, `.a['b-c']`, `.list[0]` is refused as
 /// Kubernetes refuses it) as a field path below the rule's node.
 pub(crate) fn normalize_field_path(fp: &str, n: &Node) -> Result<String, String> {
-    let invalid = |why: &str| format!("must be a valid path: {why}");
+    // Kubernetes says only this, whatever is wrong with the path.
+    let invalid = |_why: &str| "must be a valid path".to_string();
     let mut out = String::new();
     let mut node = n;
     let mut rest = fp;

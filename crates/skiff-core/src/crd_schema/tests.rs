@@ -868,3 +868,486 @@ fn random_schemas_and_objects_never_panic() {
         "the generator should produce some valid schemas ({compiled})"
     );
 }
+
+#[test]
+fn optional_old_self_lets_a_transition_rule_run_on_create() {
+    let s = compile(obj(
+        json!({"size": {"type": "integer", "x-kubernetes-validations": [
+        {"rule": "!oldSelf.hasValue() || self >= oldSelf.value()", "optionalOldSelf": true,
+         "message": "size may only grow"},
+        {"rule": "oldSelf.hasValue() || self < 100", "optionalOldSelf": true, "message": "start small"}]}}),
+    ));
+    assert!(s.validate(&json!({"spec": {"size": 5}}), None).is_empty());
+    assert_eq!(
+        messages(&s.validate(&json!({"spec": {"size": 500}}), None)),
+        vec!["spec.size: Invalid value: 500: start small"]
+    );
+    let old = json!({"spec": {"size": 5}});
+    assert_eq!(
+        messages(&s.validate(&json!({"spec": {"size": 4}}), Some(&old))),
+        vec!["spec.size: Invalid value: 4: size may only grow"]
+    );
+    assert!(s
+        .validate(&json!({"spec": {"size": 500}}), Some(&old))
+        .is_empty());
+}
+
+#[test]
+fn a_missing_field_in_a_rule_reads_as_cel_go_says_it() {
+    let s = rules_schema(json!([{"rule": "self.minReplicas > 0"}]));
+    assert_eq!(
+        messages(&s.validate(&json!({"spec": {"name": "x"}}), None)),
+        vec![
+            r#"spec: Invalid value: "object": no such key: minReplicas evaluating rule: self.minReplicas > 0"#
+        ]
+    );
+}
+
+#[test]
+fn the_schema_wide_estimated_cost_is_bounded() {
+    // Each rule is cheap alone but runs once per element of two unbounded
+    // nested lists: the total for the schema is over Kubernetes' limit.
+    let got = refused(obj(
+        json!({"outer": {"type": "array", "items": {"type": "array",
+        "items": {"type": "string", "x-kubernetes-validations": [
+            {"rule": "self.lowerAscii().startsWith('a') && self.upperAscii().endsWith('Z')"}]}}}}),
+    ));
+    assert!(got.iter().any(|g| g.starts_with(&format!(
+        "{P}: Forbidden: x-kubernetes-validations estimated rule cost total for entire OpenAPIv3 schema exceeds budget by factor of"))),
+        "{got:#?}");
+    assert!(got.iter().any(|g| g.ends_with("Forbidden: contributed to estimated rule cost total exceeding cost limit for entire OpenAPIv3 schema")),
+        "{got:#?}");
+}
+
+#[test]
+fn the_runtime_budget_stops_further_rules() {
+    // Within the static limits (lists bounded), but over the per-call limit
+    // once a real object fills them.
+    let s = compile(
+        obj(json!({"a": {"type": "array", "maxItems": 500, "items": {"type": "integer"}}}))
+            .pointer("")
+            .cloned()
+            .map(|mut v| {
+                v["properties"]["spec"]["x-kubernetes-validations"] =
+                    json!([{"rule": "self.a.all(x, self.a.all(y, x == y || x != y))"}]);
+                v
+            })
+            .unwrap(),
+    );
+    assert!(s
+        .validate(&json!({"spec": {"a": [1, 2, 3]}}), None)
+        .is_empty());
+    let big: Vec<i64> = (0..500).collect();
+    let got = messages(&s.validate(&json!({"spec": {"a": big}}), None));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].starts_with(r#"spec: Invalid value: "object": 'operation cancelled: actual cost limit exceeded': no further validation rules will be run due to call cost exceeds limit for rule: "#), "{got:?}");
+}
+
+/// A real CRD from a file (`SKIFF_CRD_JSON=path`, a CRD as JSON): every
+/// version compiles, and a sample object validates quickly. Ignored by
+/// default: it needs a file the test does not ship.
+#[test]
+#[ignore]
+fn a_real_crd_from_a_file_compiles_and_validates_fast() {
+    let Ok(path) = std::env::var("SKIFF_CRD_JSON") else {
+        return;
+    };
+    let crd: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let versions = crd["spec"]["versions"].as_array().unwrap();
+    for (i, v) in versions.iter().enumerate() {
+        let schema = &v["schema"]["openAPIV3Schema"];
+        let t = std::time::Instant::now();
+        let s = match Schema::compile(
+            schema,
+            &format!("spec.versions[{i}].schema.openAPIV3Schema"),
+        ) {
+            Ok(s) => s,
+            Err(e) => panic!("{:#?}", messages(&e)),
+        };
+        eprintln!("compiled {} in {:?}", v["name"], t.elapsed());
+        let obj = json!({"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
+            "metadata": {"name": "k8s", "namespace": "monitoring", "labels": {"a": "b"}},
+            "spec": {"replicas": 2, "version": "v2.45.0", "serviceAccountName": "prometheus-k8s",
+                "serviceMonitorSelector": {"matchLabels": {"team": "frontend"}},
+                "podMonitorSelector": {"matchExpressions": [{"key": "a", "operator": "In", "values": ["x", "y"]}]},
+                "resources": {"requests": {"memory": "400Mi", "cpu": "500m"}},
+                "retention": "10d", "enableAdminAPI": false,
+                "securityContext": {"runAsUser": 1000, "fsGroup": 2000, "runAsNonRoot": true},
+                "alerting": {"alertmanagers": [{"namespace": "monitoring", "name": "alertmanager-main", "port": "web"}]},
+                "tolerations": [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [{"name": "sidecar", "image": "busybox", "args": ["sleep", "3600"],
+                    "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}],
+                    "env": [{"name": "A", "value": "1"}, {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}],
+                "storage": {"volumeClaimTemplate": {"spec": {"storageClassName": "ssd",
+                    "resources": {"requests": {"storage": "40Gi"}}}}},
+                "unknownField": {"dropped": true}}});
+        let n = 2000;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            let mut o = obj.clone();
+            s.prune(&mut o);
+            s.apply_defaults(&mut o);
+            let causes = s.validate(&o, None);
+            assert!(causes.is_empty(), "{:#?}", messages(&causes));
+        }
+        eprintln!(
+            "prune+default+validate: {:?} per object ({} bytes)",
+            t.elapsed() / n,
+            serde_json::to_vec(&obj).unwrap().len()
+        );
+        let mut o = obj.clone();
+        s.prune(&mut o);
+        s.apply_defaults(&mut o);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            let mut x = obj.clone();
+            s.prune(&mut x);
+        }
+        eprintln!("clone+prune: {:?}", t.elapsed() / n);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            s.validate(&o, None);
+        }
+        eprintln!("validate: {:?}", t.elapsed() / n);
+        fn strip(v: &mut Value) {
+            match v {
+                Value::Object(m) => {
+                    m.remove("x-kubernetes-validations");
+                    m.values_mut().for_each(strip);
+                }
+                Value::Array(a) => a.iter_mut().for_each(strip),
+                _ => {}
+            }
+        }
+        let mut plain = schema.clone();
+        strip(&mut plain);
+        let s2 = Schema::compile(&plain, "x").unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            s2.validate(&o, None);
+        }
+        eprintln!("validate without CEL rules: {:?}", t.elapsed() / n);
+    }
+}
+
+/// Every CRD (as JSON) in `SKIFF_CRD_DIR` compiles, every version. Ignored
+/// by default: real operators' CRDs are not shipped with the tests.
+#[test]
+#[ignore]
+fn real_crds_in_a_directory_compile() {
+    let Ok(dir) = std::env::var("SKIFF_CRD_DIR") else {
+        return;
+    };
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let crd: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        for (i, v) in crd["spec"]["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let Some(schema) = v["schema"].get("openAPIV3Schema") else {
+                continue;
+            };
+            count += 1;
+            if let Err(e) = Schema::compile(
+                schema,
+                &format!("spec.versions[{i}].schema.openAPIV3Schema"),
+            ) {
+                failures.push(format!("{}: {:#?}", path.display(), messages(&e)));
+            }
+        }
+    }
+    eprintln!("{count} schemas");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every example object (as JSON) in `SKIFF_CRD_EXAMPLES` is accepted by
+/// the matching CRD's schema from `SKIFF_CRD_DIR`. Ignored by default.
+#[test]
+#[ignore]
+fn documented_examples_validate_against_real_crds() {
+    let (Ok(dir), Ok(examples)) = (
+        std::env::var("SKIFF_CRD_DIR"),
+        std::env::var("SKIFF_CRD_EXAMPLES"),
+    ) else {
+        return;
+    };
+    let mut schemas = std::collections::HashMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let crd: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let group = crd["spec"]["group"].as_str().unwrap_or("").to_string();
+        let kind = crd["spec"]["names"]["kind"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        for v in crd["spec"]["versions"].as_array().into_iter().flatten() {
+            if let Some(schema) = v["schema"].get("openAPIV3Schema") {
+                let s = Schema::compile(schema, "s").expect("compiles");
+                let av = format!("{group}/{}", v["name"].as_str().unwrap_or(""));
+                schemas.insert((av, kind.clone()), s);
+            }
+        }
+    }
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for entry in std::fs::read_dir(examples).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let mut obj: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let key = (
+            obj["apiVersion"].as_str().unwrap_or("").to_string(),
+            obj["kind"].as_str().unwrap_or("").to_string(),
+        );
+        let Some(s) = schemas.get(&key) else { continue };
+        count += 1;
+        s.prune(&mut obj);
+        s.apply_defaults(&mut obj);
+        let causes = s.validate(&obj, None);
+        if !causes.is_empty() {
+            failures.push(format!("{}: {:#?}", path.display(), messages(&causes)));
+        }
+    }
+    eprintln!("{count} examples");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_schema_and_object_as_deep_as_json_allows_fit_a_server_threads_stack() {
+    // serde_json refuses documents nested deeper than 128 levels; build the
+    // deepest schema and object a request can carry and run everything on a
+    // 2 MiB stack, as a server thread has.
+    let depth = 60; // a property level is two JSON levels in the schema
+    let mut schema = json!({"type": "string", "default": "x", "x-kubernetes-validations": [{"rule": "self != ''"}]});
+    let mut object = json!("v");
+    for _ in 0..depth {
+        schema = json!({"type": "object", "properties": {"a": schema}});
+        object = json!({"a": object});
+    }
+    let text = serde_json::to_string(&schema).unwrap();
+    let out = std::thread::Builder::new()
+        .stack_size(2 * 1024 * 1024)
+        .spawn(move || {
+            let schema: Value = serde_json::from_str(&text).unwrap();
+            let s = Schema::compile(&schema, "s").unwrap();
+            let mut o = object;
+            s.prune(&mut o);
+            s.apply_defaults(&mut o);
+            s.validate(&o, Some(&json!({})))
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(out.is_empty(), "{:?}", messages(&out));
+}
+
+#[test]
+fn a_rules_field_path_must_name_a_field() {
+    let got = refused(obj(
+        json!({"a": {"type": "object", "properties": {"b": {"type": "string"}},
+        "x-kubernetes-validations": [
+            {"rule": "true", "fieldPath": ".c"},
+            {"rule": "true", "fieldPath": ".b[0]"},
+            {"rule": "true", "fieldPath": "b"},
+        ]}}),
+    ));
+    let p = format!("{P}.properties[spec].properties[a].x-kubernetes-validations");
+    assert_eq!(
+        got,
+        vec![
+            format!(r#"{p}[0].fieldPath: Invalid value: ".c": must be a valid path"#),
+            format!(r#"{p}[1].fieldPath: Invalid value: ".b[0]": must be a valid path"#),
+            format!(r#"{p}[2].fieldPath: Invalid value: "b": must be a valid path"#),
+        ]
+    );
+    compile(obj(
+        json!({"a": {"type": "object", "properties": {"b": {"type": "object",
+        "properties": {"c-d": {"type": "string"}}}},
+        "x-kubernetes-validations": [{"rule": "true", "fieldPath": ".b['c-d']"}]}}),
+    ));
+}
+
+#[test]
+fn embedded_resources_are_checked_as_kubernetes_checks_them() {
+    let s = spec_schema();
+    let got = messages(&s.validate(&json!({"spec": {"image": "x", "template": {
+        "apiVersion": "a/b/c", "kind": "Not_A_Kind", "metadata": {"name": "a/b", "labels": {"x": 1}}}}}), None));
+    assert_eq!(
+        got,
+        vec![
+            r#"spec.template.apiVersion: Invalid value: "a/b/c": unexpected GroupVersion string: a/b/c"#,
+            r#"spec.template.kind: Invalid value: "Not_A_Kind": may have mixed case, but should otherwise match: a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')"#,
+            r#"spec.template.metadata.name: Invalid value: "a/b": may not contain '/'"#,
+            r#"spec.template.metadata.labels: Invalid value: {"x":1}: must be a map of strings"#,
+        ]
+    );
+    let ok = json!({"spec": {"image": "x", "template": {"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "labels": {"app": "web"}}}}});
+    assert!(s.validate(&ok, None).is_empty());
+}
+
+#[test]
+fn rules_whose_operand_types_cannot_match_are_refused() {
+    let p = format!("{P}.properties[spec].x-kubernetes-validations[0].rule");
+    let with_rule = |rule: &str| {
+        Schema::compile(
+            &json!({"type": "object", "properties": {"spec": {"type": "object",
+            "x-kubernetes-validations": [{"rule": rule}],
+            "properties": {"replicas": {"type": "integer"}, "name": {"type": "string"},
+                "ratio": {"type": "number"}, "on": {"type": "boolean"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "port": {"x-kubernetes-int-or-string": true},
+                "timeout": {"type": "string", "format": "duration"}}}}}),
+            P,
+        )
+    };
+    let refused_with = |rule: &str| -> String {
+        let e = with_rule(rule).expect_err(rule);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].field, p);
+        e[0].message.clone()
+    };
+    let m = refused_with("self.replicas > 'abc'");
+    assert!(m.ends_with("compilation failed: ERROR: <input>:1:15: found no matching overload for '_>_' applied to '(int, string)'"), "{m}");
+    assert!(refused_with("self.name + 1 == 'x1'")
+        .contains("found no matching overload for '_+_' applied to '(string, int)'"));
+    assert!(refused_with("!self.replicas")
+        .contains("found no matching overload for '!_' applied to '(int)'"));
+    assert!(refused_with("self.on == 'true'").contains("applied to '(bool, string)'"));
+    assert!(refused_with("self.tags[0] > 1").contains("applied to '(string, int)'"));
+    for ok in [
+        "self.replicas > 1 && self.ratio > 0.5 && self.ratio >= self.replicas",
+        "self.port == 80 || self.port == 'http'",
+        "self.name + '-x' != 'y' && size(self.tags) < 3 && self.tags.all(t, t != 'a')",
+        "self.timeout > duration('1s') && !self.on",
+        "has(self.name) == true",
+    ] {
+        assert!(with_rule(ok).is_ok(), "{ok}: {:?}", with_rule(ok).err());
+    }
+}
+
+#[test]
+fn value_validations_may_only_constrain_fields_the_schema_specifies() {
+    let got = refused(obj(
+        json!({"a": {"type": "object", "properties": {"b": {"type": "string"}},
+        "anyOf": [{"properties": {"b": {"minLength": 1}}}, {"properties": {"c": {"minLength": 1}}}],
+        "oneOf": [{"properties": {"metadata": {"minProperties": 1}}}]}}),
+    ));
+    let p = format!("{P}.properties[spec].properties[a]");
+    assert_eq!(got, vec![
+        format!("{p}.oneOf[0].properties[metadata]: Forbidden: must not be specified in a nested context"),
+        format!("{p}.properties[c]: Required value: because it is defined in {p}.anyOf[1].properties[c]"),
+        format!("{p}.properties[metadata]: Required value: because it is defined in {p}.oneOf[0].properties[metadata]"),
+    ]);
+}
+
+#[test]
+fn compiled_schemas_and_programs_are_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync + Clone + 'static>() {}
+    assert_send_sync::<Schema>();
+    assert_send_sync::<crate::cel::Program>();
+    let s = rules_schema(json!([{"rule": "self.minReplicas <= self.maxReplicas"}]));
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                s.validate(&json!({"spec": {"minReplicas": i, "maxReplicas": 2}}), None)
+                    .len()
+            })
+        })
+        .collect();
+    let counts: Vec<usize> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(counts, vec![0, 0, 0, 1]);
+}
+
+#[test]
+fn a_refused_rule_is_shown_as_kubernetes_marshals_it() {
+    let got = refused(
+        json!({"type": "object", "properties": {"spec": {"type": "object",
+        "x-kubernetes-validations": [{"message": "m", "rule": "self.x"}]}}}),
+    );
+    assert!(got[0].starts_with(&format!(
+        r#"{P}.properties[spec].x-kubernetes-validations[0].rule: Invalid value: {{"rule":"self.x","message":"m"}}: compilation failed: "#
+    )), "{got:?}");
+}
+
+#[test]
+fn a_default_must_satisfy_the_rules_too() {
+    let got = refused(obj(
+        json!({"range": {"type": "object", "default": {"min": 5, "max": 1},
+        "x-kubernetes-validations": [{"rule": "self.min <= self.max", "message": "min must not exceed max"}],
+        "properties": {"min": {"type": "integer"}, "max": {"type": "integer"}}}}),
+    ));
+    assert_eq!(
+        got,
+        vec![format!(
+        "{P}.properties[spec].properties[range].default: Invalid value: min must not exceed max"
+    )]
+    );
+}
+
+#[test]
+fn patterns_real_crds_use_compile_as_go_compiles_them() {
+    for p in [
+        r"^(\/[^\/]+)+$",
+        r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        r"^[\-a-z0-9\_\.]+$",
+        r"^([0-9]{1,5}(h|m|s|ms)){1,4}$",
+        r"^(([0-9]+(\.[0-9]+)?(ms|s|m|h))+)$",
+        r"^\s*\S+\s*$",
+        r"^[[:alnum:]]+\z",
+        r"^\d+[KMGTPE]i?$",
+        r"^\p{L}+$",
+    ] {
+        compile(obj(json!({"a": {"type": "string", "pattern": p}})));
+    }
+}
+
+#[test]
+fn rules_are_checked_inside_macros_too() {
+    let with_rule = |rule: &str| {
+        Schema::compile(
+            &obj(
+                json!({"ports": {"type": "array", "items": {"type": "object",
+            "properties": {"name": {"type": "string"}, "port": {"type": "integer"}}}},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}}}),
+            )
+            .pointer("")
+            .cloned()
+            .map(|mut v| {
+                v["properties"]["spec"]["x-kubernetes-validations"] = json!([{"rule": rule}]);
+                v
+            })
+            .unwrap(),
+            P,
+        )
+    };
+    let e = with_rule("self.ports.all(p, p.nmae != '')").unwrap_err();
+    assert!(e[0].message.ends_with("undefined field 'nmae'"), "{e:?}");
+    let e = with_rule("self.ports.exists(p, p.port == 'http')").unwrap_err();
+    assert!(
+        e[0].message
+            .contains("found no matching overload for '_==_' applied to '(int, string)'"),
+        "{e:?}"
+    );
+    for ok in [
+        "self.ports.all(p, p.name != '' && p.port > 0)",
+        "self.labels.all(k, k.startsWith('x') && self.labels[k] != '')",
+        "self.ports.exists_one(p, p.port == 80)",
+        "self.ports.all(self, has(self.name))",
+    ] {
+        assert!(with_rule(ok).is_ok(), "{ok}: {:?}", with_rule(ok).err());
+    }
+}

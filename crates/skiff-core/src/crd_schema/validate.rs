@@ -17,11 +17,34 @@ pub(crate) struct Validator<'a> {
     pub(crate) out: Vec<Cause>,
 }
 
-pub(crate) fn join(path: &str, name: &str) -> String {
-    if path.is_empty() {
-        name.to_string()
-    } else {
-        format!("{path}.{name}")
+/// A field path built lazily: rendered only when an error needs it, so a
+/// valid object costs no string building.
+#[derive(Clone, Copy)]
+pub(crate) enum P<'a> {
+    Root(&'a str),
+    Field(&'a P<'a>, &'a str),
+    Index(&'a P<'a>, usize),
+}
+
+impl P<'_> {
+    fn is_empty(&self) -> bool {
+        matches!(self, P::Root(s) if s.is_empty())
+    }
+}
+
+impl std::fmt::Display for P<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            P::Root(s) => f.write_str(s),
+            P::Field(parent, k) => {
+                if parent.is_empty() {
+                    f.write_str(k)
+                } else {
+                    write!(f, "{parent}.{k}")
+                }
+            }
+            P::Index(parent, i) => write!(f, "{parent}[{i}]"),
+        }
     }
 }
 
@@ -69,7 +92,8 @@ fn type_matches(ty: Type, v: &Value) -> bool {
 }
 
 impl Validator<'_> {
-    fn field(&self, name: &str) -> String {
+    fn field(&self, name: &P<'_>) -> String {
+        let name = name.to_string();
         if name.is_empty() {
             self.base.to_string()
         } else if self.base.is_empty() {
@@ -79,12 +103,12 @@ impl Validator<'_> {
         }
     }
 
-    fn invalid(&mut self, name: &str, value: &Value, detail: String) {
+    fn invalid(&mut self, name: &P<'_>, value: &Value, detail: String) {
         let f = self.field(name);
         self.out.push(Cause::invalid(f, value, &detail));
     }
 
-    fn type_invalid(&mut self, name: &str, value: &Value, detail: String) {
+    fn type_invalid(&mut self, name: &P<'_>, value: &Value, detail: String) {
         let f = self.field(name);
         let mut c = Cause::invalid(f, value, &detail);
         c.reason = "FieldValueTypeInvalid".to_string();
@@ -93,7 +117,7 @@ impl Validator<'_> {
 
     /// Validates `v` at relative path `name`; `old` is the correlated old
     /// value on update (an unchanged value is not re-validated: ratcheting).
-    pub(crate) fn validate(&mut self, n: &Node, v: &Value, old: Option<&Value>, name: &str) {
+    pub(crate) fn validate(&mut self, n: &Node, v: &Value, old: Option<&Value>, name: &P<'_>) {
         if old == Some(v) {
             return;
         }
@@ -166,11 +190,11 @@ impl Validator<'_> {
         n: &Node,
         m: &serde_json::Map<String, Value>,
         old: Option<&serde_json::Map<String, Value>>,
-        name: &str,
+        name: &P<'_>,
     ) {
         for r in &n.required {
             if !m.contains_key(r) {
-                let f = self.field(&join(name, r));
+                let f = self.field(&P::Field(name, r));
                 self.out.push(Cause::required(f));
             }
         }
@@ -189,7 +213,7 @@ impl Validator<'_> {
             }
         }
         for (k, v) in m {
-            let child = join(name, k);
+            let child = P::Field(name, k);
             let o = old.and_then(|o| o.get(k));
             if let Some(p) = n.properties.get(k) {
                 self.validate(p, v, o, &child);
@@ -202,30 +226,91 @@ impl Validator<'_> {
         }
     }
 
-    fn embedded(&mut self, m: &serde_json::Map<String, Value>, name: &str) {
+    /// `validateEmbeddedResource`: apiVersion and kind required and well
+    /// formed, metadata a valid ObjectMeta.
+    fn embedded(&mut self, m: &serde_json::Map<String, Value>, name: &P<'_>) {
         for k in ["apiVersion", "kind"] {
-            match m.get(k) {
-                None => {
-                    let f = self.field(&join(name, k));
-                    self.out.push(Cause::required(f));
+            if !m.contains_key(k) {
+                let f = self.field(&P::Field(name, k));
+                self.out.push(Cause::required(f));
+            }
+        }
+        if let Some(v) = m.get("apiVersion") {
+            let p = P::Field(name, "apiVersion");
+            match v.as_str() {
+                None => self.invalid(&p, v, "must be a string".into()),
+                Some("") => self.invalid(&p, v, "must not be empty".into()),
+                Some(av) if av.matches('/').count() > 1 => {
+                    self.invalid(&p, v, format!("unexpected GroupVersion string: {av}"))
                 }
-                Some(Value::String(s)) if s.is_empty() => self.invalid(
-                    &join(name, k),
-                    &Value::String(String::new()),
-                    "must not be empty".into(),
-                ),
-                Some(Value::String(_)) => {}
-                Some(other) => self.invalid(&join(name, k), other, "must be a string".into()),
+                _ => {}
+            }
+        }
+        if let Some(v) = m.get("kind") {
+            let p = P::Field(name, "kind");
+            match v.as_str() {
+                None => self.invalid(&p, v, "must be a string".into()),
+                Some("") => self.invalid(&p, v, "must not be empty".into()),
+                Some(kind) => {
+                    let lower = kind.to_lowercase();
+                    let b = lower.as_bytes();
+                    let ok = b.len() <= 63
+                        && b[0].is_ascii_lowercase()
+                        && b[b.len() - 1] != b'-'
+                        && b.iter()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-');
+                    if !ok {
+                        self.invalid(&p, v, "may have mixed case, but should otherwise match: a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')".into());
+                    }
+                }
             }
         }
         if let Some(meta) = m.get("metadata") {
-            if !meta.is_object() && !meta.is_null() {
-                self.invalid(&join(name, "metadata"), meta, "must be an object".into());
+            let mp = P::Field(name, "metadata");
+            match meta {
+                Value::Object(mm) => {
+                    for k in ["name", "generateName"] {
+                        if let Some(v) = mm.get(k) {
+                            let p = P::Field(&mp, k);
+                            match v.as_str() {
+                                None => self.invalid(&p, v, "must be a string".into()),
+                                Some(n) => {
+                                    let bad = match n {
+                                        "." if k == "name" => Some("may not be '.'"),
+                                        ".." if k == "name" => Some("may not be '..'"),
+                                        _ if n.contains('/') => Some("may not contain '/'"),
+                                        _ if n.contains('%') => Some("may not contain '%'"),
+                                        _ => None,
+                                    };
+                                    if let Some(why) = bad {
+                                        self.invalid(&p, v, why.into());
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    for k in ["labels", "annotations"] {
+                        if let Some(v) = mm.get(k) {
+                            let ok = v.is_null()
+                                || v.as_object()
+                                    .is_some_and(|o| o.values().all(Value::is_string));
+                            if !ok {
+                                self.invalid(
+                                    &P::Field(&mp, k),
+                                    v,
+                                    "must be a map of strings".into(),
+                                );
+                            }
+                        }
+                    }
+                }
+                Value::Null => {}
+                other => self.invalid(&mp, other, "must be an object".into()),
             }
         }
     }
 
-    fn too_many(&mut self, name: &str, actual: usize, max: u64) {
+    fn too_many(&mut self, name: &P<'_>, actual: usize, max: u64) {
         let f = self.field(name);
         let unit = if max == 1 { "item" } else { "items" };
         self.out.push(Cause::new(
@@ -235,7 +320,7 @@ impl Validator<'_> {
         ));
     }
 
-    fn array(&mut self, n: &Node, a: &[Value], old: Option<&Vec<Value>>, name: &str) {
+    fn array(&mut self, n: &Node, a: &[Value], old: Option<&Vec<Value>>, name: &P<'_>) {
         if let Some(max) = n.max_items {
             if a.len() as u64 > max {
                 self.too_many(name, a.len(), max);
@@ -253,14 +338,14 @@ impl Validator<'_> {
         if let Some(items) = &n.items {
             for (i, v) in a.iter().enumerate() {
                 let o = old.and_then(|o| correlate(n, v, o));
-                self.validate(items, v, o, &format!("{name}[{i}]"));
+                self.validate(items, v, o, &P::Index(name, i));
             }
         }
         match n.list_type {
             Some(ListType::Set) => {
                 for i in 0..a.len() {
                     if a[..i].iter().any(|x| json_eq(x, &a[i])) {
-                        let f = self.field(&format!("{name}[{i}]"));
+                        let f = self.field(&P::Index(name, i));
                         self.out.push(Cause::duplicate(f, &a[i]));
                     }
                 }
@@ -278,7 +363,7 @@ impl Validator<'_> {
                 let keys: Vec<Value> = a.iter().map(key_of).collect();
                 for i in 0..keys.len() {
                     if keys[..i].iter().any(|x| json_eq(x, &keys[i])) {
-                        let f = self.field(&format!("{name}[{i}]"));
+                        let f = self.field(&P::Index(name, i));
                         self.out.push(Cause::duplicate(f, &keys[i]));
                     }
                 }
@@ -287,8 +372,12 @@ impl Validator<'_> {
         }
     }
 
-    fn string(&mut self, n: &Node, v: &Value, s: &str, name: &str) {
-        let chars = s.chars().count() as u64;
+    fn string(&mut self, n: &Node, v: &Value, s: &str, name: &P<'_>) {
+        let chars = if n.max_length.is_some() || n.min_length.is_some() {
+            s.chars().count() as u64
+        } else {
+            0
+        };
         if let Some(max) = n.max_length {
             if chars > max {
                 let f = self.field(name);
@@ -325,7 +414,7 @@ impl Validator<'_> {
         }
     }
 
-    fn number(&mut self, n: &Node, v: &Value, name: &str) {
+    fn number(&mut self, n: &Node, v: &Value, name: &P<'_>) {
         let Some(x) = v.as_f64() else { return };
         if let Some(max) = n.maximum {
             if (n.exclusive_maximum && x >= max) || x > max {
@@ -370,8 +459,11 @@ impl Validator<'_> {
     }
 
     /// `allOf`, `anyOf`, `oneOf`, `not`, as kube-openapi reports them.
-    fn composition(&mut self, n: &Node, v: &Value, name: &str) {
-        let quoted = format!("{name:?}");
+    fn composition(&mut self, n: &Node, v: &Value, name: &P<'_>) {
+        if n.all_of.is_empty() && n.any_of.is_empty() && n.one_of.is_empty() && n.not.is_none() {
+            return;
+        }
+        let quoted = format!("{:?}", name.to_string());
         let composite = |this: &mut Self, msg: String| {
             let f = this.base.to_string();
             this.out
