@@ -43,6 +43,13 @@ pub struct AppState {
     pub flow: Arc<crate::flowcontrol::FlowControl>,
 }
 
+impl AppState {
+    /// The resources this server serves (built-ins and custom resources).
+    pub fn catalog(&self) -> &skiff_core::resources::Catalog {
+        self.registry.cache().catalog()
+    }
+}
+
 type Resp = Response<Body>;
 
 /// A JSON response.
@@ -323,7 +330,7 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
         "/api" if get => {
             return match negotiate::choose_output(accept.as_deref())? {
                 Output::Discovery { v2beta1 } => Ok(discovery_response(
-                    skiff_core::discovery::aggregated_discovery(true),
+                    skiff_core::discovery::aggregated_discovery_in(state.catalog(), true),
                     v2beta1,
                 )),
                 _ => Ok(json_response(
@@ -338,7 +345,7 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
                     crate::aggregator::merge_aggregated(
                         &state.registry,
                         &state.aggregator,
-                        skiff_core::discovery::aggregated_discovery(false),
+                        skiff_core::discovery::aggregated_discovery_in(state.catalog(), false),
                     ),
                     v2beta1,
                 )),
@@ -346,7 +353,7 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
                     200,
                     &crate::aggregator::merge_group_list(
                         &state.registry,
-                        skiff_core::discovery::api_group_list(),
+                        skiff_core::discovery::api_group_list_in(state.catalog()),
                     ),
                 )),
             };
@@ -373,7 +380,10 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
             ));
         }
         "/openapi/v3" if get => {
-            return Ok(json_response(200, &skiff_core::openapi::openapi_v3_index()))
+            return Ok(json_response(
+                200,
+                &skiff_core::openapi::openapi_v3_index_in(state.catalog()),
+            ))
         }
         _ => {}
     }
@@ -385,7 +395,9 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
                 _ => None,
             };
             if let Some((g, v)) = gv {
-                if let Some(doc) = skiff_core::openapi::openapi_v3_group_version(g, v) {
+                if let Some(doc) =
+                    skiff_core::openapi::openapi_v3_group_version_in(state.catalog(), g, v)
+                {
                     return Ok(json_response(200, &doc));
                 }
             }
@@ -394,27 +406,33 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         match segs.as_slice() {
             ["api", v] => {
-                return skiff_core::discovery::api_resource_list("", v)
+                return skiff_core::discovery::api_resource_list_in(state.catalog(), "", v)
                     .map(|d| json_response(200, &d))
                     .ok_or_else(|| request::not_found_path(&path))
             }
             ["apis", g] => {
-                return skiff_core::discovery::api_group(g)
+                return skiff_core::discovery::api_group_in(state.catalog(), g)
                     .map(|d| json_response(200, &d))
                     .ok_or_else(|| request::not_found_path(&path))
             }
             ["apis", g, v] => {
-                return skiff_core::discovery::api_resource_list(g, v)
+                return skiff_core::discovery::api_resource_list_in(state.catalog(), g, v)
                     .map(|d| json_response(200, &d))
                     .ok_or_else(|| request::not_found_path(&path))
             }
             _ => {}
         }
     }
-    let Some(rr) = request::parse_path(&path)? else {
+    let Some(rr) = request::parse_path_in(state.catalog(), &path)? else {
         return Err(request::not_found_path(&path));
     };
-    resource(state, rr, query, accept, req).await
+    // A deprecated version of a custom resource answers with its warning.
+    let deprecation = rr.res.rules.custom().and_then(|c| c.deprecation.clone());
+    let r = resource(state, rr, query, accept, req).await;
+    match deprecation {
+        Some(w) => r.map(|r| add_warnings(r, &[w])),
+        None => r,
+    }
 }
 
 fn discovery_response(doc: Value, v2beta1: bool) -> Resp {
@@ -611,6 +629,11 @@ fn check_fields(
     }
     if let Some(t) = skiff_core::schema::root(res.group, res.version, res.kind) {
         for u in skiff_core::patch::unknown_fields(t, obj) {
+            problems.push(format!("unknown field \"{}\"", u.trim_start_matches('.')));
+        }
+    } else if let Some(c) = res.rules.custom() {
+        // A custom resource: the fields its schema would prune.
+        for u in c.unknown_fields(obj) {
             problems.push(format!("unknown field \"{}\"", u.trim_start_matches('.')));
         }
     }
@@ -921,7 +944,7 @@ async fn resource(
         }
         (&Method::GET, Some(name), Some("scale")) => {
             let obj = reg.get(res, ns, name).await?;
-            let scale = crate::registry::to_scale(&obj)?;
+            let scale = crate::registry::to_scale(res, &obj)?;
             match output {
                 Output::Table { v1beta1 } => Ok(json_response(
                     200,
@@ -1309,6 +1332,20 @@ pub fn table(
     with_columns: bool,
     include: &str,
 ) -> Value {
+    if let Some(c) = res.rules.custom() {
+        // A custom resource's additionalPrinterColumns.
+        return table_with(
+            c.columns,
+            &|o, now| c.cells(o, now),
+            objs,
+            v1beta1,
+            rv,
+            cont,
+            remaining,
+            with_columns,
+            include,
+        );
+    }
     table_of(
         res.rules.printer(),
         objs,
@@ -1334,8 +1371,33 @@ pub fn table_of(
     with_columns: bool,
     include: &str,
 ) -> Value {
+    table_with(
+        printer.columns,
+        &|o, now| (printer.cells)(o, now),
+        objs,
+        v1beta1,
+        rv,
+        cont,
+        remaining,
+        with_columns,
+        include,
+    )
+}
+
+/// [`table_of`] with the columns and the cells apart.
+#[allow(clippy::too_many_arguments)]
+fn table_with(
+    cols: &[skiff_core::table::Column],
+    cells: &dyn Fn(&Value, chrono::DateTime<chrono::Utc>) -> Vec<Value>,
+    objs: &[Value],
+    v1beta1: bool,
+    rv: Option<i64>,
+    cont: Option<&str>,
+    remaining: Option<i64>,
+    with_columns: bool,
+    include: &str,
+) -> Value {
     let now = chrono::Utc::now();
-    let cols = printer.columns;
     let rows: Vec<Value> = objs
         .iter()
         .map(|o| {
@@ -1344,7 +1406,7 @@ pub fn table_of(
                 "Object" => o.clone(),
                 _ => partial_metadata(o, v1beta1),
             };
-            let mut row = json!({"cells": (printer.cells)(o, now), "object": object});
+            let mut row = json!({"cells": cells(o, now), "object": object});
             if object_is_null(&row) {
                 row.as_object_mut().map(|m| m.remove("object"));
             }

@@ -17,6 +17,7 @@ pub mod auth;
 pub mod authz;
 pub mod bootstrap_token;
 pub mod certificates;
+pub mod crd;
 pub mod encryption;
 pub mod fieldmanager;
 pub mod flowcontrol;
@@ -145,6 +146,7 @@ impl ApiServer {
             ));
         }
         tokio::spawn(lifecycle::namespace_finalizer(registry.clone()));
+        tokio::spawn(crd::run(Arc::downgrade(&registry)));
         if let Some((cert, key)) = config.cluster_signing.clone() {
             tokio::spawn(certificates::run(registry.clone(), cert, key));
         }

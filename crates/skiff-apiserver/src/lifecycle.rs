@@ -168,7 +168,14 @@ async fn finalize_namespace(reg: &Registry, ns: &str) -> Result<bool, ApiError> 
         ..Default::default()
     };
     let mut seen = std::collections::HashSet::new();
-    for res in RESOURCES.iter().filter(|r| r.namespaced) {
+    // Built-in and custom resources alike.
+    for res in reg
+        .cache()
+        .catalog()
+        .all()
+        .into_iter()
+        .filter(|r| r.namespaced)
+    {
         if !seen.insert(res.storage) {
             continue;
         }

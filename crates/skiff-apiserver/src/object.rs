@@ -99,6 +99,14 @@ pub fn storage_of_key(key: &str) -> Option<String> {
         if let Some(s) = map.get(&rest[..second]) {
             return Some(s.to_string());
         }
+        if let Some(s) = map.get(&rest[..first]) {
+            return Some(s.to_string());
+        }
+        // Custom resources: `/registry/<group with a dot>/<plural>/…`.
+        if rest[..first].contains('.') {
+            return Some(rest[..second].to_string());
+        }
+        return None;
     }
     map.get(&rest[..first]).map(|s| s.to_string())
 }

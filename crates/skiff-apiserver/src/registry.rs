@@ -599,7 +599,8 @@ impl Registry {
         sub: Subresource,
         opts: &WriteOptions,
     ) -> ApiResult<(Value, bool)> {
-        let schema = skiff_core::schema::root(res.group, res.version, res.kind);
+        let schema = skiff_core::schema::root(res.group, res.version, res.kind)
+            .or_else(|| res.rules.custom().and_then(|c| c.type_ref()));
         let scale = sub == Subresource::Scale;
         self.guaranteed_update(res, ns, name, None, |cur| async move {
             let Some(cur) = cur else {
@@ -614,7 +615,11 @@ impl Registry {
                 return Err(ApiError::not_found(res.group, res.plural, name).into());
             };
             let old = decode(&cur)?;
-            let current_view = if scale { to_scale(&old)? } else { old.clone() };
+            let current_view = if scale {
+                to_scale(res, &old)?
+            } else {
+                old.clone()
+            };
             let t = if scale { None } else { schema };
             let mut patched = apply_patch(res, Some(&current_view), patch_type, patch, t, opts)?;
             // A patch that names a resourceVersion is a precondition on it.
@@ -628,7 +633,7 @@ impl Registry {
             let opts = if scale {
                 scale_opts =
                     crate::webhook::admit_scale(self, res, &old, &mut patched, opts).await?;
-                patched = from_scale(&old, &patched)?;
+                patched = from_scale(res, &old, &patched)?;
                 &scale_opts
             } else {
                 opts
@@ -648,7 +653,7 @@ impl Registry {
                     track,
                 )
                 .await?;
-            Ok((if scale { to_scale(&v)? } else { v }, false))
+            Ok((if scale { to_scale(res, &v)? } else { v }, false))
         })
         .await
     }
@@ -706,11 +711,11 @@ impl Registry {
         if sub == Subresource::Scale {
             let mut new = new;
             let opts = &crate::webhook::admit_scale(self, res, &old, &mut new, opts).await?;
-            let new = from_scale(&old, &new)?;
+            let new = from_scale(res, &old, &new)?;
             let v = self
                 .write_inner(res, ns, name, cur, old, new, Subresource::Main, opts, true)
                 .await?;
-            return Ok(to_scale(&v)?);
+            return Ok(to_scale(res, &v)?);
         }
         self.write_inner(res, ns, name, cur, old, new, sub, opts, true)
             .await
@@ -1184,6 +1189,12 @@ pub fn apply_patch(
     match patch_type {
         PatchType::Json => skiff_core::patch::apply_json_patch(cur, patch),
         PatchType::Merge => skiff_core::patch::apply_merge_patch(cur, patch),
+        // Custom resources have no strategic merge keys: 415 as Kubernetes.
+        PatchType::Strategic if res.rules.custom().is_some() => Err(ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+        )),
         PatchType::Strategic => skiff_core::patch::apply_strategic_merge_patch(cur, patch, t),
         PatchType::Apply if t.is_none() => skiff_core::patch::apply_merge_patch(cur, patch),
         PatchType::Apply => {
@@ -1458,17 +1469,28 @@ fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Subresou
 }
 
 /// The `Scale` view (autoscaling/v1) of a scalable object.
-pub fn to_scale(obj: &Value) -> ApiResult<Value> {
+pub fn to_scale(res: &ResourceInfo, obj: &Value) -> ApiResult<Value> {
     let md = obj.get("metadata").cloned().unwrap_or(json!({}));
+    // A custom resource's scale paths (`subresources.scale`).
+    let paths = res.rules.custom().and_then(|c| c.scale.as_ref());
     let replicas = obj
-        .pointer("/spec/replicas")
+        .pointer(paths.map_or("/spec/replicas", |p| p.spec_replicas.as_str()))
         .and_then(Value::as_i64)
         .unwrap_or(0);
     let status_replicas = obj
-        .pointer("/status/replicas")
+        .pointer(paths.map_or("/status/replicas", |p| p.status_replicas.as_str()))
         .and_then(Value::as_i64)
         .unwrap_or(0);
-    let selector = skiff_core::selector::selector_string(obj.pointer("/spec/selector"));
+    let selector = match paths {
+        Some(p) => p
+            .label_selector
+            .as_deref()
+            .and_then(|l| obj.pointer(l))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        None => skiff_core::selector::selector_string(obj.pointer("/spec/selector")),
+    };
     let mut meta = json!({});
     for k in [
         "name",
@@ -1491,7 +1513,7 @@ pub fn to_scale(obj: &Value) -> ApiResult<Value> {
 }
 
 /// Applies a written `Scale` to the object it scales.
-fn from_scale(old: &Value, scale: &Value) -> ApiResult<Value> {
+fn from_scale(res: &ResourceInfo, old: &Value, scale: &Value) -> ApiResult<Value> {
     let name = meta_str(old, "name");
     let replicas = match scale.pointer("/spec/replicas") {
         None | Some(Value::Null) => 0,
@@ -1517,8 +1539,29 @@ fn from_scale(old: &Value, scale: &Value) -> ApiResult<Value> {
         ));
     }
     let mut new = old.clone();
-    new["spec"]["replicas"] = json!(replicas);
+    match res.rules.custom().and_then(|c| c.scale.as_ref()) {
+        Some(p) => set_pointer(&mut new, &p.spec_replicas, json!(replicas)),
+        None => new["spec"]["replicas"] = json!(replicas),
+    }
     Ok(new)
+}
+
+/// Sets the value at a JSON pointer, creating the objects on the way.
+fn set_pointer(obj: &mut Value, pointer: &str, v: Value) {
+    let mut cur = obj;
+    let parts: Vec<&str> = pointer.split('/').skip(1).collect();
+    for (i, p) in parts.iter().enumerate() {
+        let key = p.replace("~1", "/").replace("~0", "~");
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        let m = cur.as_object_mut().expect("object");
+        if i + 1 == parts.len() {
+            m.insert(key, v);
+            return;
+        }
+        cur = m.entry(key).or_insert_with(|| json!({}));
+    }
 }
 
 fn encode_continue(rev: i64, start: &str) -> String {

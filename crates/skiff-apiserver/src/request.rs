@@ -67,9 +67,18 @@ pub struct ResourceRequest {
     pub watch_path: bool,
 }
 
-/// Parses `/api/v1/...` and `/apis/<group>/<version>/...` into a resource
-/// request; `Ok(None)` when the path is not a resource path at all.
+/// [`parse_path_in`] for the built-in resources only.
 pub fn parse_path(path: &str) -> Result<Option<ResourceRequest>, ApiError> {
+    parse_path_in(&resources::Catalog::new(), path)
+}
+
+/// Parses `/api/v1/...` and `/apis/<group>/<version>/...` into a resource
+/// request for a resource `catalog` serves; `Ok(None)` when the path is not
+/// a resource path at all.
+pub fn parse_path_in(
+    catalog: &resources::Catalog,
+    path: &str,
+) -> Result<Option<ResourceRequest>, ApiError> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, version, rest) = match segs.as_slice() {
         ["api", version, rest @ ..] if !rest.is_empty() => ("", *version, rest),
@@ -86,7 +95,7 @@ pub fn parse_path(path: &str) -> Result<Option<ResourceRequest>, ApiError> {
     // `namespaces/<ns>/<resource>...` names a namespaced resource; `namespaces`,
     // `namespaces/<name>` and `namespaces/<name>/<sub>` the namespaces themselves.
     if rest.len() >= 3 && rest[0] == "namespaces" {
-        let candidate = resources::lookup(group, version, rest[2]);
+        let candidate = catalog.lookup(group, version, rest[2]);
         if candidate.map(|r| r.namespaced).unwrap_or(false)
             || !(rest.len() == 3 && is_namespace_sub(rest[2]))
         {
@@ -95,7 +104,9 @@ pub fn parse_path(path: &str) -> Result<Option<ResourceRequest>, ApiError> {
         }
     }
     let plural = rest[0];
-    let res = resources::lookup(group, version, plural).ok_or_else(|| not_found_path(path))?;
+    let res = catalog
+        .lookup(group, version, plural)
+        .ok_or_else(|| not_found_path(path))?;
     if namespace.is_some() && !res.namespaced {
         return Err(not_found_path(path));
     }

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{Map, Value};
 use skiff_core::fields::SelectorView;
-use skiff_core::resources::{ResourceInfo, RESOURCES};
+use skiff_core::resources::{Catalog, ResourceInfo, RESOURCES};
 use skiff_core::selector::{FieldSelector, LabelSelector};
 use skiff_store::{Event, KeyValue, ListOptions, Store};
 use tokio::sync::watch;
@@ -665,7 +665,13 @@ impl ResourceCache {
 
 /// All resources' caches and the revision they have all seen.
 pub struct WatchCache {
-    caches: HashMap<&'static str, Arc<ResourceCache>>,
+    /// One cache per storage: the built-in ones from the start, custom
+    /// resources' added when their definition is published.
+    caches: RwLock<HashMap<&'static str, Arc<ResourceCache>>>,
+    /// What this server serves: built-ins plus the served versions of every
+    /// Established CustomResourceDefinition in the cache.
+    catalog: Arc<Catalog>,
+    store: Arc<dyn Store>,
     /// The last store revision the caches have applied.
     revision: watch::Sender<i64>,
 }
@@ -680,7 +686,9 @@ impl WatchCache {
                 .or_insert_with(|| Arc::new(ResourceCache::new(r)));
         }
         let wc = Arc::new(WatchCache {
-            caches,
+            caches: RwLock::new(caches),
+            catalog: Arc::new(Catalog::new()),
+            store: store.clone(),
             revision: watch::channel(0).0,
         });
         let rev = wc.load(&*store).await?;
@@ -696,7 +704,7 @@ impl WatchCache {
                 tick.tick().await;
                 let Some(wc) = weak.upgrade() else { return };
                 let now = Instant::now();
-                for c in wc.caches.values() {
+                for c in wc.all_caches() {
                     c.inner
                         .write()
                         .unwrap_or_else(|e| e.into_inner())
@@ -741,19 +749,154 @@ impl WatchCache {
                 by_storage.entry(s).or_default().push(kv);
             }
         }
-        for (storage, cache) in &self.caches {
-            cache.reset(by_storage.remove(*storage).unwrap_or_default(), revision);
+        let builtin: Vec<(&'static str, Arc<ResourceCache>)> = self
+            .caches
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, c)| c.res.rules.custom().is_none())
+            .map(|(s, c)| (*s, c.clone()))
+            .collect();
+        for (storage, cache) in builtin {
+            cache.reset(by_storage.remove(storage).unwrap_or_default(), revision);
         }
+        self.publish(revision, Some(&mut by_storage)).await?;
         self.revision.send_replace(revision);
         Ok(revision)
     }
 
+    /// The served resources of this server.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    fn all_caches(&self) -> Vec<Arc<ResourceCache>> {
+        self.caches
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Publishes the Established CustomResourceDefinitions in the cache as
+    /// the catalog, first giving each custom storage a cache loaded at
+    /// `revision` (the revision of the definition's change being applied, so
+    /// the events after it are exactly the later changes). `loaded`: the
+    /// objects of a full load by storage (no store read needed).
+    async fn publish(
+        &self,
+        revision: i64,
+        mut loaded: Option<&mut HashMap<String, Vec<KeyValue>>>,
+    ) -> Result<(), skiff_store::Error> {
+        let crd_res = skiff_core::resources::lookup(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+        )
+        .expect("CustomResourceDefinitions are served");
+        let crds = self.resource(crd_res).snapshot(&Filter::default());
+        let mut served: Vec<&'static ResourceInfo> = Vec::new();
+        let mut storages: Vec<&'static ResourceInfo> = Vec::new();
+        let mut taken: Vec<(&str, &str)> = Vec::new();
+        for o in crds {
+            let Some(crd) = o.value() else { continue };
+            if !skiff_core::kinds::custom::is_established(&crd) {
+                continue;
+            }
+            let rs = skiff_core::kinds::custom::resources_of(&crd);
+            // Never two definitions (or a definition and a built-in) at one place.
+            if rs.iter().any(|r| {
+                skiff_core::resources::lookup(r.group, r.version, r.plural).is_some()
+                    || taken.contains(&(r.group, r.plural))
+            }) {
+                continue;
+            }
+            if let Some(first) = rs.first() {
+                taken.push((first.group, first.plural));
+                if let Some(s) = first.rules.custom().and_then(|c| c.storage_resource()) {
+                    storages.push(s);
+                }
+            }
+            served.extend(rs);
+        }
+        for res in storages {
+            let existing = self
+                .caches
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(res.storage)
+                .cloned();
+            let same_fields = existing
+                .as_ref()
+                .map(|c| c.res.rules.selectable_fields() == res.rules.selectable_fields())
+                .unwrap_or(false);
+            if same_fields && loaded.is_none() {
+                continue;
+            }
+            let items = match loaded.as_mut().and_then(|l| l.remove(res.storage)) {
+                Some(items) => items,
+                None if loaded.is_some() => Vec::new(),
+                None => {
+                    let prefix = object::resource_prefix(res);
+                    let mut all = Vec::new();
+                    let mut start_after = None;
+                    loop {
+                        let page = self
+                            .store
+                            .list(
+                                &prefix,
+                                ListOptions {
+                                    revision: Some(revision),
+                                    limit: 10_000,
+                                    start_after,
+                                },
+                            )
+                            .await?;
+                        all.extend(page.items);
+                        if !page.more {
+                            break;
+                        }
+                        start_after = all.last().map(|kv| kv.key.clone());
+                    }
+                    all
+                }
+            };
+            let cache = Arc::new(ResourceCache::new(res));
+            cache.reset(items, revision);
+            let old = self
+                .caches
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(res.storage, cache);
+            if let Some(old) = old {
+                old.watchers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .evict_all();
+            }
+        }
+        self.catalog.set_custom(served);
+        Ok(())
+    }
+
     /// The cache of a resource.
     pub fn resource(&self, res: &ResourceInfo) -> Arc<ResourceCache> {
-        self.caches
-            .get(res.storage)
-            .cloned()
-            .expect("every served resource has a cache")
+        let caches = self.caches.read().unwrap_or_else(|e| e.into_inner());
+        match caches.get(res.storage) {
+            Some(c) => c.clone(),
+            None => {
+                // A custom resource whose definition went away since the
+                // request was routed: an empty cache answers.
+                drop(caches);
+                let custom = res.rules.custom().and_then(|c| c.storage_resource());
+                let c = Arc::new(ResourceCache::new(
+                    custom.expect("every built-in resource has a cache"),
+                ));
+                c.reset(Vec::new(), self.revision());
+                c
+            }
+        }
     }
 
     /// The last revision every cache has applied.
@@ -784,11 +927,14 @@ impl WatchCache {
 
     /// Drops history at or below `revision` (after the store compacted it).
     pub fn trim(&self, revision: i64) {
-        for c in self.caches.values() {
+        for c in self.all_caches() {
             c.trim(revision);
         }
     }
 }
+
+/// The storage of CustomResourceDefinitions.
+const CRD_STORAGE: &str = "apiextensions.k8s.io/customresourcedefinitions";
 
 async fn follow(wc: Arc<WatchCache>, store: Arc<dyn Store>, mut stream: skiff_store::WatchStream) {
     loop {
@@ -802,8 +948,20 @@ async fn follow(wc: Arc<WatchCache>, store: Arc<dyn Store>, mut stream: skiff_st
                         Event::Progress { .. } => None,
                     };
                     if let Some(storage) = key.and_then(object::storage_of_key) {
-                        if let Some(c) = wc.caches.get(storage.as_str()) {
+                        let c = wc
+                            .caches
+                            .read()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get(storage.as_str())
+                            .cloned();
+                        if let Some(c) = c {
                             c.apply(&ev);
+                        }
+                        if storage == CRD_STORAGE {
+                            if let Err(e) = wc.publish(rev, None).await {
+                                tracing::warn!(error = %e, "publishing custom resources; reloading the watch cache");
+                                break;
+                            }
                         }
                     }
                     if rev > wc.revision() {

@@ -8,9 +8,11 @@
 //! - an owner being deleted with the `orphan` finalizer has its owner
 //!   reference removed from every dependent, then the finalizer removed.
 //!
-//! Dependents are objects of the kinds the controller manager caches;
-//! owners of other kinds (custom resources included) are looked up through
-//! discovery and a live GET.
+//! Dependents are objects of the kinds the controller manager caches, and
+//! custom resources: the Established CustomResourceDefinitions are read
+//! every few seconds and their objects' metadata listed on each sweep
+//! (`Listed`); owners of other kinds are looked up through discovery and a
+//! live GET.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -94,6 +96,94 @@ where
     })
 }
 
+/// A custom resource's objects, seen through their metadata as listed at
+/// the start of a sweep.
+struct Listed {
+    ar: ApiResource,
+    namespaced: bool,
+    items: Vec<ObjectMeta>,
+}
+
+impl Source for Listed {
+    fn resource(&self) -> ApiResource {
+        self.ar.clone()
+    }
+    fn namespaced(&self) -> bool {
+        self.namespaced
+    }
+    fn scan_meta(&self, f: &mut dyn FnMut(&ObjectMeta)) {
+        self.items.iter().for_each(f);
+    }
+    fn has_uid_named(&self, uid: &str, name: &str) -> bool {
+        self.items
+            .iter()
+            .any(|m| m.uid.as_deref() == Some(uid) && m.name.as_deref() == Some(name))
+    }
+    fn dependents_of(&self, uid: &str) -> Vec<ObjectMeta> {
+        self.items
+            .iter()
+            .filter(|m| m.owner_references.iter().flatten().any(|r| r.uid == uid))
+            .cloned()
+            .collect()
+    }
+}
+
+/// The custom resources to collect: one per Established definition, at its
+/// storage version.
+async fn custom_kinds(client: &kube::Client) -> Vec<(ApiResource, bool)> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let Ok(list) = Api::<CustomResourceDefinition>::all(client.clone())
+        .list(&Default::default())
+        .await
+    else {
+        return Vec::new();
+    };
+    list.items
+        .into_iter()
+        .filter(|c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .map(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                })
+                .unwrap_or(false)
+        })
+        .filter_map(|c| {
+            let v = c.spec.versions.iter().find(|v| v.storage && v.served)?;
+            let group = c.spec.group.clone();
+            Some((
+                ApiResource {
+                    api_version: format!("{group}/{}", v.name),
+                    group,
+                    version: v.name.clone(),
+                    kind: c.spec.names.kind.clone(),
+                    plural: c.spec.names.plural.clone(),
+                },
+                c.spec.scope == "Namespaced",
+            ))
+        })
+        .collect()
+}
+
+/// Lists the metadata of each custom resource kind.
+async fn listed(client: &kube::Client, kinds: &[(ApiResource, bool)]) -> Vec<Box<dyn Source>> {
+    let mut out: Vec<Box<dyn Source>> = Vec::new();
+    for (ar, namespaced) in kinds {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+        match api.list_metadata(&Default::default()).await {
+            Ok(list) => out.push(Box::new(Listed {
+                ar: ar.clone(),
+                namespaced: *namespaced,
+                items: list.items.into_iter().map(|o| o.metadata).collect(),
+            })),
+            Err(e) => tracing::debug!(kind = ar.kind, error = %e, "listing custom resources"),
+        }
+    }
+    out
+}
+
 fn sources(ctx: &Ctx) -> Vec<Box<dyn Source>> {
     let c = &ctx.caches;
     vec![
@@ -120,12 +210,32 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
     let ctx = ctx.clone();
     tasks.spawn(async move {
         ctx.caches.ready().await;
-        let srcs = sources(&ctx);
         let mut kinds: HashMap<(String, String), Option<(ApiResource, bool)>> = HashMap::new();
         let mut alive: HashMap<String, std::time::Instant> = HashMap::new();
+        let mut custom: Vec<(ApiResource, bool)> = Vec::new();
+        let mut custom_read = std::time::Instant::now() - Duration::from_secs(60);
         loop {
             let t = std::time::Instant::now();
             alive.retain(|_, at| at.elapsed() < Duration::from_secs(30));
+            if custom_read.elapsed() >= Duration::from_secs(5) {
+                let fresh = custom_kinds(&ctx.client).await;
+                let names = |v: &[(ApiResource, bool)]| -> Vec<String> {
+                    v.iter()
+                        .map(|(a, _)| format!("{}/{}", a.api_version, a.kind))
+                        .collect()
+                };
+                if names(&fresh) != names(&custom) {
+                    // Owners confirmed alive while their kind was not
+                    // cached are now in the caches.
+                    alive.clear();
+                }
+                custom = fresh;
+                custom_read = std::time::Instant::now();
+                // Discovery answers about kinds may have changed with them.
+                kinds.retain(|_, v| v.is_some());
+            }
+            let mut srcs = sources(&ctx);
+            srcs.extend(listed(&ctx.client, &custom).await);
             sweep(&ctx, &srcs, &mut kinds, &mut alive).await;
             crate::metrics::reconciled("garbagecollector", true, t.elapsed());
             tokio::time::sleep(Duration::from_secs(1)).await;

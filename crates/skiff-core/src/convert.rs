@@ -14,6 +14,11 @@ use crate::resources::{ResourceInfo, RESOURCES};
 /// The resource whose version is stored for `res` (the first served version
 /// with the same storage, which is the preferred one).
 pub fn storage_resource(res: &'static ResourceInfo) -> &'static ResourceInfo {
+    if let Some(c) = res.rules.custom() {
+        // Custom resources: the definition's storage version (conversion
+        // `None` rewrites apiVersion and nothing else).
+        return c.storage_resource().unwrap_or(res);
+    }
     RESOURCES
         .iter()
         .find(|r| r.storage == res.storage)
@@ -128,6 +133,19 @@ fn cpu_of(list: Option<&Value>, field: &str) -> Option<Value> {
 
 /// Converts a stored object to the version `res` serves.
 pub fn from_storage(res: &'static ResourceInfo, mut obj: Value) -> Value {
+    if let Some(c) = res.rules.custom() {
+        // Conversion `None`: the apiVersion changes; then the served
+        // version's defaults (defaulting on read from storage).
+        if needed(res) {
+            if let Some(m) = obj.as_object_mut() {
+                m.insert("apiVersion".into(), json!(res.api_version()));
+            }
+        }
+        if let Some(s) = &c.compiled {
+            s.apply_defaults(&mut obj);
+        }
+        return obj;
+    }
     if !needed(res) {
         return obj;
     }

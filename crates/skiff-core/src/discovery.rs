@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use crate::resources::{groups, ResourceInfo, RESOURCES};
+use crate::resources::{Catalog, ResourceInfo};
 
 /// `(verbs, group, version, kind)` of a subresource as discovery lists it.
 fn subresource(
@@ -115,16 +115,31 @@ fn group_doc(group: &str, versions: &[&str]) -> Value {
     })
 }
 
-/// `/apis`.
+/// `/apis` of the built-in resources.
 pub fn api_group_list() -> Value {
-    let mut gs: Vec<Value> = groups().iter().map(|(g, vs)| group_doc(g, vs)).collect();
+    api_group_list_in(&Catalog::new())
+}
+
+/// `/apis`.
+pub fn api_group_list_in(cat: &Catalog) -> Value {
+    let mut gs: Vec<Value> = cat
+        .groups()
+        .iter()
+        .map(|(g, vs)| group_doc(g, vs))
+        .collect();
     gs.extend(COMPUTED.iter().map(|(g, v, _)| group_doc(g, &[v])));
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": gs})
 }
 
-/// `/apis/<group>`.
+/// `/apis/<group>` of the built-in resources.
 pub fn api_group(group: &str) -> Option<Value> {
-    let (g, vs) = groups()
+    api_group_in(&Catalog::new(), group)
+}
+
+/// `/apis/<group>`.
+pub fn api_group_in(cat: &Catalog, group: &str) -> Option<Value> {
+    let (g, vs) = cat
+        .groups()
         .into_iter()
         .chain(COMPUTED.iter().map(|(g, v, _)| (*g, vec![*v])))
         .find(|(g, _)| *g == group)?;
@@ -134,10 +149,16 @@ pub fn api_group(group: &str) -> Option<Value> {
     Some(doc)
 }
 
-/// `/api/v1` or `/apis/<group>/<version>`.
+/// `/api/v1` or `/apis/<group>/<version>` of the built-in resources.
 pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
-    let rs: Vec<&ResourceInfo> = RESOURCES
-        .iter()
+    api_resource_list_in(&Catalog::new(), group, version)
+}
+
+/// `/api/v1` or `/apis/<group>/<version>`.
+pub fn api_resource_list_in(cat: &Catalog, group: &str, version: &str) -> Option<Value> {
+    let rs: Vec<&ResourceInfo> = cat
+        .all()
+        .into_iter()
         .filter(|r| r.group == group && r.version == version)
         .collect();
     if rs.is_empty() {
@@ -191,9 +212,10 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
     )
 }
 
-fn discovery_version(group: &str, version: &str) -> Value {
-    let resources: Vec<Value> = RESOURCES
-        .iter()
+fn discovery_version(cat: &Catalog, group: &str, version: &str) -> Value {
+    let resources: Vec<Value> = cat
+        .all()
+        .into_iter()
         .filter(|r| r.group == group && r.version == version)
         .map(|r| {
             let subs: Vec<Value> = r
@@ -226,17 +248,24 @@ fn discovery_version(group: &str, version: &str) -> Value {
     json!({"version": version, "resources": resources, "freshness": "Current"})
 }
 
-/// The aggregated discovery document for `/api` (`legacy`) or `/apis`.
+/// The aggregated discovery document of the built-in resources.
 pub fn aggregated_discovery(legacy: bool) -> Value {
+    aggregated_discovery_in(&Catalog::new(), legacy)
+}
+
+/// The aggregated discovery document for `/api` (`legacy`) or `/apis`.
+pub fn aggregated_discovery_in(cat: &Catalog, legacy: bool) -> Value {
     let items: Vec<Value> = if legacy {
         vec![
-            json!({"metadata": {"creationTimestamp": null}, "versions": [discovery_version("", "v1")]}),
+            json!({"metadata": {"creationTimestamp": null}, "versions": [discovery_version(cat, "", "v1")]}),
         ]
     } else {
-        let mut items: Vec<Value> = groups()
+        let mut items: Vec<Value> = cat
+            .groups()
             .iter()
             .map(|(g, vs)| {
-                let versions: Vec<Value> = vs.iter().map(|v| discovery_version(g, v)).collect();
+                let versions: Vec<Value> =
+                    vs.iter().map(|v| discovery_version(cat, g, v)).collect();
                 json!({"metadata": {"name": g, "creationTimestamp": null}, "versions": versions})
             })
             .collect();

@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 
 use serde_json::{json, Map, Value};
 
-use crate::resources::{ResourceInfo, RESOURCES};
+use crate::resources::{Catalog, ResourceInfo, RESOURCES};
 use crate::schema;
 
 fn gvk(group: &str, version: &str, kind: &str) -> Value {
@@ -85,6 +85,17 @@ fn base_path(r: &ResourceInfo) -> String {
     }
 }
 
+/// The definition of a resource's kind: a built-in type's, or the custom
+/// resource's `<reversed group>.<version>.<Kind>`.
+fn def_name(r: &ResourceInfo) -> Option<String> {
+    match r.rules.custom() {
+        Some(c) => c
+            .schema
+            .map(|_| crate::kinds::custom::CustomRules::definition_name(r)),
+        None => schema::definition_name(r.group, r.version, r.kind).map(str::to_string),
+    }
+}
+
 fn op(r: &ResourceInfo, action: &str, id: &str, params: Vec<Value>, v3: bool) -> Value {
     let reff = |name: Option<&str>| {
         let n = name.unwrap_or("io.k8s.apimachinery.pkg.apis.meta.v1.Status");
@@ -99,7 +110,7 @@ fn op(r: &ResourceInfo, action: &str, id: &str, params: Vec<Value>, v3: bool) ->
         "x-kubernetes-action": action,
         "x-kubernetes-group-version-kind": gvk(r.group, r.version, r.kind),
         "parameters": params,
-        "responses": {"200": reff(schema::definition_name(r.group, r.version, r.kind))},
+        "responses": {"200": reff(def_name(r).as_deref())},
     });
     if !v3 {
         o["consumes"] = json!(["*/*"]);
@@ -109,8 +120,16 @@ fn op(r: &ResourceInfo, action: &str, id: &str, params: Vec<Value>, v3: bool) ->
 }
 
 fn paths(v3: bool, filter: impl Fn(&ResourceInfo) -> bool) -> Map<String, Value> {
+    paths_of(RESOURCES.iter(), v3, filter)
+}
+
+fn paths_of<'a>(
+    all: impl Iterator<Item = &'a ResourceInfo>,
+    v3: bool,
+    filter: impl Fn(&ResourceInfo) -> bool,
+) -> Map<String, Value> {
     let mut out = Map::new();
-    for r in RESOURCES.iter().filter(|r| filter(r)) {
+    for r in all.filter(|r| filter(r)) {
         let ns = if r.namespaced {
             "/namespaces/{namespace}"
         } else {
@@ -218,11 +237,16 @@ pub fn openapi_v2_bytes() -> &'static [u8] {
     &V2
 }
 
-/// `/openapi/v3`: where each group-version's document is.
+/// `/openapi/v3` of the built-in resources.
 pub fn openapi_v3_index() -> Value {
+    openapi_v3_index_in(&Catalog::new())
+}
+
+/// `/openapi/v3`: where each group-version's document is.
+pub fn openapi_v3_index_in(cat: &Catalog) -> Value {
     let mut paths = Map::new();
     let mut seen = Vec::new();
-    for r in RESOURCES {
+    for r in cat.all() {
         let (key, url) = if r.group.is_empty() {
             (
                 format!("api/{}", r.version),
@@ -240,7 +264,10 @@ pub fn openapi_v3_index() -> Value {
         seen.push(key.clone());
         paths.insert(
             key,
-            json!({"serverRelativeURL": format!("{url}?hash={}", gv_hash(r.group, r.version))}),
+            json!({"serverRelativeURL": format!("{url}?hash={}", match r.rules.custom() {
+                None => gv_hash(r.group, r.version),
+                Some(_) => custom_hash(cat, r.group, r.version),
+            })}),
         );
     }
     json!({"paths": paths})
@@ -261,6 +288,57 @@ pub fn openapi_v3_group_version(group: &str, version: &str) -> Option<Value> {
         "info": {"title": "Kubernetes", "version": "v1.33.0"},
         "paths": p,
         "components": {"schemas": V3_SCHEMAS.clone()},
+    }))
+}
+
+/// A custom group-version's hash changes with its definitions, so clients
+/// caching by hash read the new document.
+fn custom_hash(cat: &Catalog, group: &str, version: &str) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for r in cat.custom().iter() {
+        if r.group == group && r.version == version {
+            let s = r
+                .rules
+                .custom()
+                .and_then(|c| c.schema)
+                .map(Value::to_string);
+            for b in format!("{}/{}/{:?}/{:?}", r.plural, r.kind, s, r.subresources).bytes() {
+                h ^= b as u64;
+                h = h.wrapping_mul(0x100000001b3);
+            }
+        }
+    }
+    format!("{h:016X}")
+}
+
+/// The OpenAPI 3.0 document of one group-version, custom resources included.
+pub fn openapi_v3_group_version_in(cat: &Catalog, group: &str, version: &str) -> Option<Value> {
+    let custom: Vec<&'static ResourceInfo> = cat
+        .custom()
+        .iter()
+        .copied()
+        .filter(|r| r.group == group && r.version == version)
+        .collect();
+    if custom.is_empty() {
+        return openapi_v3_group_version(group, version);
+    }
+    let mut p = Value::Object(paths_of(custom.iter().copied(), true, |_| true));
+    rewrite_refs(&mut p);
+    let mut schemas = V3_SCHEMAS.clone();
+    for r in &custom {
+        let Some(s) = r.rules.custom().and_then(|c| c.schema) else {
+            continue;
+        };
+        let mut d = s.clone();
+        d["x-kubernetes-group-version-kind"] = json!([gvk(r.group, r.version, r.kind)]);
+        rewrite_refs(&mut d);
+        schemas[crate::kinds::custom::CustomRules::definition_name(r)] = d;
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.33.0"},
+        "paths": p,
+        "components": {"schemas": schemas},
     }))
 }
 

@@ -717,6 +717,19 @@ pub static RESOURCES: &[ResourceInfo] = &[
         [],
         &kinds::PLAIN
     ),
+    // apiextensions.k8s.io/v1
+    res!(
+        "apiextensions.k8s.io",
+        "v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+        "customresourcedefinition",
+        false,
+        ["crd", "crds"],
+        ["api-extensions"],
+        ["status"],
+        &kinds::crd::CustomResourceDefinition
+    ),
     // storage.k8s.io/v1
     res!(
         "storage.k8s.io",
@@ -772,6 +785,92 @@ pub fn groups() -> Vec<(&'static str, Vec<&'static str>)> {
         }
     }
     out
+}
+
+/// The resources one API server serves: the built-in [`RESOURCES`] and
+/// the served versions of every Established CustomResourceDefinition
+/// (published by the server as definitions change). Readers take a
+/// snapshot; a change replaces it whole.
+#[derive(Default)]
+pub struct Catalog {
+    custom: std::sync::RwLock<std::sync::Arc<Vec<&'static ResourceInfo>>>,
+}
+
+impl fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Catalog")
+            .field("custom", &self.custom().len())
+            .finish()
+    }
+}
+
+impl Catalog {
+    pub fn new() -> Catalog {
+        Catalog::default()
+    }
+
+    /// The custom resources served now.
+    pub fn custom(&self) -> std::sync::Arc<Vec<&'static ResourceInfo>> {
+        self.custom
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the custom resources served.
+    pub fn set_custom(&self, resources: Vec<&'static ResourceInfo>) {
+        *self.custom.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(resources);
+    }
+
+    /// Every resource served: built-ins first, in discovery order.
+    pub fn all(&self) -> Vec<&'static ResourceInfo> {
+        let custom = self.custom();
+        RESOURCES.iter().chain(custom.iter().copied()).collect()
+    }
+
+    /// The resource served at `group/version/plural`.
+    pub fn lookup(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+    ) -> Option<&'static ResourceInfo> {
+        lookup(group, version, plural).or_else(|| {
+            self.custom()
+                .iter()
+                .copied()
+                .find(|r| r.group == group && r.version == version && r.plural == plural)
+        })
+    }
+
+    /// The resource of a kind at `apiVersion`.
+    pub fn lookup_kind(&self, api_version: &str, kind: &str) -> Option<&'static ResourceInfo> {
+        lookup_kind(api_version, kind).or_else(|| {
+            let (group, version) = split_api_version(api_version);
+            self.custom()
+                .iter()
+                .copied()
+                .find(|r| r.group == group && r.version == version && r.kind == kind)
+        })
+    }
+
+    /// Groups with their versions, preferred version first: the built-in
+    /// groups, then the custom ones (versions by Kubernetes' priority).
+    pub fn groups(&self) -> Vec<(&'static str, Vec<&'static str>)> {
+        let mut out = groups();
+        for r in self.custom().iter() {
+            match out.iter_mut().find(|(g, _)| *g == r.group) {
+                Some((_, versions)) => {
+                    if !versions.contains(&r.version) {
+                        versions.push(r.version);
+                        crate::kinds::crd::sort_versions(versions);
+                    }
+                }
+                None => out.push((r.group, vec![r.version])),
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]

@@ -102,6 +102,7 @@ static SCHEMAS: LazyLock<Schemas> = LazyLock::new(|| {
         ("rbac.authorization.k8s.io", "v1", "ClusterRole", rbac::v1::ClusterRole),
         ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", rbac::v1::ClusterRoleBinding),
         ("storage.k8s.io", "v1", "StorageClass", storage::v1::StorageClass),
+        ("apiextensions.k8s.io", "v1", "CustomResourceDefinition", k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition),
         ("authentication.k8s.io", "v1", "SelfSubjectReview", authentication::v1::SelfSubjectReview),
         ("authorization.k8s.io", "v1", "SelfSubjectAccessReview", authorization::v1::SelfSubjectAccessReview),
         ("authorization.k8s.io", "v1", "SelfSubjectRulesReview", authorization::v1::SelfSubjectRulesReview),
@@ -191,15 +192,26 @@ fn has_type(s: &Value, t: &str) -> bool {
 }
 
 impl TypeRef {
+    /// A custom resource's schema (a CRD's `openAPIV3Schema`): list and map
+    /// types come from its `x-kubernetes-*` extensions, and `metadata` is
+    /// Kubernetes' ObjectMeta.
+    pub fn custom(schema: &'static Value) -> TypeRef {
+        TypeRef {
+            schema,
+            definition: None,
+        }
+    }
+
     /// An object property and its metadata.
     pub fn field(&self, name: &str) -> Option<(TypeRef, FieldMeta)> {
         let prop = self.schema.get("properties")?.get(name)?;
         let t = resolve(prop, None);
         Some((
             t,
-            self.definition
-                .map(|d| field_meta(d, name))
-                .unwrap_or_default(),
+            match self.definition {
+                Some(d) => field_meta(d, name),
+                None => extension_meta(prop),
+            },
         ))
     }
 
@@ -246,6 +258,30 @@ impl TypeRef {
     /// The schema object itself (type, format, …).
     pub fn schema_value(&self) -> &'static Value {
         self.schema
+    }
+}
+
+/// The list and map types a CRD schema declares with `x-kubernetes-list-type`,
+/// `x-kubernetes-list-map-keys` and `x-kubernetes-map-type`.
+fn extension_meta(prop: &'static Value) -> FieldMeta {
+    let list_type = match prop.get("x-kubernetes-list-type").and_then(Value::as_str) {
+        Some("set") => Some(ListType::Set),
+        Some("map") => Some(ListType::Map(
+            prop.get("x-kubernetes-list-map-keys")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default(),
+        )),
+        Some(_) => Some(ListType::Atomic),
+        None if has_type(prop, "array") => Some(ListType::Atomic),
+        None => None,
+    };
+    FieldMeta {
+        patch_strategy: None,
+        merge_key: None,
+        list_type,
+        map_type_atomic: prop.get("x-kubernetes-map-type").and_then(Value::as_str)
+            == Some("atomic"),
     }
 }
 

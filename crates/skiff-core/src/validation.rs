@@ -80,7 +80,11 @@ pub fn validate_create(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
 pub fn validate_update(res: &ResourceInfo, new: &Value, old: &Value) -> Vec<Cause> {
     let mut c = validate_object_meta(res, new, false);
     c.extend(validate_object_meta_update(new, old));
-    c.extend(res.rules.validate(new));
+    // A custom resource's schema validates an update whole (with the old
+    // object for transition rules and ratcheting).
+    if res.rules.custom().is_none() {
+        c.extend(res.rules.validate(new));
+    }
     c.extend(res.rules.validate_update(new, old));
     c
 }

@@ -173,6 +173,7 @@ pub fn strategy_for(res: &ResourceInfo) -> &'static dyn Strategy {
         "scheduling.k8s.io/priorityclasses" => &policy::PriorityClassStrategy,
         "/resourcequotas" => &policy::ResourceQuotaStrategy,
         "certificates.k8s.io/certificatesigningrequests" => &certificates::CsrStrategy,
+        "apiextensions.k8s.io/customresourcedefinitions" => &crate::crd::CrdStrategy,
         _ => &Generic,
     }
 }

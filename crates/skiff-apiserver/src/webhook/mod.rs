@@ -311,7 +311,7 @@ pub async fn admit_scale(
     if exempt(res, ns) {
         return Ok(inner);
     }
-    let old_scale = crate::registry::to_scale(old)?;
+    let old_scale = crate::registry::to_scale(res, old)?;
     let a = Attributes {
         res,
         request_res: opts.admission.request.unwrap_or(res),

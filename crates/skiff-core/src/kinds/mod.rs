@@ -20,6 +20,8 @@ pub mod apiservice;
 pub mod batch;
 pub mod certificates;
 pub mod config;
+pub mod crd;
+pub mod custom;
 pub mod event;
 pub mod ingress_class;
 pub mod lease;
@@ -149,6 +151,12 @@ pub trait KindRules: Sync + Send + 'static {
     /// deleted object (`ReturnDeletedObject`) rather than a `Success` Status.
     fn returns_deleted_object(&self) -> bool {
         false
+    }
+
+    /// A custom resource's rules (a kind a CustomResourceDefinition
+    /// defines): its table, scale paths, deprecation and schema.
+    fn custom(&self) -> Option<&custom::CustomRules> {
+        None
     }
 }
 
