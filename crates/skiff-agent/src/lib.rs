@@ -223,29 +223,6 @@ pub async fn run(
         options.node_name,
         t.elapsed().as_millis()
     ));
-    // The endpoint's certificate from the cluster CA, which the API server
-    // verifies (a self-signed one until then).
-    let names = serving::names(&options.node_name, &node_ip);
-    let issued = match serving::obtain(
-        client.clone(),
-        &options.node_name,
-        &names,
-        &options.data_dir,
-    )
-    .await
-    {
-        Ok((cert, key)) => {
-            endpoint.serving_cert().set(&cert, &key)?;
-            progress("serving certificate issued by the cluster CA");
-            true
-        }
-        Err(e) => {
-            eprintln!(
-            "skiff: the agent endpoint keeps a self-signed certificate the API server cannot verify: {e:#}"
-        );
-            false
-        }
-    };
     let cidr = configure_network(&client, &options).await?;
     progress(&format!("pod network {cidr} configured"));
     let uid = node.metadata.uid.clone().unwrap_or_default();
@@ -258,16 +235,17 @@ pub async fn run(
     // The node's address as pod routing re-detects it, for the status
     // heartbeat and the proxy's NodePorts.
     let (address_tx, address_rx) = watch::channel(node_ip.clone());
-    if issued {
-        // Renewed after 80% of its life, and for a new node address.
-        tasks.spawn(serving::keep_renewed(
-            client.clone(),
-            endpoint.serving_cert(),
-            options.node_name.clone(),
-            address_rx.clone(),
-            options.data_dir.clone(),
-        ));
-    }
+    // The endpoint's certificate from the cluster CA, which the API server
+    // verifies (a self-signed one until then), renewed after 80% of its
+    // life and for a new node address. In the background: a cluster without
+    // a signer never answers, and the node must not wait for it.
+    tasks.spawn(serving::obtain_and_renew(
+        client.clone(),
+        endpoint.serving_cert(),
+        options.node_name.clone(),
+        address_rx.clone(),
+        options.data_dir.clone(),
+    ));
     tasks.spawn(node::report_status_following(
         client.clone(),
         facts.clone(),

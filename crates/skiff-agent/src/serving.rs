@@ -133,6 +133,36 @@ pub async fn obtain(
     Ok((cert, key))
 }
 
+/// Obtains the serving certificate (the kept one, or one through the CSR
+/// API) and swaps it in, then keeps it renewed ([`keep_renewed`]). Without
+/// one the endpoint keeps its self-signed certificate, which the API server
+/// cannot verify, and nothing is asked again.
+pub async fn obtain_and_renew(
+    client: kube::Client,
+    serving: Arc<ServingCert>,
+    node: String,
+    address: tokio::sync::watch::Receiver<String>,
+    dir: PathBuf,
+) {
+    let names = names(&node, &address.borrow());
+    match obtain(client.clone(), &node, &names, &dir).await {
+        Ok((cert, key)) => {
+            if let Err(e) = serving.set(&cert, &key) {
+                tracing::warn!(error = %e, "using the issued serving certificate");
+                return;
+            }
+            tracing::info!("serving certificate issued by the cluster CA");
+        }
+        Err(e) => {
+            eprintln!(
+                "skiff: the agent endpoint keeps a self-signed certificate the API server cannot verify: {e:#}"
+            );
+            return;
+        }
+    }
+    keep_renewed(client, serving, node, address, dir).await
+}
+
 /// Renews the serving certificate after 80% of its life, and for the
 /// node's new address when it changes (`address`, as pod routing
 /// re-detects it), and swaps it in.

@@ -23,11 +23,18 @@ fn nft_available() -> bool {
 
 /// One table as nft lists it.
 fn list_one(table: &str) -> String {
-    let o = Command::new(skiff_agent::proxy::nft::tool("nft"))
-        .args(["list", "table", "ip", table])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&o.stdout).to_string()
+    // Retried: a listing racing a transaction can fail.
+    for _ in 0..50 {
+        let o = Command::new(skiff_agent::proxy::nft::tool("nft"))
+            .args(["list", "table", "ip", table])
+            .output()
+            .unwrap();
+        if o.status.success() {
+            return String::from_utf8_lossy(&o.stdout).to_string();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("nft could not list table {table}");
 }
 
 /// skiff's main table and all its service shards.

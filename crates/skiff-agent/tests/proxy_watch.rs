@@ -17,15 +17,22 @@ use serde_json::json;
 use skiff_agent::proxy::{self, model::NodeFacts, ProxyOptions};
 
 fn list(table: &str) -> String {
-    // The main table and its service shards.
+    // The main table and its service shards, each listed until nft
+    // succeeds (a listing racing the proxy's transaction can fail).
     proxy::nft::all_tables(table)
         .iter()
         .map(|t| {
-            let o = Command::new(proxy::nft::tool("nft"))
-                .args(["list", "table", "ip", t])
-                .output()
-                .unwrap();
-            String::from_utf8_lossy(&o.stdout).to_string()
+            for _ in 0..50 {
+                let o = Command::new(proxy::nft::tool("nft"))
+                    .args(["list", "table", "ip", t])
+                    .output()
+                    .unwrap();
+                if o.status.success() {
+                    return String::from_utf8_lossy(&o.stdout).to_string();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            panic!("nft could not list table {t}");
         })
         .collect()
 }
