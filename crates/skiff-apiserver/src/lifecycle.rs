@@ -320,54 +320,6 @@ pub async fn migrate_key_layout(
     Ok(moved)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use skiff_store::Store;
-
-    #[tokio::test]
-    async fn objects_in_the_first_key_layout_move_to_kubernetes_layout() {
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            skiff_store::RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
-        let b = |s: &str| bytes::Bytes::copy_from_slice(s.as_bytes());
-        store
-            .create("/registry/core/configmaps/default/a", b("cm"))
-            .await
-            .unwrap();
-        store
-            .create("/registry/core/nodes/n1", b("node"))
-            .await
-            .unwrap();
-        store
-            .create("/registry/apps/deployments/ns/d", b("deploy"))
-            .await
-            .unwrap();
-        store
-            .create("/registry/pods/ns/p", b("already moved"))
-            .await
-            .unwrap();
-        assert_eq!(migrate_key_layout(&*store).await.unwrap(), 3);
-        let all = store.list("/registry/", Default::default()).await.unwrap();
-        let got: Vec<_> = all
-            .items
-            .iter()
-            .map(|kv| (kv.key.as_str(), kv.value.clone()))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                ("/registry/configmaps/default/a", b("cm")),
-                ("/registry/deployments/ns/d", b("deploy")),
-                ("/registry/minions/n1", b("node")),
-                ("/registry/pods/ns/p", b("already moved")),
-            ]
-        );
-        // Nothing left to move the next time.
-        assert_eq!(migrate_key_layout(&*store).await.unwrap(), 0);
-    }
-}
-
 /// Reconciles the bootstrap RBAC policy as kube-apiserver does at every
 /// start: missing roles and bindings are created; existing ones that keep
 /// `rbac.authorization.kubernetes.io/autoupdate: "true"` get back missing
@@ -476,4 +428,52 @@ pub async fn reconcile_rbac(reg: &Registry, opts: &WriteOptions) -> Result<(), A
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_store::Store;
+
+    #[tokio::test]
+    async fn objects_in_the_first_key_layout_move_to_kubernetes_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            skiff_store::RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+        let b = |s: &str| bytes::Bytes::copy_from_slice(s.as_bytes());
+        store
+            .create("/registry/core/configmaps/default/a", b("cm"))
+            .await
+            .unwrap();
+        store
+            .create("/registry/core/nodes/n1", b("node"))
+            .await
+            .unwrap();
+        store
+            .create("/registry/apps/deployments/ns/d", b("deploy"))
+            .await
+            .unwrap();
+        store
+            .create("/registry/pods/ns/p", b("already moved"))
+            .await
+            .unwrap();
+        assert_eq!(migrate_key_layout(&*store).await.unwrap(), 3);
+        let all = store.list("/registry/", Default::default()).await.unwrap();
+        let got: Vec<_> = all
+            .items
+            .iter()
+            .map(|kv| (kv.key.as_str(), kv.value.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("/registry/configmaps/default/a", b("cm")),
+                ("/registry/deployments/ns/d", b("deploy")),
+                ("/registry/minions/n1", b("node")),
+                ("/registry/pods/ns/p", b("already moved")),
+            ]
+        );
+        // Nothing left to move the next time.
+        assert_eq!(migrate_key_layout(&*store).await.unwrap(), 0);
+    }
 }
