@@ -14,33 +14,8 @@ use skiff_apiserver::ApiServer;
 use skiff_store::{RedbStore, Store};
 use tower::ServiceExt;
 
-async fn call(
-    r: &Router,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value, Vec<String>) {
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(body.map(|v| Body::from(v.to_string())).unwrap_or_default())
-        .unwrap();
-    let resp = r.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let warnings = resp
-        .headers()
-        .get_all("warning")
-        .iter()
-        .map(|v| v.to_str().unwrap().to_string())
-        .collect();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        warnings,
-    )
-}
+mod common;
+use common::call_warnings as call;
 
 const VAP: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies";
 const VAPB: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings";

@@ -7,17 +7,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
 use base64::Engine;
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use skiff_apiserver::ApiServer;
 use skiff_store::{RedbStore, Store};
-use tower::ServiceExt;
 
 use skiff_apiserver::testing::{self, add_label, admission_handler, TestServer};
+
+mod common;
+use common::call_warnings as call;
 
 async fn hook_server(
     sans: &[&str],
@@ -91,35 +91,6 @@ async fn cluster() -> Cluster {
         admin,
         _dir: dir,
     }
-}
-
-/// (status, body, Warning headers)
-async fn call(
-    r: &Router,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value, Vec<String>) {
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(body.map(|v| Body::from(v.to_string())).unwrap_or_default())
-        .unwrap();
-    let resp = r.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let warnings = resp
-        .headers()
-        .get_all("warning")
-        .iter()
-        .map(|v| v.to_str().unwrap().to_string())
-        .collect();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        warnings,
-    )
 }
 
 const CM: &str = "/api/v1/namespaces/default/configmaps";

@@ -53,3 +53,33 @@ pub async fn call_bearer(
     let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
     call_with(r, method, path, body, &headers).await
 }
+
+/// Sends `method path` with a JSON body; answers (status, JSON body, the
+/// `Warning` headers).
+pub async fn call_warnings(
+    r: &Router,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value, Vec<String>) {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(body.map(|v| Body::from(v.to_string())).unwrap_or_default())
+        .unwrap();
+    let resp = r.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let warnings = resp
+        .headers()
+        .get_all("warning")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        warnings,
+    )
+}
