@@ -162,6 +162,46 @@ fn ns_name(obj: &Value) -> (&str, &str) {
     (m("namespace"), m("name"))
 }
 
+/// What webhooks and policies see of a create or update of the object
+/// named `ns`/`name`; None when there is nothing to admit (a write by the
+/// server itself, a scale update admitted already, an exempt resource).
+fn write_attributes<'a>(
+    res: &'static ResourceInfo,
+    op: Operation,
+    sub: &'a str,
+    (ns, name): (&'a str, &'a str),
+    opts: &'a WriteOptions,
+) -> Option<Attributes<'a>> {
+    let (user, dry_run, options_kind) = match op {
+        Operation::Create => (
+            opts.user.as_ref()?,
+            opts.admission.dry_run.unwrap_or(opts.dry_run),
+            "CreateOptions",
+        ),
+        _ => (
+            opts.user.as_ref().filter(|_| !opts.admission.done)?,
+            opts.dry_run,
+            "UpdateOptions",
+        ),
+    };
+    if exempt(res, ns) {
+        return None;
+    }
+    Some(Attributes {
+        res,
+        request_res: opts.admission.request.unwrap_or(res),
+        sub,
+        op,
+        namespace: ns,
+        name,
+        user,
+        dry_run,
+        options: options(options_kind, opts, dry_run),
+        kind: None,
+        admission: &opts.admission,
+    })
+}
+
 /// Mutating webhooks for a create (after the built-in mutating admission).
 pub async fn admit_create(
     reg: &Registry,
@@ -169,27 +209,11 @@ pub async fn admit_create(
     obj: &mut Value,
     opts: &WriteOptions,
 ) -> ApiResult<()> {
-    let Some(user) = opts.user.as_ref() else {
-        return Ok(());
-    };
+    // Owned: the object changes under the webhooks.
     let (ns, name) = ns_name(obj);
     let (ns, name) = (ns.to_string(), name.to_string());
-    if exempt(res, &ns) {
+    let Some(a) = write_attributes(res, Operation::Create, "", (&ns, &name), opts) else {
         return Ok(());
-    }
-    let dry_run = opts.admission.dry_run.unwrap_or(opts.dry_run);
-    let a = Attributes {
-        res,
-        request_res: opts.admission.request.unwrap_or(res),
-        sub: "",
-        op: Operation::Create,
-        namespace: &ns,
-        name: &name,
-        user,
-        dry_run,
-        options: options("CreateOptions", opts, dry_run),
-        kind: None,
-        admission: &opts.admission,
     };
     review::mutate(reg, &a, obj, None).await
 }
@@ -201,26 +225,8 @@ pub async fn validate_create(
     obj: &Value,
     opts: &WriteOptions,
 ) -> ApiResult<()> {
-    let Some(user) = opts.user.as_ref() else {
+    let Some(a) = write_attributes(res, Operation::Create, "", ns_name(obj), opts) else {
         return Ok(());
-    };
-    let (ns, name) = ns_name(obj);
-    if exempt(res, ns) {
-        return Ok(());
-    }
-    let dry_run = opts.admission.dry_run.unwrap_or(opts.dry_run);
-    let a = Attributes {
-        res,
-        request_res: opts.admission.request.unwrap_or(res),
-        sub: "",
-        op: Operation::Create,
-        namespace: ns,
-        name,
-        user,
-        dry_run,
-        options: options("CreateOptions", opts, dry_run),
-        kind: None,
-        admission: &opts.admission,
     };
     policy::validate(reg, &a, Some(obj), None)?;
     review::validate(reg, &a, Some(obj), None).await
@@ -235,25 +241,9 @@ pub async fn admit_update(
     new: &mut Value,
     opts: &WriteOptions,
 ) -> ApiResult<()> {
-    let Some(user) = opts.user.as_ref().filter(|_| !opts.admission.done) else {
+    let sub = sub.unwrap_or("");
+    let Some(a) = write_attributes(res, Operation::Update, sub, ns_name(old), opts) else {
         return Ok(());
-    };
-    let (ns, name) = ns_name(old);
-    if exempt(res, ns) {
-        return Ok(());
-    }
-    let a = Attributes {
-        res,
-        request_res: opts.admission.request.unwrap_or(res),
-        sub: sub.unwrap_or(""),
-        op: Operation::Update,
-        namespace: ns,
-        name,
-        user,
-        dry_run: opts.dry_run,
-        options: options("UpdateOptions", opts, opts.dry_run),
-        kind: None,
-        admission: &opts.admission,
     };
     review::mutate(reg, &a, new, Some(old)).await
 }
@@ -267,25 +257,9 @@ pub async fn validate_update(
     new: &Value,
     opts: &WriteOptions,
 ) -> ApiResult<()> {
-    let Some(user) = opts.user.as_ref().filter(|_| !opts.admission.done) else {
+    let sub = sub.unwrap_or("");
+    let Some(a) = write_attributes(res, Operation::Update, sub, ns_name(old), opts) else {
         return Ok(());
-    };
-    let (ns, name) = ns_name(old);
-    if exempt(res, ns) {
-        return Ok(());
-    }
-    let a = Attributes {
-        res,
-        request_res: opts.admission.request.unwrap_or(res),
-        sub: sub.unwrap_or(""),
-        op: Operation::Update,
-        namespace: ns,
-        name,
-        user,
-        dry_run: opts.dry_run,
-        options: options("UpdateOptions", opts, opts.dry_run),
-        kind: None,
-        admission: &opts.admission,
     };
     policy::validate(reg, &a, Some(new), Some(old))?;
     review::validate(reg, &a, Some(new), Some(old)).await
