@@ -134,9 +134,10 @@ pub async fn obtain(
 }
 
 /// Obtains the serving certificate (the kept one, or one through the CSR
-/// API) and swaps it in, then keeps it renewed ([`keep_renewed`]). Without
-/// one the endpoint keeps its self-signed certificate, which the API server
-/// cannot verify, and nothing is asked again.
+/// API) and swaps it in, then keeps it renewed ([`keep_renewed`]). Until
+/// then the endpoint keeps its self-signed certificate, which the API
+/// server cannot verify; a failed request is asked again, backing off from
+/// 5 s to 5 minutes.
 pub async fn obtain_and_renew(
     client: kube::Client,
     serving: Arc<ServingCert>,
@@ -144,21 +145,24 @@ pub async fn obtain_and_renew(
     address: tokio::sync::watch::Receiver<String>,
     dir: PathBuf,
 ) {
-    let names = names(&node, &address.borrow());
-    match obtain(client.clone(), &node, &names, &dir).await {
-        Ok((cert, key)) => {
-            if let Err(e) = serving.set(&cert, &key) {
-                tracing::warn!(error = %e, "using the issued serving certificate");
-                return;
-            }
-            tracing::info!("serving certificate issued by the cluster CA");
+    let mut backoff = Duration::from_secs(5);
+    loop {
+        let names = names(&node, &address.borrow());
+        match obtain(client.clone(), &node, &names, &dir).await {
+            Ok((cert, key)) => match serving.set(&cert, &key) {
+                Ok(()) => {
+                    tracing::info!("serving certificate issued by the cluster CA");
+                    break;
+                }
+                Err(e) => tracing::warn!(error = %e, "using the issued serving certificate"),
+            },
+            Err(e) => eprintln!(
+                "skiff: the agent endpoint keeps a self-signed certificate the API server cannot verify for now (asking again in {}s): {e:#}",
+                backoff.as_secs()
+            ),
         }
-        Err(e) => {
-            eprintln!(
-                "skiff: the agent endpoint keeps a self-signed certificate the API server cannot verify: {e:#}"
-            );
-            return;
-        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(300));
     }
     keep_renewed(client, serving, node, address, dir).await
 }

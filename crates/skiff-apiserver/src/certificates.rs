@@ -369,8 +369,11 @@ async fn write_status(reg: &Registry, csr: &Value, status: Value) {
     }
 }
 
-/// One pass over the requests: approve and sign what is due.
-pub async fn reconcile(reg: &Registry, ca_cert_pem: &str, ca_key_pem: &str) {
+/// One pass over the requests: approve and sign what is due. Returns
+/// whether a serving request is left waiting for its names to become the
+/// node's (its addresses arrive with the node's first status).
+pub async fn reconcile(reg: &Registry, ca_cert_pem: &str, ca_key_pem: &str) -> bool {
+    let mut waiting = false;
     let objs = reg.cache().resource(csr_res()).snapshot(&Filter::default());
     for o in objs {
         let Some(csr) = o.value() else { continue };
@@ -396,6 +399,7 @@ pub async fn reconcile(reg: &Registry, ca_cert_pem: &str, ca_key_pem: &str) {
             {
                 "Auto approving kubelet serving certificate: its names are the node's."
             } else {
+                waiting |= signer == KUBELET_SERVING_SIGNER && is_node_serving(&csr, asked);
                 continue;
             };
             let mut status = csr.get("status").cloned().unwrap_or(json!({}));
@@ -440,14 +444,25 @@ pub async fn reconcile(reg: &Registry, ca_cert_pem: &str, ca_key_pem: &str) {
         }
         write_status(reg, &csr, status).await;
     }
+    waiting
 }
 
 /// Runs the approver and signer until the server stops: a pass whenever a
-/// request changes, and every 30 s.
+/// request changes, whenever a Node changes while a serving request waits
+/// for the node's addresses, and every 30 s.
 pub async fn run(reg: Arc<Registry>, ca_cert_pem: String, ca_key_pem: String) {
     let mut changed = reg.cache().resource(csr_res()).subscribe();
+    let nodes = resources::lookup("", "v1", "nodes").expect("nodes");
+    let mut nodes_changed = reg.cache().resource(nodes).subscribe();
     loop {
-        reconcile(&reg, &ca_cert_pem, &ca_key_pem).await;
-        let _ = tokio::time::timeout(Duration::from_secs(30), changed.changed()).await;
+        let waiting = reconcile(&reg, &ca_cert_pem, &ca_key_pem).await;
+        nodes_changed.borrow_and_update();
+        let _ = tokio::time::timeout(Duration::from_secs(30), async {
+            tokio::select! {
+                _ = changed.changed() => {}
+                _ = nodes_changed.changed(), if waiting => {}
+            }
+        })
+        .await;
     }
 }
