@@ -133,7 +133,7 @@ pub async fn namespace_finalizer(reg: Arc<Registry>) {
         let terminating: Vec<String> = cache
             .snapshot(&Filter::default())
             .into_iter()
-            .filter_map(|o| serde_json::from_slice::<Value>(&o.bytes).ok())
+            .filter_map(|o| serde_json::from_slice::<Value>(&o.bytes()).ok())
             .filter(|v| !meta_str(v, "deletionTimestamp").is_empty())
             .map(|v| meta_str(&v, "name").to_string())
             .collect();
@@ -181,8 +181,8 @@ async fn finalize_namespace(reg: &Registry, ns: &str) -> Result<bool, ApiError> 
         }
         for o in reg.cache().resource(res).snapshot(&filter) {
             remaining += 1;
-            let v: Value =
-                serde_json::from_slice(&o.bytes).map_err(|e| ApiError::internal(e.to_string()))?;
+            let v: Value = serde_json::from_slice(&o.bytes())
+                .map_err(|e| ApiError::internal(e.to_string()))?;
             if !meta_str(&v, "deletionTimestamp").is_empty() {
                 continue;
             }

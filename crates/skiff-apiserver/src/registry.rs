@@ -342,7 +342,7 @@ impl Registry {
             .resource(res)
             .snapshot(filter)
             .into_iter()
-            .map(|o| o.bytes.clone())
+            .map(|o| o.bytes())
             .collect();
         Ok(ListOutput {
             items,
@@ -978,7 +978,7 @@ impl Registry {
             .get(&object::object_key(res, Some(ns), name))
             .map(|o| KeyValue {
                 key: o.key.clone(),
-                value: o.bytes.clone(),
+                value: o.bytes(),
                 create_revision: 0,
                 mod_revision: o.revision,
             });
@@ -1150,7 +1150,7 @@ impl AdmissionCtx for Registry {
                 .iter()
                 .filter_map(|o| match shared {
                     true => o.value(),
-                    false => serde_json::from_slice(&o.bytes).ok().map(Arc::new),
+                    false => serde_json::from_slice(&o.bytes()).ok().map(Arc::new),
                 })
                 .collect());
         }

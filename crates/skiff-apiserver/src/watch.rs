@@ -162,7 +162,7 @@ impl WatchState {
         }
         self.cursor = ev.revision;
         if let Some((ty, obj)) = transition(ev, &self.filter) {
-            out.extend_from_slice(&self.enc.event(ty, &obj.bytes));
+            out.extend_from_slice(&self.enc.event(ty, &obj.bytes()));
         }
     }
 
@@ -174,7 +174,7 @@ impl WatchState {
         let mut out = Vec::new();
         // The initial state, as ADDED events.
         for o in self.initial.by_ref() {
-            out.extend_from_slice(&self.enc.event("ADDED", &o.bytes));
+            out.extend_from_slice(&self.enc.event("ADDED", &o.bytes()));
             if out.len() >= CHUNK_BYTES {
                 return Some(Bytes::from(out));
             }

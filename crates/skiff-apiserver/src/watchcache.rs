@@ -28,15 +28,45 @@ pub struct CachedObject {
     pub key: String,
     pub namespace: String,
     pub name: String,
-    /// The object's JSON, resourceVersion included.
-    pub bytes: Bytes,
+    /// The object's JSON, resourceVersion included: see [`Self::bytes`].
+    body: Body,
     pub labels: Map<String, Value>,
     /// `(field, value)` for each field selector the kind supports.
     pub fields: Vec<(&'static str, String)>,
     pub revision: i64,
     /// The whole object, once someone asked for it through [`Self::value`].
     parsed: OnceLock<Option<Arc<Value>>>,
+    /// Set once the cold sweep found compressing this object not worth it.
+    settled: std::sync::atomic::AtomicBool,
 }
+
+/// An object's JSON in the cache. Recent objects (those the history and
+/// watch events still share) are kept as served; once an object's last
+/// change has left the history it is cold, read only by lists and gets,
+/// and is kept LZ4-compressed against a dictionary of its resource's
+/// objects (most of a pod's JSON is the same as its siblings').
+#[derive(Debug)]
+enum Body {
+    Plain(Bytes),
+    Lz4 {
+        /// Sample objects of the same resource, shared by all its cold objects.
+        dict: Arc<[u8]>,
+        /// The compressed block, the uncompressed size prepended.
+        data: Box<[u8]>,
+    },
+}
+
+/// Whether cold objects are compressed (on by default; benchmarks turn it
+/// off to measure the difference side by side).
+static COMPRESS_COLD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns the compression of cold objects on or off (for benchmarks).
+pub fn set_compress_cold(on: bool) {
+    COMPRESS_COLD.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// At most this many bytes of sample objects make a resource's dictionary.
+const DICT_BYTES: usize = 16 * 1024;
 
 impl CachedObject {
     /// Builds the cache's entry for a stored object. Only what selectors
@@ -64,11 +94,61 @@ impl CachedObject {
             key: kv.key.clone(),
             namespace: object::meta_str(&obj, "namespace").to_string(),
             name: object::meta_str(&obj, "name").to_string(),
-            bytes,
+            body: Body::Plain(bytes),
             labels,
             fields,
             revision: kv.mod_revision,
             parsed: OnceLock::new(),
+            settled: Default::default(),
+        })
+    }
+
+    /// The object's JSON, resourceVersion included: shared for a recent
+    /// object, decompressed (a few microseconds) for a cold one.
+    pub fn bytes(&self) -> Bytes {
+        match &self.body {
+            Body::Plain(b) => b.clone(),
+            // The cache's own block against its own dictionary: it decodes.
+            Body::Lz4 { dict, data } => {
+                lz4_flex::block::decompress_size_prepended_with_dict(data, dict)
+                    .map(Bytes::from)
+                    .unwrap_or_default()
+            }
+        }
+    }
+
+    /// Whether the JSON is kept as served (not compressed).
+    fn is_plain(&self) -> bool {
+        matches!(self.body, Body::Plain(_))
+    }
+
+    /// This object with its JSON compressed against `dict`, if that saves
+    /// at least a quarter.
+    fn compressed(&self, dict: &Arc<[u8]>) -> Option<CachedObject> {
+        let Body::Plain(b) = &self.body else {
+            return None;
+        };
+        let data = lz4_flex::block::compress_prepend_size_with_dict(b, dict);
+        if data.len() > b.len() * 3 / 4 {
+            return None;
+        }
+        let parsed = OnceLock::new();
+        if let Some(v) = self.parsed.get() {
+            let _ = parsed.set(v.clone());
+        }
+        Some(CachedObject {
+            key: self.key.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            body: Body::Lz4 {
+                dict: dict.clone(),
+                data: data.into_boxed_slice(),
+            },
+            labels: self.labels.clone(),
+            fields: self.fields.clone(),
+            revision: self.revision,
+            parsed,
+            settled: Default::default(),
         })
     }
 
@@ -77,7 +157,7 @@ impl CachedObject {
     /// reads on every create. `None` if the bytes are not JSON.
     pub fn value(&self) -> Option<Arc<Value>> {
         self.parsed
-            .get_or_init(|| serde_json::from_slice(&self.bytes).ok().map(Arc::new))
+            .get_or_init(|| serde_json::from_slice(&self.bytes()).ok().map(Arc::new))
             .clone()
     }
 
@@ -203,6 +283,9 @@ pub struct ResourceCache {
     changed: watch::Sender<i64>,
     /// The watches on this resource, indexed by what they select.
     watchers: std::sync::Mutex<Watchers>,
+    /// The dictionary cold objects are compressed against: sample objects
+    /// of this resource, taken at the first sweep that found cold ones.
+    dict: OnceLock<Arc<[u8]>>,
 }
 
 /// How many events a watch may fall behind its client before it is closed
@@ -422,7 +505,72 @@ impl ResourceCache {
             }),
             changed: watch::channel(0).0,
             watchers: Default::default(),
+            dict: OnceLock::new(),
         }
+    }
+
+    /// Compresses the cold objects: those whose last change has left the
+    /// history, so nothing but the object map holds them. The work is done
+    /// outside the lock, a chunk at a time; an object that changed in the
+    /// meantime is left alone. Returns how many were compressed.
+    fn compress_cold(&self) -> usize {
+        let cold: Vec<Arc<CachedObject>> = {
+            let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+            let start = inner.history_start;
+            inner
+                .objects
+                .values()
+                .filter(|o| {
+                    o.revision <= start
+                        && o.is_plain()
+                        && !o.settled.load(std::sync::atomic::Ordering::Relaxed)
+                })
+                .cloned()
+                .collect()
+        };
+        if cold.is_empty() {
+            return 0;
+        }
+        let dict = self
+            .dict
+            .get_or_init(|| {
+                // Evenly spread samples, up to DICT_BYTES.
+                let mut d = Vec::with_capacity(DICT_BYTES);
+                let step = (cold.len() / 8).max(1);
+                for o in cold.iter().step_by(step) {
+                    if let Body::Plain(b) = &o.body {
+                        if d.len() + b.len() > DICT_BYTES {
+                            break;
+                        }
+                        d.extend_from_slice(b);
+                    }
+                }
+                d.into()
+            })
+            .clone();
+        let mut done = 0;
+        for chunk in cold.chunks(512) {
+            let made: Vec<(Arc<CachedObject>, CachedObject)> = chunk
+                .iter()
+                .filter_map(|o| match o.compressed(&dict) {
+                    Some(c) => Some((o.clone(), c)),
+                    None => {
+                        o.settled.store(true, std::sync::atomic::Ordering::Relaxed);
+                        None
+                    }
+                })
+                .collect();
+            let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+            for (old, new) in made {
+                if let Some(slot) = inner.objects.get_mut(&old.key) {
+                    if Arc::ptr_eq(slot, &old) {
+                        *slot = Arc::new(new);
+                        done += 1;
+                    }
+                }
+            }
+        }
+        done
     }
 
     /// Registers a watch with `filter`: every event after the returned
@@ -704,11 +852,21 @@ impl WatchCache {
                 tick.tick().await;
                 let Some(wc) = weak.upgrade() else { return };
                 let now = Instant::now();
-                for c in wc.all_caches() {
+                let caches = wc.all_caches();
+                for c in &caches {
                     c.inner
                         .write()
                         .unwrap_or_else(|e| e.into_inner())
                         .forget_stale_history(now);
+                }
+                if COMPRESS_COLD.load(std::sync::atomic::Ordering::Relaxed) {
+                    drop(wc);
+                    let _ = tokio::task::spawn_blocking(move || {
+                        for c in caches {
+                            c.compress_cold();
+                        }
+                    })
+                    .await;
                 }
             }
         });
@@ -1006,11 +1164,12 @@ mod history_tests {
                 key: "/registry/configmaps/default/a".into(),
                 namespace: "default".into(),
                 name: "a".into(),
-                bytes: Bytes::from_static(b"{}"),
+                body: Body::Plain(Bytes::from_static(b"{}")),
                 labels: Map::new(),
                 fields: vec![],
                 revision,
                 parsed: OnceLock::new(),
+                settled: Default::default(),
             }),
             prev: None,
             revision,
@@ -1062,5 +1221,89 @@ mod history_tests {
         h.forget_stale_history(now);
         assert_eq!(h.history.len(), 1000, "all fresh and under the cap");
         assert_eq!(h.history_start, 0);
+    }
+}
+
+#[cfg(test)]
+mod cold_tests {
+    use super::*;
+
+    fn pods() -> &'static ResourceInfo {
+        skiff_core::resources::lookup("", "v1", "pods").expect("pods are served")
+    }
+
+    fn pod_kv(i: i64) -> KeyValue {
+        let obj = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("p{i}"), "namespace": "default",
+                "labels": {"app": "web"}, "uid": format!("uid-{i}")},
+            "spec": {"nodeName": format!("n{}", i % 3), "containers": [{"name": "c", "image": "busybox",
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"}]},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": "True", "lastProbeTime": null},
+                {"type": "ContainersReady", "status": "True", "lastProbeTime": null},
+                {"type": "PodScheduled", "status": "True", "lastProbeTime": null}]}
+        });
+        KeyValue {
+            key: format!("/registry/pods/default/p{i}"),
+            value: Bytes::from(serde_json::to_vec(&obj).unwrap()),
+            create_revision: i,
+            mod_revision: i,
+        }
+    }
+
+    #[test]
+    fn cold_objects_are_compressed_and_read_back_unchanged() {
+        let cache = ResourceCache::new(pods());
+        cache.reset((1..=50).map(pod_kv).collect(), 50);
+        let before: Vec<(String, Bytes)> = cache
+            .snapshot(&Filter::default())
+            .iter()
+            .map(|o| (o.key.clone(), o.bytes()))
+            .collect();
+        assert_eq!(before.len(), 50);
+        // Everything loaded is cold (no history refers to it).
+        assert_eq!(cache.compress_cold(), 50);
+        let after = cache.snapshot(&Filter::default());
+        for ((key, bytes), o) in before.iter().zip(&after) {
+            assert_eq!(&o.key, key);
+            assert!(!o.is_plain(), "{key} is compressed");
+            assert_eq!(&o.bytes(), bytes, "{key} reads back byte for byte");
+            assert_eq!(o.field("spec.nodeName"), before_field(bytes));
+        }
+        // Selectors still work on compressed objects.
+        let on_n1 = Filter {
+            fields: Some(FieldSelector::parse("spec.nodeName=n1").unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(cache.snapshot(&on_n1).len(), 17);
+        // A second sweep has nothing left to do.
+        assert_eq!(cache.compress_cold(), 0);
+    }
+
+    fn before_field(bytes: &Bytes) -> Option<String> {
+        let v: Value = serde_json::from_slice(bytes).unwrap();
+        v.pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    }
+
+    #[test]
+    fn recent_objects_stay_as_served() {
+        let cache = ResourceCache::new(pods());
+        cache.reset((1..=10).map(pod_kv).collect(), 10);
+        // A change after the load is in the history: not cold.
+        let mut kv = pod_kv(3);
+        kv.mod_revision = 11;
+        cache.apply(&Event::Put { kv, prev: None });
+        assert_eq!(cache.compress_cold(), 9);
+        let o = cache.get("/registry/pods/default/p3").unwrap();
+        assert!(o.is_plain());
+        assert_eq!(o.revision, 11);
+        // Its event in the history shares the very object.
+        match cache.since(10, 10) {
+            Since::Events(evs) => assert!(Arc::ptr_eq(&evs[0].object, &o)),
+            Since::TooOld { .. } => panic!("revision 10 is in the history"),
+        }
     }
 }

@@ -278,7 +278,7 @@ impl NodeAuthorizer {
                             if node.is_empty() {
                                 g.remove(&o.key);
                             } else if g.pods.get(&o.key).is_none_or(|(n, _)| *n != node) {
-                                if let Ok(v) = serde_json::from_slice::<Value>(&o.bytes) {
+                                if let Ok(v) = serde_json::from_slice::<Value>(&o.bytes()) {
                                     g.add(&o.key, node, pod_refs(&v));
                                 }
                             }
@@ -300,7 +300,7 @@ impl NodeAuthorizer {
             if node.is_empty() {
                 continue;
             }
-            if let Ok(v) = serde_json::from_slice::<Value>(&o.bytes) {
+            if let Ok(v) = serde_json::from_slice::<Value>(&o.bytes()) {
                 g.add(&o.key, node, pod_refs(&v));
             }
         }

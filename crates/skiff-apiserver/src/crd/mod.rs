@@ -301,8 +301,8 @@ async fn clean_up(reg: &Registry, crd: &Value) -> Result<bool, ApiError> {
     if let Some(res) = storage {
         for o in reg.cache().resource(res).snapshot(&Filter::default()) {
             remaining += 1;
-            let v: Value =
-                serde_json::from_slice(&o.bytes).map_err(|e| ApiError::internal(e.to_string()))?;
+            let v: Value = serde_json::from_slice(&o.bytes())
+                .map_err(|e| ApiError::internal(e.to_string()))?;
             if !meta_str(&v, "deletionTimestamp").is_empty() {
                 continue;
             }
