@@ -1270,6 +1270,11 @@ async fn controller_manager(args: ControllerManagerArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    // jemalloc returns freed pages to the kernel only when an allocation
+    // passes by its arena unless a background thread purges them on time:
+    // without it a server that went quiet after a churn kept ~7 KB per pod
+    // of freed memory resident (issue 16, B6; BENCHMARKS.md).
+    let _ = tikv_jemalloc_ctl::background_thread::write(true);
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
