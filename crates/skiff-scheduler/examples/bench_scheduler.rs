@@ -171,6 +171,10 @@ fn args() -> Args {
                 pods_set = true;
             }
             "--creators" => a.creators = num(),
+            // Read where the store is opened.
+            "--store-cache-mib" => {
+                num();
+            }
             "--authz" => {
                 a.authz = true;
                 i += 1;
@@ -350,8 +354,20 @@ async fn main() {
     };
     let inner: Arc<dyn Store> = match &etcd {
         Some(e) => e.store().await,
-        None => skiff_store::RedbStore::open(&dir.path().join("store.redb"), Default::default())
-            .unwrap(),
+        None => {
+            // --store-cache-mib N: redb's page cache (to compare sizes side by side).
+            let argv: Vec<String> = std::env::args().collect();
+            let mut opts = skiff_store::RedbOptions::default();
+            if let Some(mib) = argv
+                .iter()
+                .position(|x| x == "--store-cache-mib")
+                .and_then(|i| argv.get(i + 1))
+                .and_then(|v| v.parse::<usize>().ok())
+            {
+                opts.cache_bytes = mib << 20;
+            }
+            skiff_store::RedbStore::open(&dir.path().join("store.redb"), opts).unwrap()
+        }
     };
     let timed = Arc::new(TimedStore {
         inner,
