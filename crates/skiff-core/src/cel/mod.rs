@@ -15,6 +15,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock};
 
 use ::cel::common::ast::{EntryExpr, Expr};
+use ::cel::common::types::{
+    CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelUInt,
+};
+use ::cel::common::value::{CowVal, Val};
+use ::cel::context::VariableResolver;
 use ::cel::objects::{Key, Map};
 use ::cel::{Context, Env, Value as CelValue};
 use serde_json::Value;
@@ -358,47 +363,42 @@ impl Program {
                 return Err("operation cancelled: actual cost limit exceeded".to_string());
             }
         }
-        let bound: Vec<(&str, CelValue)> = vars
-            .iter()
-            .filter(|(n, _)| self.reads(n))
-            .map(|(n, v)| {
-                let only = self
-                    .inner
-                    .fields
-                    .iter()
-                    .find(|(name, _)| name == n)
-                    .and_then(|(_, f)| f.as_ref());
-                let value = match (only, v) {
-                    (Some(only), Value::Object(m)) => {
-                        let map: HashMap<Key, CelValue> = m
-                            .iter()
-                            .filter(|(k, _)| only.contains(k.as_str()))
-                            .map(|(k, x)| (Key::String(Arc::new(k.clone())), to_cel(x)))
-                            .collect();
-                        CelValue::Map(Map { map: Arc::new(map) })
-                    }
-                    _ => to_cel(v),
-                };
-                (*n, value)
-            })
-            .collect();
-        let out = self.eval_cel(bound)?;
+        let mut bound = Bindings::default();
+        for (n, v) in vars.iter().filter(|(n, _)| self.reads(n)) {
+            let only = self
+                .inner
+                .fields
+                .iter()
+                .find(|(name, _)| name == n)
+                .and_then(|(_, f)| f.as_ref());
+            let value: Box<dyn Val + '_> = match (only, v) {
+                (Some(only), Value::Object(m)) => {
+                    let map: HashMap<CelMapKey<'_>, Box<dyn Val + '_>> = m
+                        .iter()
+                        .filter(|(k, _)| only.contains(k.as_str()))
+                        .map(|(k, x)| (CelMapKey::from(k.as_str()), json_val(x)))
+                        .collect();
+                    Box::new(CelMap::from(map))
+                }
+                _ => json_val(v),
+            };
+            bound.bind(n, Arc::from(value));
+        }
+        let out = self.eval_bound(&bound)?;
         Ok(from_cel(&out))
     }
 
-    /// Evaluates with CEL values already built (the CRD validator types them
-    /// from the schema). No cost check: the caller budgets.
-    pub(crate) fn eval_cel(&self, vars: Vec<(&str, CelValue)>) -> Result<CelValue, String> {
-        let mut ctx = Context::with_env(Arc::clone(env()));
-        for (name, v) in vars {
-            ctx.add_variable_from_value(name, v);
-        }
+    /// Evaluates with values already bound (the CRD validator builds them
+    /// once per schema node, typed from the schema, and shares them between
+    /// that node's rules). No cost check: the caller budgets.
+    pub(crate) fn eval_bound(&self, vars: &Bindings<'_>) -> Result<CelValue, String> {
         for name in &self.inner.reads {
-            if ctx.get_variable(name.as_str()).is_none() && !BUILTIN_IDENTS.contains(&name.as_str())
-            {
+            if !BUILTIN_IDENTS.contains(&name.as_str()) && !vars.has(name) {
                 return Err(format!("no such attribute(s): {name}"));
             }
         }
+        let mut ctx = Context::with_env(Arc::clone(env()));
+        ctx.set_variable_resolver(vars);
         // A bug in the interpreter must cost one request an error, never the
         // server a thread: a panic becomes an evaluation error.
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -423,6 +423,64 @@ fn runtime_error(e: ::cel::ExecutionError) -> String {
         E::FunctionError { message, .. } => message,
         E::NoSuchOverload(o) => o.to_string(),
         other => other.to_string(),
+    }
+}
+
+/// Variables bound for an evaluation: built once, borrowed by every
+/// program evaluated with them (no copy per evaluation).
+#[derive(Default)]
+pub(crate) struct Bindings<'a> {
+    vars: Vec<(String, Arc<dyn Val + 'a>)>,
+}
+
+impl<'a> Bindings<'a> {
+    /// Binds (or rebinds) `name`.
+    pub(crate) fn bind(&mut self, name: &str, v: Arc<dyn Val + 'a>) {
+        self.vars.retain(|(n, _)| n != name);
+        self.vars.push((name.to_string(), v));
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.vars.iter().any(|(n, _)| n == name)
+    }
+}
+
+impl VariableResolver for Bindings<'_> {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
+        self.vars
+            .iter()
+            .find(|(n, _)| n == variable)
+            .map(|(_, v)| CowVal::Borrowed(&**v as &(dyn Val + 'b)))
+    }
+}
+
+/// A JSON value as a CEL value borrowing its strings: objects are maps with
+/// string keys, integers `int`, other numbers `double`.
+pub(crate) fn json_val(v: &Value) -> Box<dyn Val + '_> {
+    match v {
+        Value::Null => Box::new(CelNull),
+        Value::Bool(b) => Box::new(CelBool::from(*b)),
+        Value::Number(n) => number_val(n),
+        Value::String(s) => Box::new(CelString::from(s.as_str())),
+        Value::Array(a) => Box::new(CelList::from(
+            a.iter().map(json_val).collect::<Vec<Box<dyn Val + '_>>>(),
+        )),
+        Value::Object(m) => Box::new(CelMap::from(
+            m.iter()
+                .map(|(k, x)| (CelMapKey::from(k.as_str()), json_val(x)))
+                .collect::<HashMap<CelMapKey<'_>, Box<dyn Val + '_>>>(),
+        )),
+    }
+}
+
+/// A JSON number as CEL sees it: `int`, else `uint`, else `double`.
+pub(crate) fn number_val(n: &serde_json::Number) -> Box<dyn Val + 'static> {
+    if let Some(i) = n.as_i64() {
+        Box::new(CelInt::from(i))
+    } else if let Some(u) = n.as_u64() {
+        Box::new(CelUInt::from(u))
+    } else {
+        Box::new(CelDouble::from(n.as_f64().unwrap_or(0.0)))
     }
 }
 

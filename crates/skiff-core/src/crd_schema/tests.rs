@@ -326,6 +326,69 @@ fn pruning_drops_unknown_fields_and_keeps_what_kubernetes_keeps() {
 }
 
 #[test]
+fn pruning_and_defaulting_in_one_walk_give_what_the_two_passes_give() {
+    let s = spec_schema();
+    let objects = [
+        json!({"apiVersion": "x/v1", "kind": "K",
+            "metadata": {"name": "a", "labels": {"x": "y"}, "bogus": 1},
+            "unknown": 1,
+            "spec": {"image": "x", "junk": true, "replicas": null, "note": null,
+                     "extra": {"anything": {"deep": 1}, "known": {"a": "x", "b": "dropped"}},
+                     "template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "zzz": 1},
+                                  "spec": {"x": 1, "y": 2}, "other": 3},
+                     "ports": [{"name": "a", "junk": 1}, {"name": "b", "protocol": null}, null],
+                     "labels": {"k": "v", "n": null}},
+            "status": {"ready": true, "junk": 1}}),
+        json!({"spec": {"image": "x", "ports": [{"name": "a"}, {"name": "b", "protocol": "UDP"}],
+            "labels": {"a": null}, "note": null}}),
+        json!({"spec": null, "status": null, "metadata": null}),
+        json!({"spec": {"ports": "not a list", "labels": [1, 2], "extra": 3}}),
+        json!([1, 2]),
+        json!({}),
+    ];
+    for o in objects {
+        let mut two = o.clone();
+        s.prune(&mut two);
+        s.apply_defaults(&mut two);
+        let mut one = o.clone();
+        s.prune_and_default(&mut one);
+        assert_eq!(one, two, "{o}");
+    }
+}
+
+#[test]
+fn unknown_fields_are_the_fields_pruning_drops_with_their_paths() {
+    let s = spec_schema();
+    let obj = json!({"apiVersion": "x/v1", "kind": "K",
+        "metadata": {"name": "a", "bogus": 1},
+        "unknown": 1,
+        "spec": {"image": "x", "junk": true,
+                 "extra": {"anything": {"deep": 1}, "known": {"a": "x", "b": "dropped"}},
+                 "template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "zzz": 1},
+                              "spec": {"x": 1, "y": 2}, "other": 3},
+                 "ports": [{"name": "a"}, {"name": "b", "junk": 1}],
+                 "labels": {"k": "v"}},
+        "status": {"ready": true, "junk": 1}});
+    let mut got = s.unknown_fields(&obj);
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ".spec.extra.known.b",
+            ".spec.junk",
+            ".spec.ports[1].junk",
+            ".spec.template.other",
+            ".spec.template.spec.y",
+            ".status.junk",
+            ".unknown",
+        ]
+    );
+    let mut pruned = obj.clone();
+    s.prune(&mut pruned);
+    assert!(s.unknown_fields(&pruned).is_empty());
+}
+
+#[test]
 fn defaults_are_applied_nested_into_arrays_and_maps() {
     let s = spec_schema();
     let mut obj = json!({"spec": {"image": "x", "ports": [{"name": "a"}, {"name": "b", "protocol": "UDP"}],
