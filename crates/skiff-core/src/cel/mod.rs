@@ -8,6 +8,7 @@
 //! values and returns the result as JSON. Nothing here panics on user input:
 //! a bad expression is an `Err` with Kubernetes-like wording.
 
+mod comprehensions;
 pub mod cost;
 mod library;
 
@@ -37,6 +38,7 @@ fn env() -> &'static Arc<Env> {
         // than panicking in a server.
         let _ = env.add_extension(::cel::extensions::strings);
         library::register(&mut env);
+        comprehensions::register(&mut env);
         Arc::new(env)
     })
 }
@@ -212,6 +214,58 @@ pub(crate) fn selected_fields(e: &::cel::IdedExpr, names: &[&str]) -> Option<BTr
     visit(e, names, &mut out).then_some(out)
 }
 
+/// How a function is called: `f(..)`, `ns.f(..)` or `x.f(..)`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Probe<'a> {
+    Global,
+    Namespaced(&'a str),
+    Member,
+}
+
+/// Whether the environment declares `name` for calls of this kind. The
+/// `cel` crate lists no declarations, so the answer is what calling it
+/// with no arguments says: anything but "undeclared reference" (a missing
+/// overload, say) means it exists. Answers are kept: the probes run once
+/// per name.
+fn function_declared(name: &str, call: Probe<'_>) -> bool {
+    type Known = std::sync::Mutex<HashMap<(String, String), bool>>;
+    static KNOWN: OnceLock<Known> = OnceLock::new();
+    let (source, kind) = match call {
+        Probe::Global => (format!("{name}()"), String::new()),
+        Probe::Namespaced(ns) => (format!("{ns}.{name}()"), ns.to_string()),
+        Probe::Member => (format!("null.{name}()"), ".".to_string()),
+    };
+    let key = (name.to_string(), kind);
+    let known = KNOWN.get_or_init(Default::default);
+    if let Some(k) = known.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return *k;
+    }
+    let declared = match env().compile(&source) {
+        // The name cannot be spelled as a call: nothing to say about it.
+        Err(_) => true,
+        Ok(program) => {
+            let ctx = Context::with_env(Arc::clone(env()));
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| program.execute(&ctx))) {
+                Ok(Err(::cel::ExecutionError::UndeclaredReference(r))) => {
+                    let qualified = match call {
+                        Probe::Namespaced(ns) => {
+                            r.as_str() != ns && r.as_str() != format!("{ns}.{name}")
+                        }
+                        _ => true,
+                    };
+                    r.as_str() != name && qualified
+                }
+                _ => true,
+            }
+        }
+    };
+    known
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, declared);
+    declared
+}
+
 /// The deepest nesting of an expression evaluation may recurse through.
 pub const MAX_DEPTH: usize = 100;
 
@@ -319,6 +373,68 @@ impl Program {
     /// The compiled AST (for cost estimation).
     pub(crate) fn ast(&self) -> &::cel::IdedExpr {
         self.inner.program.expression()
+    }
+
+    /// The first call of a function the environment does not declare, as
+    /// cel-go's checker reports it (`ERROR: <input>:1:5: undeclared
+    /// reference to 'foo' (in container '')`): a CRD rule calling one is
+    /// refused when the CRD is written, not when a resource is.
+    pub(crate) fn undeclared_function(&self) -> Option<String> {
+        fn visit(p: &Program, e: &::cel::IdedExpr) -> Option<String> {
+            match &e.expr {
+                Expr::Call(c) => {
+                    // Operators and the expansions' internal functions are
+                    // not spelled by users.
+                    let user = c.func_name.starts_with(|ch: char| ch.is_ascii_alphabetic());
+                    let namespace = match c.target.as_deref().map(|t| &t.expr) {
+                        Some(Expr::Ident(ns)) if BUILTIN_IDENTS.contains(&ns.as_str()) => {
+                            Some(ns.as_str())
+                        }
+                        _ => None,
+                    };
+                    let call = if c.target.is_none() {
+                        Probe::Global
+                    } else if let Some(ns) = namespace {
+                        Probe::Namespaced(ns)
+                    } else {
+                        Probe::Member
+                    };
+                    if user && !function_declared(&c.func_name, call) {
+                        return Some(format!(
+                            "ERROR: <input>:{}: undeclared reference to '{}' (in container '')",
+                            p.position(e.id),
+                            c.func_name
+                        ));
+                    }
+                    c.target
+                        .as_deref()
+                        .filter(|_| namespace.is_none())
+                        .and_then(|t| visit(p, t))
+                        .or_else(|| c.args.iter().find_map(|a| visit(p, a)))
+                }
+                Expr::Select(s) => visit(p, &s.operand),
+                Expr::List(l) => l.elements.iter().find_map(|x| visit(p, x)),
+                Expr::Map(m) => m.entries.iter().find_map(|en| match &en.expr {
+                    EntryExpr::MapEntry(me) => visit(p, &me.key).or_else(|| visit(p, &me.value)),
+                    EntryExpr::StructField(f) => visit(p, &f.value),
+                }),
+                Expr::Struct(s) => s.entries.iter().find_map(|en| match &en.expr {
+                    EntryExpr::MapEntry(me) => visit(p, &me.value),
+                    EntryExpr::StructField(f) => visit(p, &f.value),
+                }),
+                Expr::Comprehension(c) => [
+                    &c.iter_range,
+                    &c.accu_init,
+                    &c.loop_cond,
+                    &c.loop_step,
+                    &c.result,
+                ]
+                .into_iter()
+                .find_map(|x| visit(p, x)),
+                Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => None,
+            }
+        }
+        visit(self, self.ast())
     }
 
     /// `line:column` (1-based) of an expression node, as cel-go reports

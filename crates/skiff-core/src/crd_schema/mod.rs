@@ -707,13 +707,30 @@ fn compile_rule(
             return None;
         }
     };
-    if let Err(e) = rules::check_types(&program, n, is_root) {
-        out.push(Cause::invalid(
-            format!("{rpath}.rule"),
-            r,
-            &format!("compilation failed: {e}"),
-        ));
-        return None;
+    // Kubernetes type-checks the rule: an undeclared function or operands
+    // no overload accepts fail its compilation, and a rule must be a bool.
+    let checked = match program.undeclared_function() {
+        Some(e) => Err(e),
+        None => rules::check_types(&program, n, is_root),
+    };
+    match checked {
+        Err(e) => {
+            out.push(Cause::invalid(
+                format!("{rpath}.rule"),
+                r,
+                &format!("compilation failed: {e}"),
+            ));
+            return None;
+        }
+        Ok(false) => {
+            out.push(Cause::invalid(
+                format!("{rpath}.rule"),
+                r,
+                "cel expression must evaluate to a bool",
+            ));
+            return None;
+        }
+        Ok(true) => {}
     }
     let uses_old_self = program.reads("oldSelf");
     if uses_old_self && !correlatable {
@@ -736,7 +753,12 @@ fn compile_rule(
         return None;
     }
     let message_expression = match r.get("messageExpression").and_then(Value::as_str) {
-        Some(me) => match crate::cel::compile(me, &["self", "oldSelf"]) {
+        Some(me) => match crate::cel::compile(me, &["self", "oldSelf"]).and_then(|p| {
+            match p.undeclared_function() {
+                Some(e) => Err(format!("compilation failed: {e}")),
+                None => Ok(p),
+            }
+        }) {
             Ok(p) => Some(p),
             Err(e) => {
                 out.push(Cause::invalid(

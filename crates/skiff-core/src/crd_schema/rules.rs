@@ -461,7 +461,13 @@ fn node_ty(n: &Node) -> Ty<'_> {
 /// does not have (`undefined field`), operands of kinds no overload accepts
 /// together (`'a' > 1`, `self.name + 1`, `!self.count`), inside macros too,
 /// reported as cel-go reports them.
-pub(crate) fn check_types(p: &crate::cel::Program, n: &Node, is_root: bool) -> Result<(), String> {
+///
+/// `Ok(false)` when the expression cannot be a bool (`self.replicas + 1`).
+pub(crate) fn check_types(
+    p: &crate::cel::Program,
+    n: &Node,
+    is_root: bool,
+) -> Result<bool, String> {
     struct Cx<'p, 'a> {
         p: &'p crate::cel::Program,
         n: &'a Node,
@@ -652,7 +658,7 @@ pub(crate) fn check_types(p: &crate::cel::Program, n: &Node, is_root: bool) -> R
         is_root,
         scope: Vec::new(),
     };
-    ty(p.ast(), &mut cx).map(|_| ())
+    ty(p.ast(), &mut cx).map(|t| matches!(t, Ty::Bool | Ty::Dyn))
 }
 
 /// A rule's `fieldPath` (`.spec.x`, `.a['b-c']`, `.list[0]` is refused as

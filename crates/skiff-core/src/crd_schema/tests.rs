@@ -1414,3 +1414,81 @@ fn rules_are_checked_inside_macros_too() {
         assert!(with_rule(ok).is_ok(), "{ok}: {:?}", with_rule(ok).err());
     }
 }
+
+#[test]
+fn rules_calling_undeclared_functions_or_not_yielding_a_bool_are_refused_at_creation() {
+    let p = format!("{P}.properties[spec].x-kubernetes-validations");
+    let with_rules = |rules: Value| {
+        refused(
+            json!({"type": "object", "properties": {"spec": {"type": "object",
+            "properties": {"a": {"type": "string", "maxLength": 10}, "n": {"type": "integer"}},
+            "x-kubernetes-validations": rules}}}),
+        )
+    };
+    let got = with_rules(json!([
+        {"rule": "self.a.foo()"},
+        {"rule": "foo(self.a)"},
+        {"rule": "self.n + 1"},
+        {"rule": "self.a == 'x'", "messageExpression": "nope(self.a)"},
+    ]));
+    assert_eq!(
+        got,
+        vec![
+            format!(
+                r#"{p}[0].rule: Invalid value: {{"rule":"self.a.foo()"}}: compilation failed: ERROR: <input>:1:11: undeclared reference to 'foo' (in container '')"#
+            ),
+            format!(
+                r#"{p}[1].rule: Invalid value: {{"rule":"foo(self.a)"}}: compilation failed: ERROR: <input>:1:4: undeclared reference to 'foo' (in container '')"#
+            ),
+            format!(
+                r#"{p}[2].rule: Invalid value: {{"rule":"self.n + 1"}}: cel expression must evaluate to a bool"#
+            ),
+            format!(
+                r#"{p}[3].messageExpression: Invalid value: {{"rule":"self.a == 'x'","messageExpression":"nope(self.a)"}}: messageExpression compilation failed: ERROR: <input>:1:5: undeclared reference to 'nope' (in container '')"#
+            ),
+        ]
+    );
+}
+
+#[test]
+fn two_variable_comprehensions_validate_and_are_costed() {
+    let schema = |max: Option<u64>| {
+        let mut labels =
+            json!({"type": "object", "additionalProperties": {"type": "string", "maxLength": 63}});
+        if let Some(m) = max {
+            labels["maxProperties"] = json!(m);
+        }
+        json!({"type": "object", "properties": {"spec": {"type": "object",
+        "properties": {"labels": labels, "ports": {"type": "array", "maxItems": 8,
+            "items": {"type": "integer"}}},
+        "x-kubernetes-validations": [
+            {"rule": "self.labels.all(k, v, k.size() + v.size() < 20)", "message": "short labels"},
+            {"rule": "!has(self.ports) || self.ports.all(i, p, i == 0 || p > self.ports[i - 1])",
+             "message": "ports ascend"},
+            {"rule": "self.labels.transformMap(k, v, v.size()).all(k, n, n <= self.labels.size() * 20)"}
+        ]}}})
+    };
+    // Unbounded labels: a nested comprehension over them iterates the
+    // square of what a request can hold.
+    let mut nested = schema(None);
+    nested["properties"]["spec"]["x-kubernetes-validations"][0]["rule"] =
+        json!("self.labels.all(k, v, self.labels.exists(k2, v2, v2 != k))");
+    let got = refused(nested);
+    assert!(
+        got.iter()
+            .any(|g| g.contains("estimated rule cost exceeds budget by factor of")),
+        "{got:#?}"
+    );
+    let s = compile(schema(Some(16)));
+    let ok = json!({"spec": {"labels": {"a": "b", "c": "d"}, "ports": [1, 5, 9]}});
+    assert!(s.validate(&ok, None).is_empty());
+    let bad = json!({"spec": {"labels": {"a": "bbbbbbbbbbbbbbbbbbbbbbbb"}, "ports": [5, 1]}});
+    assert_eq!(
+        messages(&s.validate(&bad, None)),
+        vec![
+            "spec: Invalid value: short labels",
+            "spec: Invalid value: ports ascend",
+            "spec: Invalid value: failed rule: self.labels.transformMap(k, v, v.size()).all(k, n, n <= self.labels.size() * 20)"
+        ]
+    );
+}
