@@ -220,38 +220,42 @@ fn is_non_nullable_null(v: &Value, n: &Node) -> bool {
     v.is_null() && !n.nullable
 }
 
+/// Defaulting walks the object's fields (not the schema's properties) and
+/// descends only into objects and arrays: it runs on every read from
+/// storage, where there is usually nothing to do.
 fn default_node(n: &Node, v: &mut Value) {
     match v {
         Value::Object(m) => {
-            for (k, p) in &n.properties {
-                let Some(d) = &p.default else {
-                    // Kubernetes drops nulls of non-nullable fields without a
-                    // default (PruneNonNullableNullsWithoutDefaults).
-                    if m.get(k).is_some_and(|x| is_non_nullable_null(x, p)) && p.ty.is_some() {
-                        m.remove(k);
-                    }
-                    continue;
-                };
-                match m.get(k) {
-                    None => {
-                        m.insert(k.clone(), d.clone());
-                    }
-                    Some(x) if is_non_nullable_null(x, p) => {
-                        m.insert(k.clone(), d.clone());
-                    }
-                    _ => {}
-                }
+            if n.properties.is_empty() && n.additional.is_none() {
+                return;
             }
-            for (k, x) in m.iter_mut() {
-                if let Some(p) = n.properties.get(k) {
-                    default_node(p, x);
-                } else if let Some(a) = &n.additional {
-                    if is_non_nullable_null(x, a) {
-                        if let Some(d) = &a.default {
-                            *x = d.clone();
-                        }
+            m.retain(|k, x| {
+                let prop = n.properties.get(k);
+                let Some(c) = prop.or(n.additional.as_deref()) else {
+                    return true;
+                };
+                if is_non_nullable_null(x, c) {
+                    if let Some(d) = &c.default {
+                        *x = d.clone();
+                        default_node(c, x);
+                        return true;
                     }
-                    default_node(a, x);
+                    // Kubernetes drops nulls of non-nullable properties
+                    // without a default (PruneNonNullableNullsWithoutDefaults).
+                    return !(prop.is_some() && c.ty.is_some());
+                }
+                if matches!(x, Value::Object(_) | Value::Array(_)) {
+                    default_node(c, x);
+                }
+                true
+            });
+            for (k, p) in &n.properties {
+                if let Some(d) = &p.default {
+                    if !m.contains_key(k) {
+                        let mut x = d.clone();
+                        default_node(p, &mut x);
+                        m.insert(k.clone(), x);
+                    }
                 }
             }
         }
@@ -263,7 +267,9 @@ fn default_node(n: &Node, v: &mut Value) {
                             *x = d.clone();
                         }
                     }
-                    default_node(i, x);
+                    if matches!(x, Value::Object(_) | Value::Array(_)) {
+                        default_node(i, x);
+                    }
                 }
             }
         }
