@@ -623,7 +623,7 @@ fn check_fields(
     }
     let mut problems = Vec::new();
     if json_body {
-        for d in skiff_core::patch::duplicate_fields(body) {
+        for d in skiff_core::patch::duplicate_fields_of(body, obj) {
             problems.push(format!("json: duplicate field \"{d}\""));
         }
     }
