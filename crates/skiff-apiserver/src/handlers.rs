@@ -77,7 +77,18 @@ pub fn error_response(e: &ApiError) -> Resp {
             r.headers_mut().insert(header::RETRY_AFTER, v);
         }
     }
-    r
+    add_warnings(r, &e.warnings)
+}
+
+/// A write's outcome; a failed one still carries what admission said
+/// (its warnings as headers, its audit annotations), as kube-apiserver's
+/// do when a webhook warns and then denies.
+fn admitted<T>(
+    r: Result<T, ApiError>,
+    admission: &crate::webhook::Admission,
+    audit: Option<&crate::audit::Slot>,
+) -> Result<T, ApiError> {
+    r.map_err(|e| e.with_warnings(admission.finish(audit)))
 }
 
 fn text(code: u16, s: &str) -> Resp {
@@ -787,9 +798,12 @@ async fn resource(
             opts.admission.request = Some(api_res);
             let mut warnings =
                 check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
-            let created = reg
-                .create(res, ns, convert::to_storage(api_res, obj), &opts)
-                .await?;
+            let created = admitted(
+                reg.create(res, ns, convert::to_storage(api_res, obj), &opts)
+                    .await,
+                &opts.admission,
+                audit.as_ref(),
+            )?;
             warnings.extend(opts.admission.finish(audit.as_ref()));
             Ok(add_warnings(
                 render_object(
@@ -807,6 +821,11 @@ async fn resource(
             let mut dopts = delete_options(&q, &headers, &body)?;
             dopts.user = who;
             dopts.admission.request = Some(api_res);
+            admitted(
+                crate::webhook::admit_delete(reg, res, ns, "", &dopts).await,
+                &dopts.admission,
+                audit.as_ref(),
+            )?;
             let out = reg.list(res, &filter, 0, None, None, false).await?;
             let mut gone = Vec::new();
             for item in out.items {
@@ -884,7 +903,11 @@ async fn resource(
             } else {
                 convert::to_storage(api_res, obj)
             };
-            let (out, created) = reg.update(res, ns, name, obj, sub, &opts).await?;
+            let (out, created) = admitted(
+                reg.update(res, ns, name, obj, sub, &opts).await,
+                &opts.admission,
+                audit.as_ref(),
+            )?;
             warnings.extend(opts.admission.finish(audit.as_ref()));
             let r = render_written(api_res, sub, out, created, output)?;
             Ok(add_warnings(r, &warnings))
@@ -926,14 +949,14 @@ async fn resource(
                     pt != PatchType::Apply,
                 )?;
             }
-            let (out, created) = if convert::needed(api_res) && sub != Subresource::Scale {
-                (
-                    patch_converted(reg, api_res, ns, name, pt, &patch, sub, &opts).await?,
-                    false,
-                )
+            let patched = if convert::needed(api_res) && sub != Subresource::Scale {
+                patch_converted(reg, api_res, ns, name, pt, &patch, sub, &opts)
+                    .await
+                    .map(|o| (o, false))
             } else {
-                reg.patch(res, ns, name, pt, &patch, sub, &opts).await?
+                reg.patch(res, ns, name, pt, &patch, sub, &opts).await
             };
+            let (out, created) = admitted(patched, &opts.admission, audit.as_ref())?;
             warnings.extend(opts.admission.finish(audit.as_ref()));
             let r = render_written(api_res, sub, out, created, output)?;
             Ok(add_warnings(r, &warnings))
@@ -1060,7 +1083,15 @@ async fn resource(
             dopts.user = who;
             dopts.admission.request = Some(api_res);
             let mut warnings = delete_warnings(res, &dopts);
-            let deleted = reg.delete(res, ns, name, &dopts).await?;
+            let deleted = admitted(
+                async {
+                    crate::webhook::admit_delete(reg, res, ns, name, &dopts).await?;
+                    reg.delete(res, ns, name, &dopts).await
+                }
+                .await,
+                &dopts.admission,
+                audit.as_ref(),
+            )?;
             warnings.extend(dopts.admission.finish(audit.as_ref()));
             let r = match deleted {
                 Deleted::Pending(obj) => {
