@@ -11,6 +11,8 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use skiff_core::convert;
+
+use crate::crd::conversion;
 use skiff_core::resources::ResourceInfo;
 use skiff_core::selector::{FieldSelector, LabelSelector};
 use skiff_core::ApiError;
@@ -774,6 +776,8 @@ async fn resource(
                     exact,
                 )
                 .await?;
+            let mut out = out;
+            out.items = conversion::list_from_storage(&**reg, api_res, out.items).await?;
             render_list(api_res, out, output, &q)
         }
         (&Method::POST, None, None) => {
@@ -788,14 +792,19 @@ async fn resource(
             let mut warnings =
                 check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
             let created = reg
-                .create(res, ns, convert::to_storage(api_res, obj), &opts)
+                .create(
+                    res,
+                    ns,
+                    conversion::to_storage(&**reg, api_res, obj).await?,
+                    &opts,
+                )
                 .await?;
             warnings.extend(opts.admission.finish(audit.as_ref()));
             Ok(add_warnings(
                 render_object(
                     api_res,
                     201,
-                    &convert::from_storage(api_res, created),
+                    &conversion::from_storage(&**reg, api_res, created).await?,
                     output,
                 )?,
                 &warnings,
@@ -847,7 +856,12 @@ async fn resource(
                 return watch::serve(state.clone(), api_res, filter, &q, output).await;
             }
             let obj = reg.get(res, ns, name).await?;
-            render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
+            render_object(
+                api_res,
+                200,
+                &conversion::from_storage(&**reg, api_res, obj).await?,
+                output,
+            )
         }
         (&Method::PUT, Some(name), Some("approval")) => {
             let WriteBody { obj, mut opts, .. } = read_write_body(req, api_res, &q).await?;
@@ -882,11 +896,11 @@ async fn resource(
             let obj = if sub == Subresource::Scale {
                 obj
             } else {
-                convert::to_storage(api_res, obj)
+                conversion::to_storage(&**reg, api_res, obj).await?
             };
             let (out, created) = reg.update(res, ns, name, obj, sub, &opts).await?;
             warnings.extend(opts.admission.finish(audit.as_ref()));
-            let r = render_written(api_res, sub, out, created, output)?;
+            let r = render_written(reg, api_res, sub, out, created, output).await?;
             Ok(add_warnings(r, &warnings))
         }
         (&Method::PATCH, Some(name), _)
@@ -919,28 +933,32 @@ async fn resource(
             {
                 let obj_like = strip_directives(&patch);
                 warnings = check_fields(
-                    res,
+                    api_res,
                     &body,
                     &obj_like,
                     opts.field_validation,
                     pt != PatchType::Apply,
                 )?;
             }
-            let (out, created) = if convert::needed(api_res) && sub != Subresource::Scale {
-                (
-                    patch_converted(reg, api_res, ns, name, pt, &patch, sub, &opts).await?,
-                    false,
-                )
+            let (out, created) = if (convert::needed(api_res) || conversion::uses_webhook(api_res))
+                && sub != Subresource::Scale
+            {
+                patch_converted(reg, api_res, ns, name, pt, &patch, sub, &opts).await?
             } else {
                 reg.patch(res, ns, name, pt, &patch, sub, &opts).await?
             };
             warnings.extend(opts.admission.finish(audit.as_ref()));
-            let r = render_written(api_res, sub, out, created, output)?;
+            let r = render_written(reg, api_res, sub, out, created, output).await?;
             Ok(add_warnings(r, &warnings))
         }
         (&Method::GET, Some(name), Some("status")) => {
             let obj = reg.get(res, ns, name).await?;
-            render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
+            render_object(
+                api_res,
+                200,
+                &conversion::from_storage(&**reg, api_res, obj).await?,
+                output,
+            )
         }
         (&Method::GET, Some(name), Some("scale")) => {
             let obj = reg.get(res, ns, name).await?;
@@ -1063,15 +1081,18 @@ async fn resource(
             let deleted = reg.delete(res, ns, name, &dopts).await?;
             warnings.extend(dopts.admission.finish(audit.as_ref()));
             let r = match deleted {
-                Deleted::Pending(obj) => {
-                    render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
-                }
+                Deleted::Pending(obj) => render_object(
+                    api_res,
+                    200,
+                    &conversion::from_storage(&**reg, api_res, obj).await?,
+                    output,
+                ),
                 Deleted::Gone(obj) => {
                     if res.returns_deleted_object() {
                         return render_object(
                             api_res,
                             200,
-                            &convert::from_storage(api_res, obj),
+                            &conversion::from_storage(&**reg, api_res, obj).await?,
                             output,
                         );
                     }
@@ -1127,14 +1148,28 @@ async fn patch_converted(
     patch: &Value,
     sub: Subresource,
     opts: &WriteOptions,
-) -> Result<Value, ApiError> {
+) -> Result<(Value, bool), ApiError> {
     let res = convert::storage_resource(api_res);
-    let schema = skiff_core::schema::root(api_res.group, api_res.version, api_res.kind);
+    let schema = skiff_core::schema::root(api_res.group, api_res.version, api_res.kind)
+        .or_else(|| api_res.rules.custom().and_then(|c| c.type_ref()));
     for _ in 0..16 {
-        let cur = reg.get(res, ns, name).await?;
-        let view = convert::from_storage(api_res, cur.clone());
+        let cur = match reg.get(res, ns, name).await {
+            // Server-side apply creates: applied in the request's version,
+            // stored in the storage version.
+            Err(e) if e.code == 404 && pt == PatchType::Apply && sub == Subresource::Main => {
+                let mut obj = crate::registry::apply_patch(api_res, None, pt, patch, schema, opts)?;
+                crate::object::metadata_mut(&mut obj).insert("name".into(), json!(name));
+                let stored = conversion::to_storage(reg, api_res, obj).await?;
+                match reg.create_applied(res, ns, stored, opts).await {
+                    Err(e) if e.reason == "AlreadyExists" => continue,
+                    other => return Ok((other?, true)),
+                }
+            }
+            other => other?,
+        };
+        let view = conversion::from_storage(reg, api_res, cur.clone()).await?;
         let patched = crate::registry::apply_patch(api_res, Some(&view), pt, patch, schema, opts)?;
-        let mut stored = convert::to_storage(api_res, patched);
+        let mut stored = conversion::to_storage(reg, api_res, patched).await?;
         let rv = cur
             .pointer("/metadata/resourceVersion")
             .cloned()
@@ -1150,7 +1185,7 @@ async fn patch_converted(
         crate::object::metadata_mut(&mut stored).insert("resourceVersion".into(), rv);
         match reg.update(res, ns, name, stored, sub, opts).await {
             Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
-            other => return other.map(|(v, _)| v),
+            other => return other,
         }
     }
     Err(ApiError::conflict(
@@ -1297,7 +1332,8 @@ fn render_object(
 
 /// The answer to a replace or patch: the Scale as is, an object in the
 /// version asked for (201 when the write created it).
-fn render_written(
+async fn render_written(
+    reg: &Registry,
     api_res: &'static ResourceInfo,
     sub: Subresource,
     out: Value,
@@ -1308,7 +1344,12 @@ fn render_written(
         return Ok(json_response(200, &out));
     }
     let code = if created { 201 } else { 200 };
-    render_object(api_res, code, &convert::from_storage(api_res, out), output)
+    render_object(
+        api_res,
+        code,
+        &conversion::from_storage(reg, api_res, out).await?,
+        output,
+    )
 }
 
 /// The `PartialObjectMetadata` of an object.
@@ -1438,17 +1479,11 @@ fn object_is_null(row: &Value) -> bool {
 
 fn render_list(
     res: &'static ResourceInfo,
-    mut out: crate::registry::ListOutput,
+    out: crate::registry::ListOutput,
     output: Output,
     q: &Query,
 ) -> Result<Resp, ApiError> {
-    if convert::needed(res) {
-        out.items = out
-            .items
-            .iter()
-            .map(|b| Bytes::from(convert::bytes_from_storage(res, b)))
-            .collect();
-    }
+    // The items are in `res`'s version already (conversion::list_from_storage).
     match output {
         Output::Table { v1beta1 } => {
             let objs: Vec<Value> = out
