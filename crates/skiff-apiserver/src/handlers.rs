@@ -368,23 +368,34 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
             let a = accept.as_deref().unwrap_or("");
             let pb = a.find("application/com.github.proto-openapi.spec.v2");
             let json = a.find("application/json");
-            if matches!((pb, json), (Some(p), j) if j.is_none_or(|j| p < j)) {
-                return Ok(bytes_response(
+            let want_pb = matches!((pb, json), (Some(p), j) if j.is_none_or(|j| p < j));
+            // With custom resources (and aggregated servers' definitions),
+            // the document of this moment; else the static built-in one.
+            let docs = crate::aggregator::openapi_v2(&state.aggregator, state.catalog());
+            return Ok(match (docs, want_pb) {
+                (Some(d), true) => bytes_response(200, PB, Bytes::from(d.protobuf.clone())),
+                (Some(d), false) => {
+                    bytes_response(200, "application/json", Bytes::from(d.json.clone()))
+                }
+                (None, true) => bytes_response(
                     200,
                     PB,
                     Bytes::from_static(skiff_core::openapi_pb::openapi_v2_protobuf()),
-                ));
-            }
-            return Ok(bytes_response(
-                200,
-                "application/json",
-                Bytes::from_static(skiff_core::openapi::openapi_v2_bytes()),
-            ));
+                ),
+                (None, false) => bytes_response(
+                    200,
+                    "application/json",
+                    Bytes::from_static(skiff_core::openapi::openapi_v2_bytes()),
+                ),
+            });
         }
         "/openapi/v3" if get => {
             return Ok(json_response(
                 200,
-                &skiff_core::openapi::openapi_v3_index_in(state.catalog()),
+                &crate::aggregator::merge_v3_index(
+                    &state.aggregator,
+                    skiff_core::openapi::openapi_v3_index_in(state.catalog()),
+                ),
             ))
         }
         _ => {}
@@ -397,6 +408,9 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
                 _ => None,
             };
             if let Some((g, v)) = gv {
+                if let Some(doc) = crate::aggregator::openapi_v3(&state.aggregator, g, v) {
+                    return Ok(json_response(200, &doc));
+                }
                 if let Some(doc) =
                     skiff_core::openapi::openapi_v3_group_version_in(state.catalog(), g, v)
                 {
