@@ -331,6 +331,12 @@ impl Encoder {
         let obj = if skiff_core::convert::needed(self.res) {
             converted = Bytes::from(skiff_core::convert::bytes_from_storage(self.res, obj));
             &converted
+        } else if self.res.rules.custom().is_some()
+            && !crate::crd::conversion::has_api_version(obj, &self.res.api_version())
+        {
+            // Kept at an older storage version (conversion `None`).
+            converted = crate::crd::conversion::with_api_version(obj, &self.res.api_version());
+            &converted
         } else {
             obj
         };

@@ -184,6 +184,14 @@ async fn a_conversion_webhook_converts_every_read_and_write_with_kubectl() {
         "{reviews:?}"
     );
 
+    // The server keeps its connection to the webhook between calls.
+    let calls = hook.requests().len();
+    let connections = hook.connections.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        connections < calls,
+        "{connections} connections for {calls} calls"
+    );
+
     // A merge patch in v2 lands in the v1 storage as spec.size.
     s.ok(&[
         "patch",
