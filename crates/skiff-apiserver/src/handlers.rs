@@ -79,7 +79,18 @@ pub fn error_response(e: &ApiError) -> Resp {
             r.headers_mut().insert(header::RETRY_AFTER, v);
         }
     }
-    r
+    add_warnings(r, &e.warnings)
+}
+
+/// A write's outcome; a failed one still carries what admission said
+/// (its warnings as headers, its audit annotations), as kube-apiserver's
+/// do when a webhook warns and then denies.
+fn admitted<T>(
+    r: Result<T, ApiError>,
+    admission: &crate::webhook::Admission,
+    audit: Option<&crate::audit::Slot>,
+) -> Result<T, ApiError> {
+    r.map_err(|e| e.with_warnings(admission.finish(audit)))
 }
 
 fn text(code: u16, s: &str) -> Resp {
@@ -805,14 +816,12 @@ async fn resource(
             opts.admission.request = Some(api_res);
             let mut warnings =
                 check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
-            let created = reg
-                .create(
-                    res,
-                    ns,
-                    conversion::to_storage(&**reg, api_res, obj).await?,
-                    &opts,
-                )
-                .await?;
+            let stored = conversion::to_storage(&**reg, api_res, obj).await?;
+            let created = admitted(
+                reg.create(res, ns, stored, &opts).await,
+                &opts.admission,
+                audit.as_ref(),
+            )?;
             warnings.extend(opts.admission.finish(audit.as_ref()));
             Ok(add_warnings(
                 render_object(
@@ -830,6 +839,11 @@ async fn resource(
             let mut dopts = delete_options(&q, &headers, &body)?;
             dopts.user = who;
             dopts.admission.request = Some(api_res);
+            admitted(
+                crate::webhook::admit_delete(reg, res, ns, "", &dopts).await,
+                &dopts.admission,
+                audit.as_ref(),
+            )?;
             let out = reg.list(res, &filter, 0, None, None, false).await?;
             let mut gone = Vec::new();
             for item in out.items {
@@ -912,7 +926,11 @@ async fn resource(
             } else {
                 conversion::to_storage(&**reg, api_res, obj).await?
             };
-            let (out, created) = reg.update(res, ns, name, obj, sub, &opts).await?;
+            let (out, created) = admitted(
+                reg.update(res, ns, name, obj, sub, &opts).await,
+                &opts.admission,
+                audit.as_ref(),
+            )?;
             warnings.extend(opts.admission.finish(audit.as_ref()));
             let r = render_written(reg, api_res, sub, out, created, output).await?;
             Ok(add_warnings(r, &warnings))
@@ -954,13 +972,14 @@ async fn resource(
                     pt != PatchType::Apply,
                 )?;
             }
-            let (out, created) = if (convert::needed(api_res) || conversion::uses_webhook(api_res))
+            let patched = if (convert::needed(api_res) || conversion::uses_webhook(api_res))
                 && sub != Subresource::Scale
             {
-                patch_converted(reg, api_res, ns, name, pt, &patch, sub, &opts).await?
+                patch_converted(reg, api_res, ns, name, pt, &patch, sub, &opts).await
             } else {
-                reg.patch(res, ns, name, pt, &patch, sub, &opts).await?
+                reg.patch(res, ns, name, pt, &patch, sub, &opts).await
             };
+            let (out, created) = admitted(patched, &opts.admission, audit.as_ref())?;
             warnings.extend(opts.admission.finish(audit.as_ref()));
             let r = render_written(reg, api_res, sub, out, created, output).await?;
             Ok(add_warnings(r, &warnings))
@@ -1092,7 +1111,15 @@ async fn resource(
             dopts.user = who;
             dopts.admission.request = Some(api_res);
             let mut warnings = delete_warnings(res, &dopts);
-            let deleted = reg.delete(res, ns, name, &dopts).await?;
+            let deleted = admitted(
+                async {
+                    crate::webhook::admit_delete(reg, res, ns, name, &dopts).await?;
+                    reg.delete(res, ns, name, &dopts).await
+                }
+                .await,
+                &dopts.admission,
+                audit.as_ref(),
+            )?;
             warnings.extend(dopts.admission.finish(audit.as_ref()));
             let r = match deleted {
                 Deleted::Pending(obj) => render_object(
