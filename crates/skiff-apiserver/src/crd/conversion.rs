@@ -213,23 +213,28 @@ fn check_converted(original: &Value, mut out: Value, want: &str) -> Result<Value
     Ok(out)
 }
 
-/// Changed labels or annotations are checked as on any write.
+/// Changed labels or annotations are checked as on any write: label keys
+/// and values as Kubernetes' label rules; annotation keys as label keys,
+/// with all annotations at most 256 KiB.
 fn check_map(field: &str, m: &Map<String, Value>) -> Result<(), String> {
-    let path = if field == "labels" {
-        "metadata.labels"
-    } else {
-        "metadata.annotation"
-    };
+    use skiff_core::selector::{validate_label_key, validate_label_value};
+    if field == "labels" {
+        for (k, v) in m {
+            validate_label_key(k)
+                .map_err(|e| format!("metadata.labels: Invalid value: {k:?}: {e}"))?;
+            validate_label_value(v.as_str().unwrap_or(""))
+                .map_err(|e| format!("metadata.labels: Invalid value: {v}: {e}"))?;
+        }
+        return Ok(());
+    }
+    let mut total = 0;
     for (k, v) in m {
-        let v = v.as_str().unwrap_or("");
-        if k.is_empty() || k.len() > 316 {
-            return Err(format!("{path}: Invalid value: {k:?}: name part must be non-empty and no more than 63 characters"));
-        }
-        if field == "labels" && v.len() > 63 {
-            return Err(format!(
-                "{path}: Invalid value: {v:?}: must be no more than 63 characters"
-            ));
-        }
+        validate_label_key(&k.to_ascii_lowercase())
+            .map_err(|e| format!("metadata.annotation: Invalid value: {k:?}: {e}"))?;
+        total += k.len() + v.as_str().map(str::len).unwrap_or(0);
+    }
+    if total > 256 * 1024 {
+        return Err("metadata.annotation: Too long: must have at most 262144 bytes".into());
     }
     Ok(())
 }
@@ -538,6 +543,15 @@ mod tests {
                 "invalid groupVersion (expected example.com/v3, received example.com/v2)"
             ),
             _ => panic!("the wrong version is refused"),
+        }
+        let mut bad_key = out.clone();
+        bad_key["metadata"]["labels"] = json!({"-no-": "x"});
+        match check_converted(&orig, bad_key, "example.com/v2") {
+            Err(Bad::Meta(e)) => assert!(
+                e.starts_with("metadata.labels: Invalid value: \"-no-\""),
+                "{e}"
+            ),
+            _ => panic!("an invalid label key is refused"),
         }
         let mut bad_label = out;
         bad_label["metadata"]["labels"] = json!({"a": 1});
