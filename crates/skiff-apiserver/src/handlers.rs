@@ -11,13 +11,12 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use skiff_core::convert;
-
-use crate::crd::conversion;
 use skiff_core::resources::ResourceInfo;
 use skiff_core::selector::{FieldSelector, LabelSelector};
 use skiff_core::ApiError;
 
 use crate::auth::{self, Identity};
+use crate::crd::conversion;
 use crate::negotiate::{self, Output};
 use crate::registry::{DeleteOptions, Deleted, FieldValidation, PatchType, Registry, WriteOptions};
 use crate::request::Subresource;
