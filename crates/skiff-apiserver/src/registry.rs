@@ -658,7 +658,7 @@ impl Registry {
         .await
     }
 
-    async fn create_applied(
+    pub(crate) async fn create_applied(
         &self,
         res: &'static ResourceInfo,
         ns: Option<&str>,
