@@ -258,6 +258,45 @@ async fn a_conversion_webhook_converts_every_read_and_write_with_kubectl() {
         );
     }
 
+    // Admission sees the object in the version it matched: a policy for
+    // v1 reads `spec.size` of objects now stored as v2, converted by the
+    // webhook.
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {name: small-gadgets}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - {apiGroups: [example.com], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [gadgets]}
+  validations:
+  - {expression: "object.spec.size <= 100", message: "gadgets are at most 100"}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {name: small-gadgets}
+spec:
+  policyName: small-gadgets
+  validationActions: [Deny]
+"#,
+    );
+    let err = wait_until("the policy to deny a big gadget", 30, || {
+        let out = s.kubectl_stdin(&["apply", "-f", "-"], &gadget("big", 500));
+        (!out.status.success()).then(|| text(&out.stderr))
+    });
+    assert!(
+        err.contains("ValidatingAdmissionPolicy 'small-gadgets' with binding 'small-gadgets' denied request: gadgets are at most 100"),
+        "{err}"
+    );
+    s.ok_stdin(&["apply", "-f", "-"], &gadget("small", 50));
+    s.ok(&[
+        "delete",
+        "validatingadmissionpolicybinding",
+        "small-gadgets",
+    ]);
+
     // The webhook goes down (the definition points at a port nothing
     // listens on): reads that need it fail with a Status naming it, the
     // watch ends with an error, and other resources are unaffected.

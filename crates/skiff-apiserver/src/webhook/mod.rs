@@ -228,7 +228,7 @@ pub async fn validate_create(
     let Some(a) = write_attributes(res, Operation::Create, "", ns_name(obj), opts) else {
         return Ok(());
     };
-    policy::validate(reg, &a, Some(obj), None)?;
+    policy::validate(reg, &a, Some(obj), None).await?;
     review::validate(reg, &a, Some(obj), None).await
 }
 
@@ -261,7 +261,7 @@ pub async fn validate_update(
     let Some(a) = write_attributes(res, Operation::Update, sub, ns_name(old), opts) else {
         return Ok(());
     };
-    policy::validate(reg, &a, Some(new), Some(old))?;
+    policy::validate(reg, &a, Some(new), Some(old)).await?;
     review::validate(reg, &a, Some(new), Some(old)).await
 }
 
@@ -300,7 +300,7 @@ pub async fn admit_scale(
         admission: &opts.admission,
     };
     review::mutate(reg, &a, scale, Some(&old_scale)).await?;
-    policy::validate(reg, &a, Some(scale), Some(&old_scale))?;
+    policy::validate(reg, &a, Some(scale), Some(&old_scale)).await?;
     review::validate(reg, &a, Some(scale), Some(&old_scale)).await?;
     Ok(inner)
 }
@@ -392,7 +392,7 @@ pub async fn admit_connect(
     let before = object.clone();
     review::mutate(reg, &a, &mut object, None).await?;
     let object = before;
-    policy::validate(reg, &a, Some(&object), None)?;
+    policy::validate(reg, &a, Some(&object), None).await?;
     review::validate(reg, &a, Some(&object), None).await
 }
 
@@ -468,7 +468,7 @@ pub async fn validate_delete(
         return Ok(());
     }
     let a = delete_attributes(res, ns, name, user, opts);
-    policy::validate(reg, &a, None, Some(old))?;
+    policy::validate(reg, &a, None, Some(old)).await?;
     review::validate(reg, &a, None, Some(old)).await
 }
 
