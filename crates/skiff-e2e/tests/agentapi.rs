@@ -50,47 +50,36 @@ fn user_cert(s: &Server, user: &str, dir: &Path) -> (String, String) {
     )
 }
 
-/// GET `path` on the agent with a client certificate: (status, body).
-fn agent_get(port: &str, cert: &(String, String), path: &str) -> (String, String) {
+/// curl's GET of `path` on the agent with `args` (credentials): (status,
+/// body).
+fn curl_agent(port: &str, args: &[&str], path: &str) -> (String, String) {
     let out = Command::new("curl")
-        .args([
-            "-sk",
-            "--max-time",
-            "10",
-            "--cert",
-            &cert.0,
-            "--key",
-            &cert.1,
-        ])
-        .args(["-w", "\n%{http_code}"])
+        .args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"])
+        .args(args)
         .arg(format!("https://127.0.0.1:{port}{path}"))
         .output()
         .expect("curl");
     let all = text(&out.stdout);
     let (body, code) = all.rsplit_once('\n').unwrap_or((&all, ""));
     (code.to_string(), body.to_string())
+}
+
+/// GET `path` on the agent with a client certificate: (status, body).
+fn agent_get(port: &str, cert: &(String, String), path: &str) -> (String, String) {
+    curl_agent(port, &["--cert", &cert.0, "--key", &cert.1], path)
 }
 
 /// GET `path` on the agent with a bearer token, or without credentials:
 /// (status, body).
 fn agent_get_bearer(port: &str, token: Option<&str>, path: &str) -> (String, String) {
-    let mut cmd = Command::new("curl");
-    cmd.args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"]);
-    if let Some(t) = token {
-        cmd.args(["-H", &format!("Authorization: Bearer {t}")]);
+    match token {
+        Some(t) => curl_agent(port, &["-H", &format!("Authorization: Bearer {t}")], path),
+        None => curl_agent(port, &[], path),
     }
-    let out = cmd
-        .arg(format!("https://127.0.0.1:{port}{path}"))
-        .output()
-        .expect("curl");
-    let all = text(&out.stdout);
-    let (body, code) = all.rsplit_once('\n').unwrap_or((&all, ""));
-    (code.to_string(), body.to_string())
 }
 
-#[test]
-fn a_service_account_token_reads_metrics_as_prometheus_does() {
-    let s = Server::up();
+/// The port of the node's agent endpoint, as its Node reports it.
+fn agent_port(s: &Server) -> String {
     let port = s.ok(&[
         "get",
         "node",
@@ -98,6 +87,14 @@ fn a_service_account_token_reads_metrics_as_prometheus_does() {
         "-o",
         "jsonpath={.status.daemonEndpoints.kubeletEndpoint.Port}",
     ]);
+    assert!(port.parse::<u16>().is_ok(), "{port:?}");
+    port
+}
+
+#[test]
+fn a_service_account_token_reads_metrics_as_prometheus_does() {
+    let s = Server::up();
+    let port = agent_port(&s);
     s.ok(&["create", "serviceaccount", "prometheus"]);
     let token = s.ok(&["create", "token", "prometheus"]);
     let token = token.trim();
@@ -145,14 +142,7 @@ fn a_service_account_token_reads_metrics_as_prometheus_does() {
 #[test]
 fn other_clients_read_stats_and_metrics_only_as_rbac_allows() {
     let s = Server::up();
-    let port = s.ok(&[
-        "get",
-        "node",
-        "e2e-node",
-        "-o",
-        "jsonpath={.status.daemonEndpoints.kubeletEndpoint.Port}",
-    ]);
-    assert!(port.parse::<u16>().is_ok(), "{port:?}");
+    let port = agent_port(&s);
     let jane = user_cert(&s, "jane", s.dir.path());
 
     let (code, body) = agent_get(&port, &jane, "/stats/summary");

@@ -365,6 +365,27 @@ pub async fn mutate(
     Ok(())
 }
 
+/// The version `h` is called at for this request: `None` when it does not
+/// apply (or could not be matched under failurePolicy Ignore); a dry run
+/// it cannot take is refused.
+fn called_at(
+    h: &Webhook,
+    a: &Attributes<'_>,
+    ns_labels: &Option<Map<String, Value>>,
+    obj: Option<&Value>,
+    old: Option<&Value>,
+) -> ApiResult<Option<&'static ResourceInfo>> {
+    let version = match applies(h, a, ns_labels, obj, old) {
+        Ok(Some(v)) => v,
+        Ok(None) => return Ok(None),
+        Err(e) => return failed(h, e).map(|_| None),
+    };
+    if a.dry_run && !h.dry_run_safe {
+        return Err(no_dry_run(&h.name));
+    }
+    Ok(Some(version))
+}
+
 /// The mutating webhooks of a DELETE (no object, no oldObject): called in
 /// order, each may deny; a patch has nothing to apply to.
 pub async fn mutate_delete(reg: &Registry, a: &Attributes<'_>) -> ApiResult<()> {
@@ -374,17 +395,9 @@ pub async fn mutate_delete(reg: &Registry, a: &Attributes<'_>) -> ApiResult<()> 
     }
     let ns_labels = namespace_labels(reg, a, None, None);
     for h in hooks.iter() {
-        let version = match applies(h, a, &ns_labels, None, None) {
-            Ok(Some(v)) => v,
-            Ok(None) => continue,
-            Err(e) => {
-                failed(h, e)?;
-                continue;
-            }
+        let Some(version) = called_at(h, a, &ns_labels, None, None)? else {
+            continue;
         };
-        if a.dry_run && !h.dry_run_safe {
-            return Err(no_dry_run(&h.name));
-        }
         let ans = match call(reg, h, a, version, Value::Null, Value::Null).await {
             Ok(ans) => ans,
             Err(e) => {
@@ -410,14 +423,9 @@ async fn mutate_one(
     old: Option<&Value>,
     ns_labels: &Option<Map<String, Value>>,
 ) -> ApiResult<Option<bool>> {
-    let version = match applies(h, a, ns_labels, Some(obj), old) {
-        Ok(Some(v)) => v,
-        Ok(None) => return Ok(None),
-        Err(e) => return failed(h, e).map(|_| None),
+    let Some(version) = called_at(h, a, ns_labels, Some(obj), old)? else {
+        return Ok(None);
     };
-    if a.dry_run && !h.dry_run_safe {
-        return Err(no_dry_run(&h.name));
-    }
     // Conversion failing is the request's error, whatever the policy.
     let view = in_version(reg, a, version, Some(obj)).await?;
     let old_view = in_version(reg, a, version, old).await?;
@@ -485,17 +493,9 @@ pub async fn validate(
     let ns_labels = namespace_labels(reg, a, obj, old);
     let mut calls = Vec::new();
     for h in &hooks {
-        let version = match applies(h, a, &ns_labels, obj, old) {
-            Ok(Some(v)) => v,
-            Ok(None) => continue,
-            Err(e) => {
-                failed(h, e)?;
-                continue;
-            }
+        let Some(version) = called_at(h, a, &ns_labels, obj, old)? else {
+            continue;
         };
-        if a.dry_run && !h.dry_run_safe {
-            return Err(no_dry_run(&h.name));
-        }
         calls.push(async move {
             let view = in_version(reg, a, version, obj).await?;
             let old_view = in_version(reg, a, version, old).await?;
