@@ -150,6 +150,25 @@ async fn established(api: &Api, name: &str) -> Value {
     }
 }
 
+/// Installs the Widget definition, waits until it is served, and creates
+/// a red Widget `name` in v1.
+async fn red_widget(a: &Api, name: &str) {
+    a.post(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        widget_crd(),
+    )
+    .await;
+    established(a, "widgets.example.com").await;
+    a.until(WIDGETS, StatusCode::OK).await;
+    let r = a
+        .post(
+            WIDGETS,
+            json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": name}, "spec": {"color": "red"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+}
+
 #[tokio::test]
 async fn a_broken_definition_is_refused_whole_with_every_reason() {
     let api = api().await;
@@ -736,20 +755,7 @@ async fn a_server_starting_on_a_store_with_definitions_serves_them_at_once() {
         router: first.in_process_router("test"),
         _dir: tempfile::tempdir().unwrap(),
     };
-    a.post(
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-        widget_crd(),
-    )
-    .await;
-    established(&a, "widgets.example.com").await;
-    a.until(WIDGETS, StatusCode::OK).await;
-    let r = a
-        .post(
-            WIDGETS,
-            json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "kept"}, "spec": {"color": "red"}}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED);
+    red_widget(&a, "kept").await;
     // A second server on the same store (as after a restart, or another
     // API server on the same etcd) serves the definition from its first
     // request, with the objects and their selectable fields.
@@ -772,20 +778,7 @@ async fn a_server_starting_on_a_store_with_definitions_serves_them_at_once() {
 #[tokio::test]
 async fn objects_kept_at_an_old_storage_version_answer_in_the_version_asked_for() {
     let api = api().await;
-    api.post(
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-        widget_crd(),
-    )
-    .await;
-    established(&api, "widgets.example.com").await;
-    api.until(WIDGETS, StatusCode::OK).await;
-    let r = api
-        .post(
-            WIDGETS,
-            json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "old"}, "spec": {"color": "red"}}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    red_widget(&api, "old").await;
     // The storage version moves to v1beta1; "old" stays stored as v1.
     let path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com";
     let mut crd = api.get(path).await.body;
