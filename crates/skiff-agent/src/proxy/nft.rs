@@ -268,13 +268,13 @@ impl Nft {
         }
         // Sets, chains and rules first (rules keep their order), then the
         // map elements grouped by map, so each map gets few messages.
-        ops.sort_by(|a, b| {
-            let group = |x: &(String, Op)| match &x.1 {
-                Op::AddElement(m, ..) => (x.1.phase(), x.0.clone(), *m),
-                o => (o.phase(), String::new(), ""),
-            };
-            group(a).cmp(&group(b))
-        });
+        fn group(x: &(String, Op)) -> (u8, &str, &str) {
+            match &x.1 {
+                Op::AddElement(m, ..) => (x.1.phase(), x.0.as_str(), m),
+                o => (o.phase(), "", ""),
+            }
+        }
+        ops.sort_by(|a, b| group(a).cmp(&group(b)));
         netlink::encode_ops(&mut batch, &ops);
         let endpoints: Vec<Ipv4Addr> = services
             .iter()
@@ -285,6 +285,11 @@ impl Nft {
         if !endpoints.is_empty() {
             batch.hairpin(&self.table_of(Home::Main), &endpoints, false);
         }
+        tracing::debug!(
+            messages = batch.messages(),
+            bytes = batch.len(),
+            "full load as one netlink batch"
+        );
         send_batch(batch).await
     }
 
