@@ -768,3 +768,43 @@ async fn a_server_starting_on_a_store_with_definitions_serves_them_at_once() {
     let d = b.get("/apis/example.com/v1").await;
     assert_eq!(d.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn objects_kept_at_an_old_storage_version_answer_in_the_version_asked_for() {
+    let api = api().await;
+    api.post(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        widget_crd(),
+    )
+    .await;
+    established(&api, "widgets.example.com").await;
+    api.until(WIDGETS, StatusCode::OK).await;
+    let r = api
+        .post(
+            WIDGETS,
+            json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "old"}, "spec": {"color": "red"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    // The storage version moves to v1beta1; "old" stays stored as v1.
+    let path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com";
+    let mut crd = api.get(path).await.body;
+    crd["spec"]["versions"][0]["storage"] = json!(true);
+    crd["spec"]["versions"][1]["storage"] = json!(false);
+    let r = api.put(path, crd).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let end = Instant::now() + Duration::from_secs(10);
+    while api.get(path).await.body["status"]["storedVersions"] != json!(["v1", "v1beta1"]) {
+        assert!(Instant::now() < end, "v1beta1 never recorded as stored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let beta = "/apis/example.com/v1beta1/namespaces/default/widgets";
+    let list = api.get(beta).await.body;
+    assert_eq!(list["items"][0]["metadata"]["name"], "old");
+    assert_eq!(list["items"][0]["apiVersion"], "example.com/v1beta1");
+    let one = api.get(&format!("{beta}/old")).await.body;
+    assert_eq!(one["apiVersion"], "example.com/v1beta1");
+    let evs = watch_events(&api, &format!("{beta}?watch=true"), 1).await;
+    assert_eq!(evs[0]["object"]["metadata"]["name"], "old");
+    assert_eq!(evs[0]["object"]["apiVersion"], "example.com/v1beta1");
+}

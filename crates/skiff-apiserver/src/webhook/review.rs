@@ -349,6 +349,41 @@ pub async fn mutate(
     Ok(())
 }
 
+/// The mutating webhooks of a DELETE (no object, no oldObject): called in
+/// order, each may deny; a patch has nothing to apply to.
+pub async fn mutate_delete(reg: &Registry, a: &Attributes<'_>) -> ApiResult<()> {
+    let hooks = webhooks(reg, true);
+    if hooks.is_empty() {
+        return Ok(());
+    }
+    let ns_labels = namespace_labels(reg, a, None, None);
+    for h in hooks.iter() {
+        let version = match applies(h, a, &ns_labels, None, None) {
+            Ok(Some(v)) => v,
+            Ok(None) => continue,
+            Err(e) => {
+                failed(h, e)?;
+                continue;
+            }
+        };
+        if a.dry_run && !h.dry_run_safe {
+            return Err(no_dry_run(&h.name));
+        }
+        let ans = match call(reg, h, a, version, None, None).await {
+            Ok(ans) => ans,
+            Err(e) => {
+                failed(h, e)?;
+                continue;
+            }
+        };
+        record(a, h, &ans);
+        if !ans.allowed {
+            return Err(denied(&h.name, ans.status.as_ref()));
+        }
+    }
+    Ok(())
+}
+
 /// Calls one mutating webhook if it applies: `None` when it does not,
 /// else whether it changed the object.
 async fn mutate_one(
@@ -378,9 +413,6 @@ async fn mutate_one(
     let Some(patch) = ans.patch else {
         return Ok(Some(false));
     };
-    if a.op == super::Operation::Delete {
-        return Ok(Some(false));
-    }
     let own_kind = a.kind.is_none();
     let view = if own_kind {
         skiff_core::convert::from_storage(version, obj.clone())
