@@ -1,9 +1,11 @@
 //! Applies [`rules`](super::rules) to the kernel: each change is one nftables
-//! transaction, built with the `nftables` crate's JSON schema and run by
-//! `nft -j -f -` (so it is applied whole or not at all). Only skiff's own
-//! table is ever named. Stale UDP conntrack entries are deleted with the
-//! `conntrack` tool (conntrack-tools), as no maintained crate speaks
-//! ctnetlink deletion.
+//! transaction (applied whole or not at all). Two writers: skiff's own
+//! netlink batches ([`super::netlink`], the default: no process, no listing
+//! of the kernel's tables first) and `nft -j -f -` fed JSON built with the
+//! `nftables` crate's schema (`SKIFF_NFT_BACKEND=nft`, and for the rare rule
+//! the netlink encoder leaves to it). Only skiff's own tables are ever
+//! named. Stale UDP conntrack entries are deleted with the `conntrack` tool
+//! (conntrack-tools), as no maintained crate speaks ctnetlink deletion.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
