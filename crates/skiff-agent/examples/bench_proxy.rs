@@ -11,6 +11,10 @@
 //! transaction that serves it, then checks the kernel's chain of the last
 //! changed service.
 //!
+//! Both writers are measured one after the other on the same services:
+//! skiff's netlink batches and the `nft` binary (`BENCH_WRITERS=netlink,nft`
+//! by default; `BENCH_WRITERS=nft` for one).
+//!
 //! `cargo run --release -p skiff-agent --example bench_proxy -- 10000 10 200`
 
 use std::sync::Arc;
@@ -62,6 +66,12 @@ async fn main() -> anyhow::Result<()> {
     let services = args.first().copied().unwrap_or(1000);
     let eps = args.get(1).copied().unwrap_or(10);
     let changes = args.get(2).copied().unwrap_or(200);
+    // Which writers to measure, in order (default: both, side by side).
+    let backends: Vec<String> = std::env::var("BENCH_WRITERS")
+        .unwrap_or_else(|_| "netlink,nft".into())
+        .split(',')
+        .map(str::to_string)
+        .collect();
 
     let dir = tempfile::tempdir()?;
     let store = skiff_store::RedbStore::open(&dir.path().join("s.redb"), Default::default())?;
@@ -103,6 +113,36 @@ async fn main() -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
 
+    let mut unready = vec![false; services];
+    let mut seed = 0x9E3779B97F4A7C15u64;
+    for backend in &backends {
+        run(
+            &client,
+            &slice_api,
+            backend,
+            (services, eps, changes),
+            &mut unready,
+            &mut seed,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Starts the proxy writing through `backend` ("netlink" or "nft"),
+/// measures its full load and `changes` endpoint changes, checks the
+/// kernel, stops it and deletes its tables.
+async fn run(
+    client: &kube::Client,
+    slice_api: &Api<EndpointSlice>,
+    backend: &str,
+    (services, eps, changes): (usize, usize, usize),
+    unready: &mut [bool],
+    seed: &mut u64,
+) -> anyhow::Result<()> {
+    // The proxy picks its writer from the environment when it starts.
+    std::env::set_var("SKIFF_NFT_BACKEND", backend);
+    println!("--- writer: {backend}");
     let (tx, mut rx) = tokio::sync::watch::channel(proxy::Sync::default());
     let options = ProxyOptions {
         node: NodeFacts {
@@ -126,14 +166,12 @@ async fn main() -> anyhow::Result<()> {
     let mut lat = vec![];
     let mut txn = vec![];
     let mut nft = vec![];
-    let mut unready = vec![false; services];
-    let mut seed = 0x9E3779B97F4A7C15u64;
     let mut last = 0;
     for _ in 0..changes {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let i = (seed % services as u64) as usize;
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        let i = (*seed % services as u64) as usize;
         unready[i] = !unready[i];
         let mut body = slice(i, eps, unready[i].then_some(0));
         body.metadata.resource_version = slice_api
@@ -185,6 +223,7 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("kernel check: svc-{last} spreads over {want} endpoints as written");
     proxy_task.abort();
+    let _ = proxy_task.await;
     skiff_agent::proxy::nft::delete_table(TABLE)?;
     Ok(())
 }

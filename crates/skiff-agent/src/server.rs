@@ -1,11 +1,16 @@
 //! The agent's HTTPS endpoint, which the API server calls for `kubectl
 //! logs`, `exec`, `attach` and `port-forward`, and for the node's stats
 //! (`/stats/summary`, `/metrics/resource`, see [`crate::stats`]) —
-//! kubelet's paths. Clients present a certificate of the cluster CA: the
-//! API server's kubelet-client certificate may use every path; any other
-//! (CN = user, O = groups) may use `/stats/…` and `/metrics/…` if a
-//! SubjectAccessReview allows it `get` on `nodes/stats` or `nodes/metrics`
-//! of this node, as kubelet's webhook authorization does (others: 403).
+//! kubelet's paths. Clients authenticate as kubelet's do: a certificate of
+//! the cluster CA (CN = user, O = groups) or a bearer token the API
+//! server's TokenReview accepts (a ServiceAccount token, say, as
+//! Prometheus scrapes with); neither is 401. The API server's
+//! kubelet-client certificate may use every path; anyone else what a
+//! SubjectAccessReview allows on this node's `nodes` subresource for the
+//! path (`stats`, `metrics`, `log`, `spec`, else `proxy`) with the
+//! method's verb, as kubelet's webhook authorization does (else 403).
+//! Both answers are cached as kubelet caches them (tokens 2 minutes;
+//! allowed 5 minutes, denied 30 s).
 //!
 //! Logs are read from the CRI log files. Exec, attach and port-forward are
 //! handed to the runtime's streaming server: the agent asks CRI for a
@@ -38,6 +43,54 @@ struct Ctx {
     stats: crate::stats::Collector,
 }
 
+/// Answers of the API server, kept for a while (kubelet's webhook caches).
+struct Cache<K, V> {
+    entries: std::sync::Mutex<HashMap<K, (V, std::time::Instant)>>,
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V: Clone> Cache<K, V> {
+    fn new() -> Self {
+        Cache {
+            entries: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn get(&self, k: &K) -> Option<V> {
+        let m = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(k)
+            .filter(|(_, until)| *until > std::time::Instant::now())
+            .map(|(v, _)| v.clone())
+    }
+
+    fn put(&self, k: K, v: V, ttl: Duration) {
+        let now = std::time::Instant::now();
+        let mut m = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        // Bounded: expired entries go when it grows.
+        if m.len() >= 4096 {
+            m.retain(|_, (_, until)| *until > now);
+            if m.len() >= 4096 {
+                m.clear();
+            }
+        }
+        m.insert(k, (v, now + ttl));
+    }
+}
+
+/// How the endpoint decides who may do what, for clients other than the
+/// API server: TokenReviews and SubjectAccessReviews, cached.
+struct Guard {
+    client: kube::Client,
+    node: String,
+    /// Token (its SHA-256) → who it is (`None`: not accepted).
+    tokens: Cache<[u8; 32], Option<Peer>>,
+    /// (user, groups, verb, subresource) → allowed.
+    decisions: Cache<(String, Vec<String>, &'static str, &'static str), bool>,
+}
+
+const TOKEN_TTL: Duration = Duration::from_secs(120);
+const ALLOWED_TTL: Duration = Duration::from_secs(300);
+const DENIED_TTL: Duration = Duration::from_secs(30);
+
 /// A bound, not yet serving, endpoint.
 pub struct Endpoint {
     listener: tokio::net::TcpListener,
@@ -45,26 +98,58 @@ pub struct Endpoint {
     serving: Arc<crate::serving::ServingCert>,
     router: Router,
     node_name: String,
-    /// Asks the API server's SubjectAccessReview for other clients.
+    /// Asks the API server's TokenReview and SubjectAccessReview for
+    /// other clients.
     authorizer: Option<kube::Client>,
 }
 
-/// Who is calling, from the client certificate.
-#[derive(Clone, Debug)]
+/// Who is calling: from the client certificate or a reviewed token.
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Peer {
     user: String,
     groups: Vec<String>,
 }
 
 /// The `nodes` subresource kubelet maps a path to, for other clients.
-fn subresource_of(path: &str) -> Option<&'static str> {
-    if path == "/stats" || path.starts_with("/stats/") {
-        Some("stats")
-    } else if path == "/metrics" || path.starts_with("/metrics/") {
-        Some("metrics")
+fn subresource_of(path: &str) -> &'static str {
+    let under = |p: &str| path == p || path.starts_with(&format!("{p}/"));
+    if under("/stats") {
+        "stats"
+    } else if under("/metrics") {
+        "metrics"
+    } else if under("/logs") {
+        "log"
+    } else if under("/spec") {
+        "spec"
     } else {
-        None
+        "proxy"
     }
+}
+
+/// The verb kubelet's authorizer asks about for a request method.
+fn verb_of(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET | Method::HEAD => "get",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE => "delete",
+        _ => "get",
+    }
+}
+
+/// kubelet's answer to a request without credentials or with a token the
+/// API server does not accept.
+fn unauthorized() -> Response {
+    status(StatusCode::UNAUTHORIZED, "Unauthorized".into())
+}
+
+/// The bearer token of a request, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty()).then(|| token.trim())
 }
 
 /// kubelet's answer to a denied request.
@@ -78,32 +163,101 @@ fn forbidden(peer: &Peer, verb: &str, sub: &str) -> Response {
     )
 }
 
-/// Whether the API server allows `peer` to `verb` `nodes/<sub>` of `node`.
-async fn review(client: &kube::Client, node: &str, peer: &Peer, verb: &str, sub: &str) -> bool {
-    use k8s_openapi::api::authorization::v1::{
-        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-    };
-    let sar = SubjectAccessReview {
-        spec: SubjectAccessReviewSpec {
-            user: Some(peer.user.clone()),
-            groups: Some(peer.groups.clone()),
-            resource_attributes: Some(ResourceAttributes {
-                verb: Some(verb.into()),
-                resource: Some("nodes".into()),
-                subresource: Some(sub.into()),
-                name: Some(node.into()),
+impl Guard {
+    /// Who `token` belongs to, by the API server's TokenReview.
+    async fn authenticate(&self, token: &str) -> Option<Peer> {
+        let mut key = [0u8; 32];
+        key.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref());
+        if let Some(known) = self.tokens.get(&key) {
+            return known;
+        }
+        use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+        let tr = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
                 ..Default::default()
-            }),
+            },
             ..Default::default()
-        },
-        ..Default::default()
-    };
-    let api: kube::Api<SubjectAccessReview> = kube::Api::all(client.clone());
-    match api.create(&Default::default(), &sar).await {
-        Ok(r) => r.status.is_some_and(|s| s.allowed),
-        Err(e) => {
-            tracing::warn!(error = %e, "SubjectAccessReview for the agent endpoint failed");
-            false
+        };
+        let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
+        let peer = match api.create(&Default::default(), &tr).await {
+            Ok(r) => r
+                .status
+                .filter(|s| s.authenticated == Some(true))
+                .and_then(|s| s.user)
+                .and_then(|u| {
+                    Some(Peer {
+                        user: u.username.filter(|n| !n.is_empty())?,
+                        groups: u.groups.unwrap_or_default(),
+                    })
+                }),
+            Err(e) => {
+                // Not cached: the API server may be back for the next one.
+                tracing::warn!(error = %e, "TokenReview for the agent endpoint failed");
+                return None;
+            }
+        };
+        self.tokens.put(key, peer.clone(), TOKEN_TTL);
+        peer
+    }
+
+    /// Whether the API server allows `peer` to `verb` `nodes/<sub>` of
+    /// this node.
+    async fn allows(&self, peer: &Peer, verb: &'static str, sub: &'static str) -> bool {
+        let key = (peer.user.clone(), peer.groups.clone(), verb, sub);
+        if let Some(known) = self.decisions.get(&key) {
+            return known;
+        }
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+        };
+        let sar = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(peer.user.clone()),
+                groups: Some(peer.groups.clone()),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(verb.into()),
+                    resource: Some("nodes".into()),
+                    subresource: Some(sub.into()),
+                    name: Some(self.node.clone()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: kube::Api<SubjectAccessReview> = kube::Api::all(self.client.clone());
+        let allowed = match api.create(&Default::default(), &sar).await {
+            Ok(r) => r.status.is_some_and(|s| s.allowed),
+            Err(e) => {
+                tracing::warn!(error = %e, "SubjectAccessReview for the agent endpoint failed");
+                return false;
+            }
+        };
+        let ttl = if allowed { ALLOWED_TTL } else { DENIED_TTL };
+        self.decisions.put(key, allowed, ttl);
+        allowed
+    }
+
+    /// Authenticates (the connection's certificate, else the request's
+    /// token) and authorizes one request; the response to send instead
+    /// when it may not pass.
+    async fn check(
+        &self,
+        cert: Option<&Peer>,
+        verb: &'static str,
+        sub: &'static str,
+        token: Option<String>,
+    ) -> Result<(), Response> {
+        let peer = match (cert, token) {
+            (Some(p), _) => p.clone(),
+            (None, Some(token)) => self.authenticate(&token).await.ok_or_else(unauthorized)?,
+            (None, None) => return Err(unauthorized()),
+        };
+        if self.allows(&peer, verb, sub).await {
+            Ok(())
+        } else {
+            Err(forbidden(&peer, verb, sub))
         }
     }
 }
@@ -147,52 +301,54 @@ impl Endpoint {
 
     pub async fn serve(self) {
         let acceptor = tokio_rustls::TlsAcceptor::from(self.tls.clone());
+        let guard = self.authorizer.clone().map(|client| {
+            Arc::new(Guard {
+                client,
+                node: self.node_name.clone(),
+                tokens: Cache::new(),
+                decisions: Cache::new(),
+            })
+        });
         loop {
             let Ok((tcp, _)) = self.listener.accept().await else {
                 continue;
             };
             let acceptor = acceptor.clone();
             let router = self.router.clone();
-            let authorizer = self.authorizer.clone();
-            let node = self.node_name.clone();
+            let guard = guard.clone();
             tokio::spawn(async move {
                 let Ok(Ok(tls)) =
                     tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
                 else {
                     return;
                 };
-                let Some(peer) = tls
+                let cert = tls
                     .get_ref()
                     .1
                     .peer_certificates()
                     .and_then(|c| c.first())
-                    .and_then(|c| subject(c.as_ref()))
-                else {
-                    return;
-                };
-                let router = if peer.user == APISERVER_CLIENT_CN {
+                    .and_then(|c| subject(c.as_ref()));
+                let router = if cert.as_ref().is_some_and(|p| p.user == APISERVER_CLIENT_CN) {
                     router
                 } else {
-                    // Another client: only what a SubjectAccessReview allows.
-                    let Some(client) = authorizer else {
+                    // Another client: who it is by its certificate or token,
+                    // what it may do by a SubjectAccessReview.
+                    let Some(guard) = guard else {
                         return;
                     };
                     router.layer(axum::middleware::from_fn(
                         move |req: Request, next: axum::middleware::Next| {
-                            let (client, node, peer) = (client.clone(), node.clone(), peer.clone());
+                            let (guard, cert) = (guard.clone(), cert.clone());
                             async move {
-                                let verb = match *req.method() {
-                                    axum::http::Method::GET | axum::http::Method::HEAD => "get",
-                                    axum::http::Method::POST => "create",
-                                    _ => "update",
-                                };
-                                let Some(sub) = subresource_of(req.uri().path()) else {
-                                    return forbidden(&peer, verb, "proxy");
-                                };
-                                if !review(&client, &node, &peer, verb, sub).await {
-                                    return forbidden(&peer, verb, sub);
+                                // Nothing of the request is held across the
+                                // reviews (its body is not Sync).
+                                let verb = verb_of(req.method());
+                                let sub = subresource_of(req.uri().path());
+                                let token = bearer(req.headers()).map(str::to_string);
+                                match guard.check(cert.as_ref(), verb, sub, token).await {
+                                    Ok(()) => next.run(req).await,
+                                    Err(refused) => refused,
                                 }
-                                next.run(req).await
                             }
                         },
                     ))
@@ -257,6 +413,8 @@ fn tls_config(
         Arc::new(roots),
         provider.clone(),
     )
+    // A client without a certificate may still come with a bearer token.
+    .allow_unauthenticated()
     .build()
     .map_err(|e| anyhow::anyhow!("client verifier: {e}"))?;
     let config = rustls::ServerConfig::builder_with_provider(provider)

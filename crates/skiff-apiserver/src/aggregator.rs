@@ -15,6 +15,12 @@
 //! discovery document (`/apis/<group>/<version>`): the answer sets the
 //! `Available` condition and is kept, so `/apis` and aggregated discovery
 //! list the aggregated groups and their resources.
+//!
+//! An Available backend's OpenAPI is fetched every [`OPENAPI_EVERY`] (as
+//! kube-aggregator's OpenAPI controllers refresh theirs): its `/openapi/v2`
+//! definitions and paths are merged into the server's `/openapi/v2`, and its
+//! `/openapi/v3/apis/<group>/<version>` is served as the server's, listed in
+//! the `/openapi/v3` index. Both go when the backend stops being Available.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -39,6 +45,27 @@ pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
 /// How often backends' discovery is checked.
 const CHECK_EVERY: Duration = Duration::from_secs(3);
 
+/// How often an Available backend's OpenAPI documents are fetched again.
+pub const OPENAPI_EVERY: Duration = Duration::from_secs(60);
+
+/// What one backend publishes of its OpenAPI.
+#[derive(Default, Clone)]
+struct Published {
+    group: String,
+    version: String,
+    v2: Option<Arc<Value>>,
+    v3: Option<Arc<Value>>,
+    fetched: Option<std::time::Instant>,
+}
+
+/// The last merged `/openapi/v2`: built from the base document (the
+/// custom resources' or the static one) and the backends' at a generation.
+type MergedV2 = (
+    Option<Arc<skiff_core::openapi::V2Docs>>,
+    u64,
+    Arc<skiff_core::openapi::V2Docs>,
+);
+
 /// The aggregator's state: the front-proxy identity and each APIService's
 /// last discovery document.
 pub struct Aggregator {
@@ -46,6 +73,11 @@ pub struct Aggregator {
     pub front_proxy_ca_pem: String,
     client: ClientIdentity,
     discovery: Mutex<HashMap<String, Value>>,
+    /// Each Available backend's OpenAPI, by APIService name.
+    openapi: Mutex<HashMap<String, Published>>,
+    /// Bumped whenever `openapi` changes.
+    openapi_generation: std::sync::atomic::AtomicU64,
+    merged_v2: Mutex<Option<MergedV2>>,
 }
 
 impl Aggregator {
@@ -86,6 +118,9 @@ impl Aggregator {
                 key_pem: client.key_pem,
             },
             discovery: Mutex::new(HashMap::new()),
+            openapi: Mutex::new(HashMap::new()),
+            openapi_generation: Default::default(),
+            merged_v2: Mutex::new(None),
         })
     }
 }
@@ -386,10 +421,27 @@ async fn check(reg: &Registry, agg: &Aggregator, b: &Backend) -> Result<Value, (
         .await
         .map_err(|e| ("MissingEndpoints".to_string(), e.to_string()))?;
     let url = format!("https://{}{path}", ep.addr);
-    let call = async {
+    match tokio::time::timeout(Duration::from_secs(5), get_json(&tls, &ep, &path)).await {
+        Ok(Ok(doc)) => Ok(doc),
+        Ok(Err(e)) => Err(fail(format!("failing or missing response from {url}: {e}"))),
+        Err(_) => Err(fail(format!(
+            "failing or missing response from {url}: timeout"
+        ))),
+    }
+}
+
+/// GETs `path` from a backend as the aggregator (JSON).
+async fn get_json(
+    tls: &Arc<rustls::ClientConfig>,
+    ep: &outbound::Endpoint,
+    path: &str,
+) -> Result<Value, OutboundError> {
+    let url = format!("https://{}{path}", ep.addr);
+    let (tls, ep) = (tls.clone(), ep.clone());
+    let call = async move {
         let mut sender =
             outbound::dial::<http_body_util::Empty<bytes::Bytes>>(&tls, &ep, &url).await?;
-        let req = Request::get(&path)
+        let req = Request::get(path)
             .header(header::HOST, &ep.host)
             .header(header::ACCEPT, "application/json")
             .header("X-Remote-User", "system:kube-aggregator")
@@ -422,13 +474,175 @@ async fn check(reg: &Registry, agg: &Aggregator, b: &Backend) -> Result<Value, (
         }
         serde_json::from_slice::<Value>(&body).map_err(|e| OutboundError::Decode(e.to_string()))
     };
-    match tokio::time::timeout(Duration::from_secs(5), call).await {
-        Ok(Ok(doc)) => Ok(doc),
-        Ok(Err(e)) => Err(fail(format!("failing or missing response from {url}: {e}"))),
-        Err(_) => Err(fail(format!(
-            "failing or missing response from {url}: timeout"
-        ))),
+    call.await
+}
+
+/// Fetches a backend's OpenAPI documents when they are due.
+async fn refresh_openapi(reg: &Registry, agg: &Aggregator, b: &Backend) {
+    let due = agg
+        .openapi
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&b.name)
+        .and_then(|p| p.fetched)
+        .is_none_or(|t| t.elapsed() >= OPENAPI_EVERY);
+    if !due {
+        return;
     }
+    let (Ok(tls), Ok(ep)) = (tls_for(agg, b), outbound::endpoint(&b.client, reg).await) else {
+        return;
+    };
+    let fetch = |path: String| {
+        let (tls, ep) = (tls.clone(), ep.clone());
+        async move {
+            match tokio::time::timeout(Duration::from_secs(10), get_json(&tls, &ep, &path)).await {
+                Ok(Ok(doc)) if doc.is_object() => Some(Arc::new(doc)),
+                Ok(Err(e)) => {
+                    tracing::debug!(path, error = %e, "aggregated OpenAPI");
+                    None
+                }
+                _ => None,
+            }
+        }
+    };
+    let v2 = fetch("/openapi/v2".into()).await;
+    let v3 = fetch(format!("/openapi/v3/apis/{}/{}", b.group, b.version)).await;
+    let mut all = agg.openapi.lock().unwrap_or_else(|e| e.into_inner());
+    let before = all.get(&b.name).cloned().unwrap_or_default();
+    let changed = before.v2 != v2 || before.v3 != v3;
+    all.insert(
+        b.name.clone(),
+        Published {
+            group: b.group.clone(),
+            version: b.version.clone(),
+            v2,
+            v3,
+            fetched: Some(std::time::Instant::now()),
+        },
+    );
+    if changed {
+        agg.openapi_generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Forgets the OpenAPI of backends no longer Available.
+fn drop_openapi(agg: &Aggregator, keep: impl Fn(&str) -> bool) {
+    let mut all = agg.openapi.lock().unwrap_or_else(|e| e.into_inner());
+    let n = all.len();
+    all.retain(|name, _| keep(name));
+    if all.len() != n {
+        agg.openapi_generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// `/openapi/v2` of the server: the custom resources' document (or none,
+/// meaning the static built-in one) with the Available backends'
+/// definitions and their group-version's paths merged in (a definition
+/// the server has already is kept as the server's).
+pub fn openapi_v2(
+    agg: &Aggregator,
+    cat: &skiff_core::resources::Catalog,
+) -> Option<Arc<skiff_core::openapi::V2Docs>> {
+    let base = skiff_core::openapi::openapi_v2_in(cat);
+    let generation = agg
+        .openapi_generation
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let published: Vec<Published> = {
+        let all = agg.openapi.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<&String> = all.keys().collect();
+        names.sort();
+        names
+            .into_iter()
+            .filter_map(|n| all.get(n))
+            .filter(|p| p.v2.is_some())
+            .cloned()
+            .collect()
+    };
+    if published.is_empty() {
+        return base;
+    }
+    let same_base = |a: &Option<Arc<skiff_core::openapi::V2Docs>>| match (a, &base) {
+        (Some(x), Some(y)) => Arc::ptr_eq(x, y),
+        (None, None) => true,
+        _ => false,
+    };
+    if let Some((b, g, docs)) = agg
+        .merged_v2
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+    {
+        if *g == generation && same_base(b) {
+            return Some(docs.clone());
+        }
+    }
+    let bytes: &[u8] = match &base {
+        Some(d) => &d.json,
+        None => skiff_core::openapi::openapi_v2_bytes(),
+    };
+    let mut doc: Value = serde_json::from_slice(bytes).unwrap_or_else(|_| json!({}));
+    for p in &published {
+        let Some(theirs) = &p.v2 else { continue };
+        if let (Some(defs), Some(their_defs)) = (
+            doc.get_mut("definitions").and_then(Value::as_object_mut),
+            theirs.get("definitions").and_then(Value::as_object),
+        ) {
+            for (k, v) in their_defs {
+                defs.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        let prefix = format!("/apis/{}/{}", p.group, p.version);
+        if let (Some(paths), Some(their_paths)) = (
+            doc.get_mut("paths").and_then(Value::as_object_mut),
+            theirs.get("paths").and_then(Value::as_object),
+        ) {
+            for (k, v) in their_paths {
+                if k == &prefix || k.starts_with(&format!("{prefix}/")) {
+                    paths.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+    let docs = Arc::new(skiff_core::openapi::V2Docs {
+        json: serde_json::to_vec(&doc).unwrap_or_default(),
+        protobuf: skiff_core::openapi_pb::document(&doc),
+    });
+    *agg.merged_v2.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some((base, generation, docs.clone()));
+    Some(docs)
+}
+
+/// An Available backend's `/openapi/v3/apis/<group>/<version>`.
+pub fn openapi_v3(agg: &Aggregator, group: &str, version: &str) -> Option<Arc<Value>> {
+    agg.openapi
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .find(|p| p.group == group && p.version == version)
+        .and_then(|p| p.v3.clone())
+}
+
+/// The `/openapi/v3` index with the Available backends' group-versions.
+pub fn merge_v3_index(agg: &Aggregator, mut index: Value) -> Value {
+    let all = agg.openapi.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(paths) = index.get_mut("paths").and_then(Value::as_object_mut) {
+        for p in all.values() {
+            let Some(doc) = &p.v3 else { continue };
+            // The hash changes with the document, so clients re-read it.
+            let mut h: u64 = 0xcbf29ce484222325;
+            for b in doc.to_string().bytes() {
+                h ^= b as u64;
+                h = h.wrapping_mul(0x100000001b3);
+            }
+            paths.insert(
+                format!("apis/{}/{}", p.group, p.version),
+                json!({"serverRelativeURL": format!("/openapi/v3/apis/{}/{}?hash={h:016X}", p.group, p.version)}),
+            );
+        }
+    }
+    index
 }
 
 fn server_opts() -> WriteOptions {
@@ -517,12 +731,14 @@ pub async fn start(reg: Arc<Registry>, agg: Arc<Aggregator>, client_ca_pem: Opti
                         .unwrap_or_else(|e| e.into_inner())
                         .insert(b.name.clone(), doc);
                     set_available(&reg, &b.name, true, "Passed", "all checks passed").await;
+                    refresh_openapi(&reg, &agg, b).await;
                 }
                 Err((reason, message)) => {
                     agg.discovery
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .remove(&b.name);
+                    drop_openapi(&agg, |n| n != b.name);
                     set_available(&reg, &b.name, false, &reason, &message).await;
                 }
             }
@@ -531,6 +747,7 @@ pub async fn start(reg: Arc<Registry>, agg: Arc<Aggregator>, client_ca_pem: Opti
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|name, _| live.iter().any(|b| &b.name == name));
+        drop_openapi(&agg, |n| live.iter().any(|b| b.name == n));
     }
 }
 

@@ -16,6 +16,7 @@ use skiff_core::selector::{FieldSelector, LabelSelector};
 use skiff_core::ApiError;
 
 use crate::auth::{self, Identity};
+use crate::crd::conversion;
 use crate::negotiate::{self, Output};
 use crate::registry::{DeleteOptions, Deleted, FieldValidation, PatchType, Registry, WriteOptions};
 use crate::request::Subresource;
@@ -77,7 +78,18 @@ pub fn error_response(e: &ApiError) -> Resp {
             r.headers_mut().insert(header::RETRY_AFTER, v);
         }
     }
-    r
+    add_warnings(r, &e.warnings)
+}
+
+/// A write's outcome; a failed one still carries what admission said
+/// (its warnings as headers, its audit annotations), as kube-apiserver's
+/// do when a webhook warns and then denies.
+fn admitted<T>(
+    r: Result<T, ApiError>,
+    admission: &crate::webhook::Admission,
+    audit: Option<&crate::audit::Slot>,
+) -> Result<T, ApiError> {
+    r.map_err(|e| e.with_warnings(admission.finish(audit)))
 }
 
 fn text(code: u16, s: &str) -> Resp {
@@ -366,23 +378,34 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
             let a = accept.as_deref().unwrap_or("");
             let pb = a.find("application/com.github.proto-openapi.spec.v2");
             let json = a.find("application/json");
-            if matches!((pb, json), (Some(p), j) if j.is_none_or(|j| p < j)) {
-                return Ok(bytes_response(
+            let want_pb = matches!((pb, json), (Some(p), j) if j.is_none_or(|j| p < j));
+            // With custom resources (and aggregated servers' definitions),
+            // the document of this moment; else the static built-in one.
+            let docs = crate::aggregator::openapi_v2(&state.aggregator, state.catalog());
+            return Ok(match (docs, want_pb) {
+                (Some(d), true) => bytes_response(200, PB, Bytes::from(d.protobuf.clone())),
+                (Some(d), false) => {
+                    bytes_response(200, "application/json", Bytes::from(d.json.clone()))
+                }
+                (None, true) => bytes_response(
                     200,
                     PB,
                     Bytes::from_static(skiff_core::openapi_pb::openapi_v2_protobuf()),
-                ));
-            }
-            return Ok(bytes_response(
-                200,
-                "application/json",
-                Bytes::from_static(skiff_core::openapi::openapi_v2_bytes()),
-            ));
+                ),
+                (None, false) => bytes_response(
+                    200,
+                    "application/json",
+                    Bytes::from_static(skiff_core::openapi::openapi_v2_bytes()),
+                ),
+            });
         }
         "/openapi/v3" if get => {
             return Ok(json_response(
                 200,
-                &skiff_core::openapi::openapi_v3_index_in(state.catalog()),
+                &crate::aggregator::merge_v3_index(
+                    &state.aggregator,
+                    skiff_core::openapi::openapi_v3_index_in(state.catalog()),
+                ),
             ))
         }
         _ => {}
@@ -395,6 +418,9 @@ async fn route(state: &Arc<AppState>, req: Request<Body>) -> Result<Resp, ApiErr
                 _ => None,
             };
             if let Some((g, v)) = gv {
+                if let Some(doc) = crate::aggregator::openapi_v3(&state.aggregator, g, v) {
+                    return Ok(json_response(200, &doc));
+                }
                 if let Some(doc) =
                     skiff_core::openapi::openapi_v3_group_version_in(state.catalog(), g, v)
                 {
@@ -623,7 +649,7 @@ fn check_fields(
     }
     let mut problems = Vec::new();
     if json_body {
-        for d in skiff_core::patch::duplicate_fields(body) {
+        for d in skiff_core::patch::duplicate_fields_of(body, obj) {
             problems.push(format!("json: duplicate field \"{d}\""));
         }
     }
@@ -774,6 +800,8 @@ async fn resource(
                     exact,
                 )
                 .await?;
+            let mut out = out;
+            out.items = conversion::list_from_storage(&**reg, api_res, out.items).await?;
             render_list(api_res, out, output, &q)
         }
         (&Method::POST, None, None) => {
@@ -787,15 +815,18 @@ async fn resource(
             opts.admission.request = Some(api_res);
             let mut warnings =
                 check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
-            let created = reg
-                .create(res, ns, convert::to_storage(api_res, obj), &opts)
-                .await?;
+            let stored = conversion::to_storage(&**reg, api_res, obj).await?;
+            let created = admitted(
+                reg.create(res, ns, stored, &opts).await,
+                &opts.admission,
+                audit.as_ref(),
+            )?;
             warnings.extend(opts.admission.finish(audit.as_ref()));
             Ok(add_warnings(
                 render_object(
                     api_res,
                     201,
-                    &convert::from_storage(api_res, created),
+                    &conversion::from_storage(&**reg, api_res, created).await?,
                     output,
                 )?,
                 &warnings,
@@ -807,6 +838,11 @@ async fn resource(
             let mut dopts = delete_options(&q, &headers, &body)?;
             dopts.user = who;
             dopts.admission.request = Some(api_res);
+            admitted(
+                crate::webhook::admit_delete(reg, res, ns, "", &dopts).await,
+                &dopts.admission,
+                audit.as_ref(),
+            )?;
             let out = reg.list(res, &filter, 0, None, None, false).await?;
             let mut gone = Vec::new();
             for item in out.items {
@@ -847,7 +883,12 @@ async fn resource(
                 return watch::serve(state.clone(), api_res, filter, &q, output).await;
             }
             let obj = reg.get(res, ns, name).await?;
-            render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
+            render_object(
+                api_res,
+                200,
+                &conversion::from_storage(&**reg, api_res, obj).await?,
+                output,
+            )
         }
         (&Method::PUT, Some(name), Some("approval")) => {
             let WriteBody { obj, mut opts, .. } = read_write_body(req, api_res, &q).await?;
@@ -882,11 +923,15 @@ async fn resource(
             let obj = if sub == Subresource::Scale {
                 obj
             } else {
-                convert::to_storage(api_res, obj)
+                conversion::to_storage(&**reg, api_res, obj).await?
             };
-            let (out, created) = reg.update(res, ns, name, obj, sub, &opts).await?;
+            let (out, created) = admitted(
+                reg.update(res, ns, name, obj, sub, &opts).await,
+                &opts.admission,
+                audit.as_ref(),
+            )?;
             warnings.extend(opts.admission.finish(audit.as_ref()));
-            let r = render_written(api_res, sub, out, created, output)?;
+            let r = render_written(reg, api_res, sub, out, created, output).await?;
             Ok(add_warnings(r, &warnings))
         }
         (&Method::PATCH, Some(name), _)
@@ -919,28 +964,33 @@ async fn resource(
             {
                 let obj_like = strip_directives(&patch);
                 warnings = check_fields(
-                    res,
+                    api_res,
                     &body,
                     &obj_like,
                     opts.field_validation,
                     pt != PatchType::Apply,
                 )?;
             }
-            let (out, created) = if convert::needed(api_res) && sub != Subresource::Scale {
-                (
-                    patch_converted(reg, api_res, ns, name, pt, &patch, sub, &opts).await?,
-                    false,
-                )
+            let patched = if (convert::needed(api_res) || conversion::uses_webhook(api_res))
+                && sub != Subresource::Scale
+            {
+                patch_converted(reg, api_res, ns, name, pt, &patch, sub, &opts).await
             } else {
-                reg.patch(res, ns, name, pt, &patch, sub, &opts).await?
+                reg.patch(res, ns, name, pt, &patch, sub, &opts).await
             };
+            let (out, created) = admitted(patched, &opts.admission, audit.as_ref())?;
             warnings.extend(opts.admission.finish(audit.as_ref()));
-            let r = render_written(api_res, sub, out, created, output)?;
+            let r = render_written(reg, api_res, sub, out, created, output).await?;
             Ok(add_warnings(r, &warnings))
         }
         (&Method::GET, Some(name), Some("status")) => {
             let obj = reg.get(res, ns, name).await?;
-            render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
+            render_object(
+                api_res,
+                200,
+                &conversion::from_storage(&**reg, api_res, obj).await?,
+                output,
+            )
         }
         (&Method::GET, Some(name), Some("scale")) => {
             let obj = reg.get(res, ns, name).await?;
@@ -1060,18 +1110,29 @@ async fn resource(
             dopts.user = who;
             dopts.admission.request = Some(api_res);
             let mut warnings = delete_warnings(res, &dopts);
-            let deleted = reg.delete(res, ns, name, &dopts).await?;
+            let deleted = admitted(
+                async {
+                    crate::webhook::admit_delete(reg, res, ns, name, &dopts).await?;
+                    reg.delete(res, ns, name, &dopts).await
+                }
+                .await,
+                &dopts.admission,
+                audit.as_ref(),
+            )?;
             warnings.extend(dopts.admission.finish(audit.as_ref()));
             let r = match deleted {
-                Deleted::Pending(obj) => {
-                    render_object(api_res, 200, &convert::from_storage(api_res, obj), output)
-                }
+                Deleted::Pending(obj) => render_object(
+                    api_res,
+                    200,
+                    &conversion::from_storage(&**reg, api_res, obj).await?,
+                    output,
+                ),
                 Deleted::Gone(obj) => {
                     if res.returns_deleted_object() {
                         return render_object(
                             api_res,
                             200,
-                            &convert::from_storage(api_res, obj),
+                            &conversion::from_storage(&**reg, api_res, obj).await?,
                             output,
                         );
                     }
@@ -1127,14 +1188,28 @@ async fn patch_converted(
     patch: &Value,
     sub: Subresource,
     opts: &WriteOptions,
-) -> Result<Value, ApiError> {
+) -> Result<(Value, bool), ApiError> {
     let res = convert::storage_resource(api_res);
-    let schema = skiff_core::schema::root(api_res.group, api_res.version, api_res.kind);
+    let schema = skiff_core::schema::root(api_res.group, api_res.version, api_res.kind)
+        .or_else(|| api_res.rules.custom().and_then(|c| c.type_ref()));
     for _ in 0..16 {
-        let cur = reg.get(res, ns, name).await?;
-        let view = convert::from_storage(api_res, cur.clone());
+        let cur = match reg.get(res, ns, name).await {
+            // Server-side apply creates: applied in the request's version,
+            // stored in the storage version.
+            Err(e) if e.code == 404 && pt == PatchType::Apply && sub == Subresource::Main => {
+                let mut obj = crate::registry::apply_patch(api_res, None, pt, patch, schema, opts)?;
+                crate::object::metadata_mut(&mut obj).insert("name".into(), json!(name));
+                let stored = conversion::to_storage(reg, api_res, obj).await?;
+                match reg.create_applied(res, ns, stored, opts).await {
+                    Err(e) if e.reason == "AlreadyExists" => continue,
+                    other => return Ok((other?, true)),
+                }
+            }
+            other => other?,
+        };
+        let view = conversion::from_storage(reg, api_res, cur.clone()).await?;
         let patched = crate::registry::apply_patch(api_res, Some(&view), pt, patch, schema, opts)?;
-        let mut stored = convert::to_storage(api_res, patched);
+        let mut stored = conversion::to_storage(reg, api_res, patched).await?;
         let rv = cur
             .pointer("/metadata/resourceVersion")
             .cloned()
@@ -1150,7 +1225,7 @@ async fn patch_converted(
         crate::object::metadata_mut(&mut stored).insert("resourceVersion".into(), rv);
         match reg.update(res, ns, name, stored, sub, opts).await {
             Err(e) if e.code == 409 && e.reason == "Conflict" => continue,
-            other => return other.map(|(v, _)| v),
+            other => return other,
         }
     }
     Err(ApiError::conflict(
@@ -1297,7 +1372,8 @@ fn render_object(
 
 /// The answer to a replace or patch: the Scale as is, an object in the
 /// version asked for (201 when the write created it).
-fn render_written(
+async fn render_written(
+    reg: &Registry,
     api_res: &'static ResourceInfo,
     sub: Subresource,
     out: Value,
@@ -1308,7 +1384,12 @@ fn render_written(
         return Ok(json_response(200, &out));
     }
     let code = if created { 201 } else { 200 };
-    render_object(api_res, code, &convert::from_storage(api_res, out), output)
+    render_object(
+        api_res,
+        code,
+        &conversion::from_storage(reg, api_res, out).await?,
+        output,
+    )
 }
 
 /// The `PartialObjectMetadata` of an object.
@@ -1438,17 +1519,11 @@ fn object_is_null(row: &Value) -> bool {
 
 fn render_list(
     res: &'static ResourceInfo,
-    mut out: crate::registry::ListOutput,
+    out: crate::registry::ListOutput,
     output: Output,
     q: &Query,
 ) -> Result<Resp, ApiError> {
-    if convert::needed(res) {
-        out.items = out
-            .items
-            .iter()
-            .map(|b| Bytes::from(convert::bytes_from_storage(res, b)))
-            .collect();
-    }
+    // The items are in `res`'s version already (conversion::list_from_storage).
     match output {
         Output::Table { v1beta1 } => {
             let objs: Vec<Value> = out

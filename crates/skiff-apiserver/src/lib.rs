@@ -147,6 +147,7 @@ impl ApiServer {
         }
         tokio::spawn(lifecycle::namespace_finalizer(registry.clone()));
         tokio::spawn(crd::run(Arc::downgrade(&registry)));
+        tokio::spawn(strategy::service::repair_forever(Arc::downgrade(&registry)));
         if let Some((cert, key)) = config.cluster_signing.clone() {
             tokio::spawn(certificates::run(registry.clone(), cert, key));
         }

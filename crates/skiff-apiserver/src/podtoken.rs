@@ -10,6 +10,7 @@
 
 use serde_json::{json, Value};
 use skiff_core::resources;
+use skiff_core::ApiResult;
 
 use crate::object::{meta_str, object_key};
 use crate::registry::Registry;
@@ -127,12 +128,14 @@ pub fn mount_token(obj: &mut Value, sa: Option<&Value>, suffix: &str) {
     }
 }
 
-/// Admission of a new pod in `ns`: reads its ServiceAccount (the watch
-/// cache, else the store) and mounts the token.
-pub async fn admit(reg: &Registry, ns: &str, obj: &mut Value) {
+/// Admission of a new pod in `ns` (Kubernetes' ServiceAccount plugin):
+/// its ServiceAccount must exist (mirror pods aside), and its token is
+/// mounted. A namespace's `default` account that the controller has not
+/// made yet is waited for briefly, as the namespace was just created.
+pub async fn admit(reg: &Registry, ns: &str, obj: &mut Value) -> ApiResult<()> {
     if !reg.config.service_account_tokens {
-        // Nothing could issue the token.
-        return;
+        // Nothing could issue the token, nor makes the accounts.
+        return Ok(());
     }
     let sa_name = obj
         .pointer("/spec/serviceAccountName")
@@ -140,18 +143,47 @@ pub async fn admit(reg: &Registry, ns: &str, obj: &mut Value) {
         .unwrap_or("default")
         .to_string();
     let res = resources::lookup("", "v1", "serviceaccounts").expect("serviceaccounts");
-    let cached = reg
-        .cache()
-        .resource(res)
-        .get(&object_key(res, Some(ns), &sa_name))
-        .and_then(|o| o.value())
-        .map(|v| (*v).clone());
-    let sa = match cached {
-        Some(v) => Some(v),
-        None => reg.get(res, Some(ns), &sa_name).await.ok(),
+    let lookup = || async {
+        let cached = reg
+            .cache()
+            .resource(res)
+            .get(&object_key(res, Some(ns), &sa_name))
+            .and_then(|o| o.value())
+            .map(|v| (*v).clone());
+        match cached {
+            Some(v) => Some(v),
+            None => reg.get(res, Some(ns), &sa_name).await.ok(),
+        }
     };
+    let mut sa = lookup().await;
+    let mirror = obj
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(MIRROR_ANNOTATION))
+        .is_some();
+    if sa.is_none() && sa_name == "default" && !mirror {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        while sa.is_none() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            sa = lookup().await;
+        }
+    }
+    if sa.is_none() && !mirror {
+        let pods = resources::lookup("", "v1", "pods").expect("pods");
+        let name = match meta_str(obj, "name") {
+            "" => meta_str(obj, "generateName"),
+            n => n,
+        };
+        return Err(crate::admission::forbidden(
+            pods,
+            name,
+            &format!(
+                "error looking up service account {ns}/{sa_name}: serviceaccount {sa_name:?} not found"
+            ),
+        ));
+    }
     debug_assert!(sa.as_ref().is_none_or(|s| meta_str(s, "name") == sa_name));
     mount_token(obj, sa.as_ref(), &random_suffix());
+    Ok(())
 }
 
 /// The registry's create hook (after the pod strategy's admission): pods only.
@@ -160,10 +192,11 @@ pub async fn admit_create(
     res: &skiff_core::resources::ResourceInfo,
     ns: Option<&str>,
     obj: &mut Value,
-) {
+) -> ApiResult<()> {
     if res.storage == "/pods" {
-        admit(reg, ns.unwrap_or(""), obj).await;
+        admit(reg, ns.unwrap_or(""), obj).await?;
     }
+    Ok(())
 }
 
 #[cfg(test)]

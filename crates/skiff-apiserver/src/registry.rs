@@ -485,7 +485,7 @@ impl Registry {
         strategy.record_requestor(&mut obj, opts.user.as_ref());
         skiff_core::defaults::apply_defaults(res, &mut obj);
         strategy.admit_create(self, res, ns, &mut obj).await?;
-        crate::podtoken::admit_create(self, res, ns, &mut obj).await;
+        crate::podtoken::admit_create(self, res, ns, &mut obj).await?;
         crate::webhook::admit_create(self, res, &mut obj, opts).await?;
         self.check_escalation(res, ns, &obj, opts).await?;
         for attempt in 0..8 {
@@ -658,7 +658,7 @@ impl Registry {
         .await
     }
 
-    async fn create_applied(
+    pub(crate) async fn create_applied(
         &self,
         res: &'static ResourceInfo,
         ns: Option<&str>,

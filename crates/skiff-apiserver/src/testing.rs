@@ -36,6 +36,8 @@ pub struct TestServer {
     /// The PEM of the CA that issued the server's certificate.
     pub ca_pem: String,
     pub seen: Arc<Mutex<Vec<Seen>>>,
+    /// TLS connections accepted so far.
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -121,8 +123,11 @@ pub async fn serve(
     let addr = listener.local_addr().expect("address");
     let seen: Arc<Mutex<Vec<Seen>>> = Default::default();
     let seen2 = seen.clone();
+    let connections: Arc<std::sync::atomic::AtomicUsize> = Default::default();
+    let accepted = connections.clone();
     let task = tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
+            accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let (acceptor, seen, handler) = (acceptor.clone(), seen2.clone(), handler.clone());
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
@@ -182,6 +187,7 @@ pub async fn serve(
         addr,
         ca_pem: ca.cert_pem,
         seen,
+        connections,
         task,
     }
 }

@@ -156,13 +156,44 @@ impl WatchState {
     }
 
     /// Appends what this watch sees of `ev`.
-    fn push(&mut self, ev: &CacheEvent, out: &mut Vec<u8>) {
+    fn push(&mut self, ev: &CacheEvent, out: &mut Pending) {
         if ev.revision <= self.cursor {
             return;
         }
         self.cursor = ev.revision;
         if let Some((ty, obj)) = transition(ev, &self.filter) {
-            out.extend_from_slice(&self.enc.event(ty, &obj.bytes()));
+            out.push(ty, obj.bytes());
+        }
+    }
+
+    /// The events gathered, encoded: objects converted to the watched
+    /// version first (a conversion webhook gets the chunk's objects in one
+    /// review; its failure ends the watch with an ERROR event).
+    async fn finish(&mut self, out: Pending) -> Bytes {
+        let events = out.events;
+        if !crate::crd::conversion::uses_webhook(self.enc.res) {
+            let mut b = Vec::with_capacity(out.bytes + 64);
+            for (ty, obj) in &events {
+                b.extend_from_slice(&self.enc.event(ty, obj));
+            }
+            return Bytes::from(b);
+        }
+        let (types, objs): (Vec<&'static str>, Vec<Bytes>) = events.into_iter().unzip();
+        match crate::crd::conversion::list_from_storage(&*self.reg, self.enc.res, objs).await {
+            Ok(objs) => {
+                let mut b = Vec::with_capacity(out.bytes + 64);
+                for (ty, obj) in types.iter().zip(&objs) {
+                    b.extend_from_slice(&self.enc.encode(ty, obj));
+                }
+                Bytes::from(b)
+            }
+            Err(e) => {
+                self.done = true;
+                Bytes::from(format!(
+                    "{{\"type\":\"ERROR\",\"object\":{}}}\n",
+                    e.to_status()
+                ))
+            }
         }
     }
 
@@ -171,16 +202,16 @@ impl WatchState {
         if self.done {
             return None;
         }
-        let mut out = Vec::new();
+        let mut out = Pending::default();
         // The initial state, as ADDED events.
         for o in self.initial.by_ref() {
-            out.extend_from_slice(&self.enc.event("ADDED", &o.bytes()));
-            if out.len() >= CHUNK_BYTES {
-                return Some(Bytes::from(out));
+            out.push("ADDED", o.bytes());
+            if out.bytes >= CHUNK_BYTES {
+                return Some(self.finish(out).await);
             }
         }
         if !out.is_empty() {
-            return Some(Bytes::from(out));
+            return Some(self.finish(out).await);
         }
         if self.initial_end_bookmark {
             self.initial_end_bookmark = false;
@@ -200,8 +231,8 @@ impl WatchState {
                         }
                         self.push(ev, &mut out);
                     }
-                    if out.len() >= CHUNK_BYTES || (!out.is_empty() && !self.replaying) {
-                        return Some(Bytes::from(out));
+                    if out.bytes >= CHUNK_BYTES || (!out.is_empty() && !self.replaying) {
+                        return Some(self.finish(out).await);
                     }
                 }
                 Since::Events(_) => self.replaying = false,
@@ -209,7 +240,7 @@ impl WatchState {
         }
         self.replaying = false;
         if !out.is_empty() {
-            return Some(Bytes::from(out));
+            return Some(self.finish(out).await);
         }
         loop {
             let bookmark_at = self.last_sent + BOOKMARK_EVERY;
@@ -218,7 +249,7 @@ impl WatchState {
                     Some(ev) => {
                         self.push(&ev, &mut out);
                         // Whatever else is queued goes in the same chunk.
-                        while out.len() < CHUNK_BYTES {
+                        while out.bytes < CHUNK_BYTES {
                             match self.sub.events.try_recv() {
                                 Ok(ev) => self.push(&ev, &mut out),
                                 Err(_) => break,
@@ -226,7 +257,7 @@ impl WatchState {
                         }
                         if !out.is_empty() {
                             self.last_sent = tokio::time::Instant::now();
-                            return Some(Bytes::from(out));
+                            return Some(self.finish(out).await);
                         }
                     }
                     None => {
@@ -270,6 +301,24 @@ fn transition<'a>(
     }
 }
 
+/// Events gathered for one chunk, before encoding.
+#[derive(Default)]
+struct Pending {
+    events: Vec<(&'static str, Bytes)>,
+    bytes: usize,
+}
+
+impl Pending {
+    fn push(&mut self, ty: &'static str, obj: Bytes) {
+        self.bytes += obj.len() + 32;
+        self.events.push((ty, obj));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+}
+
 struct Encoder {
     res: &'static ResourceInfo,
     output: Output,
@@ -282,9 +331,20 @@ impl Encoder {
         let obj = if skiff_core::convert::needed(self.res) {
             converted = Bytes::from(skiff_core::convert::bytes_from_storage(self.res, obj));
             &converted
+        } else if self.res.rules.custom().is_some()
+            && !crate::crd::conversion::has_api_version(obj, &self.res.api_version())
+        {
+            // Kept at an older storage version (conversion `None`).
+            converted = crate::crd::conversion::with_api_version(obj, &self.res.api_version());
+            &converted
         } else {
             obj
         };
+        self.encode(ty, obj)
+    }
+
+    /// One event of an object already in the watched version.
+    fn encode(&self, ty: &str, obj: &Bytes) -> Bytes {
         match self.output {
             Output::Table { v1beta1 } => {
                 let first = self.first.swap(false, std::sync::atomic::Ordering::Relaxed);

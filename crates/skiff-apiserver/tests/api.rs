@@ -623,6 +623,67 @@ async fn concurrent_service_creates_all_get_distinct_allocations() {
     assert_eq!(ports.len(), 600);
 }
 
+/// A ClusterIP and a NodePort whose Service never made it to the store
+/// (its server died in between) are freed by the repair loop after three
+/// passes, as kube-apiserver's are, not before.
+#[tokio::test]
+async fn leaked_allocations_are_freed_after_three_repair_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let server = skiff_apiserver::ApiServer::start(store.clone(), Default::default())
+        .await
+        .unwrap();
+    let a = Api {
+        router: server.in_process_router("test"),
+        _dir: dir,
+    };
+    let svcs = "/api/v1/namespaces/default/services";
+    let svc = |name: &str| {
+        json!({"metadata": {"name": name}, "spec": {"type": "NodePort",
+            "clusterIP": "10.43.0.77", "ports": [{"port": 80, "nodePort": 30777}]}})
+    };
+    let r = a.post(svcs, svc("first")).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    // The Service goes from the store behind the server's back: its
+    // ClusterIP and NodePort stay allocated with nothing holding them.
+    let key = "/registry/services/specs/default/first";
+    let kv = store.get(key).await.unwrap().expect("the service's key");
+    store.delete(key, Some(kv.mod_revision)).await.unwrap();
+    let mut gone = false;
+    for _ in 0..200 {
+        if a.get(&format!("{svcs}/first")).await.status == StatusCode::NOT_FOUND {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(gone);
+
+    let reg = server.state.registry.clone();
+    let mut repair = skiff_apiserver::strategy::service::LeakRepair::default();
+    for pass in 1..=3 {
+        let r = a.post(svcs, svc("second")).await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+        assert!(
+            r.body["message"]
+                .as_str()
+                .unwrap()
+                .contains("already allocated"),
+            "{}",
+            r.body
+        );
+        let freed = repair.pass(&*reg).await.unwrap();
+        assert_eq!(freed, if pass == 3 { 2 } else { 0 }, "pass {pass}");
+    }
+    let r = a.post(svcs, svc("second")).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    // What a Service holds is never a leak.
+    for _ in 0..3 {
+        assert_eq!(repair.pass(&*reg).await.unwrap(), 0);
+    }
+}
+
 /// A LoadBalancer with externalTrafficPolicy Local gets a
 /// healthCheckNodePort from the NodePort range (what its nodes' proxies
 /// answer health checks on); updates keep it, leaving Local releases it,

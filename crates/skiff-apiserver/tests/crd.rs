@@ -150,6 +150,25 @@ async fn established(api: &Api, name: &str) -> Value {
     }
 }
 
+/// Installs the Widget definition, waits until it is served, and creates
+/// a red Widget `name` in v1.
+async fn red_widget(a: &Api, name: &str) {
+    a.post(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        widget_crd(),
+    )
+    .await;
+    established(a, "widgets.example.com").await;
+    a.until(WIDGETS, StatusCode::OK).await;
+    let r = a
+        .post(
+            WIDGETS,
+            json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": name}, "spec": {"color": "red"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+}
+
 #[tokio::test]
 async fn a_broken_definition_is_refused_whole_with_every_reason() {
     let api = api().await;
@@ -736,20 +755,7 @@ async fn a_server_starting_on_a_store_with_definitions_serves_them_at_once() {
         router: first.in_process_router("test"),
         _dir: tempfile::tempdir().unwrap(),
     };
-    a.post(
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-        widget_crd(),
-    )
-    .await;
-    established(&a, "widgets.example.com").await;
-    a.until(WIDGETS, StatusCode::OK).await;
-    let r = a
-        .post(
-            WIDGETS,
-            json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "kept"}, "spec": {"color": "red"}}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED);
+    red_widget(&a, "kept").await;
     // A second server on the same store (as after a restart, or another
     // API server on the same etcd) serves the definition from its first
     // request, with the objects and their selectable fields.
@@ -767,4 +773,31 @@ async fn a_server_starting_on_a_store_with_definitions_serves_them_at_once() {
     assert_eq!(r.body["items"][0]["metadata"]["name"], "kept");
     let d = b.get("/apis/example.com/v1").await;
     assert_eq!(d.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn objects_kept_at_an_old_storage_version_answer_in_the_version_asked_for() {
+    let api = api().await;
+    red_widget(&api, "old").await;
+    // The storage version moves to v1beta1; "old" stays stored as v1.
+    let path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.example.com";
+    let mut crd = api.get(path).await.body;
+    crd["spec"]["versions"][0]["storage"] = json!(true);
+    crd["spec"]["versions"][1]["storage"] = json!(false);
+    let r = api.put(path, crd).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let end = Instant::now() + Duration::from_secs(10);
+    while api.get(path).await.body["status"]["storedVersions"] != json!(["v1", "v1beta1"]) {
+        assert!(Instant::now() < end, "v1beta1 never recorded as stored");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let beta = "/apis/example.com/v1beta1/namespaces/default/widgets";
+    let list = api.get(beta).await.body;
+    assert_eq!(list["items"][0]["metadata"]["name"], "old");
+    assert_eq!(list["items"][0]["apiVersion"], "example.com/v1beta1");
+    let one = api.get(&format!("{beta}/old")).await.body;
+    assert_eq!(one["apiVersion"], "example.com/v1beta1");
+    let evs = watch_events(&api, &format!("{beta}?watch=true"), 1).await;
+    assert_eq!(evs[0]["object"]["metadata"]["name"], "old");
+    assert_eq!(evs[0]["object"]["apiVersion"], "example.com/v1beta1");
 }

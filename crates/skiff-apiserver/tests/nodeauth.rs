@@ -31,6 +31,18 @@ async fn cluster() -> Cluster {
     };
     let server = ApiServer::start(store, config).await.unwrap();
     let admin = server.in_process_router("admin");
+    // No controller manager here: the namespace's default account, which
+    // pod admission requires, is made by hand.
+    let (s, b) = call(
+        &admin,
+        "POST",
+        "/api/v1/namespaces/default/serviceaccounts",
+        Some(
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
+        ),
+    )
+    .await;
+    assert!(s.is_success(), "{b}");
     Cluster {
         server,
         admin,
@@ -540,12 +552,6 @@ async fn a_node_has_its_own_lease_and_tokens_for_its_pods_only() {
     assert_eq!(s, StatusCode::CREATED, "{b}");
 
     // Tokens: for the ServiceAccount of a pod on the node, bound to it.
-    c.admin_ok(
-        "POST",
-        "/api/v1/namespaces/default/serviceaccounts",
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}),
-    )
-    .await;
     let (_, p1) = call(&c.admin, "GET", "/api/v1/namespaces/default/pods/p1", None).await;
     let (_, p2) = call(&c.admin, "GET", "/api/v1/namespaces/default/pods/p2", None).await;
     let tr = |p: &Value| {

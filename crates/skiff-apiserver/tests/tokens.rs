@@ -203,7 +203,7 @@ async fn a_token_bound_to_a_pod_ends_with_the_pod_and_keys_rotate() {
         None,
     )
     .await;
-    let (s, b) = call(&admin, "POST", "/api/v1/namespaces/default/pods", Some(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}})), None).await;
+    let (s, b) = call(&admin, "POST", "/api/v1/namespaces/default/pods", Some(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"serviceAccountName": "bot", "containers": [{"name": "c", "image": "busybox"}]}})), None).await;
     assert_eq!(s, StatusCode::CREATED, "{b}");
     let (s, b) = token_for(
         &admin,

@@ -10,12 +10,14 @@
 //!
 //! Dependents are objects of the kinds the controller manager caches, and
 //! custom resources: the Established CustomResourceDefinitions are read
-//! every few seconds and their objects' metadata listed on each sweep
-//! (`Listed`); owners of other kinds are looked up through discovery and a
-//! live GET.
+//! every few seconds, and each one's objects are kept by a metadata-only
+//! watch (`Watched`, as kube-controller-manager's metadata informers) that
+//! starts and stops with its definition; owners of other kinds are looked
+//! up through discovery and a live GET.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -96,15 +98,96 @@ where
     })
 }
 
-/// A custom resource's objects, seen through their metadata as listed at
-/// the start of a sweep.
-struct Listed {
+/// A custom resource's objects' metadata by uid, kept by a metadata watch
+/// for as long as the value lives (dropping it stops the watch).
+struct Watched {
     ar: ApiResource,
     namespaced: bool,
-    items: Vec<ObjectMeta>,
+    items: Arc<RwLock<HashMap<String, ObjectMeta>>>,
+    /// The first list is in.
+    ready: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
 }
 
-impl Source for Listed {
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Watched {
+    fn start(client: &kube::Client, ar: &ApiResource, namespaced: bool) -> Watched {
+        use futures::StreamExt;
+        use kube::core::PartialObjectMeta;
+        use kube::runtime::{watcher, WatchStreamExt};
+        // Metadata-only lists and watches.
+        let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), ar);
+        let items: Arc<RwLock<HashMap<String, ObjectMeta>>> = Arc::default();
+        let ready = Arc::new(AtomicBool::new(false));
+        let (into, done) = (items.clone(), ready.clone());
+        let kind = ar.kind.clone();
+        let task = tokio::spawn(async move {
+            let mut stream = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            let mut buffer: HashMap<String, ObjectMeta> = HashMap::new();
+            let uid = |m: &ObjectMeta| m.uid.clone().unwrap_or_default();
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(watcher::Event::Apply(o)) => {
+                        write(&into).insert(uid(&o.metadata), o.metadata);
+                    }
+                    Ok(watcher::Event::Delete(o)) => {
+                        write(&into).remove(&uid(&o.metadata));
+                    }
+                    Ok(watcher::Event::Init) => buffer.clear(),
+                    Ok(watcher::Event::InitApply(o)) => {
+                        buffer.insert(uid(&o.metadata), o.metadata);
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        *write(&into) = std::mem::take(&mut buffer);
+                        done.store(true, Ordering::Release);
+                    }
+                    Err(e) => tracing::debug!(kind, error = %e, "watching custom resources"),
+                }
+            }
+        });
+        Watched {
+            ar: ar.clone(),
+            namespaced,
+            items,
+            ready,
+            task,
+        }
+    }
+
+    /// What a sweep reads: the objects as they are now.
+    fn source(&self) -> Option<Box<dyn Source>> {
+        self.ready.load(Ordering::Acquire).then(|| {
+            Box::new(WatchedView {
+                ar: self.ar.clone(),
+                namespaced: self.namespaced,
+                items: self.items.clone(),
+            }) as Box<dyn Source>
+        })
+    }
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+
+struct WatchedView {
+    ar: ApiResource,
+    namespaced: bool,
+    items: Arc<RwLock<HashMap<String, ObjectMeta>>>,
+}
+
+impl Source for WatchedView {
     fn resource(&self) -> ApiResource {
         self.ar.clone()
     }
@@ -112,16 +195,16 @@ impl Source for Listed {
         self.namespaced
     }
     fn scan_meta(&self, f: &mut dyn FnMut(&ObjectMeta)) {
-        self.items.iter().for_each(f);
+        read(&self.items).values().for_each(f);
     }
     fn has_uid_named(&self, uid: &str, name: &str) -> bool {
-        self.items
-            .iter()
-            .any(|m| m.uid.as_deref() == Some(uid) && m.name.as_deref() == Some(name))
+        read(&self.items)
+            .get(uid)
+            .is_some_and(|m| m.name.as_deref() == Some(name))
     }
     fn dependents_of(&self, uid: &str) -> Vec<ObjectMeta> {
-        self.items
-            .iter()
+        read(&self.items)
+            .values()
             .filter(|m| m.owner_references.iter().flatten().any(|r| r.uid == uid))
             .cloned()
             .collect()
@@ -167,23 +250,6 @@ async fn custom_kinds(client: &kube::Client) -> Vec<(ApiResource, bool)> {
         .collect()
 }
 
-/// Lists the metadata of each custom resource kind.
-async fn listed(client: &kube::Client, kinds: &[(ApiResource, bool)]) -> Vec<Box<dyn Source>> {
-    let mut out: Vec<Box<dyn Source>> = Vec::new();
-    for (ar, namespaced) in kinds {
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
-        match api.list_metadata(&Default::default()).await {
-            Ok(list) => out.push(Box::new(Listed {
-                ar: ar.clone(),
-                namespaced: *namespaced,
-                items: list.items.into_iter().map(|o| o.metadata).collect(),
-            })),
-            Err(e) => tracing::debug!(kind = ar.kind, error = %e, "listing custom resources"),
-        }
-    }
-    out
-}
-
 fn sources(ctx: &Ctx) -> Vec<Box<dyn Source>> {
     let c = &ctx.caches;
     vec![
@@ -212,30 +278,38 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
         ctx.caches.ready().await;
         let mut kinds: HashMap<(String, String), Option<(ApiResource, bool)>> = HashMap::new();
         let mut alive: HashMap<String, std::time::Instant> = HashMap::new();
-        let mut custom: Vec<(ApiResource, bool)> = Vec::new();
+        // Custom kinds by "apiVersion/kind", each with its watch.
+        let mut custom: HashMap<String, Watched> = HashMap::new();
         let mut custom_read = std::time::Instant::now() - Duration::from_secs(60);
         loop {
             let t = std::time::Instant::now();
             alive.retain(|_, at| at.elapsed() < Duration::from_secs(30));
             if custom_read.elapsed() >= Duration::from_secs(5) {
-                let fresh = custom_kinds(&ctx.client).await;
-                let names = |v: &[(ApiResource, bool)]| -> Vec<String> {
-                    v.iter()
-                        .map(|(a, _)| format!("{}/{}", a.api_version, a.kind))
-                        .collect()
-                };
-                if names(&fresh) != names(&custom) {
+                let fresh: HashMap<String, (ApiResource, bool)> = custom_kinds(&ctx.client)
+                    .await
+                    .into_iter()
+                    .map(|(a, n)| (format!("{}/{}", a.api_version, a.kind), (a, n)))
+                    .collect();
+                let before = custom.len();
+                custom.retain(|k, w| fresh.get(k).is_some_and(|(_, n)| *n == w.namespaced));
+                let mut changed = custom.len() != before;
+                for (k, (ar, namespaced)) in fresh {
+                    if let std::collections::hash_map::Entry::Vacant(e) = custom.entry(k) {
+                        e.insert(Watched::start(&ctx.client, &ar, namespaced));
+                        changed = true;
+                    }
+                }
+                if changed {
                     // Owners confirmed alive while their kind was not
                     // cached are now in the caches.
                     alive.clear();
                 }
-                custom = fresh;
                 custom_read = std::time::Instant::now();
                 // Discovery answers about kinds may have changed with them.
                 kinds.retain(|_, v| v.is_some());
             }
             let mut srcs = sources(&ctx);
-            srcs.extend(listed(&ctx.client, &custom).await);
+            srcs.extend(custom.values().filter_map(Watched::source));
             sweep(&ctx, &srcs, &mut kinds, &mut alive).await;
             crate::metrics::reconciled("garbagecollector", true, t.elapsed());
             tokio::time::sleep(Duration::from_secs(1)).await;

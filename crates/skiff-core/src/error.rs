@@ -80,6 +80,9 @@ pub struct ApiError {
     pub kind: Option<String>,
     pub causes: Vec<Cause>,
     pub retry_after_seconds: Option<u32>,
+    /// `Warning` headers the response carries (admission's, when a
+    /// webhook or policy that warned then denied).
+    pub warnings: Vec<String>,
 }
 
 impl std::fmt::Display for ApiError {
@@ -110,7 +113,14 @@ impl ApiError {
             kind: None,
             causes: Vec::new(),
             retry_after_seconds: None,
+            warnings: Vec::new(),
         }
+    }
+
+    /// The error with `warnings` added to its `Warning` headers.
+    pub fn with_warnings(mut self, warnings: Vec<String>) -> Self {
+        self.warnings.extend(warnings);
+        self
     }
 
     fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {

@@ -342,9 +342,234 @@ pub fn openapi_v3_group_version_in(cat: &Catalog, group: &str, version: &str) ->
     }))
 }
 
+/// `/openapi/v2` of a server: JSON and gnostic's protobuf.
+#[derive(Debug)]
+pub struct V2Docs {
+    pub json: Vec<u8>,
+    pub protobuf: Vec<u8>,
+}
+
+/// The last document built with custom resources, and the catalog
+/// snapshot it was built from (held, so its address is not reused).
+type V2Cache = std::sync::Mutex<
+    Option<(
+        std::sync::Arc<Vec<&'static ResourceInfo>>,
+        std::sync::Arc<V2Docs>,
+    )>,
+>;
+
+/// `/openapi/v2` with the custom resources `cat` serves: each served
+/// version's schema as Kubernetes publishes it in v2 (its structural
+/// schema without what Swagger 2.0 cannot say, see [`to_v2_schema`]) under
+/// `<reversed group>.<version>.<Kind>` with its
+/// `x-kubernetes-group-version-kind`, the list kind beside it, and the
+/// paths. Built again when the catalog changes (the next request after a
+/// definition is established, changed or deleted). `None` when only the
+/// built-ins are served ([`openapi_v2_bytes`] and the static protobuf).
+pub fn openapi_v2_in(cat: &Catalog) -> Option<std::sync::Arc<V2Docs>> {
+    static CACHE: V2Cache = std::sync::Mutex::new(None);
+    let custom = cat.custom();
+    if custom.is_empty() {
+        return None;
+    }
+    if let Some((snap, docs)) = CACHE.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        if std::sync::Arc::ptr_eq(snap, &custom) {
+            return Some(docs.clone());
+        }
+    }
+    let docs = std::sync::Arc::new(build_v2(&custom));
+    *CACHE.lock().unwrap_or_else(|e| e.into_inner()) = Some((custom, docs.clone()));
+    Some(docs)
+}
+
+fn build_v2(custom: &[&'static ResourceInfo]) -> V2Docs {
+    let mut doc: Value = serde_json::from_slice(&V2).unwrap_or_else(|_| json!({}));
+    let paths = paths_of(custom.iter().copied(), false, |_| true);
+    if let Some(p) = doc["paths"].as_object_mut() {
+        p.extend(paths);
+    }
+    if let Some(defs) = doc["definitions"].as_object_mut() {
+        for r in custom {
+            let Some(s) = r.rules.custom().and_then(|c| c.schema) else {
+                continue;
+            };
+            let name = crate::kinds::custom::CustomRules::definition_name(r);
+            let mut d = to_v2_schema(s);
+            d["x-kubernetes-group-version-kind"] = json!([gvk(r.group, r.version, r.kind)]);
+            let list_kind = r.list_kind();
+            defs.insert(
+                format!("{name}List"),
+                json!({
+                    "description": format!("{list_kind} is a list of {}", r.kind),
+                    "type": "object",
+                    "required": ["items"],
+                    "properties": {
+                        "apiVersion": {"description": "APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#resources", "type": "string"},
+                        "items": {"description": format!("List of {}. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md", r.plural.to_lowercase()),
+                            "type": "array", "items": {"$ref": format!("#/definitions/{name}")}},
+                        "kind": {"description": "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds", "type": "string"},
+                        "metadata": {"description": "Standard list metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds",
+                            "$ref": "#/definitions/io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta"},
+                    },
+                    "x-kubernetes-group-version-kind": [gvk(r.group, r.version, &list_kind)],
+                }),
+            );
+            defs.insert(name, d);
+        }
+    }
+    let json = serde_json::to_vec(&doc).unwrap_or_default();
+    let protobuf = crate::openapi_pb::document(&doc);
+    V2Docs { json, protobuf }
+}
+
+/// A custom resource's schema as kube-apiserver publishes it in OpenAPI
+/// v2: `allOf`, `oneOf`, `anyOf` and `not` dropped; a nullable value
+/// loses its type, items and properties (and is no longer required);
+/// a value preserving unknown fields loses its items and properties (and
+/// its type when an object); an array without items loses its type.
+pub fn to_v2_schema(s: &Value) -> Value {
+    let mut out = s.clone();
+    v2_walk(&mut out);
+    out
+}
+
+fn v2_walk(v: &mut Value) {
+    let Some(m) = v.as_object_mut() else { return };
+    for j in ["allOf", "oneOf", "anyOf", "not"] {
+        m.remove(j);
+    }
+    let flag = |m: &Map<String, Value>, k: &str| m.get(k).and_then(Value::as_bool) == Some(true);
+    if flag(m, "nullable") {
+        m.remove("type");
+        m.remove("nullable");
+        m.remove("items");
+        m.remove("properties");
+    }
+    let preserve = flag(m, "x-kubernetes-preserve-unknown-fields");
+    if preserve {
+        m.remove("items");
+        m.remove("properties");
+    }
+    let ty = m
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if (ty == "array" && !m.contains_key("items")) || (preserve && ty == "object") {
+        m.remove("type");
+    }
+    // Nullable properties are not required.
+    let nullable_props: Vec<String> = m
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| {
+            p.iter()
+                .filter(|(_, s)| s.get("nullable").and_then(Value::as_bool) == Some(true))
+                .map(|(k, _)| k.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    let additional_nullable = m
+        .get("additionalProperties")
+        .and_then(|a| a.get("nullable"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    if additional_nullable {
+        m.remove("required");
+    } else if !nullable_props.is_empty() {
+        if let Some(req) = m.get_mut("required").and_then(Value::as_array_mut) {
+            req.retain(|r| !nullable_props.iter().any(|n| r.as_str() == Some(n)));
+            if req.is_empty() {
+                m.remove("required");
+            }
+        }
+    }
+    if let Some(p) = m.get_mut("properties").and_then(Value::as_object_mut) {
+        p.values_mut().for_each(v2_walk);
+    }
+    if let Some(i) = m.get_mut("items") {
+        match i {
+            Value::Array(a) => a.iter_mut().for_each(v2_walk),
+            other => v2_walk(other),
+        }
+    }
+    if let Some(a) = m.get_mut("additionalProperties") {
+        v2_walk(a);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn v2_schemas_drop_what_swagger_2_cannot_say() {
+        let s = json!({"type": "object", "required": ["a", "n"], "properties": {
+            "a": {"type": "string", "oneOf": [{"pattern": "x"}], "not": {"enum": ["y"]}},
+            "n": {"type": "object", "nullable": true, "properties": {"x": {"type": "string"}}},
+            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                "properties": {"k": {"type": "string"}}},
+            "list": {"type": "array", "x-kubernetes-preserve-unknown-fields": true,
+                "items": {"type": "string"}},
+            "deep": {"type": "array", "items": {"type": "object",
+                "anyOf": [{"required": ["q"]}], "properties": {"q": {"type": "integer"}}}},
+        }});
+        let v2 = to_v2_schema(&s);
+        assert_eq!(v2["required"], json!(["a"]));
+        let p = &v2["properties"];
+        assert_eq!(p["a"], json!({"type": "string"}));
+        assert_eq!(p["n"], json!({}));
+        assert_eq!(
+            p["free"],
+            json!({"x-kubernetes-preserve-unknown-fields": true})
+        );
+        assert_eq!(
+            p["list"],
+            json!({"x-kubernetes-preserve-unknown-fields": true})
+        );
+        assert!(p["deep"]["items"].get("anyOf").is_none());
+        assert_eq!(p["deep"]["items"]["properties"]["q"]["type"], "integer");
+    }
+
+    #[test]
+    fn custom_resources_are_in_v2_and_leave_with_their_definition() {
+        let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "gizmos.openapi.example.com"},
+            "spec": {"group": "openapi.example.com", "scope": "Namespaced",
+                "names": {"plural": "gizmos", "singular": "gizmo", "kind": "Gizmo", "listKind": "GizmoList"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "spec": {"type": "object", "properties": {"size": {"type": "integer", "nullable": true}}}}}}}]}});
+        let cat = Catalog::new();
+        assert!(openapi_v2_in(&cat).is_none());
+        cat.set_custom(crate::kinds::custom::resources_of(&crd));
+        let docs = openapi_v2_in(&cat).unwrap();
+        let doc: Value = serde_json::from_slice(&docs.json).unwrap();
+        let d = &doc["definitions"]["com.example.openapi.v1.Gizmo"];
+        assert_eq!(
+            d["x-kubernetes-group-version-kind"],
+            json!([{"group": "openapi.example.com", "version": "v1", "kind": "Gizmo"}])
+        );
+        assert_eq!(d["properties"]["spec"]["properties"]["size"], json!({}));
+        assert_eq!(
+            doc["definitions"]["com.example.openapi.v1.GizmoList"]
+                ["x-kubernetes-group-version-kind"][0]["kind"],
+            "GizmoList"
+        );
+        assert!(doc["paths"]
+            .get("/apis/openapi.example.com/v1/namespaces/{namespace}/gizmos/{name}")
+            .is_some());
+        // Built-ins are still there, and the protobuf carries the new kind.
+        assert!(doc["definitions"]
+            .get("io.k8s.api.apps.v1.Deployment")
+            .is_some());
+        let needle = b"com.example.openapi.v1.Gizmo";
+        assert!(docs.protobuf.windows(needle.len()).any(|w| w == needle));
+        // Cached while the catalog is unchanged; gone with the definition.
+        assert!(std::sync::Arc::ptr_eq(&docs, &openapi_v2_in(&cat).unwrap()));
+        cat.set_custom(Vec::new());
+        assert!(openapi_v2_in(&cat).is_none());
+    }
 
     #[test]
     fn the_apps_v1_document_describes_deployments_with_their_gvk() {

@@ -208,7 +208,7 @@ fn schema(v: &Value) -> Msg {
 }
 
 /// The `Document` message of a Swagger 2.0 document.
-fn document(doc: &Value) -> Vec<u8> {
+pub fn document(doc: &Value) -> Vec<u8> {
     let mut d = Msg::default();
     d.string(1, doc["swagger"].as_str().unwrap_or("2.0"));
     let mut info = Msg::default();

@@ -3,7 +3,9 @@
 //! read `/stats` and `/metrics` only when a SubjectAccessReview allows it
 //! `get` on `nodes/stats` or `nodes/metrics`, and nothing else (403 with
 //! kubelet's message); the API server's own calls (`kubectl top`, logs)
-//! keep working.
+//! keep working. A ServiceAccount's bearer token is accepted as kubelet
+//! accepts it (TokenReview), as Prometheus scrapes nodes; no credentials or
+//! a token the API server refuses is 401.
 
 use std::path::Path;
 use std::process::Command;
@@ -48,19 +50,12 @@ fn user_cert(s: &Server, user: &str, dir: &Path) -> (String, String) {
     )
 }
 
-/// GET `path` on the agent with a client certificate: (status, body).
-fn agent_get(port: &str, cert: &(String, String), path: &str) -> (String, String) {
+/// curl's GET of `path` on the agent with `args` (credentials): (status,
+/// body).
+fn curl_agent(port: &str, args: &[&str], path: &str) -> (String, String) {
     let out = Command::new("curl")
-        .args([
-            "-sk",
-            "--max-time",
-            "10",
-            "--cert",
-            &cert.0,
-            "--key",
-            &cert.1,
-        ])
-        .args(["-w", "\n%{http_code}"])
+        .args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"])
+        .args(args)
         .arg(format!("https://127.0.0.1:{port}{path}"))
         .output()
         .expect("curl");
@@ -69,9 +64,22 @@ fn agent_get(port: &str, cert: &(String, String), path: &str) -> (String, String
     (code.to_string(), body.to_string())
 }
 
-#[test]
-fn other_clients_read_stats_and_metrics_only_as_rbac_allows() {
-    let s = Server::up();
+/// GET `path` on the agent with a client certificate: (status, body).
+fn agent_get(port: &str, cert: &(String, String), path: &str) -> (String, String) {
+    curl_agent(port, &["--cert", &cert.0, "--key", &cert.1], path)
+}
+
+/// GET `path` on the agent with a bearer token, or without credentials:
+/// (status, body).
+fn agent_get_bearer(port: &str, token: Option<&str>, path: &str) -> (String, String) {
+    match token {
+        Some(t) => curl_agent(port, &["-H", &format!("Authorization: Bearer {t}")], path),
+        None => curl_agent(port, &[], path),
+    }
+}
+
+/// The port of the node's agent endpoint, as its Node reports it.
+fn agent_port(s: &Server) -> String {
     let port = s.ok(&[
         "get",
         "node",
@@ -80,6 +88,61 @@ fn other_clients_read_stats_and_metrics_only_as_rbac_allows() {
         "jsonpath={.status.daemonEndpoints.kubeletEndpoint.Port}",
     ]);
     assert!(port.parse::<u16>().is_ok(), "{port:?}");
+    port
+}
+
+#[test]
+fn a_service_account_token_reads_metrics_as_prometheus_does() {
+    let s = Server::up();
+    let port = agent_port(&s);
+    s.ok(&["create", "serviceaccount", "prometheus"]);
+    let token = s.ok(&["create", "token", "prometheus"]);
+    let token = token.trim();
+
+    let (code, body) = agent_get_bearer(&port, None, "/metrics/resource");
+    assert_eq!((code.as_str(), body.trim()), ("401", "Unauthorized"));
+    let (code, _) = agent_get_bearer(&port, Some("not-a-token"), "/metrics/resource");
+    assert_eq!(code, "401");
+
+    // Known, but not allowed yet.
+    let (code, body) = agent_get_bearer(&port, Some(token), "/stats/summary");
+    assert_eq!(code, "403", "{body}");
+    assert_eq!(
+        body.trim(),
+        "Forbidden (user=system:serviceaccount:default:prometheus, verb=get, resource=nodes, subresource=stats)"
+    );
+
+    s.ok(&[
+        "create",
+        "clusterrole",
+        "scrape-nodes",
+        "--verb=get",
+        "--resource=nodes/metrics",
+    ]);
+    s.ok(&[
+        "create",
+        "clusterrolebinding",
+        "prometheus-scrapes",
+        "--clusterrole=scrape-nodes",
+        "--serviceaccount=default:prometheus",
+    ]);
+    let body = wait_until("the account may read the node's metrics", 30, || {
+        let (code, body) = agent_get_bearer(&port, Some(token), "/metrics/resource");
+        (code == "200").then_some(body)
+    });
+    assert!(body.contains("node_cpu_usage_seconds_total"), "{body}");
+    // Metrics only: the node's stats and its pods' logs stay closed.
+    let (code, _) = agent_get_bearer(&port, Some(token), "/stats/summary");
+    assert_eq!(code, "403");
+    let (code, body) = agent_get_bearer(&port, Some(token), "/containerLogs/default/x/c");
+    assert_eq!(code, "403", "{body}");
+    assert!(body.contains("subresource=proxy"), "{body}");
+}
+
+#[test]
+fn other_clients_read_stats_and_metrics_only_as_rbac_allows() {
+    let s = Server::up();
+    let port = agent_port(&s);
     let jane = user_cert(&s, "jane", s.dir.path());
 
     let (code, body) = agent_get(&port, &jane, "/stats/summary");
@@ -105,7 +168,8 @@ fn other_clients_read_stats_and_metrics_only_as_rbac_allows() {
         "--clusterrole=node-stats",
         "--user=jane",
     ]);
-    let body = wait_until("jane may read the node's stats", 30, || {
+    // The agent keeps a denial for 30 s, as kubelet does.
+    let body = wait_until("jane may read the node's stats", 60, || {
         let (code, body) = agent_get(&port, &jane, "/stats/summary");
         (code == "200").then_some(body)
     });

@@ -3,7 +3,9 @@
 //! that skiff publishes in `extension-apiserver-authentication`, and reading
 //! the user from `X-Remote-User`) behind a Service whose Endpoints point at
 //! it and an APIService. `kubectl get --raw` reaches it, `kubectl
-//! api-resources` lists its resource and the APIService is Available.
+//! api-resources` lists its resource and the APIService is Available;
+//! its OpenAPI (v2 and v3) is merged into the server's, so `kubectl
+//! explain` describes its kind.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,11 +42,45 @@ fn widgets(s: &Seen) -> (u16, Value) {
                     "metadata": {"name": "sprocket", "namespace": "default"},
                     "spec": {"requestedBy": user}}]}),
         ),
+        "/openapi/v2" => (
+            200,
+            json!({"swagger": "2.0", "info": {"title": "test", "version": "v1"},
+                "paths": {"/apis/example.com/v1/namespaces/{namespace}/widgets": {"get": {
+                    "operationId": "listWidget", "x-kubernetes-action": "list",
+                    "x-kubernetes-group-version-kind": {"group": "example.com", "version": "v1", "kind": "Widget"},
+                    "responses": {"200": {"description": "OK"}}}}},
+                "definitions": {"com.example.v1.Widget": widget_schema("#/definitions/")}}),
+        ),
+        "/openapi/v3/apis/example.com/v1" => (
+            200,
+            json!({"openapi": "3.0.0", "info": {"title": "test", "version": "v1"},
+                "paths": {"/apis/example.com/v1/namespaces/{namespace}/widgets/{name}": {"get": {
+                    "operationId": "readWidget", "x-kubernetes-action": "get",
+                    "x-kubernetes-group-version-kind": {"group": "example.com", "version": "v1", "kind": "Widget"},
+                    "responses": {"200": {"description": "OK", "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/com.example.v1.Widget"}}}}}}}},
+                "components": {"schemas": {
+                    "com.example.v1.Widget": widget_schema("#/components/schemas/"),
+                    "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta": {"type": "object",
+                        "description": "ObjectMeta is metadata that all persisted resources must have.",
+                        "properties": {"name": {"type": "string", "description": "Name must be unique within a namespace."}}}}}}),
+        ),
         _ => (
             404,
             json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404}),
         ),
     }
+}
+
+/// The aggregated server's Widget, with `$ref`s under `refs`.
+fn widget_schema(refs: &str) -> Value {
+    json!({"description": "A Widget served by the test's aggregated server.", "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+            "metadata": {"$ref": format!("{refs}io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta")},
+            "spec": {"type": "object", "description": "What the widget should be.",
+                "properties": {"requestedBy": {"type": "string", "description": "Who asked for the widget."}}}},
+        "x-kubernetes-group-version-kind": [{"group": "example.com", "version": "v1", "kind": "Widget"}]})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,6 +154,24 @@ async fn an_aggregated_api_server_is_reachable_through_kubectl() {
     assert!(resources.contains("example.com/v1"), "{resources}");
     assert!(resources.contains("wdg"), "{resources}");
 
+    // Its OpenAPI is the server's: `kubectl explain` from v3 and from v2.
+    let explained = wait_until("kubectl explain of the aggregated kind", 30, || {
+        let out = s.kubectl(&["explain", "widgets.spec"]);
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).to_string())
+    });
+    assert!(
+        explained.contains("requestedBy") && explained.contains("Who asked for the widget."),
+        "{explained}"
+    );
+    let v2 = s.ok(&["explain", "widgets.spec", "--output=plaintext-openapiv2"]);
+    assert!(v2.contains("Who asked for the widget."), "{v2}");
+    let doc: Value = serde_json::from_str(&s.ok(&["get", "--raw", "/openapi/v2"])).unwrap();
+    assert!(doc["definitions"]["com.example.v1.Widget"].is_object());
+    assert!(doc["definitions"]["io.k8s.api.apps.v1.Deployment"].is_object());
+    assert!(doc["paths"]["/apis/example.com/v1/namespaces/{namespace}/widgets"].is_object());
+
     // The backend gone: the APIService says so and requests get a 503.
     drop(backend);
     wait_until("the APIService to be unavailable", 30, || {
@@ -133,4 +187,10 @@ async fn an_aggregated_api_server_is_reachable_through_kubectl() {
         err.contains("ServiceUnavailable") || err.contains("unable to handle"),
         "{err}"
     );
+    // Its OpenAPI goes with it.
+    let doc: Value = serde_json::from_str(&s.ok(&["get", "--raw", "/openapi/v2"])).unwrap();
+    assert!(doc["definitions"].get("com.example.v1.Widget").is_none());
+    assert!(s
+        .fails(&["get", "--raw", "/openapi/v3/apis/example.com/v1"])
+        .contains("NotFound"));
 }

@@ -469,3 +469,42 @@ fn the_garbage_collector_collects_owned_custom_resources_and_their_dependents() 
         (!s.kubectl(&["get", "svc", "child"]).status.success()).then_some(())
     });
 }
+
+#[test]
+fn a_definition_is_in_openapi_v2_for_kubectl_explain_and_leaves_with_it() {
+    let s = Server::start();
+    s.ok(&["apply", "--server-side", "-f", &data("widgets.yaml")]);
+    established(&s, "widgets.example.com");
+    // kubectl's OpenAPI v2 path (protobuf) describes the kind's fields.
+    let out = wait_until("explain from OpenAPI v2", 10, || {
+        let out = s.kubectl(&["explain", "widgets.spec", "--output=plaintext-openapiv2"]);
+        out.status.success().then(|| text(&out.stdout))
+    });
+    assert!(
+        out.contains("The colour of the widget.") && out.contains("ports"),
+        "{out}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&s.ok(&["get", "--raw", "/openapi/v2"])).unwrap();
+    let w = &doc["definitions"]["com.example.v1.Widget"];
+    assert_eq!(
+        w["x-kubernetes-group-version-kind"],
+        serde_json::json!([{"group": "example.com", "version": "v1", "kind": "Widget"}])
+    );
+    // v1beta1 keeps unknown fields: published without a type, as in Kubernetes.
+    let old = &doc["definitions"]["com.example.v1beta1.Widget"];
+    assert_eq!(old["x-kubernetes-preserve-unknown-fields"], true);
+    assert!(old.get("type").is_none(), "{old}");
+    assert!(doc["definitions"]["com.example.v1.WidgetList"].is_object());
+    assert!(doc["definitions"]["io.k8s.api.core.v1.Pod"].is_object());
+
+    s.ok(&["delete", "crd", "widgets.example.com"]);
+    wait_until("the definition to leave OpenAPI v2", 10, || {
+        let doc: serde_json::Value =
+            serde_json::from_str(&s.ok(&["get", "--raw", "/openapi/v2"])).unwrap();
+        doc["definitions"]
+            .get("com.example.v1.Widget")
+            .is_none()
+            .then_some(())
+    });
+}

@@ -636,6 +636,9 @@ fn watching_with_get_w_shows_changes_as_they_happen() {
     // pods, another row each).
     let s = Server::start_with(&["--disable-scheduler", "--disable-controllers"]);
     s.ok(&["create", "namespace", "watch"]);
+    // Without controllers nothing makes the namespace's default account,
+    // which pod admission requires.
+    s.ok(&["-n", "watch", "create", "serviceaccount", "default"]);
     s.ok_stdin(&["-n", "watch", "create", "-f", "-"], POD);
     let w = s.kubectl_background(&["-n", "watch", "get", "pods", "-w"]);
     let rows = |o: &str, name: &str| {

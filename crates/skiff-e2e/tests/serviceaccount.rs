@@ -102,6 +102,22 @@ fn a_pods_token_reaches_the_api_in_cluster_and_dies_with_the_pod() {
     s.ok_stdin(&["apply", "-f", "-"], &reader("reader", None));
     s.ok_stdin(&["apply", "-f", "-"], &reader("no-token", Some(false)));
 
+    // A pod naming an account that does not exist is refused, as by
+    // Kubernetes' ServiceAccount admission; once it exists, it is admitted.
+    let stranger =
+        reader("stranger", None).replace("spec:\n", "spec:\n  serviceAccountName: nobody\n");
+    let out = s.kubectl_stdin(&["create", "-f", "-"], &stranger);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains(
+            r#"pods "stranger" is forbidden: error looking up service account default/nobody: serviceaccount "nobody" not found"#
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    s.ok(&["create", "serviceaccount", "nobody"]);
+    s.ok_stdin(&["create", "--dry-run=server", "-f", "-"], &stranger);
+
     // Admission added the volume and the mount.
     let vol = jsonpath(&s, "pod", "reader", "{.spec.volumes[1].name}");
     assert!(

@@ -141,6 +141,11 @@ async fn webhooks_registered_by_url_mutate_and_deny_with_kubectl() {
         ),
         "{stderr}"
     );
+    // What the mutating webhook warned still reaches the user with the denial.
+    assert!(
+        stderr.contains("Warning: the test webhook labelled this object"),
+        "{stderr}"
+    );
     assert!(s.fails(&["get", "configmap", "evil"]).contains("NotFound"));
 
     // The review the webhook got names the user kubectl authenticated as.
@@ -153,6 +158,63 @@ async fn webhooks_registered_by_url_mutate_and_deny_with_kubectl() {
     ]);
     assert_eq!(review["request"]["userInfo"]["username"], me.as_str());
     assert_eq!(review["request"]["namespace"], "default");
+}
+
+/// A mutating webhook for DELETE: it sees neither object nor oldObject
+/// (kube-apiserver calls it before reading the object), only the name and
+/// the DeleteOptions, and it may refuse.
+fn keeper(req: &Value) -> Value {
+    if req["operation"] == "DELETE" && req["name"] == "keep" {
+        return json!({"allowed": false, "warnings": ["keep is protected"],
+            "status": {"code": 403, "message": "keep stays"}});
+    }
+    json!({"allowed": true})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutating_webhook_for_delete_sees_the_name_and_may_refuse() {
+    let s = Server::start();
+    let keep = hook(Duration::ZERO, keeper).await;
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        &configuration(
+            "MutatingWebhookConfiguration",
+            "keeper",
+            "keep.example.com",
+            url(&keep),
+            json!({"rules": [{"operations": ["DELETE"], "apiGroups": [""],
+                "apiVersions": ["v1"], "resources": ["configmaps"]}]}),
+        ),
+    );
+    s.ok(&["create", "configmap", "keep"]);
+    s.ok(&["create", "configmap", "other"]);
+    let err = wait_until("the DELETE webhook to refuse", 30, || {
+        let out = s.kubectl(&["delete", "configmap", "keep"]);
+        (!out.status.success()).then(|| text(&out.stderr))
+    });
+    assert!(
+        err.contains("admission webhook \"keep.example.com\" denied the request: keep stays"),
+        "{err}"
+    );
+    assert!(err.contains("Warning: keep is protected"), "{err}");
+    s.ok(&["get", "configmap", "keep"]);
+    s.ok(&["delete", "configmap", "other", "--grace-period=7"]);
+    assert!(s.fails(&["get", "configmap", "other"]).contains("NotFound"));
+
+    let reviews: Vec<Value> = keep
+        .requests()
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .collect();
+    let other = reviews
+        .iter()
+        .find(|r| r["request"]["name"] == "other")
+        .expect("the webhook saw the delete of other");
+    assert_eq!(other["request"]["operation"], "DELETE");
+    assert_eq!(other["request"]["object"], Value::Null);
+    assert_eq!(other["request"]["oldObject"], Value::Null);
+    assert_eq!(other["request"]["options"]["kind"], "DeleteOptions");
+    assert_eq!(other["request"]["options"]["gracePeriodSeconds"], 7);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

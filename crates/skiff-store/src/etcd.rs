@@ -100,6 +100,11 @@ fn map_err(e: ec::Error) -> Error {
                 _ if msg.contains("no leader") || msg.contains("leader changed") => {
                     Error::Unavailable(msg)
                 }
+                // A connection that broke under a call: tonic reports the
+                // transport's failure as a status of code Unknown.
+                _ if msg.contains("transport error") || msg.contains("connection") => {
+                    Error::Unavailable(msg)
+                }
                 _ => Error::Backend(msg),
             }
         }

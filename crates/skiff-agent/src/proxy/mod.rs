@@ -21,6 +21,7 @@
 pub mod health;
 pub mod lb;
 pub mod model;
+pub mod netlink;
 pub mod nft;
 pub mod policy;
 pub mod rules;

@@ -1,9 +1,11 @@
 //! Applies [`rules`](super::rules) to the kernel: each change is one nftables
-//! transaction, built with the `nftables` crate's JSON schema and run by
-//! `nft -j -f -` (so it is applied whole or not at all). Only skiff's own
-//! table is ever named. Stale UDP conntrack entries are deleted with the
-//! `conntrack` tool (conntrack-tools), as no maintained crate speaks
-//! ctnetlink deletion.
+//! transaction (applied whole or not at all). Two writers: skiff's own
+//! netlink batches ([`super::netlink`], the default: no process, no listing
+//! of the kernel's tables first) and `nft -j -f -` fed JSON built with the
+//! `nftables` crate's schema (`SKIFF_NFT_BACKEND=nft`, and for the rare rule
+//! the netlink encoder leaves to it). Only skiff's own tables are ever
+//! named. Stale UDP conntrack entries are deleted with the `conntrack` tool
+//! (conntrack-tools), as no maintained crate speaks ctnetlink deletion.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -24,6 +26,7 @@ use nftables::stmt::{
 use nftables::types::{NfChainType, NfFamily, NfHook};
 use serde_json::{json, Value};
 
+use super::netlink;
 use super::rules::{self, Home, MapKey, Op, PortRules, Rule, Verdict};
 
 /// Why a transaction failed; retryable (the kernel kept the previous rules).
@@ -35,17 +38,49 @@ pub enum Error {
     NftUnavailable(String),
 }
 
+/// How transactions reach the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// skiff's own netlink batches ([`super::netlink`]): no process, no
+    /// listing of the kernel's tables first.
+    Netlink,
+    /// `nft -j -f -` with the JSON of the same objects.
+    Binary,
+}
+
+impl Backend {
+    /// `SKIFF_NFT_BACKEND=nft` selects the `nft` binary; netlink otherwise.
+    pub fn from_env() -> Backend {
+        match std::env::var("SKIFF_NFT_BACKEND").as_deref() {
+            Ok("nft") | Ok("binary") => Backend::Binary,
+            _ => Backend::Netlink,
+        }
+    }
+}
+
 /// skiff's table in the kernel.
 #[derive(Debug, Clone)]
 pub struct Nft {
     table: String,
+    backend: Backend,
 }
 
 impl Nft {
+    /// skiff's tables named after `table`, written by the backend the
+    /// environment selects ([`Backend::from_env`]).
     pub fn new(table: &str) -> Nft {
+        Nft::with_backend(table, Backend::from_env())
+    }
+
+    pub fn with_backend(table: &str, backend: Backend) -> Nft {
         Nft {
             table: table.to_string(),
+            backend,
         }
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     pub fn table(&self) -> &str {
@@ -66,6 +101,13 @@ impl Nft {
         node_ips: &[Ipv4Addr],
         services: &[(Home, &PortRules)],
     ) -> Result<(), Error> {
+        if self.backend == Backend::Netlink
+            && services
+                .iter()
+                .all(|(_, s)| s.chains.values().flatten().all(netlink::encodable))
+        {
+            return self.replace_all_netlink(node_ips, services).await;
+        }
         let endpoints: std::collections::BTreeSet<Ipv4Addr> = services
             .iter()
             .flat_map(|(_, s)| s.endpoints.iter().copied())
@@ -179,11 +221,78 @@ impl Nft {
         if ops.is_empty() {
             return Ok(());
         }
+        if self.backend == Backend::Netlink && netlink::ops_encodable(ops.iter().map(|(_, o)| o)) {
+            let tagged: Vec<(String, Op)> = ops
+                .iter()
+                .map(|(owner, o)| (self.table_of(o.home(*owner)), o.clone()))
+                .collect();
+            let mut batch = netlink::Batch::new();
+            if tagged.len() > 1000 {
+                batch.quiet();
+            }
+            netlink::encode_ops(&mut batch, &tagged);
+            return send_batch(batch).await;
+        }
         let objs = ops
             .iter()
             .map(|(owner, o)| self.op(o.home(*owner), o))
             .collect();
         self.run(objs).await
+    }
+
+    /// [`Nft::replace_all`] as one netlink batch: every table deleted and
+    /// re-created with its contents (the kernel swaps them in one commit,
+    /// so established connections keep their NAT state and new ones never
+    /// see a missing table).
+    async fn replace_all_netlink(
+        &self,
+        node_ips: &[Ipv4Addr],
+        services: &[(Home, &PortRules)],
+    ) -> Result<(), Error> {
+        let mut batch = netlink::Batch::new();
+        if services.len() > 100 {
+            batch.quiet();
+        }
+        let homes = std::iter::once(Home::Main).chain((0..rules::SHARDS).map(Home::Shard));
+        for home in homes {
+            let name = self.table_of(home);
+            batch.add_table(&name);
+            batch.delete_table(&name);
+            batch.add_table(&name);
+            netlink::encode_skeleton(&mut batch, &name, home, node_ips);
+        }
+        let empty = PortRules::default();
+        let mut ops: Vec<(String, Op)> = vec![];
+        for (owner, s) in services {
+            for op in rules::diff(&empty, s) {
+                ops.push((self.table_of(op.home(*owner)), op));
+            }
+        }
+        // Sets, chains and rules first (rules keep their order), then the
+        // map elements grouped by map, so each map gets few messages.
+        fn group(x: &(String, Op)) -> (u8, &str, &str) {
+            match &x.1 {
+                Op::AddElement(m, ..) => (x.1.phase(), x.0.as_str(), m),
+                o => (o.phase(), "", ""),
+            }
+        }
+        ops.sort_by(|a, b| group(a).cmp(&group(b)));
+        netlink::encode_ops(&mut batch, &ops);
+        let endpoints: Vec<Ipv4Addr> = services
+            .iter()
+            .flat_map(|(_, s)| s.endpoints.iter().copied())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !endpoints.is_empty() {
+            batch.hairpin(&self.table_of(Home::Main), &endpoints, false);
+        }
+        tracing::debug!(
+            messages = batch.messages(),
+            bytes = batch.len(),
+            "full load as one netlink batch"
+        );
+        send_batch(batch).await
     }
 
     async fn run(&self, objs: Vec<Value>) -> Result<(), Error> {
@@ -218,6 +327,15 @@ impl Nft {
                 expr: Cow::Owned(statements(rule)),
                 ..Default::default()
             })),
+            Op::AddElement(map, key, Verdict::Drop) => {
+                // The crate writes a bare `drop` verdict as the string
+                // "drop", which nft refuses in a map element.
+                let key = serde_json::to_value(key_expr(key)).expect("expressions serialize");
+                return json!({"add": {"element": {
+                    "family": "ip", "table": t, "name": map,
+                    "elem": [[key, {"drop": null}]],
+                }}});
+            }
             Op::AddElement(map, key, verdict) => NfCmd::Add(NfListObject::Element(element(
                 t,
                 map,
@@ -238,6 +356,19 @@ impl Nft {
         };
         cmd(c)
     }
+}
+
+/// Sends a netlink batch (off the async threads: the kernel commits it
+/// within the send).
+async fn send_batch(batch: netlink::Batch) -> Result<(), Error> {
+    let (bytes, what) = batch.finish();
+    tokio::task::spawn_blocking(move || netlink::send(&bytes, &what))
+        .await
+        .map_err(|e| Error::NftUnavailable(e.to_string()))?
+        .map_err(|e| match e {
+            netlink::SendError::Refused(m) => Error::TransactionFailed(m),
+            netlink::SendError::Io(e) => Error::NftUnavailable(format!("netlink: {e}")),
+        })
 }
 
 /// The kernel name of the table `home` of skiff's table `main`.

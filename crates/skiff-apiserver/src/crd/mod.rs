@@ -8,6 +8,8 @@
 //! it holds (`WatchCache::catalog`), so discovery, OpenAPI and routing
 //! change as soon as the cache applies the status this loop writes.
 
+pub mod conversion;
+
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 

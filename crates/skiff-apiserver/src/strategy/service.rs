@@ -12,6 +12,8 @@
 //! Services; when a server starts, values that Services hold and the bitmap
 //! misses are marked (repair).
 
+use std::collections::{HashMap, HashSet};
+
 use async_trait::async_trait;
 use base64::Engine;
 use serde_json::{json, Value};
@@ -93,6 +95,13 @@ impl Range {
             Range::Ips { bits, .. } if *bits >= 32 => 1,
             Range::Ips { bits, .. } => 1u32 << (32 - bits),
             Range::Ports => (NODE_PORTS.end() - NODE_PORTS.start()) as u32 + 1,
+        }
+    }
+    /// The value at `offset`, as a user reads it (an IP, a port).
+    fn show(&self, offset: u32) -> String {
+        match *self {
+            Range::Ips { base, .. } => std::net::Ipv4Addr::from(base + offset).to_string(),
+            Range::Ports => (u32::from(*NODE_PORTS.start()) + offset).to_string(),
         }
     }
     /// The offsets of the values a Service holds in this range.
@@ -647,6 +656,85 @@ impl Strategy for ServiceStrategy {
             .await?;
         }
         Ok(())
+    }
+}
+
+/// kube-apiserver's repair loop for the ClusterIP and NodePort ranges: a
+/// value a range holds but no Service has is a leak (a server died
+/// between allocating it and writing its Service); one seen leaked in
+/// three passes in a row is freed. Younger leaks may still be a Service
+/// another server is writing, so they stay.
+#[derive(Debug, Default)]
+pub struct LeakRepair {
+    /// (range key, value) → passes in a row it was seen leaked.
+    seen: HashMap<(&'static str, u32), u32>,
+}
+
+/// How often the server runs a [`LeakRepair`] pass (kube-apiserver: 3 min).
+pub const REPAIR_INTERVAL: std::time::Duration = std::time::Duration::from_secs(180);
+/// Passes a leak survives before it is freed.
+const LEAK_PASSES: u32 = 3;
+
+impl LeakRepair {
+    /// One pass over both ranges: marks what Services hold and the ranges
+    /// miss, frees leaks seen [`LEAK_PASSES`] times. Returns how many
+    /// values it freed.
+    pub async fn pass(&mut self, cx: &dyn AdmissionCtx) -> ApiResult<usize> {
+        let mut freed = 0;
+        for range in [Range::ips(cx), Range::Ports] {
+            let held = from_services(cx, range).await?;
+            let (stored, _) = read(cx, range).await?;
+            let key = range.key();
+            let mut leaked = HashSet::new();
+            for i in 0..range.size() {
+                if stored.get(i) && !held.get(i) {
+                    leaked.insert(i);
+                }
+            }
+            self.seen
+                .retain(|(k, i), _| *k != key || leaked.contains(i));
+            let mut free = Vec::new();
+            for i in leaked {
+                let n = self.seen.entry((key, i)).or_insert(0);
+                *n += 1;
+                if *n >= LEAK_PASSES {
+                    free.push(i);
+                }
+            }
+            modify(cx, range, false, |bm| {
+                for i in 0..held.size {
+                    if held.get(i) {
+                        bm.set(i);
+                    }
+                }
+                for i in &free {
+                    bm.clear(*i);
+                }
+                Ok(())
+            })
+            .await?;
+            for i in &free {
+                self.seen.remove(&(key, *i));
+                tracing::info!(range = %range.name(), value = %range.show(*i), "freed a leaked allocation");
+            }
+            freed += free.len();
+        }
+        Ok(freed)
+    }
+}
+
+/// Runs [`LeakRepair`] passes every [`REPAIR_INTERVAL`] until the server
+/// is gone.
+pub async fn repair_forever(reg: std::sync::Weak<crate::registry::Registry>) {
+    let mut repair = LeakRepair::default();
+    loop {
+        tokio::time::sleep(REPAIR_INTERVAL).await;
+        let Some(reg) = reg.upgrade() else {
+            return;
+        };
+        if let Err(e) = repair.pass(&*reg).await {
+            tracing::warn!(error = %e.message, "repairing the allocation ranges");
+        }
     }
 }
 

@@ -228,7 +228,7 @@ pub async fn validate_create(
     let Some(a) = write_attributes(res, Operation::Create, "", ns_name(obj), opts) else {
         return Ok(());
     };
-    policy::validate(reg, &a, Some(obj), None)?;
+    policy::validate(reg, &a, Some(obj), None).await?;
     review::validate(reg, &a, Some(obj), None).await
 }
 
@@ -261,7 +261,7 @@ pub async fn validate_update(
     let Some(a) = write_attributes(res, Operation::Update, sub, ns_name(old), opts) else {
         return Ok(());
     };
-    policy::validate(reg, &a, Some(new), Some(old))?;
+    policy::validate(reg, &a, Some(new), Some(old)).await?;
     review::validate(reg, &a, Some(new), Some(old)).await
 }
 
@@ -300,7 +300,7 @@ pub async fn admit_scale(
         admission: &opts.admission,
     };
     review::mutate(reg, &a, scale, Some(&old_scale)).await?;
-    policy::validate(reg, &a, Some(scale), Some(&old_scale))?;
+    policy::validate(reg, &a, Some(scale), Some(&old_scale)).await?;
     review::validate(reg, &a, Some(scale), Some(&old_scale)).await?;
     Ok(inner)
 }
@@ -392,8 +392,65 @@ pub async fn admit_connect(
     let before = object.clone();
     review::mutate(reg, &a, &mut object, None).await?;
     let object = before;
-    policy::validate(reg, &a, Some(&object), None)?;
+    policy::validate(reg, &a, Some(&object), None).await?;
     review::validate(reg, &a, Some(&object), None).await
+}
+
+/// The DeleteOptions object a delete's admission request carries.
+fn delete_options_object(opts: &DeleteOptions) -> Value {
+    let mut o = json!({"kind": "DeleteOptions", "apiVersion": "meta.k8s.io/v1"});
+    if opts.dry_run {
+        o["dryRun"] = json!(["All"]);
+    }
+    if let Some(g) = opts.grace_period_seconds {
+        o["gracePeriodSeconds"] = json!(g);
+    }
+    if let Some(p) = &opts.propagation_policy {
+        o["propagationPolicy"] = json!(p);
+    }
+    o
+}
+
+fn delete_attributes<'a>(
+    res: &'static ResourceInfo,
+    ns: &'a str,
+    name: &'a str,
+    user: &'a Identity,
+    opts: &'a DeleteOptions,
+) -> Attributes<'a> {
+    Attributes {
+        res,
+        request_res: opts.admission.request.unwrap_or(res),
+        sub: "",
+        op: Operation::Delete,
+        namespace: ns,
+        name,
+        user,
+        dry_run: opts.dry_run,
+        options: delete_options_object(opts),
+        kind: None,
+        admission: &opts.admission,
+    }
+}
+
+/// Mutating webhooks for a DELETE of `name` (`""` for a collection), as
+/// kube-apiserver's handler calls them before it reads anything: with
+/// neither object nor oldObject. They may deny; there is nothing to patch.
+pub async fn admit_delete(
+    reg: &Registry,
+    res: &'static ResourceInfo,
+    ns: Option<&str>,
+    name: &str,
+    opts: &DeleteOptions,
+) -> ApiResult<()> {
+    let Some(user) = opts.user.as_ref() else {
+        return Ok(());
+    };
+    let ns = ns.unwrap_or("");
+    if exempt(res, ns) {
+        return Ok(());
+    }
+    review::mutate_delete(reg, &delete_attributes(res, ns, name, user, opts)).await
 }
 
 /// Validating webhooks for a delete (the object as it is, as oldObject).
@@ -410,30 +467,8 @@ pub async fn validate_delete(
     if exempt(res, ns) {
         return Ok(());
     }
-    let mut o = json!({"kind": "DeleteOptions", "apiVersion": "meta.k8s.io/v1"});
-    if opts.dry_run {
-        o["dryRun"] = json!(["All"]);
-    }
-    if let Some(g) = opts.grace_period_seconds {
-        o["gracePeriodSeconds"] = json!(g);
-    }
-    if let Some(p) = &opts.propagation_policy {
-        o["propagationPolicy"] = json!(p);
-    }
-    let a = Attributes {
-        res,
-        request_res: opts.admission.request.unwrap_or(res),
-        sub: "",
-        op: Operation::Delete,
-        namespace: ns,
-        name,
-        user,
-        dry_run: opts.dry_run,
-        options: o,
-        kind: None,
-        admission: &opts.admission,
-    };
-    policy::validate(reg, &a, None, Some(old))?;
+    let a = delete_attributes(res, ns, name, user, opts);
+    policy::validate(reg, &a, None, Some(old)).await?;
     review::validate(reg, &a, None, Some(old)).await
 }
 

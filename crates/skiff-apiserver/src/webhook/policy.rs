@@ -439,7 +439,7 @@ fn evaluate(
 }
 
 /// Runs every binding's policy that selects the request.
-pub fn validate(
+pub async fn validate(
     reg: &Registry,
     a: &Attributes<'_>,
     obj: Option<&Value>,
@@ -502,13 +502,11 @@ pub fn validate(
                 continue;
             }
         };
-        let convert = |v: Option<&Value>| match (v, a.kind) {
-            (Some(v), None) => skiff_core::convert::from_storage(version, v.clone()),
-            (Some(v), Some(_)) => v.clone(),
-            (None, _) => Value::Null,
-        };
-        let (object, old_object) = (convert(obj), convert(old));
-        let request = super::review::request(a, version, "v1", "", None, None)["request"].clone();
+        let object = super::review::in_version(reg, a, version, obj).await?;
+        let old_object = super::review::in_version(reg, a, version, old).await?;
+        let request = super::review::request(a, version, "v1", "", Value::Null, Value::Null)
+            ["request"]
+            .clone();
         let param_list = match params {
             None => vec![Value::Null],
             Some(list) => list,

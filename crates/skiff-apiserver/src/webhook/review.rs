@@ -99,7 +99,7 @@ fn applies(
         return Ok(None);
     }
     if !h.match_conditions.is_empty() {
-        let req = request(a, version, "v1", "", None, None)["request"].clone();
+        let req = request(a, version, "v1", "", Value::Null, Value::Null)["request"].clone();
         let none = Value::Null;
         let vars = [
             ("object", obj.unwrap_or(&none)),
@@ -121,20 +121,35 @@ fn group_version_resource(r: &ResourceInfo) -> Value {
     json!({"group": r.group, "version": r.version, "resource": r.plural})
 }
 
-/// The AdmissionReview sent to a webhook matched at `version`.
+/// An object of the request as the webhook or policy matched at
+/// `version` sees it: in that version (a custom resource whose definition
+/// converts by webhook through its conversion webhook), `null` for none.
+pub async fn in_version(
+    reg: &Registry,
+    a: &Attributes<'_>,
+    version: &'static ResourceInfo,
+    v: Option<&Value>,
+) -> ApiResult<Value> {
+    Ok(match (v, a.kind) {
+        (Some(v), None) if crate::crd::conversion::uses_webhook(version) => {
+            crate::crd::conversion::from_storage(reg, version, v.clone()).await?
+        }
+        (Some(v), None) => skiff_core::convert::from_storage(version, v.clone()),
+        (Some(v), Some(_)) => v.clone(),
+        (None, _) => Value::Null,
+    })
+}
+
+/// The AdmissionReview sent to a webhook matched at `version`; `object`
+/// and `old_object` already [`in_version`].
 pub fn request(
     a: &Attributes<'_>,
     version: &'static ResourceInfo,
     review_version: &str,
     uid: &str,
-    obj: Option<&Value>,
-    old: Option<&Value>,
+    object: Value,
+    old_object: Value,
 ) -> Value {
-    let convert = |v: Option<&Value>| match (v, a.kind) {
-        (Some(v), None) => skiff_core::convert::from_storage(version, v.clone()),
-        (Some(v), Some(_)) => v.clone(),
-        (None, _) => Value::Null,
-    };
     let mut user = json!({"username": a.user.user, "groups": a.user.groups});
     if let Some(uid) = &a.user.uid {
         user["uid"] = json!(uid);
@@ -159,8 +174,8 @@ pub fn request(
         "name": a.name,
         "operation": a.op.as_str(),
         "userInfo": user,
-        "object": convert(obj),
-        "oldObject": convert(old),
+        "object": object,
+        "oldObject": old_object,
         "dryRun": a.dry_run,
         "options": a.options,
     });
@@ -271,18 +286,19 @@ pub fn denied(name: &str, status: Option<&Value>) -> ApiError {
     e
 }
 
-/// Calls one webhook. `Err(CallError)` is subject to failurePolicy.
+/// Calls one webhook with the objects [`in_version`]. `Err(CallError)` is
+/// subject to failurePolicy.
 async fn call(
     reg: &Registry,
     h: &Webhook,
     a: &Attributes<'_>,
     version: &'static ResourceInfo,
-    obj: Option<&Value>,
-    old: Option<&Value>,
+    object: Value,
+    old_object: Value,
 ) -> Result<Answer, CallError> {
     let client = h.client.as_ref().map_err(|e| CallError(e.clone()))?;
     let uid = uuid::Uuid::new_v4().to_string();
-    let body = request(a, version, h.review_version, &uid, obj, old);
+    let body = request(a, version, h.review_version, &uid, object, old_object);
     let out = crate::outbound::post_json(client, reg, &body, h.timeout)
         .await
         .map_err(|e| CallError(format!("failed to call webhook: {e}")))?;
@@ -349,6 +365,54 @@ pub async fn mutate(
     Ok(())
 }
 
+/// The version `h` is called at for this request: `None` when it does not
+/// apply (or could not be matched under failurePolicy Ignore); a dry run
+/// it cannot take is refused.
+fn called_at(
+    h: &Webhook,
+    a: &Attributes<'_>,
+    ns_labels: &Option<Map<String, Value>>,
+    obj: Option<&Value>,
+    old: Option<&Value>,
+) -> ApiResult<Option<&'static ResourceInfo>> {
+    let version = match applies(h, a, ns_labels, obj, old) {
+        Ok(Some(v)) => v,
+        Ok(None) => return Ok(None),
+        Err(e) => return failed(h, e).map(|_| None),
+    };
+    if a.dry_run && !h.dry_run_safe {
+        return Err(no_dry_run(&h.name));
+    }
+    Ok(Some(version))
+}
+
+/// The mutating webhooks of a DELETE (no object, no oldObject): called in
+/// order, each may deny; a patch has nothing to apply to.
+pub async fn mutate_delete(reg: &Registry, a: &Attributes<'_>) -> ApiResult<()> {
+    let hooks = webhooks(reg, true);
+    if hooks.is_empty() {
+        return Ok(());
+    }
+    let ns_labels = namespace_labels(reg, a, None, None);
+    for h in hooks.iter() {
+        let Some(version) = called_at(h, a, &ns_labels, None, None)? else {
+            continue;
+        };
+        let ans = match call(reg, h, a, version, Value::Null, Value::Null).await {
+            Ok(ans) => ans,
+            Err(e) => {
+                failed(h, e)?;
+                continue;
+            }
+        };
+        record(a, h, &ans);
+        if !ans.allowed {
+            return Err(denied(&h.name, ans.status.as_ref()));
+        }
+    }
+    Ok(())
+}
+
 /// Calls one mutating webhook if it applies: `None` when it does not,
 /// else whether it changed the object.
 async fn mutate_one(
@@ -359,15 +423,13 @@ async fn mutate_one(
     old: Option<&Value>,
     ns_labels: &Option<Map<String, Value>>,
 ) -> ApiResult<Option<bool>> {
-    let version = match applies(h, a, ns_labels, Some(obj), old) {
-        Ok(Some(v)) => v,
-        Ok(None) => return Ok(None),
-        Err(e) => return failed(h, e).map(|_| None),
+    let Some(version) = called_at(h, a, ns_labels, Some(obj), old)? else {
+        return Ok(None);
     };
-    if a.dry_run && !h.dry_run_safe {
-        return Err(no_dry_run(&h.name));
-    }
-    let ans = match call(reg, h, a, version, Some(obj), old).await {
+    // Conversion failing is the request's error, whatever the policy.
+    let view = in_version(reg, a, version, Some(obj)).await?;
+    let old_view = in_version(reg, a, version, old).await?;
+    let ans = match call(reg, h, a, version, view.clone(), old_view).await {
         Ok(ans) => ans,
         Err(e) => return failed(h, e).map(|_| Some(false)),
     };
@@ -378,22 +440,16 @@ async fn mutate_one(
     let Some(patch) = ans.patch else {
         return Ok(Some(false));
     };
-    if a.op == super::Operation::Delete {
-        return Ok(Some(false));
-    }
     let own_kind = a.kind.is_none();
-    let view = if own_kind {
-        skiff_core::convert::from_storage(version, obj.clone())
-    } else {
-        obj.clone()
-    };
     let patched = skiff_core::patch::apply_json_patch(&view, &patch).map_err(|e| {
         ApiError::internal(format!(
             "failed calling webhook {:?}: the patch could not be applied: {}",
             h.name, e.message
         ))
     })?;
-    let mut patched = if own_kind {
+    let mut patched = if own_kind && crate::crd::conversion::uses_webhook(version) {
+        crate::crd::conversion::to_storage(reg, version, patched).await?
+    } else if own_kind {
         skiff_core::convert::to_storage(version, patched)
     } else {
         patched
@@ -437,19 +493,13 @@ pub async fn validate(
     let ns_labels = namespace_labels(reg, a, obj, old);
     let mut calls = Vec::new();
     for h in &hooks {
-        let version = match applies(h, a, &ns_labels, obj, old) {
-            Ok(Some(v)) => v,
-            Ok(None) => continue,
-            Err(e) => {
-                failed(h, e)?;
-                continue;
-            }
+        let Some(version) = called_at(h, a, &ns_labels, obj, old)? else {
+            continue;
         };
-        if a.dry_run && !h.dry_run_safe {
-            return Err(no_dry_run(&h.name));
-        }
         calls.push(async move {
-            match call(reg, h, a, version, obj, old).await {
+            let view = in_version(reg, a, version, obj).await?;
+            let old_view = in_version(reg, a, version, old).await?;
+            match call(reg, h, a, version, view, old_view).await {
                 Ok(ans) => {
                     record(a, h, &ans);
                     if ans.allowed {

@@ -331,7 +331,12 @@ impl Estimator {
                 let (c_cond, _) = self.walk(&c.loop_cond, scope);
                 let (c_step, step) = self.walk(&c.loop_step, scope);
                 self.accu.pop();
+                // A step that is the accumulator itself (`cel.bind`, the
+                // two-variable comprehensions' binding of their target)
+                // leaves it as initialised.
+                let binds = matches!(&c.loop_step.expr, Expr::Ident(v) if *v == c.accu_var);
                 let accu = match step {
+                    _ if binds => init,
                     Shape::List { elem, .. } => Shape::List { max_items: n, elem },
                     Shape::Map { values, fields, .. } => Shape::Map {
                         max_props: n,
@@ -543,6 +548,36 @@ impl Estimator {
                     _ => Shape::Scalar,
                 };
                 (own, shape)
+            }
+            // The two-variable comprehensions' expansions: the indices or
+            // keys to iterate, and the map a transform builds.
+            super::comprehensions::KEYS => {
+                let (n, key) = match &first {
+                    Some(Shape::List { max_items, .. }) => (*max_items, Shape::Scalar),
+                    Some(s) => s.iteration(),
+                    None => (0, Shape::Scalar),
+                };
+                (
+                    1 + n,
+                    Shape::List {
+                        max_items: n,
+                        elem: Box::new(key),
+                    },
+                )
+            }
+            super::comprehensions::INSERT | super::comprehensions::MERGE => {
+                let values = match call.func_name.as_str() {
+                    super::comprehensions::INSERT => args.get(2).cloned(),
+                    _ => args.get(1).map(|e| e.field("")),
+                };
+                (
+                    1 + tenth(first_len),
+                    Shape::Map {
+                        max_props: first_len.saturating_add(1),
+                        fields: BTreeMap::new(),
+                        values: Box::new(values.unwrap_or(Shape::Scalar)),
+                    },
+                )
             }
             // Everything else (duration, timestamp, conversions, quantity
             // and url accessors...) is constant-cost with a small result.

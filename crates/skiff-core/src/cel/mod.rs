@@ -8,6 +8,7 @@
 //! values and returns the result as JSON. Nothing here panics on user input:
 //! a bad expression is an `Err` with Kubernetes-like wording.
 
+mod comprehensions;
 pub mod cost;
 mod library;
 
@@ -15,6 +16,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock};
 
 use ::cel::common::ast::{EntryExpr, Expr};
+use ::cel::common::types::{
+    CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelUInt,
+};
+use ::cel::common::value::{CowVal, Val};
+use ::cel::context::VariableResolver;
 use ::cel::objects::{Key, Map};
 use ::cel::{Context, Env, Value as CelValue};
 use serde_json::Value;
@@ -32,6 +38,7 @@ fn env() -> &'static Arc<Env> {
         // than panicking in a server.
         let _ = env.add_extension(::cel::extensions::strings);
         library::register(&mut env);
+        comprehensions::register(&mut env);
         Arc::new(env)
     })
 }
@@ -207,6 +214,58 @@ pub(crate) fn selected_fields(e: &::cel::IdedExpr, names: &[&str]) -> Option<BTr
     visit(e, names, &mut out).then_some(out)
 }
 
+/// How a function is called: `f(..)`, `ns.f(..)` or `x.f(..)`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Probe<'a> {
+    Global,
+    Namespaced(&'a str),
+    Member,
+}
+
+/// Whether the environment declares `name` for calls of this kind. The
+/// `cel` crate lists no declarations, so the answer is what calling it
+/// with no arguments says: anything but "undeclared reference" (a missing
+/// overload, say) means it exists. Answers are kept: the probes run once
+/// per name.
+fn function_declared(name: &str, call: Probe<'_>) -> bool {
+    type Known = std::sync::Mutex<HashMap<(String, String), bool>>;
+    static KNOWN: OnceLock<Known> = OnceLock::new();
+    let (source, kind) = match call {
+        Probe::Global => (format!("{name}()"), String::new()),
+        Probe::Namespaced(ns) => (format!("{ns}.{name}()"), ns.to_string()),
+        Probe::Member => (format!("null.{name}()"), ".".to_string()),
+    };
+    let key = (name.to_string(), kind);
+    let known = KNOWN.get_or_init(Default::default);
+    if let Some(k) = known.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return *k;
+    }
+    let declared = match env().compile(&source) {
+        // The name cannot be spelled as a call: nothing to say about it.
+        Err(_) => true,
+        Ok(program) => {
+            let ctx = Context::with_env(Arc::clone(env()));
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| program.execute(&ctx))) {
+                Ok(Err(::cel::ExecutionError::UndeclaredReference(r))) => {
+                    let qualified = match call {
+                        Probe::Namespaced(ns) => {
+                            r.as_str() != ns && r.as_str() != format!("{ns}.{name}")
+                        }
+                        _ => true,
+                    };
+                    r.as_str() != name && qualified
+                }
+                _ => true,
+            }
+        }
+    };
+    known
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, declared);
+    declared
+}
+
 /// The deepest nesting of an expression evaluation may recurse through.
 pub const MAX_DEPTH: usize = 100;
 
@@ -316,6 +375,68 @@ impl Program {
         self.inner.program.expression()
     }
 
+    /// The first call of a function the environment does not declare, as
+    /// cel-go's checker reports it (`ERROR: <input>:1:5: undeclared
+    /// reference to 'foo' (in container '')`): a CRD rule calling one is
+    /// refused when the CRD is written, not when a resource is.
+    pub(crate) fn undeclared_function(&self) -> Option<String> {
+        fn visit(p: &Program, e: &::cel::IdedExpr) -> Option<String> {
+            match &e.expr {
+                Expr::Call(c) => {
+                    // Operators and the expansions' internal functions are
+                    // not spelled by users.
+                    let user = c.func_name.starts_with(|ch: char| ch.is_ascii_alphabetic());
+                    let namespace = match c.target.as_deref().map(|t| &t.expr) {
+                        Some(Expr::Ident(ns)) if BUILTIN_IDENTS.contains(&ns.as_str()) => {
+                            Some(ns.as_str())
+                        }
+                        _ => None,
+                    };
+                    let call = if c.target.is_none() {
+                        Probe::Global
+                    } else if let Some(ns) = namespace {
+                        Probe::Namespaced(ns)
+                    } else {
+                        Probe::Member
+                    };
+                    if user && !function_declared(&c.func_name, call) {
+                        return Some(format!(
+                            "ERROR: <input>:{}: undeclared reference to '{}' (in container '')",
+                            p.position(e.id),
+                            c.func_name
+                        ));
+                    }
+                    c.target
+                        .as_deref()
+                        .filter(|_| namespace.is_none())
+                        .and_then(|t| visit(p, t))
+                        .or_else(|| c.args.iter().find_map(|a| visit(p, a)))
+                }
+                Expr::Select(s) => visit(p, &s.operand),
+                Expr::List(l) => l.elements.iter().find_map(|x| visit(p, x)),
+                Expr::Map(m) => m.entries.iter().find_map(|en| match &en.expr {
+                    EntryExpr::MapEntry(me) => visit(p, &me.key).or_else(|| visit(p, &me.value)),
+                    EntryExpr::StructField(f) => visit(p, &f.value),
+                }),
+                Expr::Struct(s) => s.entries.iter().find_map(|en| match &en.expr {
+                    EntryExpr::MapEntry(me) => visit(p, &me.value),
+                    EntryExpr::StructField(f) => visit(p, &f.value),
+                }),
+                Expr::Comprehension(c) => [
+                    &c.iter_range,
+                    &c.accu_init,
+                    &c.loop_cond,
+                    &c.loop_step,
+                    &c.result,
+                ]
+                .into_iter()
+                .find_map(|x| visit(p, x)),
+                Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => None,
+            }
+        }
+        visit(self, self.ast())
+    }
+
     /// `line:column` (1-based) of an expression node, as cel-go reports
     /// positions in its errors.
     pub(crate) fn position(&self, id: u64) -> String {
@@ -358,47 +479,42 @@ impl Program {
                 return Err("operation cancelled: actual cost limit exceeded".to_string());
             }
         }
-        let bound: Vec<(&str, CelValue)> = vars
-            .iter()
-            .filter(|(n, _)| self.reads(n))
-            .map(|(n, v)| {
-                let only = self
-                    .inner
-                    .fields
-                    .iter()
-                    .find(|(name, _)| name == n)
-                    .and_then(|(_, f)| f.as_ref());
-                let value = match (only, v) {
-                    (Some(only), Value::Object(m)) => {
-                        let map: HashMap<Key, CelValue> = m
-                            .iter()
-                            .filter(|(k, _)| only.contains(k.as_str()))
-                            .map(|(k, x)| (Key::String(Arc::new(k.clone())), to_cel(x)))
-                            .collect();
-                        CelValue::Map(Map { map: Arc::new(map) })
-                    }
-                    _ => to_cel(v),
-                };
-                (*n, value)
-            })
-            .collect();
-        let out = self.eval_cel(bound)?;
+        let mut bound = Bindings::default();
+        for (n, v) in vars.iter().filter(|(n, _)| self.reads(n)) {
+            let only = self
+                .inner
+                .fields
+                .iter()
+                .find(|(name, _)| name == n)
+                .and_then(|(_, f)| f.as_ref());
+            let value: Box<dyn Val + '_> = match (only, v) {
+                (Some(only), Value::Object(m)) => {
+                    let map: HashMap<CelMapKey<'_>, Box<dyn Val + '_>> = m
+                        .iter()
+                        .filter(|(k, _)| only.contains(k.as_str()))
+                        .map(|(k, x)| (CelMapKey::from(k.as_str()), json_val(x)))
+                        .collect();
+                    Box::new(CelMap::from(map))
+                }
+                _ => json_val(v),
+            };
+            bound.bind(n, Arc::from(value));
+        }
+        let out = self.eval_bound(&bound)?;
         Ok(from_cel(&out))
     }
 
-    /// Evaluates with CEL values already built (the CRD validator types them
-    /// from the schema). No cost check: the caller budgets.
-    pub(crate) fn eval_cel(&self, vars: Vec<(&str, CelValue)>) -> Result<CelValue, String> {
-        let mut ctx = Context::with_env(Arc::clone(env()));
-        for (name, v) in vars {
-            ctx.add_variable_from_value(name, v);
-        }
+    /// Evaluates with values already bound (the CRD validator builds them
+    /// once per schema node, typed from the schema, and shares them between
+    /// that node's rules). No cost check: the caller budgets.
+    pub(crate) fn eval_bound(&self, vars: &Bindings<'_>) -> Result<CelValue, String> {
         for name in &self.inner.reads {
-            if ctx.get_variable(name.as_str()).is_none() && !BUILTIN_IDENTS.contains(&name.as_str())
-            {
+            if !BUILTIN_IDENTS.contains(&name.as_str()) && !vars.has(name) {
                 return Err(format!("no such attribute(s): {name}"));
             }
         }
+        let mut ctx = Context::with_env(Arc::clone(env()));
+        ctx.set_variable_resolver(vars);
         // A bug in the interpreter must cost one request an error, never the
         // server a thread: a panic becomes an evaluation error.
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -423,6 +539,64 @@ fn runtime_error(e: ::cel::ExecutionError) -> String {
         E::FunctionError { message, .. } => message,
         E::NoSuchOverload(o) => o.to_string(),
         other => other.to_string(),
+    }
+}
+
+/// Variables bound for an evaluation: built once, borrowed by every
+/// program evaluated with them (no copy per evaluation).
+#[derive(Default)]
+pub(crate) struct Bindings<'a> {
+    vars: Vec<(String, Arc<dyn Val + 'a>)>,
+}
+
+impl<'a> Bindings<'a> {
+    /// Binds (or rebinds) `name`.
+    pub(crate) fn bind(&mut self, name: &str, v: Arc<dyn Val + 'a>) {
+        self.vars.retain(|(n, _)| n != name);
+        self.vars.push((name.to_string(), v));
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.vars.iter().any(|(n, _)| n == name)
+    }
+}
+
+impl VariableResolver for Bindings<'_> {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
+        self.vars
+            .iter()
+            .find(|(n, _)| n == variable)
+            .map(|(_, v)| CowVal::Borrowed(&**v as &(dyn Val + 'b)))
+    }
+}
+
+/// A JSON value as a CEL value borrowing its strings: objects are maps with
+/// string keys, integers `int`, other numbers `double`.
+pub(crate) fn json_val(v: &Value) -> Box<dyn Val + '_> {
+    match v {
+        Value::Null => Box::new(CelNull),
+        Value::Bool(b) => Box::new(CelBool::from(*b)),
+        Value::Number(n) => number_val(n),
+        Value::String(s) => Box::new(CelString::from(s.as_str())),
+        Value::Array(a) => Box::new(CelList::from(
+            a.iter().map(json_val).collect::<Vec<Box<dyn Val + '_>>>(),
+        )),
+        Value::Object(m) => Box::new(CelMap::from(
+            m.iter()
+                .map(|(k, x)| (CelMapKey::from(k.as_str()), json_val(x)))
+                .collect::<HashMap<CelMapKey<'_>, Box<dyn Val + '_>>>(),
+        )),
+    }
+}
+
+/// A JSON number as CEL sees it: `int`, else `uint`, else `double`.
+pub(crate) fn number_val(n: &serde_json::Number) -> Box<dyn Val + 'static> {
+    if let Some(i) = n.as_i64() {
+        Box::new(CelInt::from(i))
+    } else if let Some(u) = n.as_u64() {
+        Box::new(CelUInt::from(u))
+    } else {
+        Box::new(CelDouble::from(n.as_f64().unwrap_or(0.0)))
     }
 }
 

@@ -562,3 +562,133 @@ fn optional_results_are_their_value_or_null() {
         ("{'a': 1}.?b.orValue(2)", json!(2)),
     ]);
 }
+
+#[test]
+fn two_variable_comprehensions_see_index_or_key_and_value() {
+    check(&[
+        ("[1, 2, 3].all(i, v, v == i + 1)", json!(true)),
+        ("[1, 2, 3].all(i, v, v > i + 1)", json!(false)),
+        ("{'a': 1, 'b': 2}.all(k, v, k != '' && v > 0)", json!(true)),
+        (
+            "{'a': 1, 'b': 2}.exists(k, v, k == 'b' && v == 2)",
+            json!(true),
+        ),
+        (
+            "{'a': 1, 'b': 2}.exists(k, v, k == 'b' && v == 1)",
+            json!(false),
+        ),
+        ("[5, 6, 7].existsOne(i, v, i == 1 && v == 6)", json!(true)),
+        ("[5, 5].existsOne(i, v, v == 5)", json!(false)),
+        ("[5, 6].exists_one(i, v, v == 5)", json!(true)),
+        ("[1, 2].transformList(i, v, v * 10 + i)", json!([10, 21])),
+        ("[1, 2, 3].transformList(i, v, i > 0, v)", json!([2, 3])),
+        ("{'a': 1}.transformList(k, v, k + string(v))", json!(["a1"])),
+        (
+            "{'a': 1, 'b': 2}.transformMap(k, v, v + 1)",
+            json!({"a": 2, "b": 3}),
+        ),
+        (
+            "{'a': 1, 'b': 2}.transformMap(k, v, k == 'a', v)",
+            json!({"a": 1}),
+        ),
+        (
+            "['x', 'y'].transformMap(i, v, v + string(i))",
+            json!({"0": "x0", "1": "y1"}),
+        ),
+        (
+            "['x', 'y'].transformMapEntry(i, v, {v: i})",
+            json!({"x": 0, "y": 1}),
+        ),
+        (
+            "{'a': 1, 'b': 2}.transformMapEntry(k, v, v > 1, {k + k: v})",
+            json!({"bb": 2}),
+        ),
+        ("[].all(i, v, false)", json!(true)),
+        ("{}.exists(k, v, true)", json!(false)),
+    ]);
+}
+
+#[test]
+fn two_variable_comprehensions_nest_and_shadow_as_cel_scopes_do() {
+    check(&[
+        // The inner comprehension's own variables.
+        ("[[1, 2], [3]].all(i, v, v.all(j, w, w > i))", json!(true)),
+        ("[[1, 2], [0]].all(i, v, v.all(j, w, w > i))", json!(false)),
+        // An inner one-variable comprehension rebinding the index name.
+        (
+            "[1, 2].all(i, v, [10].all(i, i == 10) && v == i + 1)",
+            json!(true),
+        ),
+        // An inner two-variable one rebinding both names.
+        (
+            "{'a': [7]}.all(k, v, v.all(k, v, k == 0 && v == 7))",
+            json!(true),
+        ),
+        // The outer names reach into inner macros that do not rebind them.
+        (
+            "{'a': [1, 2]}.all(k, v, v.exists(x, x == size(v)) && k == 'a')",
+            json!(true),
+        ),
+        // The target is evaluated once, whatever it is.
+        ("[1, 2].transformList(i, v, v)[1]", json!(2)),
+    ]);
+    // cel-go's wording for a transformMapEntry that builds a key twice.
+    let e = eval("[1, 1].transformMapEntry(i, v, {'k': v})").unwrap_err();
+    assert!(e.contains("insert failed: key k already exists"), "{e}");
+    // Names must be simple and distinct.
+    assert!(compile("[1].all(i, i, true)", &[]).is_err());
+    assert!(compile("[1].all(i.x, v, true)", &[]).is_err());
+}
+
+#[test]
+fn undeclared_functions_are_found_before_evaluation() {
+    for (expr, name) in [
+        ("foo(1) == 1", "foo"),
+        ("self.a.foo()", "foo"),
+        ("strings.nope('a') == 'a'", "nope"),
+        ("[1].map(x, bar(x)) == [1]", "bar"),
+        ("self.all(x, x.baz())", "baz"),
+    ] {
+        let p = compile(expr, &["self"]).unwrap();
+        let e = p.undeclared_function().unwrap_or_default();
+        assert!(
+            e.starts_with("ERROR: <input>:")
+                && e.ends_with(&format!(
+                    ": undeclared reference to '{name}' (in container '')"
+                )),
+            "{expr}: {e}"
+        );
+    }
+    // What real CRDs call is declared.
+    let mut refused = Vec::new();
+    for expr in [
+        "self.a.startsWith('x') && self.a.endsWith('y') && self.a.contains('z')",
+        "self.a.matches('^a') && size(self.a) > 0 && self.a.size() > 0",
+        "self.a.lowerAscii() == self.a.upperAscii().lowerAscii()",
+        "self.a.split(',').size() > 0 && self.a.replace('a', 'b') != '' && self.a.trim() != ''",
+        "self.a.indexOf('a') >= 0 && self.a.substring(1) != '' && self.a.charAt(0) != ''",
+        "['a'].join(',') == 'a' && self.a.lastIndexOf('a') >= 0",
+        "quantity(self.q).isLessThan(quantity('1Gi')) && isQuantity(self.q)",
+        "quantity(self.q).compareTo(quantity('1')) > 0 && quantity(self.q).asInteger() > 0",
+        "url(self.u).getHost() != '' && isURL(self.u) && url(self.u).getScheme() == 'https'",
+        "self.l.isSorted() && self.l.sum() > 0 && self.l.min() < self.l.max()",
+        "self.l.indexOf(1) >= 0 && self.l.all(i, v, v > i)",
+        "duration(self.d) > duration('1s') && timestamp(self.t) < timestamp('2030-01-01T00:00:00Z')",
+        "int(self.n) + 1 > uint(1) && double(self.n) > 0.0 && string(self.n) != ''",
+        "type(self) == map && dyn(self.n) == 1",
+        "self.a.find('[0-9]+') != '' && self.a.findAll('[0-9]').size() > 0",
+        "isIP(self.ip) && ip(self.ip).family() == 4 && isCIDR(self.c) && cidr(self.c).containsIP(self.ip)",
+        "optional.of(1).hasValue() && optional.none().orValue(2) == 2 && self.?a.orValue('') != ''",
+        "sets.contains([1, 2], [1]) && sets.intersects([1], [1])",
+        "isSemver(self.v) && semver(self.v).major() >= 0",
+        "self.a.format([]) == self.a && strings.quote(self.a) != ''",
+        "lists.range(3).size() == 3 && [3, 1].sort()[0] == 1 && [[1], [2]].flatten().size() == 2",
+        "[1, 1].distinct().size() == 1 && [1, 2, 3].slice(0, 1).size() == 1",
+    ] {
+        let p = compile(expr, &["self"]).unwrap_or_else(|e| panic!("{expr}: {e}"));
+        if let Some(e) = p.undeclared_function() {
+            refused.push(format!("{expr}: {e}"));
+        }
+    }
+    assert!(refused.is_empty(), "{refused:#?}");
+}

@@ -131,6 +131,27 @@ impl Schema {
         prune_node(&self.inner.root, obj, true);
     }
 
+    /// `prune` then `apply_defaults`, in one walk of the object: what the
+    /// API server runs on every write.
+    pub fn prune_and_default(&self, obj: &mut Value) {
+        prune_default_node(&self.inner.root, obj, true);
+    }
+
+    /// The fields `prune` would drop, as paths with a leading dot
+    /// (`.spec.foo`, `.spec.list[0].bar`): what `fieldValidation` reports as
+    /// unknown. Paths are only written out for unknown fields.
+    pub fn unknown_fields(&self, obj: &Value) -> Vec<String> {
+        let mut out = Vec::new();
+        unknown_node(
+            &self.inner.root,
+            obj,
+            &validate::P::Root(""),
+            true,
+            &mut out,
+        );
+        out
+    }
+
     /// Every failing field, with Kubernetes' paths and messages: OpenAPI
     /// keywords, `x-kubernetes-*` extensions, then CEL rules (unless a value
     /// has the wrong type). With `old` (an update), transition rules see
@@ -199,38 +220,42 @@ fn is_non_nullable_null(v: &Value, n: &Node) -> bool {
     v.is_null() && !n.nullable
 }
 
+/// Defaulting walks the object's fields (not the schema's properties) and
+/// descends only into objects and arrays: it runs on every read from
+/// storage, where there is usually nothing to do.
 fn default_node(n: &Node, v: &mut Value) {
     match v {
         Value::Object(m) => {
-            for (k, p) in &n.properties {
-                let Some(d) = &p.default else {
-                    // Kubernetes drops nulls of non-nullable fields without a
-                    // default (PruneNonNullableNullsWithoutDefaults).
-                    if m.get(k).is_some_and(|x| is_non_nullable_null(x, p)) && p.ty.is_some() {
-                        m.remove(k);
-                    }
-                    continue;
-                };
-                match m.get(k) {
-                    None => {
-                        m.insert(k.clone(), d.clone());
-                    }
-                    Some(x) if is_non_nullable_null(x, p) => {
-                        m.insert(k.clone(), d.clone());
-                    }
-                    _ => {}
-                }
+            if n.properties.is_empty() && n.additional.is_none() {
+                return;
             }
-            for (k, x) in m.iter_mut() {
-                if let Some(p) = n.properties.get(k) {
-                    default_node(p, x);
-                } else if let Some(a) = &n.additional {
-                    if is_non_nullable_null(x, a) {
-                        if let Some(d) = &a.default {
-                            *x = d.clone();
-                        }
+            m.retain(|k, x| {
+                let prop = n.properties.get(k);
+                let Some(c) = prop.or(n.additional.as_deref()) else {
+                    return true;
+                };
+                if is_non_nullable_null(x, c) {
+                    if let Some(d) = &c.default {
+                        *x = d.clone();
+                        default_node(c, x);
+                        return true;
                     }
-                    default_node(a, x);
+                    // Kubernetes drops nulls of non-nullable properties
+                    // without a default (PruneNonNullableNullsWithoutDefaults).
+                    return !(prop.is_some() && c.ty.is_some());
+                }
+                if matches!(x, Value::Object(_) | Value::Array(_)) {
+                    default_node(c, x);
+                }
+                true
+            });
+            for (k, p) in &n.properties {
+                if let Some(d) = &p.default {
+                    if !m.contains_key(k) {
+                        let mut x = d.clone();
+                        default_node(p, &mut x);
+                        m.insert(k.clone(), x);
+                    }
                 }
             }
         }
@@ -242,7 +267,9 @@ fn default_node(n: &Node, v: &mut Value) {
                             *x = d.clone();
                         }
                     }
-                    default_node(i, x);
+                    if matches!(x, Value::Object(_) | Value::Array(_)) {
+                        default_node(i, x);
+                    }
                 }
             }
         }
@@ -289,6 +316,112 @@ fn prune_node(n: &Node, v: &mut Value, is_resource: bool) {
             if let Some(i) = &n.items {
                 for x in items.iter_mut() {
                     prune_node(i, x, false);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `prune_node` then `default_node` on one value, in one walk: each kept
+/// field is pruned below and then defaulted, as the two passes would.
+fn prune_default_node(n: &Node, v: &mut Value, is_resource: bool) {
+    match v {
+        Value::Object(m) => {
+            if n.int_or_string {
+                return;
+            }
+            let resource = is_resource || n.embedded;
+            let keep_all = n.additional.is_some() || n.additional_any || n.preserve_unknown;
+            m.retain(|k, x| {
+                let prop = n.properties.get(k);
+                let special = resource && matches!(k.as_str(), "apiVersion" | "kind" | "metadata");
+                if !(special || prop.is_some() || keep_all) {
+                    return false;
+                }
+                if special && k == "metadata" {
+                    prune_meta(x);
+                }
+                let Some(c) = prop.or(n.additional.as_deref()) else {
+                    return true;
+                };
+                if is_non_nullable_null(x, c) {
+                    if let Some(d) = &c.default {
+                        *x = d.clone();
+                        default_node(c, x);
+                        return true;
+                    }
+                    // Kubernetes drops nulls of non-nullable properties
+                    // without a default (PruneNonNullableNullsWithoutDefaults).
+                    if prop.is_some() && c.ty.is_some() {
+                        return false;
+                    }
+                }
+                if special {
+                    // Pruning does not descend into these; defaulting does.
+                    default_node(c, x);
+                } else {
+                    prune_default_node(c, x, false);
+                }
+                true
+            });
+            for (k, p) in &n.properties {
+                if let Some(d) = &p.default {
+                    if !m.contains_key(k) {
+                        let mut x = d.clone();
+                        default_node(p, &mut x);
+                        m.insert(k.clone(), x);
+                    }
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(i) = &n.items {
+                for x in items.iter_mut() {
+                    match &i.default {
+                        Some(d) if is_non_nullable_null(x, i) => {
+                            *x = d.clone();
+                            default_node(i, x);
+                        }
+                        _ => prune_default_node(i, x, false),
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The fields `prune_node` would drop below `v`.
+fn unknown_node(
+    n: &Node,
+    v: &Value,
+    path: &validate::P<'_>,
+    is_resource: bool,
+    out: &mut Vec<String>,
+) {
+    match v {
+        Value::Object(m) => {
+            if n.int_or_string {
+                return;
+            }
+            let resource = is_resource || n.embedded;
+            let keep_all = n.additional.is_some() || n.additional_any || n.preserve_unknown;
+            for (k, x) in m {
+                if resource && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                    continue;
+                }
+                if let Some(p) = n.properties.get(k).or(n.additional.as_deref()) {
+                    unknown_node(p, x, &validate::P::Field(path, k), false, out);
+                } else if !keep_all {
+                    out.push(format!(".{}", validate::P::Field(path, k)));
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(i) = &n.items {
+                for (idx, x) in items.iter().enumerate() {
+                    unknown_node(i, x, &validate::P::Index(path, idx), false, out);
                 }
             }
         }
@@ -580,13 +713,30 @@ fn compile_rule(
             return None;
         }
     };
-    if let Err(e) = rules::check_types(&program, n, is_root) {
-        out.push(Cause::invalid(
-            format!("{rpath}.rule"),
-            r,
-            &format!("compilation failed: {e}"),
-        ));
-        return None;
+    // Kubernetes type-checks the rule: an undeclared function or operands
+    // no overload accepts fail its compilation, and a rule must be a bool.
+    let checked = match program.undeclared_function() {
+        Some(e) => Err(e),
+        None => rules::check_types(&program, n, is_root),
+    };
+    match checked {
+        Err(e) => {
+            out.push(Cause::invalid(
+                format!("{rpath}.rule"),
+                r,
+                &format!("compilation failed: {e}"),
+            ));
+            return None;
+        }
+        Ok(false) => {
+            out.push(Cause::invalid(
+                format!("{rpath}.rule"),
+                r,
+                "cel expression must evaluate to a bool",
+            ));
+            return None;
+        }
+        Ok(true) => {}
     }
     let uses_old_self = program.reads("oldSelf");
     if uses_old_self && !correlatable {
@@ -609,7 +759,12 @@ fn compile_rule(
         return None;
     }
     let message_expression = match r.get("messageExpression").and_then(Value::as_str) {
-        Some(me) => match crate::cel::compile(me, &["self", "oldSelf"]) {
+        Some(me) => match crate::cel::compile(me, &["self", "oldSelf"]).and_then(|p| {
+            match p.undeclared_function() {
+                Some(e) => Err(format!("compilation failed: {e}")),
+                None => Ok(p),
+            }
+        }) {
             Ok(p) => Some(p),
             Err(e) => {
                 out.push(Cause::invalid(

@@ -50,6 +50,26 @@ pub(crate) enum ListType {
     Map,
 }
 
+/// How CEL names a property of an object: as written, escaped
+/// (`x-y` → `x__dash__y`), or not at all (names CEL cannot spell).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum CelKey {
+    #[default]
+    Same,
+    Escaped(String),
+    Hidden,
+}
+
+impl CelKey {
+    pub(crate) fn of(name: &str) -> CelKey {
+        match crate::cel::escape_property(name) {
+            Some(e) if e == name => CelKey::Same,
+            Some(e) => CelKey::Escaped(e),
+            None => CelKey::Hidden,
+        }
+    }
+}
+
 /// One `x-kubernetes-validations` entry, compiled.
 #[derive(Debug, Clone)]
 pub(crate) struct Rule {
@@ -120,6 +140,9 @@ pub(crate) struct Node {
     /// Whether this node or anything below it carries CEL rules (so validation
     /// can skip whole subtrees without rules).
     pub(crate) has_rules_below: bool,
+    /// For a property, the name CEL knows it by (computed once, not per
+    /// evaluation).
+    pub(crate) cel_key: CelKey,
 }
 
 fn f64_of(v: Option<&Value>) -> Option<f64> {
@@ -202,7 +225,9 @@ impl Node {
         };
         if let Some(props) = get("properties").and_then(Value::as_object) {
             for (k, v) in props {
-                n.properties.insert(k.clone(), Node::build(v));
+                let mut p = Node::build(v);
+                p.cel_key = CelKey::of(k);
+                n.properties.insert(k.clone(), p);
             }
         }
         match get("additionalProperties") {

@@ -4,107 +4,120 @@
 //! them (`apiextensions-apiserver/pkg/apiserver/schema/cel/validation.go`),
 //! and Kubernetes' runtime cost budget.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use ::cel::common::ast::Expr;
-use ::cel::objects::{Key, Map, OptionalValue};
+use ::cel::common::types::{
+    CelBytes, CelDouble, CelDuration, CelList, CelMap, CelMapKey, CelOptional, CelTimestamp,
+};
+use ::cel::common::value::Val;
 use ::cel::Value as CelValue;
 use serde_json::Value;
 
-use super::node::{ListType, Node, Rule, Type};
-use super::validate::{correlate, json_eq};
+use super::node::{CelKey, ListType, Node, Rule, Type};
+use super::validate::{correlate, json_eq, P};
 use crate::cel::cost::{Shape, PER_CALL_LIMIT, RUNTIME_COST_BUDGET};
-use crate::cel::escape_property;
+use crate::cel::{escape_property, Bindings};
 use crate::Cause;
 
-/// A value as the rule sees it: objects with their properties (names
-/// escaped), numbers as `double`, date-times as timestamps, durations as
-/// durations; the root's metadata reduced to name and generateName.
-pub(crate) fn typed(n: &Node, v: &Value, root: bool) -> CelValue {
-    typed_fields(n, v, root, None)
-}
-
-/// `typed`, keeping only the given fields (CEL names) at the top level.
-fn typed_fields(
+/// A value as the rule sees it, borrowing the object's strings: objects
+/// with their properties (names escaped), numbers as `double`, date-times as
+/// timestamps, durations as durations; the root's metadata reduced to name
+/// and generateName. With `only`, just those fields (CEL names) of `self`
+/// are converted: a rule reading `self.replicas` of a large `spec` costs no
+/// conversion of the rest.
+pub(crate) fn typed<'a>(
     n: &Node,
-    v: &Value,
+    v: &'a Value,
     root: bool,
-    only: Option<&std::collections::BTreeSet<String>>,
-) -> CelValue {
+    only: Option<&BTreeSet<String>>,
+) -> Box<dyn Val + 'a> {
     match v {
         Value::Object(m) => {
-            let mut map: HashMap<Key, CelValue> = HashMap::with_capacity(m.len());
+            let cap = only.map_or(m.len(), |o| o.len().min(m.len()));
+            let mut map: HashMap<CelMapKey<'a>, Box<dyn Val + 'a>> = HashMap::with_capacity(cap);
             let schemaless = n.properties.is_empty() && n.additional.is_none();
+            let resource = root || n.embedded;
             for (k, x) in m {
-                if let Some(only) = only {
-                    let wanted = match escape_property(k) {
-                        Some(e) => only.contains(&e),
-                        None => false,
-                    };
-                    if !wanted && !only.contains(k) {
+                let wanted = |name: &str| only.is_none_or(|o| o.contains(name));
+                if resource && matches!(k.as_str(), "apiVersion" | "kind") {
+                    if wanted(k) {
+                        map.insert(CelMapKey::from(k.as_str()), crate::cel::json_val(x));
+                    }
+                } else if resource && k == "metadata" {
+                    if !wanted(k) {
                         continue;
                     }
-                }
-                if (root || n.embedded) && matches!(k.as_str(), "apiVersion" | "kind") {
-                    map.insert(key(k), crate::cel::to_cel(x));
-                } else if (root || n.embedded) && k == "metadata" {
-                    let mut meta = HashMap::new();
+                    let mut meta: HashMap<CelMapKey<'a>, Box<dyn Val + 'a>> = HashMap::new();
                     if let Some(mm) = x.as_object() {
                         for f in ["name", "generateName"] {
                             if let Some(s) = mm.get(f) {
-                                meta.insert(key(f), crate::cel::to_cel(s));
+                                meta.insert(CelMapKey::from(f), crate::cel::json_val(s));
                             }
                         }
                     }
-                    map.insert(
-                        key(k),
-                        CelValue::Map(Map {
-                            map: Arc::new(meta),
-                        }),
-                    );
+                    map.insert(CelMapKey::from(k.as_str()), Box::new(CelMap::from(meta)));
                 } else if let Some(p) = n.properties.get(k) {
-                    if let Some(e) = escape_property(k) {
-                        map.insert(key(&e), typed(p, x, false));
+                    let key = match &p.cel_key {
+                        CelKey::Same => CelMapKey::from(k.as_str()),
+                        CelKey::Escaped(e) => CelMapKey::from(e.clone()),
+                        CelKey::Hidden => continue,
+                    };
+                    if only.is_some() && !(wanted(key_str(&key)) || wanted(k)) {
+                        continue;
                     }
+                    map.insert(key, typed(p, x, false, None));
                 } else if let Some(a) = &n.additional {
-                    map.insert(key(k), typed(a, x, false));
-                } else if schemaless {
-                    map.insert(key(k), crate::cel::to_cel(x));
+                    if wanted(k) {
+                        map.insert(CelMapKey::from(k.as_str()), typed(a, x, false, None));
+                    }
+                } else if schemaless && wanted(k) {
+                    map.insert(CelMapKey::from(k.as_str()), crate::cel::json_val(x));
                 }
             }
-            CelValue::Map(Map { map: Arc::new(map) })
+            Box::new(CelMap::from(map))
         }
         Value::Array(a) => match &n.items {
-            Some(i) => CelValue::List(Arc::new(a.iter().map(|x| typed(i, x, false)).collect())),
-            None => crate::cel::to_cel(v),
+            Some(i) => Box::new(CelList::from(
+                a.iter()
+                    .map(|x| typed(i, x, false, None))
+                    .collect::<Vec<Box<dyn Val + 'a>>>(),
+            )),
+            None => crate::cel::json_val(v),
         },
         Value::Number(num) if n.ty == Some(Type::Number) => {
-            CelValue::Float(num.as_f64().unwrap_or(0.0))
+            Box::new(CelDouble::from(num.as_f64().unwrap_or(0.0)))
         }
         Value::String(s) if n.ty == Some(Type::String) => match n.format.as_deref() {
-            Some("date-time") => chrono::DateTime::parse_from_rfc3339(s)
-                .map(CelValue::Timestamp)
-                .unwrap_or_else(|_| crate::cel::to_cel(v)),
-            Some("duration") => super::formats::parse_go_duration(s)
+            Some("date-time") => match chrono::DateTime::parse_from_rfc3339(s) {
+                Ok(t) => Box::new(CelTimestamp::from(t)),
+                Err(_) => crate::cel::json_val(v),
+            },
+            Some("duration") => match super::formats::parse_go_duration(s)
                 .and_then(|secs| chrono::Duration::try_milliseconds((secs * 1000.0) as i64))
-                .map(CelValue::Duration)
-                .unwrap_or_else(|| crate::cel::to_cel(v)),
+            {
+                Some(d) => Box::new(CelDuration::from(d)),
+                None => crate::cel::json_val(v),
+            },
             Some("byte") => {
                 use base64::Engine;
-                base64::engine::general_purpose::STANDARD
-                    .decode(s)
-                    .map(|b| CelValue::Bytes(Arc::new(b)))
-                    .unwrap_or_else(|_| crate::cel::to_cel(v))
+                match base64::engine::general_purpose::STANDARD.decode(s) {
+                    Ok(b) => Box::new(CelBytes::from(b)),
+                    Err(_) => crate::cel::json_val(v),
+                }
             }
-            _ => crate::cel::to_cel(v),
+            _ => crate::cel::json_val(v),
         },
-        _ => crate::cel::to_cel(v),
+        _ => crate::cel::json_val(v),
     }
 }
 
-fn key(k: &str) -> Key {
-    Key::String(Arc::new(k.to_string()))
+fn key_str<'k>(k: &'k CelMapKey<'_>) -> &'k str {
+    match k {
+        CelMapKey::String(s) => s.inner(),
+        _ => "",
+    }
 }
 
 struct Run<'a> {
@@ -120,7 +133,7 @@ pub(crate) fn validate_rules(root: &Node, obj: &Value, old: Option<&Value>, out:
         budget: RUNTIME_COST_BUDGET,
         stopped: false,
     };
-    walk(&mut run, root, obj, old, "", true);
+    walk(&mut run, root, obj, old, &P::Root(""), true);
 }
 
 /// Evaluates the rules of `n` and below on a value (a default), as if it
@@ -131,7 +144,7 @@ pub(crate) fn validate_rules_at(n: &Node, v: &Value, resource: bool, out: &mut V
         budget: RUNTIME_COST_BUDGET,
         stopped: false,
     };
-    walk(&mut run, n, v, None, "", resource);
+    walk(&mut run, n, v, None, &P::Root(""), resource);
 }
 
 fn join(path: &str, name: &str) -> String {
@@ -142,7 +155,7 @@ fn join(path: &str, name: &str) -> String {
     }
 }
 
-fn walk(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path: &str, root: bool) {
+fn walk(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path: &P<'_>, root: bool) {
     if run.stopped || !n.has_rules_below || (v.is_null() && n.nullable) {
         return;
     }
@@ -156,22 +169,24 @@ fn walk(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path: &str,
                 if root && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
                     continue;
                 }
-                let o = old_m.and_then(|o| o.get(k));
-                if let Some(p) = n.properties.get(k) {
-                    walk(run, p, x, o, &join(path, k), false);
-                } else if let Some(a) = &n.additional {
-                    walk(run, a, x, o, &join(path, k), false);
+                let Some(p) = n.properties.get(k).or(n.additional.as_deref()) else {
+                    continue;
+                };
+                if !p.has_rules_below {
+                    continue;
                 }
+                let o = old_m.and_then(|o| o.get(k));
+                walk(run, p, x, o, &P::Field(path, k), false);
             }
         }
         Value::Array(a) => {
-            if let Some(items) = &n.items {
+            if let Some(items) = n.items.as_deref().filter(|i| i.has_rules_below) {
                 for (i, x) in a.iter().enumerate() {
                     let o = match (n.list_type, old.and_then(Value::as_array)) {
                         (Some(ListType::Map), Some(olds)) => correlate(n, x, olds),
                         _ => None,
                     };
-                    walk(run, items, x, o, &format!("{path}[{i}]"), false);
+                    walk(run, items, x, o, &P::Index(path, i), false);
                 }
             }
         }
@@ -179,31 +194,46 @@ fn walk(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path: &str,
     }
 }
 
-fn eval_rules(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path: &str, root: bool) {
+fn eval_rules(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, at: &P<'_>, root: bool) {
     let unchanged = old.is_some_and(|o| json_eq(o, v));
+    // Ratcheting: an unchanged value is judged only by rules that look at
+    // oldSelf; with nothing to run, nothing is converted.
+    let runnable = |rule: &Rule| {
+        if rule.uses_old_self {
+            old.is_some() || rule.optional_old_self
+        } else {
+            !unchanged
+        }
+    };
+    if !n.rules.iter().any(runnable) {
+        return;
+    }
     let only = n.rule_fields.as_ref();
-    let self_val = typed_fields(n, v, root, only);
-    let old_val = old.map(|o| typed_fields(n, o, root, only));
+    // `self` and `oldSelf` are converted once for all of this node's rules.
+    let self_val: Arc<dyn Val + '_> = Arc::from(typed(n, v, root, only));
+    let old_val: Option<Arc<dyn Val + '_>> = old.map(|o| Arc::from(typed(n, o, root, only)));
+    let mut plain = Bindings::default();
+    plain.bind("self", Arc::clone(&self_val));
+    if let Some(o) = &old_val {
+        plain.bind("oldSelf", Arc::clone(o));
+    }
+    // For optionalOldSelf rules `oldSelf` is an optional, built on first use.
+    let mut optional: Option<Bindings<'_>> = None;
     let type_name = Value::String(n.type_name().to_string());
     let mut shape: Option<Shape> = None;
     for rule in &n.rules {
         if run.stopped {
             return;
         }
-        // Transition rules run only on update with a correlated old value,
-        // unless optionalOldSelf lets them see an absent one.
-        if rule.uses_old_self && old_val.is_none() && !rule.optional_old_self {
-            continue;
-        }
-        // Ratcheting: an unchanged value is not re-judged by rules that do
-        // not look at oldSelf.
-        if unchanged && !rule.uses_old_self {
+        if !runnable(rule) {
             continue;
         }
         let cost = runtime_cost(rule, n, v, &mut shape);
+        // The path is written out only for an error.
+        let path = || at.to_string();
         if cost > PER_CALL_LIMIT {
             run.out.push(Cause::invalid(
-                path,
+                path(),
                 &type_name,
                 &format!(
                     "'operation cancelled: actual cost limit exceeded': no further validation rules will be run due to call cost exceeds limit for rule: {}",
@@ -215,7 +245,7 @@ fn eval_rules(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path:
         }
         if cost > run.budget {
             run.out.push(Cause::invalid(
-                path,
+                path(),
                 &type_name,
                 "validation failed due to running out of cost budget, no further validation rules will be run",
             ));
@@ -223,26 +253,31 @@ fn eval_rules(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path:
             return;
         }
         run.budget -= cost;
-        let mut vars = vec![("self", self_val.clone())];
-        if rule.uses_old_self {
-            let o = match (&old_val, rule.optional_old_self) {
-                (Some(o), true) => CelValue::Opaque(Arc::new(OptionalValue::of(o.clone()))),
-                (None, _) => CelValue::Opaque(Arc::new(OptionalValue::none())),
-                (Some(o), false) => o.clone(),
-            };
-            vars.push(("oldSelf", o));
-        }
-        let field = match &rule.field_path {
-            Some(fp) => join(path, fp),
-            None => path.to_string(),
+        let vars = if rule.uses_old_self && rule.optional_old_self {
+            optional.get_or_insert_with(|| {
+                let mut b = Bindings::default();
+                b.bind("self", Arc::clone(&self_val));
+                let o = match &old_val {
+                    Some(o) => CelOptional::of(o.clone_as_boxed()),
+                    None => CelOptional::none(),
+                };
+                b.bind("oldSelf", Arc::new(o));
+                b
+            })
+        } else {
+            &plain
         };
-        match rule.program.eval_cel(vars.clone()) {
+        match rule.program.eval_bound(vars) {
             Ok(CelValue::Bool(true)) => {}
             Ok(CelValue::Bool(false)) => {
+                let field = match &rule.field_path {
+                    Some(fp) => join(&path(), fp),
+                    None => path(),
+                };
                 let detail = rule
                     .message_expression
                     .as_ref()
-                    .and_then(|me| match me.eval_cel(vars) {
+                    .and_then(|me| match me.eval_bound(vars) {
                         Ok(CelValue::String(s)) => {
                             let t = s.trim();
                             (!t.is_empty() && !t.contains('\n') && t.len() <= 5 * 1024)
@@ -263,7 +298,7 @@ fn eval_rules(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path:
                 ));
             }
             Ok(_) => run.out.push(Cause::invalid(
-                path,
+                path(),
                 &type_name,
                 &format!(
                     "rule did not evaluate to a boolean evaluating rule: {}",
@@ -271,7 +306,7 @@ fn eval_rules(run: &mut Run<'_>, n: &Node, v: &Value, old: Option<&Value>, path:
                 ),
             )),
             Err(e) => run.out.push(Cause::invalid(
-                path,
+                path(),
                 &type_name,
                 &format!("{e} evaluating rule: {}", rule_error_string(rule)),
             )),
@@ -426,7 +461,13 @@ fn node_ty(n: &Node) -> Ty<'_> {
 /// does not have (`undefined field`), operands of kinds no overload accepts
 /// together (`'a' > 1`, `self.name + 1`, `!self.count`), inside macros too,
 /// reported as cel-go reports them.
-pub(crate) fn check_types(p: &crate::cel::Program, n: &Node, is_root: bool) -> Result<(), String> {
+///
+/// `Ok(false)` when the expression cannot be a bool (`self.replicas + 1`).
+pub(crate) fn check_types(
+    p: &crate::cel::Program,
+    n: &Node,
+    is_root: bool,
+) -> Result<bool, String> {
     struct Cx<'p, 'a> {
         p: &'p crate::cel::Program,
         n: &'a Node,
@@ -617,7 +658,7 @@ pub(crate) fn check_types(p: &crate::cel::Program, n: &Node, is_root: bool) -> R
         is_root,
         scope: Vec::new(),
     };
-    ty(p.ast(), &mut cx).map(|_| ())
+    ty(p.ast(), &mut cx).map(|t| matches!(t, Ty::Bool | Ty::Dyn))
 }
 
 /// A rule's `fieldPath` (`.spec.x`, `.a['b-c']`, `.list[0]` is refused as

@@ -326,6 +326,69 @@ fn pruning_drops_unknown_fields_and_keeps_what_kubernetes_keeps() {
 }
 
 #[test]
+fn pruning_and_defaulting_in_one_walk_give_what_the_two_passes_give() {
+    let s = spec_schema();
+    let objects = [
+        json!({"apiVersion": "x/v1", "kind": "K",
+            "metadata": {"name": "a", "labels": {"x": "y"}, "bogus": 1},
+            "unknown": 1,
+            "spec": {"image": "x", "junk": true, "replicas": null, "note": null,
+                     "extra": {"anything": {"deep": 1}, "known": {"a": "x", "b": "dropped"}},
+                     "template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "zzz": 1},
+                                  "spec": {"x": 1, "y": 2}, "other": 3},
+                     "ports": [{"name": "a", "junk": 1}, {"name": "b", "protocol": null}, null],
+                     "labels": {"k": "v", "n": null}},
+            "status": {"ready": true, "junk": 1}}),
+        json!({"spec": {"image": "x", "ports": [{"name": "a"}, {"name": "b", "protocol": "UDP"}],
+            "labels": {"a": null}, "note": null}}),
+        json!({"spec": null, "status": null, "metadata": null}),
+        json!({"spec": {"ports": "not a list", "labels": [1, 2], "extra": 3}}),
+        json!([1, 2]),
+        json!({}),
+    ];
+    for o in objects {
+        let mut two = o.clone();
+        s.prune(&mut two);
+        s.apply_defaults(&mut two);
+        let mut one = o.clone();
+        s.prune_and_default(&mut one);
+        assert_eq!(one, two, "{o}");
+    }
+}
+
+#[test]
+fn unknown_fields_are_the_fields_pruning_drops_with_their_paths() {
+    let s = spec_schema();
+    let obj = json!({"apiVersion": "x/v1", "kind": "K",
+        "metadata": {"name": "a", "bogus": 1},
+        "unknown": 1,
+        "spec": {"image": "x", "junk": true,
+                 "extra": {"anything": {"deep": 1}, "known": {"a": "x", "b": "dropped"}},
+                 "template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "zzz": 1},
+                              "spec": {"x": 1, "y": 2}, "other": 3},
+                 "ports": [{"name": "a"}, {"name": "b", "junk": 1}],
+                 "labels": {"k": "v"}},
+        "status": {"ready": true, "junk": 1}});
+    let mut got = s.unknown_fields(&obj);
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ".spec.extra.known.b",
+            ".spec.junk",
+            ".spec.ports[1].junk",
+            ".spec.template.other",
+            ".spec.template.spec.y",
+            ".status.junk",
+            ".unknown",
+        ]
+    );
+    let mut pruned = obj.clone();
+    s.prune(&mut pruned);
+    assert!(s.unknown_fields(&pruned).is_empty());
+}
+
+#[test]
 fn defaults_are_applied_nested_into_arrays_and_maps() {
     let s = spec_schema();
     let mut obj = json!({"spec": {"image": "x", "ports": [{"name": "a"}, {"name": "b", "protocol": "UDP"}],
@@ -1350,4 +1413,82 @@ fn rules_are_checked_inside_macros_too() {
     ] {
         assert!(with_rule(ok).is_ok(), "{ok}: {:?}", with_rule(ok).err());
     }
+}
+
+#[test]
+fn rules_calling_undeclared_functions_or_not_yielding_a_bool_are_refused_at_creation() {
+    let p = format!("{P}.properties[spec].x-kubernetes-validations");
+    let with_rules = |rules: Value| {
+        refused(
+            json!({"type": "object", "properties": {"spec": {"type": "object",
+            "properties": {"a": {"type": "string", "maxLength": 10}, "n": {"type": "integer"}},
+            "x-kubernetes-validations": rules}}}),
+        )
+    };
+    let got = with_rules(json!([
+        {"rule": "self.a.foo()"},
+        {"rule": "foo(self.a)"},
+        {"rule": "self.n + 1"},
+        {"rule": "self.a == 'x'", "messageExpression": "nope(self.a)"},
+    ]));
+    assert_eq!(
+        got,
+        vec![
+            format!(
+                r#"{p}[0].rule: Invalid value: {{"rule":"self.a.foo()"}}: compilation failed: ERROR: <input>:1:11: undeclared reference to 'foo' (in container '')"#
+            ),
+            format!(
+                r#"{p}[1].rule: Invalid value: {{"rule":"foo(self.a)"}}: compilation failed: ERROR: <input>:1:4: undeclared reference to 'foo' (in container '')"#
+            ),
+            format!(
+                r#"{p}[2].rule: Invalid value: {{"rule":"self.n + 1"}}: cel expression must evaluate to a bool"#
+            ),
+            format!(
+                r#"{p}[3].messageExpression: Invalid value: {{"rule":"self.a == 'x'","messageExpression":"nope(self.a)"}}: messageExpression compilation failed: ERROR: <input>:1:5: undeclared reference to 'nope' (in container '')"#
+            ),
+        ]
+    );
+}
+
+#[test]
+fn two_variable_comprehensions_validate_and_are_costed() {
+    let schema = |max: Option<u64>| {
+        let mut labels =
+            json!({"type": "object", "additionalProperties": {"type": "string", "maxLength": 63}});
+        if let Some(m) = max {
+            labels["maxProperties"] = json!(m);
+        }
+        json!({"type": "object", "properties": {"spec": {"type": "object",
+        "properties": {"labels": labels, "ports": {"type": "array", "maxItems": 8,
+            "items": {"type": "integer"}}},
+        "x-kubernetes-validations": [
+            {"rule": "self.labels.all(k, v, k.size() + v.size() < 20)", "message": "short labels"},
+            {"rule": "!has(self.ports) || self.ports.all(i, p, i == 0 || p > self.ports[i - 1])",
+             "message": "ports ascend"},
+            {"rule": "self.labels.transformMap(k, v, v.size()).all(k, n, n <= self.labels.size() * 20)"}
+        ]}}})
+    };
+    // Unbounded labels: a nested comprehension over them iterates the
+    // square of what a request can hold.
+    let mut nested = schema(None);
+    nested["properties"]["spec"]["x-kubernetes-validations"][0]["rule"] =
+        json!("self.labels.all(k, v, self.labels.exists(k2, v2, v2 != k))");
+    let got = refused(nested);
+    assert!(
+        got.iter()
+            .any(|g| g.contains("estimated rule cost exceeds budget by factor of")),
+        "{got:#?}"
+    );
+    let s = compile(schema(Some(16)));
+    let ok = json!({"spec": {"labels": {"a": "b", "c": "d"}, "ports": [1, 5, 9]}});
+    assert!(s.validate(&ok, None).is_empty());
+    let bad = json!({"spec": {"labels": {"a": "bbbbbbbbbbbbbbbbbbbbbbbb"}, "ports": [5, 1]}});
+    assert_eq!(
+        messages(&s.validate(&bad, None)),
+        vec![
+            "spec: Invalid value: short labels",
+            "spec: Invalid value: ports ascend",
+            "spec: Invalid value: failed rule: self.labels.transformMap(k, v, v.size()).all(k, n, n <= self.labels.size() * 20)"
+        ]
+    );
 }

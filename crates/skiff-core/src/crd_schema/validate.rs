@@ -463,7 +463,8 @@ impl Validator<'_> {
         if n.all_of.is_empty() && n.any_of.is_empty() && n.one_of.is_empty() && n.not.is_none() {
             return;
         }
-        let quoted = format!("{:?}", name.to_string());
+        // Written out only for an error.
+        let quoted = || format!("{:?}", name.to_string());
         let composite = |this: &mut Self, msg: String| {
             let f = this.base.to_string();
             this.out
@@ -490,11 +491,23 @@ impl Validator<'_> {
                 let extra = if valid == 0 { ". None validated" } else { "" };
                 composite(
                     self,
-                    format!("{quoted} must validate all the schemas (allOf){extra}"),
+                    format!("{} must validate all the schemas (allOf){extra}", quoted()),
                 );
             }
         }
-        if !n.any_of.is_empty() {
+        // A branch whose type the value does not have fails without being
+        // run (int-or-string's `anyOf: [{type: integer}, {type: string}]`
+        // costs one type test, not an error message); the errors are only
+        // collected when no branch validates.
+        let any_of_ok = !n.any_of.is_empty()
+            && n.any_of.iter().any(|sub| {
+                (sub.int_or_string
+                    || sub
+                        .ty
+                        .is_none_or(|t| type_matches(t, v) || (v.is_null() && sub.nullable)))
+                    && run(self, sub).is_empty()
+            });
+        if !n.any_of.is_empty() && !any_of_ok {
             let mut best: Option<Vec<Cause>> = None;
             let mut ok = false;
             for sub in &n.any_of {
@@ -510,7 +523,7 @@ impl Validator<'_> {
             if !ok {
                 composite(
                     self,
-                    format!("{quoted} must validate at least one schema (anyOf)"),
+                    format!("{} must validate at least one schema (anyOf)", quoted()),
                 );
                 self.out.extend(best.unwrap_or_default());
             }
@@ -534,7 +547,10 @@ impl Validator<'_> {
                 };
                 composite(
                     self,
-                    format!("{quoted} must validate one and only one schema (oneOf). {extra}"),
+                    format!(
+                        "{} must validate one and only one schema (oneOf). {extra}",
+                        quoted()
+                    ),
                 );
                 if valid == 0 {
                     self.out.extend(best.unwrap_or_default());
@@ -543,7 +559,10 @@ impl Validator<'_> {
         }
         if let Some(not) = &n.not {
             if run(self, not).is_empty() {
-                composite(self, format!("{quoted} must not validate the schema (not)"));
+                composite(
+                    self,
+                    format!("{} must not validate the schema (not)", quoted()),
+                );
             }
         }
     }

@@ -264,8 +264,12 @@ impl CustomRules {
     /// Fields of `obj` the schema does not specify (what pruning would
     /// drop), as `.spec.colour`: field validation's unknown fields.
     /// `metadata` is ObjectMeta's business; `x-kubernetes-preserve-unknown-fields`
-    /// keeps anything below it.
+    /// keeps a node's unspecified fields (its specified properties are
+    /// still checked below it, as pruning does).
     pub fn unknown_fields(&self, obj: &Value) -> Vec<String> {
+        if let Some(c) = &self.compiled {
+            return c.unknown_fields(obj);
+        }
         let mut out = Vec::new();
         if let Some(s) = self.schema {
             unknown_walk(s, obj, String::new(), true, &mut out);
@@ -382,8 +386,7 @@ impl KindRules for CustomRules {
     /// schema's defaults.
     fn defaults(&self, obj: &mut Value) {
         if let Some(s) = &self.compiled {
-            s.prune(obj);
-            s.apply_defaults(obj);
+            s.prune_and_default(obj);
         }
     }
 

@@ -398,6 +398,49 @@ pub fn duplicate_fields(body: &[u8]) -> Vec<String> {
     out
 }
 
+/// `duplicate_fields` for a body that was already parsed into `parsed`
+/// (or into that with fields removed, never added). A repeated key makes
+/// the parsed object lose a member, so when the body's members (its
+/// colons outside strings) are as many as the parsed object's, no key
+/// repeats and the body is not parsed a second time; otherwise the paths
+/// are looked for.
+pub fn duplicate_fields_of(body: &[u8], parsed: &Value) -> Vec<String> {
+    if members_in(body) == members_of(parsed) {
+        return Vec::new();
+    }
+    duplicate_fields(body)
+}
+
+/// The members of the JSON text `body`: its colons outside strings.
+fn members_in(body: &[u8]) -> usize {
+    let (mut n, mut in_string, mut escaped) = (0, false, false);
+    for &b in body {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if b == b':' {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The members of every object in `v`.
+fn members_of(v: &Value) -> usize {
+    match v {
+        Value::Object(m) => m.len() + m.values().map(members_of).sum::<usize>(),
+        Value::Array(a) => a.iter().map(members_of).sum(),
+        _ => 0,
+    }
+}
+
 enum Seg<'de> {
     Key(std::borrow::Cow<'de, str>),
     Index(usize),
@@ -497,6 +540,25 @@ mod tests {
     use super::*;
     use crate::schema::root;
     use serde_json::json;
+
+    #[test]
+    fn duplicates_are_found_with_or_without_the_parsed_body() {
+        for (body, want) in [
+            (r#"{"a": 1, "b": {"c": ":", "d": "\\\":"}}"#, vec![]),
+            (r#"{"a": 1, "a": 2}"#, vec!["a"]),
+            (r#"{"s": {"x": [{"k": 1, "k": 2}]}}"#, vec!["s.x[0].k"]),
+            (r#"{"a": {"x": 1}, "a": {"y": "a:b"}}"#, vec!["a"]),
+            (r#"[{"q": "\"", "q": 1}]"#, vec!["[0].q"]),
+        ] {
+            let parsed: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(
+                duplicate_fields_of(body.as_bytes(), &parsed),
+                want,
+                "{body}"
+            );
+            assert_eq!(duplicate_fields(body.as_bytes()), want, "{body}");
+        }
+    }
 
     fn deploy() -> Value {
         json!({"spec": {"replicas": 1, "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%"}},
