@@ -139,8 +139,13 @@ async fn the_table_follows_services_and_slices_and_skips_node_local_services() {
     };
     let task = tokio::spawn(proxy::run(client.clone(), options));
 
-    let t = until("both endpoints of web", &table, |t| {
-        t.contains("dnat to 198.19.0.1:8080") && t.contains("dnat to 198.19.0.2:8080")
+    // The proxy's first list may be served from the API server's cache a
+    // moment behind the writes above (resourceVersion 0, as informers
+    // list); the rest arrives by the watch: wait for all of it.
+    let t = until("both endpoints of web, and lonely", &table, |t| {
+        t.contains("dnat to 198.19.0.1:8080")
+            && t.contains("dnat to 198.19.0.2:8080")
+            && t.contains(&format!("{lonely_ip} . tcp . 80"))
     })
     .await;
     assert!(
