@@ -223,6 +223,19 @@ fn is_non_nullable_null(v: &Value, n: &Node) -> bool {
 /// Defaulting walks the object's fields (not the schema's properties) and
 /// descends only into objects and arrays: it runs on every read from
 /// storage, where there is usually nothing to do.
+/// The defaults of `n`'s properties that `m` lacks, each defaulted inside.
+fn add_missing_defaults(n: &Node, m: &mut serde_json::Map<String, Value>) {
+    for (k, p) in &n.properties {
+        if let Some(d) = &p.default {
+            if !m.contains_key(k) {
+                let mut x = d.clone();
+                default_node(p, &mut x);
+                m.insert(k.clone(), x);
+            }
+        }
+    }
+}
+
 fn default_node(n: &Node, v: &mut Value) {
     match v {
         Value::Object(m) => {
@@ -249,15 +262,7 @@ fn default_node(n: &Node, v: &mut Value) {
                 }
                 true
             });
-            for (k, p) in &n.properties {
-                if let Some(d) = &p.default {
-                    if !m.contains_key(k) {
-                        let mut x = d.clone();
-                        default_node(p, &mut x);
-                        m.insert(k.clone(), x);
-                    }
-                }
-            }
+            add_missing_defaults(n, m);
         }
         Value::Array(items) => {
             if let Some(i) = &n.items {
@@ -365,15 +370,7 @@ fn prune_default_node(n: &Node, v: &mut Value, is_resource: bool) {
                 }
                 true
             });
-            for (k, p) in &n.properties {
-                if let Some(d) = &p.default {
-                    if !m.contains_key(k) {
-                        let mut x = d.clone();
-                        default_node(p, &mut x);
-                        m.insert(k.clone(), x);
-                    }
-                }
-            }
+            add_missing_defaults(n, m);
         }
         Value::Array(items) => {
             if let Some(i) = &n.items {
