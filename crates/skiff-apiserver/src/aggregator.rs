@@ -366,17 +366,7 @@ async fn proxy(
         .send_request(out)
         .await
         .map_err(|e| unavailable(e.to_string()))?;
-    let (parts, body) = resp.into_parts();
-    let mut builder = Response::builder().status(parts.status);
-    for (k, v) in &parts.headers {
-        if k == header::CONNECTION || k == header::TRANSFER_ENCODING {
-            continue;
-        }
-        builder = builder.header(k, v);
-    }
-    builder
-        .body(Body::new(body))
-        .map_err(|e| unavailable(e.to_string()))
+    crate::nodeproxy::relayed(resp).map_err(|e| unavailable(e.to_string()))
 }
 
 /// An extra's key in a header name: percent-encoded as kube-apiserver

@@ -330,6 +330,14 @@ pub async fn proxy_node(
         .send_request(out)
         .await
         .map_err(|e| unreachable(e.to_string()))?;
+    relayed(resp).map_err(|e| unreachable(e.to_string()))
+}
+
+/// A backend's response as the client gets it: its status, headers but
+/// the hop-by-hop ones, and its body streamed through.
+pub(crate) fn relayed(
+    resp: Response<hyper::body::Incoming>,
+) -> Result<Response<Body>, http::Error> {
     let (parts, body) = resp.into_parts();
     let mut builder = Response::builder().status(parts.status);
     for (k, v) in &parts.headers {
@@ -338,9 +346,7 @@ pub async fn proxy_node(
         }
         builder = builder.header(k, v);
     }
-    builder
-        .body(Body::new(body))
-        .map_err(|e| unreachable(e.to_string()))
+    builder.body(Body::new(body))
 }
 
 /// GETs `path` from the agent of `node_name` and returns the body of a 200
