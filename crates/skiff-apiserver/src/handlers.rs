@@ -140,7 +140,15 @@ async fn readyz(state: &AppState, verbose: bool) -> Resp {
 }
 
 /// The one handler behind the router.
-pub async fn handle(State(state): State<Arc<AppState>>, mut req: Request<Body>) -> Resp {
+pub async fn handle(State(state): State<Arc<AppState>>, req: Request<Body>) -> Resp {
+    if !crate::slowlog::enabled() {
+        return handle_request(state, req).await;
+    }
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    crate::slowlog::traced(method.as_str(), &path, handle_request(state, req)).await
+}
+
+async fn handle_request(state: Arc<AppState>, mut req: Request<Body>) -> Resp {
     let path = req.uri().path().to_string();
     let who = match authenticate(&state, &mut req).await {
         Ok(who) => who,
@@ -176,6 +184,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, mut req: Request<Body>) 
             Err(e) => return error_response(&e),
         }
     };
+    crate::slowlog::mark("admitted");
     let response = authorize_and_serve(state.clone(), req, who, &mut a, path, audit).await;
     // A watch keeps its place, and a request its seats, until its body is
     // sent (or the client goes): so a list's bytes waiting for a slow

@@ -34,6 +34,7 @@ pub mod podtoken;
 pub mod registry;
 pub mod request;
 pub mod serve;
+pub mod slowlog;
 pub mod strategy;
 pub mod testing;
 pub mod tls;

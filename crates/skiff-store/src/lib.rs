@@ -11,6 +11,7 @@ pub mod etcd;
 mod redb_store;
 #[cfg(feature = "testsuite")]
 pub mod testsuite;
+pub mod trace;
 
 pub use etcd::{EtcdOptions, EtcdStore, EtcdTls};
 pub use redb_store::{RedbOptions, RedbStore};

@@ -18,7 +18,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -26,6 +26,7 @@ use futures::StreamExt;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use tokio::sync::{broadcast, oneshot};
 
+use crate::trace::BatchTimes;
 use crate::{Error, Event, KeyValue, ListOptions, ListResult, Result, Store, WatchStream};
 
 const REVISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("revisions");
@@ -75,7 +76,7 @@ struct Op {
     kind: OpKind,
     key: String,
     value: Bytes,
-    reply: oneshot::Sender<Result<(KeyValue, i64)>>,
+    reply: oneshot::Sender<(Result<(KeyValue, i64)>, BatchTimes)>,
 }
 
 /// The redb-backed [`Store`].
@@ -294,6 +295,7 @@ impl RedbStore {
 
     async fn submit(&self, kind: OpKind, key: &str, value: Bytes) -> Result<(KeyValue, i64)> {
         let (reply, rx) = oneshot::channel();
+        let enqueued = Instant::now();
         {
             let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
             let tx = guard.as_ref().ok_or(Error::Closed)?;
@@ -305,7 +307,9 @@ impl RedbStore {
             })
             .map_err(|_| Error::Closed)?;
         }
-        rx.await.map_err(|_| Error::Closed)?
+        let (r, times) = rx.await.map_err(|_| Error::Closed)?;
+        crate::trace::record(enqueued, &times);
+        r
     }
 
     fn check_revision(&self, rev: i64) -> Result<()> {
@@ -391,6 +395,8 @@ fn committer(
                 Err(_) => break,
             }
         }
+        let batch_start = Instant::now();
+        let mut commit_start = batch_start;
         let mut rev = revision.load(Ordering::Acquire);
         let mut compact_to = compacted.load(Ordering::Acquire);
         let mut results: Vec<Result<(KeyValue, i64)>> = Vec::with_capacity(batch.len());
@@ -518,9 +524,16 @@ fn committer(
                 meta.insert("compacted", compact_to as u64)
                     .map_err(backend)?;
             }
+            commit_start = Instant::now();
             w.commit().map_err(backend)?;
             Ok(())
         })();
+        let times = BatchTimes {
+            batch_start,
+            commit_start,
+            commit_end: Instant::now(),
+            batch_len: batch.len(),
+        };
         match outcome {
             Ok(()) => {
                 let published = publish.lock().unwrap_or_else(|e| e.into_inner());
@@ -531,12 +544,12 @@ fn committer(
                 }
                 drop(published);
                 for (op, r) in batch.into_iter().zip(results) {
-                    let _ = op.reply.send(r);
+                    let _ = op.reply.send((r, times));
                 }
             }
             Err(e) => {
                 for op in batch {
-                    let _ = op.reply.send(Err(e.clone()));
+                    let _ = op.reply.send((Err(e.clone()), times));
                 }
             }
         }
