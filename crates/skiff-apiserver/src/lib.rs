@@ -31,6 +31,7 @@ pub mod noderestriction;
 pub mod object;
 pub mod outbound;
 pub mod podtoken;
+pub mod rawjson;
 pub mod registry;
 pub mod request;
 pub mod serve;

@@ -983,11 +983,34 @@ impl Registry {
                 mod_revision: o.revision,
             });
         let wanted_uid = &wanted_uid;
+        let node = binding
+            .pointer("/target/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let has_annotations = binding
+            .pointer("/metadata/annotations")
+            .and_then(Value::as_object)
+            .is_some_and(|a| !a.is_empty());
         self.guaranteed_update(res, Some(ns), name, cached, |cur| async move {
             let Some(cur) = cur else {
                 return Err(ApiError::not_found("", "pods", name).into());
             };
             let from_cache = cur.create_revision == 0;
+            // A binding without annotations edits the stored bytes (the
+            // pod's managedFields and spec are not decoded and encoded).
+            if !opts.dry_run && !has_annotations {
+                match crate::strategy::pod::bind_stored(&cur.value, name, wanted_uid, node) {
+                    Ok(Some(bytes)) if bytes.len() <= object::MAX_OBJECT => {
+                        return self
+                            .write_bytes_at(res, &cur, bytes.into())
+                            .await
+                            .map(|_| ());
+                    }
+                    Ok(_) => {}
+                    Err(_) if from_cache => return Err(WriteError::Retry),
+                    Err(e) => return Err(e.into()),
+                }
+            }
             let mut pod = decode(&cur)?;
             if let Err(e) = crate::strategy::pod::bindable(&pod, name, wanted_uid) {
                 // A cached copy may be of an older pod of that name.
@@ -1067,6 +1090,26 @@ impl Registry {
             }
         })
         .await
+    }
+
+    /// Writes the encoded object `bytes` over `cur` if it is still the
+    /// current version.
+    pub(crate) async fn write_bytes_at(
+        &self,
+        res: &ResourceInfo,
+        cur: &KeyValue,
+        bytes: bytes::Bytes,
+    ) -> Result<KeyValue, WriteError> {
+        match self.store.update(&cur.key, bytes, cur.mod_revision).await {
+            Ok(kv) => Ok(kv),
+            Err(skiff_store::Error::Conflict { .. }) | Err(skiff_store::Error::NotFound(_)) => {
+                Err(WriteError::Retry)
+            }
+            Err(e) => {
+                let name = cur.key.rsplit('/').next().unwrap_or("");
+                Err(store_err(res, name, e).into())
+            }
+        }
     }
 
     /// Writes `new` over `cur` if it is still the current version.

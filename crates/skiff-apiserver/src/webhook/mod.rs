@@ -154,8 +154,10 @@ fn options(kind: &str, opts: &WriteOptions, dry_run: bool) -> Value {
 }
 
 fn ns_name(obj: &Value) -> (&str, &str) {
+    // (Every write passes here: no path string is built.)
     let m = |k: &str| {
-        obj.pointer(&format!("/metadata/{k}"))
+        obj.get("metadata")
+            .and_then(|m| m.get(k))
             .and_then(Value::as_str)
             .unwrap_or("")
     };
