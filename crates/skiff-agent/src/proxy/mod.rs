@@ -6,9 +6,10 @@
 //!
 //! - [`model`] decides, from data alone, what each service port needs.
 //! - [`rules`] renders that as nftables objects and diffs two versions.
-//! - [`nft`] applies a diff as one nftables transaction (through the
-//!   `nftables` crate, which drives `nft -j -f -`), and flushes stale UDP
-//!   conntrack entries.
+//! - [`nft`] applies a diff as one nftables transaction (by default as
+//!   netlink batches of [`netlink`]; `SKIFF_NFT_BACKEND=nft`: `nft -j -f -`
+//!   with the `nftables` crate's JSON), and flushes stale UDP conntrack
+//!   entries.
 //!
 //! The table is replaced whole once the first lists of Services and
 //! EndpointSlices are complete; after that a change touches only the
@@ -241,6 +242,7 @@ fn service_objects(
     state: &State,
     key: &Key,
     node: &NodeFacts,
+    shape: rules::Shape,
     warned: &mut HashMap<Key, String>,
 ) -> (PortRules, Vec<PortPlan>) {
     if *key == policy_key() {
@@ -251,7 +253,7 @@ fn service_objects(
             warned.remove(key);
             let mut r = PortRules::default();
             for p in &plans {
-                r.extend(rules::port_rules(p, node.cluster_cidr));
+                r.extend(rules::port_rules_shaped(p, node.cluster_cidr, shape));
             }
             (r, plans)
         }
@@ -398,7 +400,8 @@ pub async fn run_with_policy(
             instance: Some(node.name.clone()),
         },
     ));
-    let nft = nft::Nft::new(&options.table);
+    let nft = nft::Nft::new(&options.table).with_cluster_cidr(node.cluster_cidr);
+    let shape = nft.backend().shape();
     let services: Api<Service> = Api::all(client.clone());
     let slices: Api<EndpointSlice> = Api::all(client.clone());
     let mut svc_stream = watcher(services, watcher::Config::default()).boxed();
@@ -580,7 +583,7 @@ pub async fn run_with_policy(
                 keys.insert(&pk);
             }
             for k in keys {
-                let (mut r, p) = service_objects(&state, k, &node, &mut warned);
+                let (mut r, p) = service_objects(&state, k, &node, shape, &mut warned);
                 owners.claim(k, &mut r);
                 next.rules.insert(k.clone(), r);
                 next.plans.insert(k.clone(), p);
@@ -607,7 +610,7 @@ pub async fn run_with_policy(
             let mut next_rules = vec![];
             for k in &dirty {
                 owners.release(k);
-                let (mut r, p) = service_objects(&state, k, &node, &mut warned);
+                let (mut r, p) = service_objects(&state, k, &node, shape, &mut warned);
                 owners.claim(k, &mut r);
                 let empty = PortRules::default();
                 let old = applied.rules.get(k).unwrap_or(&empty);
