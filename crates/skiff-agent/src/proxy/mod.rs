@@ -1,7 +1,7 @@
 //! The service proxy (skiff's kube-proxy, nftables mode), run by every real
 //! agent: it watches Services and EndpointSlices and programs skiff's own
 //! nftables tables (`ip skiff-proxy` and its service shards
-//! `skiff-proxy-svc0..15`) so ClusterIPs, NodePorts, externalIPs
+//! `skiff-proxy-svc0..63`) so ClusterIPs, NodePorts, externalIPs
 //! and LoadBalancer IPs reach ready endpoints.
 //!
 //! - [`model`] decides, from data alone, what each service port needs.
@@ -235,6 +235,8 @@ struct Applied {
     /// harmless (only DNAT to that address makes a packet match it), and
     /// element deletions cost a dump of the set in nft.
     hairpin: BTreeSet<Ipv4Addr>,
+    /// The `hairpin` set's size, fixed at the last full resync.
+    hairpin_capacity: usize,
 }
 
 /// The objects and plans of one service (empty when it is not proxied).
@@ -592,6 +594,7 @@ pub async fn run_with_policy(
             for r in next.rules.values() {
                 next.hairpin.extend(r.endpoints.iter().copied());
             }
+            next.hairpin_capacity = rules::hairpin_capacity(next.hairpin.len()) as usize;
             let all: Vec<(rules::Home, &PortRules)> =
                 next.rules.iter().map(|(k, r)| (home_of(k), r)).collect();
             let t = Instant::now();
@@ -623,6 +626,13 @@ pub async fn run_with_policy(
                 .flat_map(|(_, r, _)| r.endpoints.iter().copied())
                 .filter(|ip| !applied.hairpin.contains(ip))
                 .collect();
+            if applied.hairpin.len() + new_pairs.len() > applied.hairpin_capacity {
+                // The set is full (pairs of gone endpoints stay until a
+                // full resync): make one now, which sizes it anew.
+                need_full = true;
+                retry_at = Some(tokio::time::Instant::now());
+                continue;
+            }
             ops.extend(
                 new_pairs
                     .iter()

@@ -395,6 +395,7 @@ impl Batch {
         data: Option<(u32, u32)>,
         timeout_ms: Option<u64>,
         userdata: Option<&[u8]>,
+        size: Option<u32>,
     ) -> u32 {
         let id = self.set_id(table, set);
         self.msg(NEWSET, NLM_F_CREATE, || format!("add set ip {table} {set}"));
@@ -406,6 +407,11 @@ impl Batch {
         if let Some((ty, len)) = data {
             self.u32(6, ty);
             self.u32(7, len);
+        }
+        if let Some(n) = size {
+            self.nest(9); // NFTA_SET_DESC
+            self.u32(1, n); // NFTA_SET_DESC_SIZE
+            self.unnest();
         }
         self.u32(10, id);
         if let Some(t) = timeout_ms {
@@ -434,6 +440,7 @@ impl Batch {
             Some((DATA_VERDICT, 0)),
             None,
             Some(UD_CONCAT_VMAP),
+            None,
         );
     }
 
@@ -448,11 +455,12 @@ impl Batch {
             Some((DATA_VERDICT, 0)),
             None,
             Some(UD_ADDR_VMAP),
+            None,
         );
     }
 
-    /// A set of `ip . ip` pairs.
-    pub fn add_pair_set(&mut self, table: &str, set: &str) {
+    /// A set of at most `size` `ip . ip` pairs.
+    pub fn add_pair_set(&mut self, table: &str, set: &str, size: u32) {
         self.new_set(
             table,
             set,
@@ -462,6 +470,7 @@ impl Batch {
             None,
             None,
             Some(UD_CONCAT),
+            Some(size),
         );
     }
 
@@ -484,6 +493,7 @@ impl Batch {
             None,
             timeout.map(|t| u64::from(t) * 1000),
             Some(UD_ADDR),
+            None,
         );
     }
 
@@ -499,6 +509,7 @@ impl Batch {
             Some(((TYPE_IPV4 << 6) | TYPE_SERVICE, 8)),
             None,
             Some(&numgen_map_userdata(k, protocol)),
+            None,
         );
     }
 
@@ -622,7 +633,7 @@ impl Batch {
         if interval {
             flags |= SET_INTERVAL;
         }
-        let id = self.new_set(table, &name, flags, TYPE_IPV4, 4, None, None, None);
+        let id = self.new_set(table, &name, flags, TYPE_IPV4, 4, None, None, None, None);
         // Interval sets hold range boundaries: each range's start, and the
         // address after its end flagged as an end (nothing after the last
         // address); like nft, a leading end at 0.0.0.0 when the first range
@@ -1217,6 +1228,7 @@ pub fn encode_skeleton(
     home: Home,
     node_ips: &[Ipv4Addr],
     cluster_cidr: Option<(Ipv4Addr, u8)>,
+    hairpin_size: u32,
 ) {
     let (maps, skeleton) = match home {
         Home::Main => (&rules::MAPS[..], rules::skeleton()),
@@ -1232,7 +1244,7 @@ pub fn encode_skeleton(
         ] {
             batch.add_addr_map(name, map);
         }
-        batch.add_pair_set(name, rules::HAIRPIN);
+        batch.add_pair_set(name, rules::HAIRPIN, hairpin_size);
     }
     batch.add_addr_set(name, rules::NODEPORT_IPS, None);
     if !node_ips.is_empty() {

@@ -181,6 +181,7 @@ impl Nft {
                         SetType::Ipv4Addr,
                         SetType::Ipv4Addr,
                     ])),
+                    size: Some(rules::hairpin_capacity(endpoints.len())),
                     ..Default::default()
                 })))));
             }
@@ -274,6 +275,12 @@ impl Nft {
         node_ips: &[Ipv4Addr],
         services: &[(Home, &PortRules)],
     ) -> Result<(), Error> {
+        let endpoints: Vec<Ipv4Addr> = services
+            .iter()
+            .flat_map(|(_, s)| s.endpoints.iter().copied())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let mut batch = netlink::Batch::new();
         if services.len() > 100 {
             batch.quiet();
@@ -284,7 +291,14 @@ impl Nft {
             batch.add_table(&name);
             batch.delete_table(&name);
             batch.add_table(&name);
-            netlink::encode_skeleton(&mut batch, &name, home, node_ips, self.cluster_cidr);
+            netlink::encode_skeleton(
+                &mut batch,
+                &name,
+                home,
+                node_ips,
+                self.cluster_cidr,
+                rules::hairpin_capacity(endpoints.len()),
+            );
         }
         let empty = PortRules::default();
         let mut ops: Vec<(String, Op)> = vec![];
@@ -303,12 +317,6 @@ impl Nft {
         }
         ops.sort_by(|a, b| group(a).cmp(&group(b)));
         netlink::encode_ops(&mut batch, &ops);
-        let endpoints: Vec<Ipv4Addr> = services
-            .iter()
-            .flat_map(|(_, s)| s.endpoints.iter().copied())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
         if !endpoints.is_empty() {
             batch.hairpin(&self.table_of(Home::Main), &endpoints, false);
         }
