@@ -201,7 +201,7 @@ async fn dry_run_and_field_validation() {
     assert_eq!(strict.status, StatusCode::BAD_REQUEST);
     assert_eq!(
         strict.body["message"],
-        "strict decoding error: unknown field \"dataa\""
+        "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: strict decoding error: unknown field \"dataa\""
     );
     let warn = a.post(&format!("{CMS}?fieldValidation=Warn"), bad).await;
     assert_eq!(warn.status, StatusCode::CREATED);
