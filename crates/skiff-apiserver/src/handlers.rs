@@ -1329,7 +1329,7 @@ fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<Delete
     }
     if let (Some(p), Some(_)) = (&o.propagation_policy, o.orphan_dependents) {
         return Err(ApiError::invalid(
-            "",
+            "meta.k8s.io",
             "DeleteOptions",
             "",
             vec![skiff_core::Cause::invalid(
@@ -1342,7 +1342,7 @@ fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<Delete
     if let Some(p) = &o.propagation_policy {
         if !matches!(p.as_str(), "Orphan" | "Background" | "Foreground") {
             return Err(ApiError::invalid(
-                "",
+                "meta.k8s.io",
                 "DeleteOptions",
                 "",
                 vec![skiff_core::Cause::not_supported(
