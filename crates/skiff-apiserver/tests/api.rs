@@ -1969,3 +1969,72 @@ async fn ingress_classes_are_served_with_their_rules_and_table() {
     assert_eq!(t["rows"][0]["cells"][1], "k8s.io/ingress-nginx");
     assert_eq!(t["rows"][0]["cells"][2], "<none>");
 }
+
+/// Ingresses are served (charts ship them even where no controller runs):
+/// kube-apiserver's checks, generation, the status subresource, the table.
+#[tokio::test]
+async fn ingresses_are_served_with_their_checks_status_and_table() {
+    let a = api().await;
+    let path = "/apis/networking.k8s.io/v1/namespaces/default/ingresses";
+    let r = a.get("/apis/networking.k8s.io/v1").await;
+    assert!(r.body["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["name"] == "ingresses"
+            && x["namespaced"] == true
+            && x["shortNames"] == json!(["ing"])));
+    assert!(r.body["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["name"] == "ingresses/status"));
+    let ing = |path_type: Value| {
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web"},
+            "spec": {"ingressClassName": "nginx", "rules": [{"host": "web.example.com", "http": {"paths": [
+                {"path": "/", "pathType": path_type, "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}})
+    };
+    let r = a.post(path, ing(Value::Null)).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    assert_eq!(
+        message(&r),
+        "Ingress.networking.k8s.io \"web\" is invalid: spec.rules[0].http.paths[0].pathType: Required value: pathType must be specified"
+    );
+    let r = a.post(path, ing(json!("Prefix"))).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.body["metadata"]["generation"], 1);
+    let mut changed = r.body.clone();
+    changed["spec"]["rules"][0]["host"] = json!("www.example.com");
+    let r = a.put(&format!("{path}/web"), changed).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["metadata"]["generation"], 2);
+    let mut status = r.body.clone();
+    status["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}});
+    let r = a.put(&format!("{path}/web/status"), status).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let req = Request::builder()
+        .uri(path)
+        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Body::empty())
+        .unwrap();
+    let resp = a.router.clone().oneshot(req).await.unwrap();
+    let t: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let names: Vec<&str> = t["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["Name", "Class", "Hosts", "Address", "Ports", "Age"]);
+    let cells = &t["rows"][0]["cells"];
+    assert_eq!(
+        (&cells[1], &cells[2], &cells[3], &cells[4]),
+        (
+            &json!("nginx"),
+            &json!("www.example.com"),
+            &json!("192.0.2.10"),
+            &json!("80")
+        )
+    );
+}
