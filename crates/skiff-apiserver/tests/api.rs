@@ -2038,3 +2038,57 @@ async fn ingresses_are_served_with_their_checks_status_and_table() {
         )
     );
 }
+
+/// The DefaultIngressClass and DefaultStorageClass admission plugins fill
+/// in the class a new object does not name, and leave a named (or, for
+/// claims, an explicitly empty) one alone.
+#[tokio::test]
+async fn new_ingresses_and_claims_get_the_default_class() {
+    let a = api().await;
+    for (path, body) in [
+        (
+            "/apis/networking.k8s.io/v1/ingressclasses",
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
+            "metadata": {"name": "nginx", "annotations": {"ingressclass.kubernetes.io/is-default-class": "true"}},
+            "spec": {"controller": "k8s.io/ingress-nginx"}}),
+        ),
+        (
+            "/apis/storage.k8s.io/v1/storageclasses",
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": "local-path", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": "rancher.io/local-path"}),
+        ),
+    ] {
+        let r = a.post(path, body).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    }
+    let ing = |name: &str, class: Option<&str>| {
+        let mut spec =
+            json!({"defaultBackend": {"service": {"name": "web", "port": {"number": 80}}}});
+        if let Some(c) = class {
+            spec["ingressClassName"] = json!(c);
+        }
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": name}, "spec": spec})
+    };
+    let ings = "/apis/networking.k8s.io/v1/namespaces/default/ingresses";
+    let r = a.post(ings, ing("plain", None)).await;
+    assert_eq!(r.body["spec"]["ingressClassName"], "nginx", "{}", r.body);
+    let r = a.post(ings, ing("named", Some("traefik"))).await;
+    assert_eq!(r.body["spec"]["ingressClassName"], "traefik");
+    let pvc = |name: &str, class: Option<&str>| {
+        let mut spec = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}});
+        if let Some(c) = class {
+            spec["storageClassName"] = json!(c);
+        }
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name}, "spec": spec})
+    };
+    let pvcs = "/api/v1/namespaces/default/persistentvolumeclaims";
+    let r = a.post(pvcs, pvc("data", None)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.body["spec"]["storageClassName"], "local-path");
+    let r = a.post(pvcs, pvc("static", Some(""))).await;
+    assert_eq!(
+        r.body["spec"]["storageClassName"], "",
+        "an explicit empty class stays"
+    );
+}
