@@ -29,6 +29,7 @@ pub mod podgc;
 pub mod replicaset;
 pub mod resourcequota;
 pub mod statefulset;
+pub mod volumes;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,7 +57,8 @@ pub struct Options {
     /// daemonset, statefulset, garbagecollector, serviceaccount,
     /// root-ca-cert-publisher, nodeipam, nodelifecycle, endpoints,
     /// endpointslice, disruption, podgc, resourcequota,
-    /// clusterrole-aggregation, horizontalpodautoscaling.
+    /// clusterrole-aggregation, horizontalpodautoscaling,
+    /// persistentvolume-binder.
     pub controllers: Vec<String>,
     /// The cluster CA, published as `kube-root-ca.crt` in every namespace.
     pub root_ca_pem: Option<String>,
@@ -135,6 +137,7 @@ pub const CONTROLLERS: &[&str] = &[
     "resourcequota",
     "clusterrole-aggregation",
     "horizontalpodautoscaling",
+    "persistentvolume-binder",
 ];
 
 impl Options {
@@ -332,6 +335,9 @@ pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
     }
     if on("horizontalpodautoscaling") {
         hpa::register(&ctx, t);
+    }
+    if on("persistentvolume-binder") {
+        volumes::register(&ctx, t);
     }
     ctx.caches.start(&client, t);
     match tasks.join_next().await {
