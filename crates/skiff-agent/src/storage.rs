@@ -36,9 +36,15 @@ pub async fn advertise(client: &kube::Client, node: &str, root: &Path) -> anyhow
     Ok(())
 }
 
-/// The host directory of claim `ns/claim`'s volume, once bound. Errors
-/// read as the reason the pod waits.
-pub async fn claim_path(client: &kube::Client, ns: &str, claim: &str) -> Result<PathBuf, String> {
+/// The host directory of claim `ns/claim`'s volume, once bound and if the
+/// volume's node affinity allows `node` (its hostname label). Errors read
+/// as the reason the pod waits.
+pub async fn claim_path(
+    client: &kube::Client,
+    ns: &str,
+    claim: &str,
+    node: &str,
+) -> Result<PathBuf, String> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     let pvc = match claims.get_opt(claim).await {
         Ok(Some(c)) => c,
@@ -60,6 +66,11 @@ pub async fn claim_path(client: &kube::Client, ns: &str, claim: &str) -> Result<
         .await
         .map_err(|e| format!("persistentvolume {volume:?}: {e}"))?;
     let spec = pv.spec.unwrap_or_default();
+    if !node.is_empty() && !allows(&spec, node) {
+        return Err(format!(
+            "persistentvolume {volume:?} is pinned to another node (volume node affinity conflict)"
+        ));
+    }
     if let Some(hp) = spec.host_path {
         let path = PathBuf::from(&hp.path);
         if matches!(hp.type_.as_deref(), Some("DirectoryOrCreate")) && !path.exists() {
@@ -90,6 +101,31 @@ pub async fn claim_path(client: &kube::Client, ns: &str, claim: &str) -> Result<
     Err(format!(
         "persistentvolume {volume:?}: only hostPath and local volumes are supported by skiff's agent"
     ))
+}
+
+/// Whether the volume's required node affinity admits the node named
+/// `node` (only `kubernetes.io/hostname` terms are judged: the others
+/// name labels this check does not know).
+fn allows(spec: &k8s_openapi::api::core::v1::PersistentVolumeSpec, node: &str) -> bool {
+    let Some(terms) = spec
+        .node_affinity
+        .as_ref()
+        .and_then(|a| a.required.as_ref())
+        .map(|r| &r.node_selector_terms)
+    else {
+        return true;
+    };
+    terms.is_empty()
+        || terms.iter().any(|t| {
+            t.match_expressions.iter().flatten().all(|e| {
+                e.key != "kubernetes.io/hostname"
+                    || match e.operator.as_str() {
+                        "In" => e.values.iter().flatten().any(|v| v == node),
+                        "NotIn" => !e.values.iter().flatten().any(|v| v == node),
+                        _ => true,
+                    }
+            })
+        })
 }
 
 /// Removes the directories the controller lists on the Node, then takes

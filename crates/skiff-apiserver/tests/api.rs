@@ -2055,8 +2055,8 @@ async fn new_ingresses_and_claims_get_the_default_class() {
         (
             "/apis/storage.k8s.io/v1/storageclasses",
             json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-            "metadata": {"name": "local-path", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
-            "provisioner": "rancher.io/local-path"}),
+            "metadata": {"name": "fast", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": "example.com/fast"}),
         ),
     ] {
         let r = a.post(path, body).await;
@@ -2085,7 +2085,7 @@ async fn new_ingresses_and_claims_get_the_default_class() {
     let pvcs = "/api/v1/namespaces/default/persistentvolumeclaims";
     let r = a.post(pvcs, pvc("data", None)).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
-    assert_eq!(r.body["spec"]["storageClassName"], "local-path");
+    assert_eq!(r.body["spec"]["storageClassName"], "fast");
     let r = a.post(pvcs, pvc("static", Some(""))).await;
     assert_eq!(
         r.body["spec"]["storageClassName"], "",
