@@ -1924,6 +1924,25 @@ async fn cluster_dns_and_the_service_cidr_choose_the_kube_dns_address() {
     drop(dir);
 }
 
+/// `kubectl get`'s request for `path`: the Table and its column names.
+async fn table(a: &Api, path: &str) -> (Value, Vec<String>) {
+    let req = Request::builder()
+        .uri(path)
+        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Body::empty())
+        .unwrap();
+    let resp = a.router.clone().oneshot(req).await.unwrap();
+    let t: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let names = t["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect();
+    (t, names)
+}
+
 /// A kind added as one `kinds/` module and one table row is served whole:
 /// discovery, create, validation on create and update, and its table.
 #[tokio::test]
@@ -1951,20 +1970,7 @@ async fn ingress_classes_are_served_with_their_rules_and_table() {
     let r = a.put(&format!("{path}/nginx"), changed).await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
     assert!(message(&r).contains("field is immutable"), "{}", r.body);
-    let req = Request::builder()
-        .uri(path)
-        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
-        .body(Body::empty())
-        .unwrap();
-    let resp = a.router.clone().oneshot(req).await.unwrap();
-    let t: Value =
-        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
-    let names: Vec<&str> = t["columnDefinitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let (t, names) = table(&a, path).await;
     assert_eq!(names, ["Name", "Controller", "Parameters", "Age"]);
     assert_eq!(t["rows"][0]["cells"][1], "k8s.io/ingress-nginx");
     assert_eq!(t["rows"][0]["cells"][2], "<none>");
@@ -2012,20 +2018,7 @@ async fn ingresses_are_served_with_their_checks_status_and_table() {
     status["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}});
     let r = a.put(&format!("{path}/web/status"), status).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
-    let req = Request::builder()
-        .uri(path)
-        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
-        .body(Body::empty())
-        .unwrap();
-    let resp = a.router.clone().oneshot(req).await.unwrap();
-    let t: Value =
-        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
-    let names: Vec<&str> = t["columnDefinitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let (t, names) = table(&a, path).await;
     assert_eq!(names, ["Name", "Class", "Hosts", "Address", "Ports", "Age"]);
     let cells = &t["rows"][0]["cells"];
     assert_eq!(
