@@ -14,44 +14,20 @@ use skiff_core::ApiResult;
 use crate::registry::Registry;
 use crate::watchcache::Filter;
 
-const INGRESS_DEFAULT: &[&str] = &["ingressclass.kubernetes.io/is-default-class"];
-const STORAGE_DEFAULT: &[&str] = &[
-    "storageclass.kubernetes.io/is-default-class",
-    "storageclass.beta.kubernetes.io/is-default-class",
-];
-
 /// The registry's create hook.
 pub async fn admit_create(reg: &Registry, res: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
-    let annotation = |o: &Value, key: &str| {
-        o.pointer("/metadata/annotations")
-            .and_then(|a| a.get(key))
-            .is_some()
+    let Some(dc) = res.rules.default_class() else {
+        return Ok(());
     };
-    let (classes, marks, field) = match (res.group, res.kind) {
-        ("networking.k8s.io", "Ingress") => {
-            if obj.pointer("/spec/ingressClassName").is_some()
-                || annotation(obj, "kubernetes.io/ingress.class")
-            {
-                return Ok(());
-            }
-            ("ingressclasses", INGRESS_DEFAULT, "ingressClassName")
-        }
-        ("", "PersistentVolumeClaim") => {
-            if obj.pointer("/spec/storageClassName").is_some()
-                || annotation(obj, "volume.beta.kubernetes.io/storage-class")
-            {
-                return Ok(());
-            }
-            ("storageclasses", STORAGE_DEFAULT, "storageClassName")
-        }
-        _ => return Ok(()),
-    };
-    let group = if classes == "ingressclasses" {
-        "networking.k8s.io"
-    } else {
-        "storage.k8s.io"
-    };
-    let class_res = resources::lookup(group, "v1", classes).expect("class resource is served");
+    let chosen = obj
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(dc.chosen_by))
+        .is_some();
+    if chosen || obj.get("spec").and_then(|s| s.get(dc.field)).is_some() {
+        return Ok(());
+    }
+    let (group, version, plural) = dc.classes;
+    let class_res = resources::lookup(group, version, plural).expect("class resource is served");
     let list = reg
         .list(class_res, &Filter::default(), 0, None, None, false)
         .await?;
@@ -60,13 +36,13 @@ pub async fn admit_create(reg: &Registry, res: &ResourceInfo, obj: &mut Value) -
         .iter()
         .filter_map(|b| serde_json::from_slice(b).ok())
         .collect();
-    let Some(name) = newest_default(&classes, marks) else {
+    let Some(name) = newest_default(&classes, dc.marks) else {
         return Ok(());
     };
     if let Some(m) = obj.as_object_mut() {
         let spec = m.entry("spec").or_insert_with(|| json!({}));
         if let Some(spec) = spec.as_object_mut() {
-            spec.insert(field.into(), json!(name));
+            spec.insert(dc.field.into(), json!(name));
         }
     }
     Ok(())
@@ -114,7 +90,8 @@ mod tests {
             class("a", "2026-02-01T00:00:00Z", true),
             class("newest-but-not-default", "2026-03-01T00:00:00Z", false),
         ];
-        assert_eq!(newest_default(&all, STORAGE_DEFAULT).as_deref(), Some("a"));
-        assert_eq!(newest_default(&all[3..], STORAGE_DEFAULT), None);
+        let marks = &["storageclass.kubernetes.io/is-default-class"];
+        assert_eq!(newest_default(&all, marks).as_deref(), Some("a"));
+        assert_eq!(newest_default(&all[3..], marks), None);
     }
 }

@@ -52,7 +52,18 @@ impl KindRules for Ingress {
     fn printer(&self) -> &'static Printer {
         &INGRESS_PRINTER
     }
+
+    fn default_class(&self) -> Option<&'static super::DefaultClass> {
+        Some(&DEFAULT_CLASS)
+    }
 }
+
+static DEFAULT_CLASS: super::DefaultClass = super::DefaultClass {
+    classes: ("networking.k8s.io", "v1", "ingressclasses"),
+    marks: &["ingressclass.kubernetes.io/is-default-class"],
+    field: "ingressClassName",
+    chosen_by: CLASS_ANNOTATION,
+};
 
 fn validate_spec(spec: &Value) -> Vec<Cause> {
     let mut c = Vec::new();

@@ -55,6 +55,19 @@ mod prelude {
     pub(crate) use crate::Cause;
 }
 
+/// A kind's class defaulting (DefaultIngressClass, DefaultStorageClass).
+#[derive(Debug)]
+pub struct DefaultClass {
+    /// (group, version, plural) of the class resource.
+    pub classes: (&'static str, &'static str, &'static str),
+    /// Annotations marking a class the default (with the value `"true"`).
+    pub marks: &'static [&'static str],
+    /// The `spec` field naming the class.
+    pub field: &'static str,
+    /// The older annotation that, when present, already chose a class.
+    pub chosen_by: &'static str,
+}
+
 /// How a kind's object names are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NameRule {
@@ -131,6 +144,12 @@ pub trait KindRules: Sync + Send + 'static {
     /// evaluator: every container must state what is limited).
     fn quota_constraints(&self, _obj: &Value, _tracked: &[String]) -> Result<(), String> {
         Ok(())
+    }
+
+    /// Kubernetes' Default*Class admission for this kind: which class
+    /// resource's default a new object that names none gets.
+    fn default_class(&self) -> Option<&'static DefaultClass> {
+        None
     }
 
     /// Whether `metadata.generation` moves with spec changes.

@@ -42,10 +42,25 @@ impl KindRules for PersistentVolumeClaim {
         matches!(resource, "persistentvolumeclaims" | "requests.storage")
     }
 
+    fn default_class(&self) -> Option<&'static super::DefaultClass> {
+        Some(&DEFAULT_CLASS)
+    }
+
     fn returns_deleted_object(&self) -> bool {
         true
     }
 }
+
+/// DefaultStorageClass: a claim that asks for no class (not even `""`).
+static DEFAULT_CLASS: super::DefaultClass = super::DefaultClass {
+    classes: ("storage.k8s.io", "v1", "storageclasses"),
+    marks: &[
+        "storageclass.kubernetes.io/is-default-class",
+        "storageclass.beta.kubernetes.io/is-default-class",
+    ],
+    field: "storageClassName",
+    chosen_by: "volume.beta.kubernetes.io/storage-class",
+};
 
 pub struct PersistentVolume;
 
