@@ -306,11 +306,21 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let (nodes_rss, _) = rss_kib(spid);
+    // The other processes' RSS with the nodes alone, so their growth per
+    // pod can be told from what the nodes cost.
+    let others = [
+        ("scheduler", scheduler.0.id()),
+        ("controller manager", controllers.0.id()),
+        ("hollow nodes", apid),
+    ];
+    let others_nodes: Vec<u64> = others.iter().map(|(_, pid)| rss_kib(*pid).0).collect();
     println!(
-        "{nodes} nodes registered in {:.1} s; server RSS {} MiB, hollow nodes' RSS {} MiB",
+        "{nodes} nodes registered in {:.1} s; server RSS {} MiB, scheduler {} MiB, controller manager {} MiB, hollow nodes {} MiB",
         t.elapsed().as_secs_f64(),
         nodes_rss / 1024,
-        rss_kib(apid).0 / 1024
+        others_nodes[0] / 1024,
+        others_nodes[1] / 1024,
+        others_nodes[2] / 1024
     );
 
     // Churn: create the Deployments while probing.
@@ -459,11 +469,15 @@ async fn main() -> anyhow::Result<()> {
         per_pod_json,
         per_pod_mem / per_pod_json
     );
-    println!(
-        "scheduler RSS {} MiB, controller manager RSS {} MiB",
-        rss_kib(scheduler.0.id()).0 / 1024,
-        rss_kib(controllers.0.id()).0 / 1024
-    );
+    for ((name, pid), before) in others.iter().zip(&others_nodes) {
+        let (now, peak) = rss_kib(*pid);
+        println!(
+            "{name} RSS {} MiB (peak {} MiB): {:.0} bytes per pod above its nodes-only RSS",
+            now / 1024,
+            peak / 1024,
+            now.saturating_sub(*before) as f64 * 1024.0 / want.max(1) as f64
+        );
+    }
     drop(agents);
     drop(scheduler);
     drop(controllers);
