@@ -337,6 +337,10 @@ struct SchedulerArgs {
     /// A KubeSchedulerConfiguration file.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Run only while holding the `kube-scheduler` Lease (kube-scheduler's
+    /// flag; `--leader-elect=false` for a single instance).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    leader_elect: bool,
 }
 
 #[derive(Args, Clone)]
@@ -350,6 +354,10 @@ struct ControllerManagerArgs {
     /// marked Unknown and its pods are evicted.
     #[arg(long, default_value_t = 50)]
     node_monitor_grace_period: u64,
+    /// Run only while holding the `kube-controller-manager` Lease
+    /// (kube-controller-manager's flag).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    leader_elect: bool,
 }
 
 #[derive(Subcommand)]
@@ -1252,6 +1260,12 @@ async fn scheduler(args: SchedulerArgs) -> Result<()> {
         ..Default::default()
     };
     let id = identity();
+    if !args.leader_elect {
+        return tokio::select! {
+            r = skiff_scheduler::run(client, options) => r,
+            _ = shutdown_signal() => Ok(()),
+        };
+    }
     tokio::select! {
         r = skiff_kube::leader::run_elected(client.clone(), "kube-scheduler", &id, Default::default(), skiff_scheduler::run(client, options)) => r,
         _ = shutdown_signal() => Ok(()),
@@ -1263,6 +1277,12 @@ async fn controller_manager(args: ControllerManagerArgs) -> Result<()> {
     let ca = ca_from_kubeconfig(&args.kubeconfig)?;
     let options = controller_options(&args.cluster_cidr, ca, args.node_monitor_grace_period);
     let id = identity();
+    if !args.leader_elect {
+        return tokio::select! {
+            r = skiff_controllers::run(client, options) => r,
+            _ = shutdown_signal() => Ok(()),
+        };
+    }
     tokio::select! {
         r = skiff_kube::leader::run_elected(client.clone(), "kube-controller-manager", &id, Default::default(), skiff_controllers::run(client, options)) => r,
         _ = shutdown_signal() => Ok(()),
