@@ -1008,7 +1008,7 @@ mod tests {
         let lean = bound_lean(pod.clone());
         assert_eq!(lean.metadata, pod.metadata);
         assert_eq!(lean.spec, pod.spec);
-        let st = lean.status.unwrap();
+        let st = lean.status.clone().unwrap();
         assert_eq!(st.phase.as_deref(), Some("Running"));
         assert_eq!(st.start_time, pod.status.as_ref().unwrap().start_time);
         assert_eq!(st.conditions, None);
