@@ -311,6 +311,14 @@ struct AgentArgs {
     /// With --simulate: how long a container takes to start, in ms.
     #[arg(long, default_value_t = 0)]
     start_delay_ms: u64,
+    /// Reach the API servers through the agent's balancer, which follows
+    /// every server of the `kubernetes` Endpoints (the default). With
+    /// `--api-balancer=false` and `--simulate`, the hollow nodes talk to the
+    /// kubeconfig's server directly, as kubemark's do: through the balancer
+    /// each connection takes three descriptors of the process, too many for
+    /// 10,000 nodes' watches.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    api_balancer: bool,
 }
 
 #[derive(Args, Clone)]
@@ -1004,7 +1012,7 @@ async fn agent(args: AgentArgs) -> Result<()> {
         }
         _ => anyhow::bail!("give --kubeconfig, or --server and --token"),
     };
-    if args.simulate && joined.is_none() {
+    if args.simulate && !args.api_balancer && joined.is_none() {
         // Hollow nodes talk to the kubeconfig's server directly, as
         // kubemark's do: through the balancer each of 10,000 nodes' watch
         // connections took three descriptors of this process (client,
