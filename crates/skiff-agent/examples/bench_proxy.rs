@@ -11,6 +11,10 @@
 //! transaction that serves it, then checks the kernel's chain of the last
 //! changed service.
 //!
+//! `BENCH_CHANGE=move`: each change moves a service's first endpoint to
+//! another address and back instead (the endpoint count stays: with the
+//! netlink writer's endpoint maps, only map elements change).
+//!
 //! Both writers are measured one after the other on the same services:
 //! skiff's netlink batches and the `nft` binary (`BENCH_WRITERS=netlink,nft`
 //! by default; `BENCH_WRITERS=nft` for one).
@@ -29,12 +33,19 @@ use skiff_agent::proxy::{self, model::NodeFacts, ProxyOptions};
 
 const TABLE: &str = "skiff-bench-proxy";
 
-fn slice(i: usize, eps: usize, unready: Option<usize>) -> EndpointSlice {
+/// Service `i`'s slice: `eps` endpoints, one of them unready, or the
+/// first one `moved` to another address (the same number of endpoints).
+fn slice(i: usize, eps: usize, unready: Option<usize>, moved: bool) -> EndpointSlice {
     let endpoints: Vec<_> = (0..eps)
         .map(|e| {
             let n = i * eps + e;
+            let address = if moved && e == 0 {
+                format!("198.19.{}.{}", 250 + (i / 250) % 5, i % 250 + 1)
+            } else {
+                format!("198.19.{}.{}", (n / 250) % 250, n % 250 + 1)
+            };
             json!({
-                "addresses": [format!("198.19.{}.{}", (n / 250) % 250, n % 250 + 1)],
+                "addresses": [address],
                 "conditions": {"ready": Some(e) != unready},
                 "nodeName": "bench-node",
             })
@@ -100,7 +111,7 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap();
                 svc_api.create(&PostParams::default(), &svc).await.unwrap();
                 slice_api
-                    .create(&PostParams::default(), &slice(i, eps, None))
+                    .create(&PostParams::default(), &slice(i, eps, None, false))
                     .await
                     .unwrap();
             }
@@ -140,6 +151,7 @@ async fn run(
     unready: &mut [bool],
     seed: &mut u64,
 ) -> anyhow::Result<()> {
+    let moving = std::env::var("BENCH_CHANGE").as_deref() == Ok("move");
     // The proxy picks its writer from the environment when it starts.
     std::env::set_var("SKIFF_NFT_BACKEND", backend);
     println!("--- writer: {backend}");
@@ -173,7 +185,11 @@ async fn run(
         *seed ^= *seed << 17;
         let i = (*seed % services as u64) as usize;
         unready[i] = !unready[i];
-        let mut body = slice(i, eps, unready[i].then_some(0));
+        let mut body = if moving {
+            slice(i, eps, None, unready[i])
+        } else {
+            slice(i, eps, unready[i].then_some(0), false)
+        };
         body.metadata.resource_version = slice_api
             .get(&format!("svc-{i}-1"))
             .await?
@@ -216,7 +232,11 @@ async fn run(
         ])
         .output()?;
     let chain = String::from_utf8_lossy(&out.stdout);
-    let want = if unready[last] { eps - 1 } else { eps };
+    let want = if unready[last] && !moving {
+        eps - 1
+    } else {
+        eps
+    };
     assert!(
         chain.contains(&format!("numgen random mod {want} ")),
         "the kernel's chain does not show the last change:\n{chain}"

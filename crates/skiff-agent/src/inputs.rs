@@ -1,6 +1,7 @@
 //! What a container takes from outside its spec: environment variables
 //! (values, the downward API, resources, ConfigMap and Secret keys, envFrom)
-//! and volumes (emptyDir, hostPath, configMap, secret, downwardAPI, projected)
+//! and volumes (emptyDir, hostPath, configMap, secret, downwardAPI, projected,
+//! persistentVolumeClaim of a hostPath or local volume)
 //! materialized on the node.
 
 use std::collections::{BTreeMap, HashMap};
@@ -21,6 +22,9 @@ pub struct Fetcher {
     secrets: HashMap<(String, String), Option<Secret>>,
     /// The pod's ServiceAccount tokens, kept across syncs by its worker.
     pub tokens: crate::satoken::TokenCache,
+    /// This node's name, which a local volume's node affinity must allow
+    /// (empty: not checked).
+    pub node: String,
 }
 
 /// A problem that keeps a container from being created, shown to the user
@@ -34,6 +38,7 @@ impl Fetcher {
             configmaps: HashMap::new(),
             secrets: HashMap::new(),
             tokens: Default::default(),
+            node: String::new(),
         }
     }
 
@@ -539,9 +544,12 @@ pub async fn prepare_volumes(
             }
             crate::satoken::write_atomic(&vdir, &files).map_err(io)?;
             out.insert(v.name.clone(), vdir);
+        } else if let Some(c) = &v.persistent_volume_claim {
+            let path = crate::storage::claim_path(&f.client, &ns, &c.claim_name, &f.node).await?;
+            out.insert(v.name.clone(), path);
         } else {
-            // Kinds the agent cannot provide (persistent volumes, CSI, …)
-            // keep the pod waiting with a clear message.
+            // Kinds the agent cannot provide (CSI, cloud disks, …) keep the
+            // pod waiting with a clear message.
             return Err(format!(
                 "volume {:?}: this kind of volume is not supported by skiff's agent",
                 v.name

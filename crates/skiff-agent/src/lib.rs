@@ -27,6 +27,7 @@ pub mod serving;
 pub mod sim;
 pub mod spec;
 pub mod stats;
+pub mod storage;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -222,6 +223,15 @@ pub async fn run(
         "node {} registered ({} ms)",
         options.node_name,
         t.elapsed().as_millis()
+    ));
+    let storage = storage::root(&options.data_dir);
+    if let Err(e) = storage::advertise(&client, &options.node_name, &storage).await {
+        tracing::warn!("publishing the local storage directory: {e:#}");
+    }
+    tasks.spawn(storage::remove_released_forever(
+        client.clone(),
+        options.node_name.clone(),
+        storage,
     ));
     let cidr = configure_network(&client, &options).await?;
     progress(&format!("pod network {cidr} configured"));

@@ -351,6 +351,7 @@ impl PodWorker {
         let seen: Vec<Seen> = seen;
         let mut fetcher =
             Fetcher::with_tokens(self.ctx.client.clone(), std::mem::take(&mut self.tokens));
+        fetcher.node = self.ctx.node_name.clone();
         let volumes = if self.ctx.runtime.is_real() {
             let prepared = inputs::prepare_volumes(
                 &mut fetcher,

@@ -1,17 +1,20 @@
 //! skiff's netlink writer against the `nft` binary (root, nftables): the
 //! same services, policies and changes applied through both into two
 //! tables of their own must list the same (`nft list table`, names
-//! aside), and a refused netlink batch leaves the rules in force. Addresses
-//! are from the benchmarking range 198.18.0.0/15.
+//! aside), and a refused netlink batch leaves the rules in force. The
+//! endpoint maps only netlink writes (nft 1.0's JSON cannot declare them)
+//! must list as what `nft -f` makes of the same text. Addresses are from
+//! the benchmarking range 198.18.0.0/15.
 
 use std::net::Ipv4Addr;
 use std::process::Command;
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use skiff_agent::proxy::model::{Endpoint, PortKey, PortPlan, Protocol};
+use skiff_agent::proxy::netlink;
 use skiff_agent::proxy::nft::{self, Backend, Nft};
 use skiff_agent::proxy::policy::model::{render, NamedPort, PodInfo};
-use skiff_agent::proxy::rules::{self, Home, Op, PortRules};
+use skiff_agent::proxy::rules::{self, Home, Op, PortRules, Shape};
 
 fn nft_available() -> bool {
     Command::new(nft::tool("nft"))
@@ -125,7 +128,7 @@ fn plan(name: &str, vip: &str, eps: &[Endpoint]) -> PortPlan {
 }
 
 /// Services of every shape the proxy writes, by name.
-fn services(version: u8) -> Vec<(String, PortRules)> {
+fn services(version: u8, shape: Shape) -> Vec<(String, PortRules)> {
     let mut out = vec![];
     let mut web = plan(
         "web",
@@ -167,7 +170,7 @@ fn services(version: u8) -> Vec<(String, PortRules)> {
         out.push(("sctp".to_string(), sctp));
     }
     out.into_iter()
-        .map(|(n, p)| (n, rules::port_rules(&p, CIDR)))
+        .map(|(n, p)| (n, rules::port_rules_shaped(&p, CIDR, shape)))
         .collect()
 }
 
@@ -223,8 +226,8 @@ fn policy_rules(version: u8) -> PortRules {
     r.rules
 }
 
-fn all(version: u8) -> Vec<(Home, PortRules)> {
-    let mut v: Vec<(Home, PortRules)> = services(version)
+fn all(version: u8, shape: Shape) -> Vec<(Home, PortRules)> {
+    let mut v: Vec<(Home, PortRules)> = services(version, shape)
         .into_iter()
         .map(|(n, r)| (rules::shard_of("default", &n), r))
         .collect();
@@ -233,8 +236,8 @@ fn all(version: u8) -> Vec<(Home, PortRules)> {
 }
 
 /// The incremental ops from `version` 1 to 2, as the proxy orders them.
-fn changes() -> Vec<(Home, Op)> {
-    let (old, new) = (all(1), all(2));
+fn changes(shape: Shape) -> Vec<(Home, Op)> {
+    let (old, new) = (all(1, shape), all(2, shape));
     let mut ops = vec![];
     let empty = PortRules::default();
     for (i, (home, n)) in new.iter().enumerate() {
@@ -272,11 +275,11 @@ async fn netlink_batches_program_what_the_nft_binary_programs() {
     let pid = std::process::id();
     let a = Table(format!("skiff-nlcmp-bin-{pid}"));
     let b = Table(format!("skiff-nlcmp-nl-{pid}"));
-    let bin = Nft::with_backend(&a.0, Backend::Binary);
-    let nl = Nft::with_backend(&b.0, Backend::Netlink);
+    let bin = Nft::with_backend(&a.0, Backend::Binary).with_cluster_cidr(CIDR);
+    let nl = Nft::with_backend(&b.0, Backend::Netlink).with_cluster_cidr(CIDR);
     let node: Vec<Ipv4Addr> = vec!["198.18.0.1".parse().unwrap(), "198.18.0.2".parse().unwrap()];
 
-    let v1 = all(1);
+    let v1 = all(1, Shape::Rules);
     let refs: Vec<(Home, &PortRules)> = v1.iter().map(|(h, r)| (*h, r)).collect();
     bin.replace_all(&node, &refs).await.unwrap();
     nl.replace_all(&node, &refs).await.unwrap();
@@ -289,13 +292,15 @@ async fn netlink_batches_program_what_the_nft_binary_programs() {
         "ip saddr 198.19.0.0/16 ip saddr != 198.19.5.0/24 udp dport 9000-9010 return",
         "198.18.10.6 . tcp . 80 : drop",
         "tcp . 30003 : goto reject-chain",
+        "ip saddr != 198.19.0.0/16 ip daddr . meta l4proto . th dport vmap @cluster-ips",
+        "198.18.10.1 . tcp . 80 : jump mark-for-masquerade",
     ] {
         assert!(lb.contains(want), "missing `{want}` in:\n{lb}");
     }
     assert_eq!(json_listing(&a.0), json_listing(&b.0));
 
     // The same incremental transaction through both.
-    let ops = changes();
+    let ops = changes(Shape::Rules);
     assert!(ops.len() > 10, "{ops:?}");
     bin.apply(&ops).await.unwrap();
     nl.apply(&ops).await.unwrap();
@@ -313,11 +318,233 @@ async fn netlink_batches_program_what_the_nft_binary_programs() {
     assert_eq!(json_listing(&a.0), json_listing(&b.0));
 
     // A second full load over existing tables replaces them whole.
-    let v2 = all(2);
+    let v2 = all(2, Shape::Rules);
     let refs: Vec<(Home, &PortRules)> = v2.iter().map(|(h, r)| (*h, r)).collect();
     bin.replace_all(&node, &refs).await.unwrap();
     nl.replace_all(&node, &refs).await.unwrap();
     same(&listing(&a.0), &listing(&b.0), "second full load");
+
+    // The nft binary refuses the map shape rather than half-writing it.
+    let maps = all(1, Shape::Maps);
+    let refs: Vec<(Home, &PortRules)> = maps.iter().map(|(h, r)| (*h, r)).collect();
+    assert!(bin.replace_all(&node, &refs).await.is_err());
+    same(&listing(&a.0), &listing(&b.0), "after a refused load");
+}
+
+/// Runs `nft -f -` on `script`.
+fn nft_script(script: &str) {
+    use std::io::Write;
+    let mut child = Command::new(nft::tool("nft"))
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "nft -f: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[tokio::test]
+async fn endpoint_maps_are_the_objects_nft_makes_of_the_same_text() {
+    if !nft_available() {
+        eprintln!("skipping: nft is not usable here (needs root and nftables)");
+        return;
+    }
+    let pid = std::process::id();
+    // nft's text cannot name skiff's chains (`/` and `:`), so one map and
+    // rule per protocol under plain names, written both ways.
+    let a = format!("skiff-nlmap-bin-{pid}");
+    let b = format!("skiff-nlmap-nl-{pid}");
+    struct Plain(String);
+    impl Drop for Plain {
+        fn drop(&mut self) {
+            let _ = Command::new(nft::tool("nft"))
+                .args(["delete", "table", "ip", &self.0])
+                .output();
+        }
+    }
+    let (_a, _b) = (Plain(a.clone()), Plain(b.clone()));
+    let cases = [
+        (
+            Protocol::Tcp,
+            vec![ep("198.19.0.5", 8080), ep("198.19.0.6", 8081)],
+        ),
+        (
+            Protocol::Udp,
+            vec![
+                ep("198.19.1.5", 53),
+                ep("198.19.1.6", 53),
+                ep("198.19.1.7", 53),
+            ],
+        ),
+        (
+            Protocol::Sctp,
+            vec![ep("198.19.2.5", 9), ep("198.19.2.6", 9)],
+        ),
+    ];
+    let mut script = format!("table ip {a} {{\n");
+    for (p, eps) in &cases {
+        let elems: Vec<String> = eps
+            .iter()
+            .enumerate()
+            .map(|(i, e)| format!("{i} : {} . {}", e.ip, e.port))
+            .collect();
+        script += &format!(
+            "map m{p} {{ typeof numgen random mod {k} : ip daddr . {p} dport; elements = {{ {} }} }}\n\
+             chain c{p} {{ meta l4proto {p} dnat ip to numgen random mod {k} map @m{p}; }}\n",
+            elems.join(", "),
+            p = p.nft(),
+            k = eps.len()
+        );
+    }
+    script += "}\n";
+    nft_script(&script);
+
+    let mut batch = netlink::Batch::new();
+    batch.add_table(&b);
+    for (p, eps) in &cases {
+        let (m, c) = (format!("m{}", p.nft()), format!("c{}", p.nft()));
+        batch.add_dnat_map(&b, &m, *p, eps.len() as u32);
+        batch.fill_dnat_map(&b, &m, eps);
+        batch.add_chain(&b, &c, None);
+        batch.add_rule(&b, &c, &rules::Rule::DnatViaMap(eps.len() as u32, *p, m));
+    }
+    let (bytes, what) = batch.finish();
+    netlink::send(&bytes, &what).unwrap();
+    let (la, lb) = (list_one(&a).replace(&a, "T"), list_one(&b).replace(&b, "T"));
+    same(&la, &lb, "endpoint maps");
+    for want in [
+        "typeof numgen random mod 3 : ip daddr . udp dport",
+        "elements = { 0 : 198.19.0.5 . 8080, 1 : 198.19.0.6 . 8081 }",
+        "meta l4proto sctp dnat ip to numgen random mod 2 map @msctp",
+    ] {
+        assert!(lb.contains(want), "missing `{want}` in:\n{lb}");
+    }
+    let json = |t: &str| {
+        let o = Command::new(nft::tool("nft"))
+            .args(["-j", "list", "table", "ip", t])
+            .output()
+            .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&String::from_utf8_lossy(&o.stdout).replace(t, "T")).unwrap();
+        v["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|o| o.get("map").is_some() || o.get("rule").is_some())
+            .map(|o| {
+                let mut o = o.clone();
+                for k in ["map", "rule"] {
+                    if let Some(x) = o.get_mut(k).and_then(|x| x.as_object_mut()) {
+                        x.remove("handle");
+                    }
+                }
+                o
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(json(&a), json(&b));
+
+    // Flushed and refilled in one batch.
+    let mut batch = netlink::Batch::new();
+    batch.flush_set(&b, "mtcp");
+    batch.fill_dnat_map(
+        &b,
+        "mtcp",
+        &[ep("198.19.0.7", 8080), ep("198.19.0.6", 8081)],
+    );
+    let (bytes, what) = batch.finish();
+    netlink::send(&bytes, &what).unwrap();
+    let lb = list_one(&b);
+    assert!(
+        lb.contains("elements = { 0 : 198.19.0.7 . 8080, 1 : 198.19.0.6 . 8081 }"),
+        "{lb}"
+    );
+}
+
+#[tokio::test]
+async fn services_spread_through_endpoint_maps_changed_in_place() {
+    if !nft_available() {
+        eprintln!("skipping: nft is not usable here (needs root and nftables)");
+        return;
+    }
+    let t = Table(format!("skiff-nlmaps-{}", std::process::id()));
+    let nl = Nft::with_backend(&t.0, Backend::Netlink).with_cluster_cidr(CIDR);
+    let v1 = all(1, Shape::Maps);
+    let refs: Vec<(Home, &PortRules)> = v1.iter().map(|(h, r)| (*h, r)).collect();
+    nl.replace_all(&[], &refs).await.unwrap();
+    let l = listing(&t.0);
+    for want in [
+        "map dnat-svc-default/web/tcp/http/2 {",
+        "typeof numgen random mod 2 : ip daddr . tcp dport",
+        "elements = { 0 : 198.19.0.5 . 8080, 1 : 198.19.0.6 . 8080 }",
+        "meta l4proto tcp dnat ip to numgen random mod 2 map @dnat-svc-default/web/tcp/http/2",
+        // Affinity keeps its endpoint chains; single endpoints a plain DNAT.
+        "update @aff-default/sticky/tcp/http/198.19.1.5:80 { ip saddr }",
+        "meta l4proto udp dnat to 198.19.2.5:53",
+    ] {
+        assert!(l.contains(want), "missing `{want}` in:\n{l}");
+    }
+    assert!(!l.contains("numgen random mod 2 0 meta"), "{l}");
+
+    // v2: web gets a third endpoint (a new map and rule, the old map
+    // gone), everything else as in the binary's comparison above.
+    nl.apply(&changes(Shape::Maps)).await.unwrap();
+    let l = listing(&t.0);
+    assert!(
+        l.contains("elements = { 0 : 198.19.0.5 . 8080, 1 : 198.19.0.6 . 8080,")
+            && l.contains("2 : 198.19.0.7 . 8080 }"),
+        "{l}"
+    );
+    assert!(
+        l.contains("dnat ip to numgen random mod 3 map @dnat-svc-default/web/tcp/http/3"),
+        "{l}"
+    );
+    assert!(!l.contains("dnat-svc-default/web/tcp/http/2"), "{l}");
+
+    // Same count, another endpoint: only the map's elements change.
+    let web3 = |eps: &[Endpoint]| rules::port_rules(&plan("web", "198.18.10.1", eps), CIDR);
+    let (old, new) = (
+        web3(&[
+            ep("198.19.0.5", 8080),
+            ep("198.19.0.6", 8080),
+            ep("198.19.0.7", 8080),
+        ]),
+        web3(&[
+            ep("198.19.0.5", 8080),
+            ep("198.19.0.8", 8080),
+            ep("198.19.0.7", 8080),
+        ]),
+    );
+    let ops: Vec<(Home, Op)> = rules::diff(&old, &new)
+        .into_iter()
+        .map(|o| (rules::shard_of("default", "web"), o))
+        .collect();
+    assert!(
+        ops.iter()
+            .all(|(_, o)| matches!(o, Op::FlushDnatMap(_) | Op::FillDnatMap(..))),
+        "{ops:?}"
+    );
+    nl.apply(&ops).await.unwrap();
+    let l = listing(&t.0);
+    assert!(l.contains("1 : 198.19.0.8 . 8080"), "{l}");
+    assert!(!l.contains("198.19.0.6 . 8080"), "{l}");
+
+    // A second full load over it replaces everything.
+    let v2 = all(2, Shape::Maps);
+    let refs: Vec<(Home, &PortRules)> = v2.iter().map(|(h, r)| (*h, r)).collect();
+    nl.replace_all(&[], &refs).await.unwrap();
+    assert!(listing(&t.0).contains("2 : 198.19.0.7 . 8080 }"));
 }
 
 #[tokio::test]
@@ -327,13 +554,13 @@ async fn a_refused_netlink_batch_changes_nothing() {
         return;
     }
     let t = Table(format!("skiff-nlfail-{}", std::process::id()));
-    let nl = Nft::with_backend(&t.0, Backend::Netlink);
-    let v1 = all(1);
+    let nl = Nft::with_backend(&t.0, Backend::Netlink).with_cluster_cidr(CIDR);
+    let v1 = all(1, Shape::Maps);
     let refs: Vec<(Home, &PortRules)> = v1.iter().map(|(h, r)| (*h, r)).collect();
     nl.replace_all(&[], &refs).await.unwrap();
     let before = listing(&t.0);
     // Valid changes followed by a rule in a chain that does not exist.
-    let mut bad = changes();
+    let mut bad = changes(Shape::Maps);
     bad.push((
         rules::shard_of("default", "web"),
         Op::AddRule("no-such-chain".into(), rules::Rule::Drop),
@@ -342,6 +569,6 @@ async fn a_refused_netlink_batch_changes_nothing() {
     assert!(err.contains("no-such-chain"), "{err}");
     assert_eq!(listing(&t.0), before);
     // The same changes without it apply.
-    nl.apply(&changes()).await.unwrap();
-    assert!(listing(&t.0).contains("198.19.0.7:8080"));
+    nl.apply(&changes(Shape::Maps)).await.unwrap();
+    assert!(listing(&t.0).contains("198.19.0.7 . 8080"));
 }

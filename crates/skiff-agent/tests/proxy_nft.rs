@@ -430,3 +430,156 @@ async fn in_netns_a_connection_to_the_node_outlives_the_first_transaction() {
         .expect("the client's bytes reach the server");
     assert_eq!(&buf, b"again");
 }
+
+/// Real connections to a ClusterIP spread over its endpoints, with both
+/// writers' shapes: netlink's endpoint map (`numgen random mod K map`) and
+/// the `nft` binary's numgen rules, before and after a third endpoint is
+/// added incrementally. Runs the check below in its own network namespace
+/// (the endpoints are local addresses there; the client's connections
+/// pass the NAT output hook).
+#[test]
+fn connections_to_a_cluster_ip_reach_every_endpoint() {
+    if !nft_available() {
+        eprintln!("skipping: nft is not usable here (needs root and nftables)");
+        return;
+    }
+    let ns = format!("skiff-test-sp-{}", std::process::id());
+    let ip = |args: &[&str]| {
+        let o = Command::new("ip").args(args).output().expect("ip");
+        assert!(
+            o.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    ip(&["netns", "add", &ns]);
+    struct Ns(String);
+    impl Drop for Ns {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+        }
+    }
+    let _ns = Ns(ns.clone());
+    ip(&["-n", &ns, "link", "set", "lo", "up"]);
+    ip(&["-n", &ns, "link", "add", "node0", "type", "bridge"]);
+    for a in ["198.19.0.5", "198.19.0.6", "198.19.0.7", "198.19.0.9"] {
+        ip(&["-n", &ns, "addr", "add", &format!("{a}/32"), "dev", "node0"]);
+    }
+    ip(&["-n", &ns, "link", "set", "node0", "up"]);
+    // The service range is routed (as on a node); clients speak from a
+    // pod-range address, so nothing is masqueraded.
+    ip(&[
+        "-n",
+        &ns,
+        "route",
+        "add",
+        "198.18.10.0/24",
+        "dev",
+        "node0",
+        "src",
+        "198.19.0.9",
+    ]);
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "in_netns_connections_spread_over_endpoints",
+        ])
+        .env("SKIFF_TEST_IN_NETNS", &ns)
+        .output()
+        .expect("run the check in the namespace");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("1 passed"), "the check did not run: {log}");
+}
+
+/// Counts, per endpoint address, the connections `n` clients of
+/// 198.18.10.1:80 were served by (each endpoint answers its address).
+fn spread(n: usize) -> std::collections::BTreeMap<String, usize> {
+    use std::io::Read;
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..n {
+        let mut c = std::net::TcpStream::connect_timeout(
+            &"198.18.10.1:80".parse().unwrap(),
+            std::time::Duration::from_secs(3),
+        )
+        .expect("connect to the ClusterIP");
+        c.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+            .unwrap();
+        let mut who = String::new();
+        c.read_to_string(&mut who).expect("the endpoint answers");
+        *seen.entry(who).or_insert(0) += 1;
+    }
+    seen
+}
+
+#[tokio::test]
+#[ignore = "run by connections_to_a_cluster_ip_reach_every_endpoint"]
+async fn in_netns_connections_spread_over_endpoints() {
+    use std::io::Write;
+    if std::env::var_os("SKIFF_TEST_IN_NETNS").is_none() {
+        return;
+    }
+    // One listener per endpoint address, on one port, answering its name.
+    let first = std::net::TcpListener::bind(("198.19.0.5", 0)).unwrap();
+    let port = first.local_addr().unwrap().port();
+    let mut listeners = vec![first];
+    for a in ["198.19.0.6", "198.19.0.7"] {
+        listeners.push(std::net::TcpListener::bind((a, port)).unwrap());
+    }
+    for l in listeners {
+        std::thread::spawn(move || {
+            let me = l.local_addr().unwrap().ip().to_string();
+            for mut s in l.incoming().flatten() {
+                let _ = s.write_all(me.as_bytes());
+            }
+        });
+    }
+    let web = |eps: &[&str], shape: rules::Shape| {
+        let mut p = plan(
+            "web",
+            "198.18.10.1",
+            &eps.iter().map(|a| ep(a, port)).collect::<Vec<_>>(),
+        );
+        p.affinity = None;
+        p.node_port = None;
+        rules::port_rules_shaped(&p, CIDR, shape)
+    };
+    let home = rules::shard_of("default", "web");
+    for backend in [nft::Backend::Netlink, nft::Backend::Binary] {
+        let shape = backend.shape();
+        let table = Table(format!("skiff-test-sp-{}", std::process::id()));
+        let nft = Nft::with_backend(&table.0, backend).with_cluster_cidr(CIDR);
+        let two = web(&["198.19.0.5", "198.19.0.6"], shape);
+        nft.replace_all(&[], &[(home, &two)]).await.unwrap();
+        let t = list(&table.0);
+        let seen = spread(40);
+        assert_eq!(
+            seen.keys().cloned().collect::<Vec<_>>(),
+            vec!["198.19.0.5", "198.19.0.6"],
+            "{backend:?}: {seen:?}\n{t}"
+        );
+        // Uniform: each of two endpoints gets far more than a few of 40.
+        assert!(seen.values().all(|n| *n >= 8), "{backend:?}: {seen:?}");
+
+        // A third endpoint, incrementally (new map, or one more rule).
+        let three = web(&["198.19.0.5", "198.19.0.6", "198.19.0.7"], shape);
+        let mut ops: Vec<(Home, Op)> = rules::diff(&two, &three)
+            .into_iter()
+            .map(|o| (home, o))
+            .collect();
+        ops.push((Home::Main, Op::AddHairpin("198.19.0.7".parse().unwrap())));
+        ops.sort_by_key(|(_, o)| o.phase());
+        nft.apply(&ops).await.unwrap();
+        let seen = spread(60);
+        assert_eq!(seen.len(), 3, "{backend:?}: {seen:?}\n{}", list(&table.0));
+        assert!(seen.values().all(|n| *n >= 6), "{backend:?}: {seen:?}");
+    }
+}

@@ -52,6 +52,12 @@ async fn until(what: &str, table: &str, f: impl Fn(&str) -> bool) -> String {
     }
 }
 
+/// Whether the listing DNATs to `ip:port`: a rule of its own (a lone
+/// endpoint) or an element of an endpoint map.
+fn serves(t: &str, ip: &str, port: u16) -> bool {
+    t.contains(&format!("dnat to {ip}:{port}")) || t.contains(&format!(": {ip} . {port}"))
+}
+
 fn service(name: &str, labels: serde_json::Value) -> Service {
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": labels},
@@ -143,8 +149,8 @@ async fn the_table_follows_services_and_slices_and_skips_node_local_services() {
     // moment behind the writes above (resourceVersion 0, as informers
     // list); the rest arrives by the watch: wait for all of it.
     let t = until("both endpoints of web, and lonely", &table, |t| {
-        t.contains("dnat to 198.19.0.1:8080")
-            && t.contains("dnat to 198.19.0.2:8080")
+        serves(t, "198.19.0.1", 8080)
+            && serves(t, "198.19.0.2", 8080)
             && t.contains(&format!("{lonely_ip} . tcp . 80"))
     })
     .await;
@@ -169,7 +175,7 @@ async fn the_table_follows_services_and_slices_and_skips_node_local_services() {
     s.endpoints[1].conditions.as_mut().unwrap().ready = Some(false);
     slices.replace("web-1", &pp, &s).await.unwrap();
     until("web's second endpoint gone", &table, |t| {
-        t.contains("dnat to 198.19.0.1:8080") && !t.contains("dnat to 198.19.0.2:8080")
+        serves(t, "198.19.0.1", 8080) && !serves(t, "198.19.0.2", 8080)
     })
     .await;
 

@@ -675,6 +675,23 @@ fn check_fields(
     Ok(problems)
 }
 
+/// A create's or update's decoding error, worded as kube-apiserver's
+/// decoder reports it: the body's kind and version, then the resource's
+/// kind (patches report the bare error).
+fn decode_failure(res: &ResourceInfo, obj: &Value, e: ApiError) -> ApiError {
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or(res.kind);
+    let version = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .map(|v| v.rsplit('/').next().unwrap_or(v))
+        .unwrap_or(res.version);
+    let message = format!(
+        "{kind} in version \"{version}\" cannot be handled as a {}: {}",
+        res.kind, e.message
+    );
+    e.with_message(&message)
+}
+
 fn add_warnings(mut r: Resp, warnings: &[String]) -> Resp {
     for w in warnings {
         let v = format!("299 - \"{}\"", w.replace('\\', "\\\\").replace('"', "\\\""));
@@ -813,8 +830,8 @@ async fn resource(
             } = read_write_body(req, api_res, &q).await?;
             opts.user = who;
             opts.admission.request = Some(api_res);
-            let mut warnings =
-                check_fields(api_res, &body, &obj, opts.field_validation, json_body)?;
+            let mut warnings = check_fields(api_res, &body, &obj, opts.field_validation, json_body)
+                .map_err(|e| decode_failure(api_res, &obj, e))?;
             let stored = conversion::to_storage(&**reg, api_res, obj).await?;
             let created = admitted(
                 reg.create(res, ns, stored, &opts).await,
@@ -918,7 +935,8 @@ async fn resource(
             let mut warnings = if sub == Subresource::Scale {
                 Vec::new()
             } else {
-                check_fields(api_res, &body, &obj, opts.field_validation, json_body)?
+                check_fields(api_res, &body, &obj, opts.field_validation, json_body)
+                    .map_err(|e| decode_failure(api_res, &obj, e))?
             };
             let obj = if sub == Subresource::Scale {
                 obj
@@ -1311,7 +1329,7 @@ fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<Delete
     }
     if let (Some(p), Some(_)) = (&o.propagation_policy, o.orphan_dependents) {
         return Err(ApiError::invalid(
-            "",
+            "meta.k8s.io",
             "DeleteOptions",
             "",
             vec![skiff_core::Cause::invalid(
@@ -1324,7 +1342,7 @@ fn delete_options(q: &Query, headers: &HeaderMap, body: &Bytes) -> Result<Delete
     if let Some(p) = &o.propagation_policy {
         if !matches!(p.as_str(), "Orphan" | "Background" | "Foreground") {
             return Err(ApiError::invalid(
-                "",
+                "meta.k8s.io",
                 "DeleteOptions",
                 "",
                 vec![skiff_core::Cause::not_supported(

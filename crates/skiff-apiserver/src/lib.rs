@@ -18,6 +18,7 @@ pub mod authz;
 pub mod bootstrap_token;
 pub mod certificates;
 pub mod crd;
+pub mod defaultclass;
 pub mod encryption;
 pub mod fieldmanager;
 pub mod flowcontrol;

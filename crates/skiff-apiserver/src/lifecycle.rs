@@ -1,5 +1,5 @@
 //! Loops the API server runs for itself: the built-in namespaces, the
-//! system PriorityClasses, the `kubernetes` and `kube-dns` services at first start, namespace finalization (emptying a
+//! system PriorityClasses, the `kubernetes` and `kube-dns` services and the default `local-path` StorageClass at first start, namespace finalization (emptying a
 //! terminating namespace, then removing it), and store compaction.
 
 use std::collections::VecDeque;
@@ -76,7 +76,31 @@ pub async fn bootstrap(reg: &Registry) -> Result<(), ApiError> {
         }
     }
     ensure_kube_dns(reg, &opts).await;
+    ensure_local_storage_class(reg, &opts).await;
     Ok(())
+}
+
+/// The default StorageClass `local-path`, as k3s ships one: claims that
+/// name no class get a directory on the node of their first pod (the
+/// controller manager's local-path provisioner). Created when missing.
+async fn ensure_local_storage_class(reg: &Registry, opts: &WriteOptions) {
+    let sc = resources::lookup("storage.k8s.io", "v1", "storageclasses").expect("storageclasses");
+    if reg.get(sc, None, "local-path").await.is_ok() {
+        return;
+    }
+    let obj = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": "local-path", "annotations": {
+            "storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "skiff.io/local-path",
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "WaitForFirstConsumer",
+    });
+    if let Err(e) = reg.create(sc, None, obj, opts).await {
+        if e.code != 409 {
+            tracing::warn!("creating the local-path StorageClass: {}", e.message);
+        }
+    }
 }
 
 /// The cluster DNS address: `--cluster-dns`, else the 10th address of the

@@ -486,6 +486,7 @@ impl Registry {
         skiff_core::defaults::apply_defaults(res, &mut obj);
         strategy.admit_create(self, res, ns, &mut obj).await?;
         crate::podtoken::admit_create(self, res, ns, &mut obj).await?;
+        crate::defaultclass::admit_create(self, res, &mut obj).await?;
         crate::webhook::admit_create(self, res, &mut obj, opts).await?;
         self.check_escalation(res, ns, &obj, opts).await?;
         for attempt in 0..8 {

@@ -201,7 +201,7 @@ async fn dry_run_and_field_validation() {
     assert_eq!(strict.status, StatusCode::BAD_REQUEST);
     assert_eq!(
         strict.body["message"],
-        "strict decoding error: unknown field \"dataa\""
+        "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: strict decoding error: unknown field \"dataa\""
     );
     let warn = a.post(&format!("{CMS}?fieldValidation=Warn"), bad).await;
     assert_eq!(warn.status, StatusCode::CREATED);
@@ -1924,6 +1924,25 @@ async fn cluster_dns_and_the_service_cidr_choose_the_kube_dns_address() {
     drop(dir);
 }
 
+/// `kubectl get`'s request for `path`: the Table and its column names.
+async fn table(a: &Api, path: &str) -> (Value, Vec<String>) {
+    let req = Request::builder()
+        .uri(path)
+        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(Body::empty())
+        .unwrap();
+    let resp = a.router.clone().oneshot(req).await.unwrap();
+    let t: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let names = t["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_string())
+        .collect();
+    (t, names)
+}
+
 /// A kind added as one `kinds/` module and one table row is served whole:
 /// discovery, create, validation on create and update, and its table.
 #[tokio::test]
@@ -1951,21 +1970,118 @@ async fn ingress_classes_are_served_with_their_rules_and_table() {
     let r = a.put(&format!("{path}/nginx"), changed).await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
     assert!(message(&r).contains("field is immutable"), "{}", r.body);
-    let req = Request::builder()
-        .uri(path)
-        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
-        .body(Body::empty())
-        .unwrap();
-    let resp = a.router.clone().oneshot(req).await.unwrap();
-    let t: Value =
-        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
-    let names: Vec<&str> = t["columnDefinitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
+    let (t, names) = table(&a, path).await;
     assert_eq!(names, ["Name", "Controller", "Parameters", "Age"]);
     assert_eq!(t["rows"][0]["cells"][1], "k8s.io/ingress-nginx");
     assert_eq!(t["rows"][0]["cells"][2], "<none>");
+}
+
+/// Ingresses are served (charts ship them even where no controller runs):
+/// kube-apiserver's checks, generation, the status subresource, the table.
+#[tokio::test]
+async fn ingresses_are_served_with_their_checks_status_and_table() {
+    let a = api().await;
+    let path = "/apis/networking.k8s.io/v1/namespaces/default/ingresses";
+    let r = a.get("/apis/networking.k8s.io/v1").await;
+    assert!(r.body["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["name"] == "ingresses"
+            && x["namespaced"] == true
+            && x["shortNames"] == json!(["ing"])));
+    assert!(r.body["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["name"] == "ingresses/status"));
+    let ing = |path_type: Value| {
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web"},
+            "spec": {"ingressClassName": "nginx", "rules": [{"host": "web.example.com", "http": {"paths": [
+                {"path": "/", "pathType": path_type, "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}})
+    };
+    let r = a.post(path, ing(Value::Null)).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.body);
+    assert_eq!(
+        message(&r),
+        "Ingress.networking.k8s.io \"web\" is invalid: spec.rules[0].http.paths[0].pathType: Required value: pathType must be specified"
+    );
+    let r = a.post(path, ing(json!("Prefix"))).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.body["metadata"]["generation"], 1);
+    let mut changed = r.body.clone();
+    changed["spec"]["rules"][0]["host"] = json!("www.example.com");
+    let r = a.put(&format!("{path}/web"), changed).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["metadata"]["generation"], 2);
+    let mut status = r.body.clone();
+    status["status"] = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}});
+    let r = a.put(&format!("{path}/web/status"), status).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let (t, names) = table(&a, path).await;
+    assert_eq!(names, ["Name", "Class", "Hosts", "Address", "Ports", "Age"]);
+    let cells = &t["rows"][0]["cells"];
+    assert_eq!(
+        (&cells[1], &cells[2], &cells[3], &cells[4]),
+        (
+            &json!("nginx"),
+            &json!("www.example.com"),
+            &json!("192.0.2.10"),
+            &json!("80")
+        )
+    );
+}
+
+/// The DefaultIngressClass and DefaultStorageClass admission plugins fill
+/// in the class a new object does not name, and leave a named (or, for
+/// claims, an explicitly empty) one alone.
+#[tokio::test]
+async fn new_ingresses_and_claims_get_the_default_class() {
+    let a = api().await;
+    for (path, body) in [
+        (
+            "/apis/networking.k8s.io/v1/ingressclasses",
+            json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
+            "metadata": {"name": "nginx", "annotations": {"ingressclass.kubernetes.io/is-default-class": "true"}},
+            "spec": {"controller": "k8s.io/ingress-nginx"}}),
+        ),
+        (
+            "/apis/storage.k8s.io/v1/storageclasses",
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": "fast", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": "example.com/fast"}),
+        ),
+    ] {
+        let r = a.post(path, body).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    }
+    let ing = |name: &str, class: Option<&str>| {
+        let mut spec =
+            json!({"defaultBackend": {"service": {"name": "web", "port": {"number": 80}}}});
+        if let Some(c) = class {
+            spec["ingressClassName"] = json!(c);
+        }
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": name}, "spec": spec})
+    };
+    let ings = "/apis/networking.k8s.io/v1/namespaces/default/ingresses";
+    let r = a.post(ings, ing("plain", None)).await;
+    assert_eq!(r.body["spec"]["ingressClassName"], "nginx", "{}", r.body);
+    let r = a.post(ings, ing("named", Some("traefik"))).await;
+    assert_eq!(r.body["spec"]["ingressClassName"], "traefik");
+    let pvc = |name: &str, class: Option<&str>| {
+        let mut spec = json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}});
+        if let Some(c) = class {
+            spec["storageClassName"] = json!(c);
+        }
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name}, "spec": spec})
+    };
+    let pvcs = "/api/v1/namespaces/default/persistentvolumeclaims";
+    let r = a.post(pvcs, pvc("data", None)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.body["spec"]["storageClassName"], "fast");
+    let r = a.post(pvcs, pvc("static", Some(""))).await;
+    assert_eq!(
+        r.body["spec"]["storageClassName"], "",
+        "an explicit empty class stays"
+    );
 }

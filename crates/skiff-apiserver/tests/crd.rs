@@ -584,7 +584,7 @@ async fn custom_resources_are_pruned_defaulted_and_validated_by_the_schema() {
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
     assert_eq!(
         r.body["message"],
-        "strict decoding error: unknown field \"spec.colour\""
+        "Pool in version \"v1\" cannot be handled as a Pool: strict decoding error: unknown field \"spec.colour\""
     );
 
     // Every failing field at once, as 422 causes.

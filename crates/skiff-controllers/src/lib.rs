@@ -20,6 +20,7 @@ pub mod endpoints;
 pub mod events;
 pub mod framework;
 pub mod gc;
+pub mod hpa;
 pub mod job;
 pub mod metrics;
 pub mod namespaces;
@@ -28,6 +29,7 @@ pub mod podgc;
 pub mod replicaset;
 pub mod resourcequota;
 pub mod statefulset;
+pub mod volumes;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,7 +57,8 @@ pub struct Options {
     /// daemonset, statefulset, garbagecollector, serviceaccount,
     /// root-ca-cert-publisher, nodeipam, nodelifecycle, endpoints,
     /// endpointslice, disruption, podgc, resourcequota,
-    /// clusterrole-aggregation.
+    /// clusterrole-aggregation, horizontalpodautoscaling,
+    /// persistentvolume-binder.
     pub controllers: Vec<String>,
     /// The cluster CA, published as `kube-root-ca.crt` in every namespace.
     pub root_ca_pem: Option<String>,
@@ -133,6 +136,8 @@ pub const CONTROLLERS: &[&str] = &[
     "podgc",
     "resourcequota",
     "clusterrole-aggregation",
+    "horizontalpodautoscaling",
+    "persistentvolume-binder",
 ];
 
 impl Options {
@@ -327,6 +332,12 @@ pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
     }
     if on("clusterrole-aggregation") {
         clusterroleaggregation::register(&ctx, t);
+    }
+    if on("horizontalpodautoscaling") {
+        hpa::register(&ctx, t);
+    }
+    if on("persistentvolume-binder") {
+        volumes::register(&ctx, t);
     }
     ctx.caches.start(&client, t);
     match tasks.join_next().await {

@@ -274,6 +274,7 @@ pub fn controller_manager_roles() -> Vec<serde_json::Value> {
                     "persistentvolumeclaims",
                     "pods/eviction",
                     "pods/binding",
+                    "persistentvolumes",
                 ],
             ),
             r(

@@ -39,7 +39,7 @@ fn rename(m: &mut serde_json::Map<String, Value>, from: &str, to: &str) {
 }
 
 /// events.k8s.io/v1 → core/v1.
-fn event_to_core(obj: &mut Value) {
+pub(crate) fn event_to_core(obj: &mut Value) {
     let Some(m) = obj.as_object_mut() else { return };
     rename(m, "regarding", "involvedObject");
     rename(m, "note", "message");

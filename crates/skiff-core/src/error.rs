@@ -169,7 +169,8 @@ impl ApiError {
     /// The usual detail of a stale-resourceVersion conflict.
     pub const STALE: &'static str = "the object has been modified; please apply your changes to the latest version and try again";
 
-    /// 422: `Pod "x" is invalid: [spec.containers: Required value, ...]`. `kind` is the Kind.
+    /// 422: `Pod "x" is invalid: [spec.containers: Required value, ...]`
+    /// (`Deployment.apps "x" is invalid: ...` for a kind with a group).
     pub fn invalid(group: &str, kind: &str, name: &str, causes: Vec<Cause>) -> Self {
         let parts: Vec<String> = causes
             .iter()
@@ -186,10 +187,16 @@ impl ApiError {
         } else {
             format!("[{}]", parts.join(", "))
         };
+        // The group-qualified kind, as `schema.GroupKind` prints it.
+        let qualified = if group.is_empty() {
+            kind.to_string()
+        } else {
+            format!("{kind}.{group}")
+        };
         let mut e = ApiError::new(
             422,
             "Invalid",
-            format!("{kind} {name:?} is invalid: {summary}"),
+            format!("{qualified} {name:?} is invalid: {summary}"),
         )
         .with_details(group, kind, name);
         e.causes = causes;

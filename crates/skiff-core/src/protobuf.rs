@@ -23,7 +23,10 @@ fn b64(b: &[u8]) -> String {
 /// Field numbers per message: `definition short name` → `number name`
 /// pairs. A `*` marks Go pointer fields: for them a zero value was set on
 /// purpose (`--replicas=0`) and is kept; other zero values are what Go
-/// marshals for unset fields, which JSON would omit, and are skipped.
+/// marshals for unset fields, which JSON would omit, and are skipped. A
+/// `^` marks a Go struct embedded inline in JSON (an IngressRule's
+/// `IngressRuleValue`): its message's fields, numbered by the named table,
+/// belong to the enclosing object.
 const FIELDS: &[(&str, &str)] = &[
     ("ObjectMeta", "1 name,2 generateName,3 namespace,4 selfLink,5 uid,6 resourceVersion,7 generation,8 creationTimestamp,9 deletionTimestamp,10 *deletionGracePeriodSeconds,11 labels,12 annotations,13 ownerReferences,14 finalizers"),
     ("OwnerReference", "1 kind,3 name,4 uid,5 apiVersion,6 *controller,7 *blockOwnerDeletion"),
@@ -104,6 +107,20 @@ const FIELDS: &[(&str, &str)] = &[
     ("TokenRequestSpec", "1 audiences,3 boundObjectRef,4 *expirationSeconds"),
     ("BoundObjectReference", "1 kind,2 apiVersion,3 name,4 uid"),
     ("ObjectReference", "1 kind,2 namespace,3 name,4 uid,5 apiVersion,6 resourceVersion,7 fieldPath"),
+    ("Ingress", "1 metadata,2 spec,3 status"),
+    ("IngressSpec", "1 defaultBackend,2 tls,3 rules,4 ingressClassName"),
+    ("IngressBackend", "3 resource,4 service"),
+    ("IngressServiceBackend", "1 name,2 port"),
+    ("ServiceBackendPort", "1 name,2 number"),
+    ("IngressTLS", "1 hosts,2 secretName"),
+    ("IngressRule", "1 host,2 ^IngressRuleValue"),
+    ("IngressRuleValue", "1 http"),
+    ("HTTPIngressRuleValue", "1 paths"),
+    ("HTTPIngressPath", "1 path,2 backend,3 pathType"),
+    ("TypedLocalObjectReference", "1 apiGroup,2 kind,3 name"),
+    ("IngressStatus", "1 loadBalancer"),
+    ("IngressLoadBalancerStatus", "1 ingress"),
+    ("IngressLoadBalancerIngress", "1 ip,2 hostname,4 ports"),
 ];
 
 /// The number of a field by its JSON name.
@@ -284,7 +301,11 @@ fn value(w: &Wire, t: TypeRef) -> Result<Value, ApiError> {
 }
 
 fn message(b: &[u8], t: TypeRef) -> Result<Value, ApiError> {
-    let def = t.definition().unwrap_or("");
+    message_numbered(b, t, t.definition().unwrap_or(""))
+}
+
+/// A message of type `t` whose fields are numbered by the table of `def`.
+fn message_numbered(b: &[u8], t: TypeRef, def: &str) -> Result<Value, ApiError> {
     let mut out = Map::new();
     for (num, w) in fields(b)? {
         // Go's protobuf marshalling writes zero values that JSON would omit
@@ -298,6 +319,15 @@ fn message(b: &[u8], t: TypeRef) -> Result<Value, ApiError> {
                 "field {num} of protobuf message {def} is not supported by this server; send JSON"
             )));
         };
+        if let Some(table) = name.strip_prefix('^') {
+            let Wire::Bytes(inner) = w else {
+                return Err(ApiError::bad_request("malformed protobuf message"));
+            };
+            if let Value::Object(m) = message_numbered(inner, t, table)? {
+                out.extend(m);
+            }
+            continue;
+        }
         if matches!(w, Wire::Varint(0)) && !pointer {
             continue;
         }
@@ -452,6 +482,31 @@ mod tests {
         assert_eq!(
             v,
             json!({"metadata": {"name": "settings"}, "data": {"mode": "fast"}, "apiVersion": "v1", "kind": "ConfigMap"})
+        );
+    }
+
+    #[test]
+    fn an_ingress_rule_carries_its_inline_http_value() {
+        // kubectl create ingress simple --rule="foo.com/bar=svc1:8080,tls=my-cert"
+        let port = vec![key(2, 0), 0x90, 0x3f]; // number 8080
+        let service = [ld(1, b"svc1"), ld(2, &port)].concat();
+        let backend = ld(4, &service);
+        let path = [ld(1, b"/bar"), ld(2, &backend), ld(3, b"Exact")].concat();
+        let http = ld(1, &path);
+        let rule = [ld(1, b"foo.com"), ld(2, &ld(1, &http))].concat();
+        let tls = [ld(1, b"foo.com"), ld(2, b"my-cert")].concat();
+        let spec = [ld(2, &tls), ld(3, &rule), ld(4, b"default")].concat();
+        let v = message(
+            &[ld(1, &ld(1, b"simple")), ld(2, &spec)].concat(),
+            root("networking.k8s.io", "v1", "Ingress").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            v["spec"],
+            json!({"ingressClassName": "default",
+                "tls": [{"hosts": ["foo.com"], "secretName": "my-cert"}],
+                "rules": [{"host": "foo.com", "http": {"paths": [{"path": "/bar", "pathType": "Exact",
+                    "backend": {"service": {"name": "svc1", "port": {"number": 8080}}}}]}}]})
         );
     }
 

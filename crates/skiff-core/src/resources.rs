@@ -379,7 +379,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         [],
         [],
         [],
-        &kinds::plain::PlainGenerational
+        &kinds::workloads::ControllerRevision
     ),
     // batch/v1
     res!(
@@ -417,7 +417,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         ["hpa"],
         ["all"],
         ["status"],
-        &kinds::plain::PlainGenerational
+        &kinds::autoscaling::HorizontalPodAutoscaler
     ),
     res!(
         "autoscaling",
@@ -429,7 +429,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         ["hpa"],
         ["all"],
         ["status"],
-        &kinds::plain::PlainGenerational
+        &kinds::autoscaling::HorizontalPodAutoscaler
     ),
     // certificates.k8s.io/v1
     res!(
@@ -506,7 +506,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         ["netpol"],
         [],
         [],
-        &kinds::PLAIN
+        &kinds::network::NetworkPolicy
     ),
     // scheduling.k8s.io/v1
     res!(
@@ -581,6 +581,18 @@ pub static RESOURCES: &[ResourceInfo] = &[
         [],
         [],
         &kinds::ingress_class::IngressClass
+    ),
+    res!(
+        "networking.k8s.io",
+        "v1",
+        "Ingress",
+        "ingresses",
+        "ingress",
+        true,
+        ["ing"],
+        [],
+        ["status"],
+        &kinds::ingress::Ingress
     ),
     // admissionregistration.k8s.io/v1
     res!(
@@ -741,7 +753,7 @@ pub static RESOURCES: &[ResourceInfo] = &[
         ["sc"],
         [],
         [],
-        &kinds::plain::ReturnsDeleted("StorageClass")
+        &kinds::storage::StorageClass
     ),
 ];
 

@@ -96,6 +96,7 @@ static SCHEMAS: LazyLock<Schemas> = LazyLock::new(|| {
         ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicyBinding", admissionregistration::v1::ValidatingAdmissionPolicyBinding),
         ("apiregistration.k8s.io", "v1", "APIService", crate::kinds::apiservice::types::APIService),
         ("networking.k8s.io", "v1", "IngressClass", networking::v1::IngressClass),
+        ("networking.k8s.io", "v1", "Ingress", networking::v1::Ingress),
         ("networking.k8s.io", "v1", "NetworkPolicy", networking::v1::NetworkPolicy),
         ("rbac.authorization.k8s.io", "v1", "Role", rbac::v1::Role),
         ("rbac.authorization.k8s.io", "v1", "RoleBinding", rbac::v1::RoleBinding),

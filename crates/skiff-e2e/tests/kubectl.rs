@@ -896,6 +896,38 @@ fn typed_create_commands_send_protobuf_and_work() {
             .trim(),
         "serviceaccount/robot created"
     );
+    assert_eq!(
+        s.ok(&[
+            "-n",
+            "team-b",
+            "create",
+            "ingress",
+            "front",
+            "--class=nginx",
+            "--rule=web.example.com/shop*=web:80,tls=web-tls",
+        ])
+        .trim(),
+        "ingress.networking.k8s.io/front created"
+    );
+    let row = s.ok(&["-n", "team-b", "get", "ingress", "front", "--no-headers"]);
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        &cells[..5],
+        ["front", "nginx", "web.example.com", "80,", "443"],
+        "{row}"
+    );
+    assert_eq!(
+        s.ok(&[
+            "-n",
+            "team-b",
+            "get",
+            "ingress",
+            "front",
+            "-o",
+            "jsonpath={.spec.rules[0].http.paths[0].pathType} {.spec.rules[0].http.paths[0].backend.service.port.number}",
+        ]),
+        "Prefix 80"
+    );
     let all = s.ok(&["-n", "team-b", "get", "all", "-o", "name"]);
     for n in [
         "pod/box",

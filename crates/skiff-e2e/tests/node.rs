@@ -676,3 +676,73 @@ fn a_busy_pods_usage_shows_in_the_nodes_stats_and_in_kubectl_top() {
         "{err}"
     );
 }
+
+/// `kubectl autoscale` on a Deployment whose pod spins far past its CPU
+/// request: the autoscaler reads the usage skiff measures, scales up to
+/// its maximum, and `kubectl get hpa` shows the utilization.
+#[test]
+fn kubectl_autoscale_scales_a_busy_deployment_up_on_its_cpu_usage() {
+    let s = Server::up();
+    let manifest = format!(
+        r#"{{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {{"name": "spin"}},
+  "spec": {{"replicas": 1, "selector": {{"matchLabels": {{"app": "spin"}}}},
+    "template": {{"metadata": {{"labels": {{"app": "spin"}}}}, "spec": {{
+      "terminationGracePeriodSeconds": 0,
+      "containers": [{{"name": "spin", "image": "{BUSYBOX}", "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", "while :; do :; done"],
+        "resources": {{"requests": {{"cpu": "20m"}}, "limits": {{"cpu": "100m"}}}}}}]}}}}}}}}"#
+    );
+    s.ok_stdin(&["apply", "-f", "-"], &manifest);
+    s.ok(&[
+        "autoscale",
+        "deployment",
+        "spin",
+        "--cpu-percent=50",
+        "--min=1",
+        "--max=2",
+    ]);
+    // The pod uses its whole 100m limit, five times its request: 500%
+    // against 50%. The autoscaler wants ten replicas and stops at two.
+    wait_until("the deployment scaled to its maximum", 150, || {
+        let out = s.kubectl(&[
+            "get",
+            "deployment",
+            "spin",
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ]);
+        (skiff_e2e::text(&out.stdout) == "2").then_some(())
+    });
+    let row = wait_until("kubectl get hpa shows the usage", 60, || {
+        let out = s.ok(&["get", "hpa", "spin", "--no-headers"]);
+        let cells: Vec<String> = out.split_whitespace().map(str::to_string).collect();
+        (cells.len() >= 7 && cells[3].ends_with('%') && !cells[3].contains("unknown"))
+            .then_some(cells)
+    });
+    assert_eq!(row[1], "Deployment/spin", "{row:?}");
+    assert_eq!(row[2], "cpu:", "{row:?}");
+    let used: u32 = row[3]
+        .split('/')
+        .next()
+        .unwrap()
+        .trim_end_matches('%')
+        .parse()
+        .unwrap();
+    assert!(used > 55, "{row:?}");
+    assert_eq!(&row[4..6], ["1", "2"], "{row:?}");
+    let events = s.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "reason=SuccessfulRescale",
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(
+        events.contains(
+            "New size: 2; reason: cpu resource utilization (percentage of request) above target"
+        ),
+        "{events}"
+    );
+    s.ok(&["delete", "deployment", "spin", "--wait=false"]);
+}

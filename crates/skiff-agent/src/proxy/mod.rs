@@ -1,14 +1,15 @@
 //! The service proxy (skiff's kube-proxy, nftables mode), run by every real
 //! agent: it watches Services and EndpointSlices and programs skiff's own
 //! nftables tables (`ip skiff-proxy` and its service shards
-//! `skiff-proxy-svc0..15`) so ClusterIPs, NodePorts, externalIPs
+//! `skiff-proxy-svc0..63`) so ClusterIPs, NodePorts, externalIPs
 //! and LoadBalancer IPs reach ready endpoints.
 //!
 //! - [`model`] decides, from data alone, what each service port needs.
 //! - [`rules`] renders that as nftables objects and diffs two versions.
-//! - [`nft`] applies a diff as one nftables transaction (through the
-//!   `nftables` crate, which drives `nft -j -f -`), and flushes stale UDP
-//!   conntrack entries.
+//! - [`nft`] applies a diff as one nftables transaction (by default as
+//!   netlink batches of [`netlink`]; `SKIFF_NFT_BACKEND=nft`: `nft -j -f -`
+//!   with the `nftables` crate's JSON), and flushes stale UDP conntrack
+//!   entries.
 //!
 //! The table is replaced whole once the first lists of Services and
 //! EndpointSlices are complete; after that a change touches only the
@@ -234,6 +235,8 @@ struct Applied {
     /// harmless (only DNAT to that address makes a packet match it), and
     /// element deletions cost a dump of the set in nft.
     hairpin: BTreeSet<Ipv4Addr>,
+    /// The `hairpin` set's size, fixed at the last full resync.
+    hairpin_capacity: usize,
 }
 
 /// The objects and plans of one service (empty when it is not proxied).
@@ -241,6 +244,7 @@ fn service_objects(
     state: &State,
     key: &Key,
     node: &NodeFacts,
+    shape: rules::Shape,
     warned: &mut HashMap<Key, String>,
 ) -> (PortRules, Vec<PortPlan>) {
     if *key == policy_key() {
@@ -251,7 +255,7 @@ fn service_objects(
             warned.remove(key);
             let mut r = PortRules::default();
             for p in &plans {
-                r.extend(rules::port_rules(p, node.cluster_cidr));
+                r.extend(rules::port_rules_shaped(p, node.cluster_cidr, shape));
             }
             (r, plans)
         }
@@ -398,7 +402,8 @@ pub async fn run_with_policy(
             instance: Some(node.name.clone()),
         },
     ));
-    let nft = nft::Nft::new(&options.table);
+    let nft = nft::Nft::new(&options.table).with_cluster_cidr(node.cluster_cidr);
+    let shape = nft.backend().shape();
     let services: Api<Service> = Api::all(client.clone());
     let slices: Api<EndpointSlice> = Api::all(client.clone());
     let mut svc_stream = watcher(services, watcher::Config::default()).boxed();
@@ -580,7 +585,7 @@ pub async fn run_with_policy(
                 keys.insert(&pk);
             }
             for k in keys {
-                let (mut r, p) = service_objects(&state, k, &node, &mut warned);
+                let (mut r, p) = service_objects(&state, k, &node, shape, &mut warned);
                 owners.claim(k, &mut r);
                 next.rules.insert(k.clone(), r);
                 next.plans.insert(k.clone(), p);
@@ -589,6 +594,7 @@ pub async fn run_with_policy(
             for r in next.rules.values() {
                 next.hairpin.extend(r.endpoints.iter().copied());
             }
+            next.hairpin_capacity = rules::hairpin_capacity(next.hairpin.len()) as usize;
             let all: Vec<(rules::Home, &PortRules)> =
                 next.rules.iter().map(|(k, r)| (home_of(k), r)).collect();
             let t = Instant::now();
@@ -607,7 +613,7 @@ pub async fn run_with_policy(
             let mut next_rules = vec![];
             for k in &dirty {
                 owners.release(k);
-                let (mut r, p) = service_objects(&state, k, &node, &mut warned);
+                let (mut r, p) = service_objects(&state, k, &node, shape, &mut warned);
                 owners.claim(k, &mut r);
                 let empty = PortRules::default();
                 let old = applied.rules.get(k).unwrap_or(&empty);
@@ -620,6 +626,13 @@ pub async fn run_with_policy(
                 .flat_map(|(_, r, _)| r.endpoints.iter().copied())
                 .filter(|ip| !applied.hairpin.contains(ip))
                 .collect();
+            if applied.hairpin.len() + new_pairs.len() > applied.hairpin_capacity {
+                // The set is full (pairs of gone endpoints stay until a
+                // full resync): make one now, which sizes it anew.
+                need_full = true;
+                retry_at = Some(tokio::time::Instant::now());
+                continue;
+            }
             ops.extend(
                 new_pairs
                     .iter()

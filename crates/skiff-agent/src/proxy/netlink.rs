@@ -8,8 +8,8 @@
 //! The messages are the ones `nft` 1.0 sends for the same script (checked
 //! with `nft --debug=netlink` and by comparing `nft list` of both in
 //! `tests/proxy_netlink.rs`), including the set userdata `nft` reads back
-//! to print key types. Rule shapes this encoder does not know
-//! ([`encodable`] says which) are left to the `nft` binary by the caller.
+//! to print key types. Rules that can match nothing ([`matches_nothing`]:
+//! an empty address list) are left out.
 //!
 //! Encoding is plain byte building; the socket is `netlink-sys`'s. Numbers
 //! are nf_tables' ABI (`linux/netfilter/nf_tables.h`): attributes are
@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
-use super::model::Protocol;
+use super::model::{Endpoint, Protocol};
 use super::policy::model::{Addr, Allow, Field, POLICY_EGRESS};
 use super::rules::{self, Home, MapKey, Op, Rule, Verdict};
 
@@ -69,6 +69,7 @@ const SET_MAP: u32 = 0x8;
 const SET_TIMEOUT: u32 = 0x10;
 const SET_EVAL: u32 = 0x20;
 const DATA_VERDICT: u32 = 0xffff_ff00;
+const TYPE_INTEGER: u32 = 4;
 const TYPE_IPV4: u32 = 7;
 const TYPE_PROTO: u32 = 12;
 const TYPE_SERVICE: u32 = 13;
@@ -106,30 +107,58 @@ const UD_ADDR: &[u8] = &[0x00, 0x04, 0x02, 0x00, 0x00, 0x00];
 const UD_CONCAT: &[u8] = &[
     0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x03, 0x08, 0x00, 0x04, 0x0d, 0x00, 0x00, 0x00, 0x01, 0x00,
 ];
+/// `typeof numgen random mod 10 : ip daddr . tcp dport` (an endpoint
+/// map): the modulus is the u32 at [`UD_NUMGEN_MOD`], the transport
+/// protocol nft's id of its header at [`UD_NUMGEN_PROTO`].
+const UD_NUMGEN_MAP: [u8; 100] = [
+    0x00, 0x04, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04, 0x00, 0x00, 0x00, 0x00, 0x03, 0x1a, 0x00, 0x04,
+    0x17, 0x00, 0x00, 0x00, 0x01, 0x12, 0x00, 0x04, 0x01, 0x00, 0x00, 0x00, 0x01, 0x04, 0x0a, 0x00,
+    0x00, 0x00, 0x02, 0x04, 0x00, 0x00, 0x00, 0x00, 0x04, 0x34, 0x00, 0x04, 0x0d, 0x00, 0x00, 0x00,
+    0x01, 0x2c, 0x00, 0x14, 0x00, 0x04, 0x07, 0x00, 0x00, 0x00, 0x01, 0x0c, 0x00, 0x04, 0x0c, 0x00,
+    0x00, 0x00, 0x01, 0x04, 0x0c, 0x00, 0x00, 0x00, 0x01, 0x14, 0x00, 0x04, 0x07, 0x00, 0x00, 0x00,
+    0x01, 0x0c, 0x00, 0x04, 0x08, 0x00, 0x00, 0x00, 0x01, 0x04, 0x02, 0x00, 0x00, 0x00, 0x06, 0x04,
+    0x00, 0x00, 0x00, 0x00,
+];
+const UD_NUMGEN_MOD: usize = 30;
+const UD_NUMGEN_PROTO: usize = 84;
+
+/// [`UD_NUMGEN_MAP`] for modulus `k` and protocol `p`.
+fn numgen_map_userdata(k: u32, p: Protocol) -> Vec<u8> {
+    let mut ud = UD_NUMGEN_MAP.to_vec();
+    ud[UD_NUMGEN_MOD..UD_NUMGEN_MOD + 4].copy_from_slice(&k.to_ne_bytes());
+    // nft's protocol header ids (proto_tcp, proto_udp, proto_sctp).
+    ud[UD_NUMGEN_PROTO] = match p {
+        Protocol::Tcp => 8,
+        Protocol::Udp => 6,
+        Protocol::Sctp => 10,
+    };
+    ud
+}
 
 /// Largest set-element message body: a netlink attribute's length is 16
 /// bits, so big element lists go in several messages of the same batch.
 const ELEMENTS_PER_MESSAGE: usize = 400;
 
-/// Whether this encoder writes `rule` (the rest goes to `nft`).
-pub fn encodable(rule: &Rule) -> bool {
+/// Whether `rule` can match no packet at all: an address list that is
+/// empty, or an ipBlock whose exceptions include 0.0.0.0/0. Such rules are
+/// not written (nft writes them as empty anonymous sets).
+pub fn matches_nothing(rule: &Rule) -> bool {
     match rule {
         Rule::Allow(a) => match &a.addr {
-            Addr::Block(_, except) => except.iter().all(|e| e.1 > 0),
-            Addr::Set(ips) => !ips.is_empty(),
-            Addr::Any => true,
+            Addr::Block(_, except) => except.iter().any(|e| e.1 == 0),
+            Addr::Set(ips) => ips.is_empty(),
+            Addr::Any => false,
         },
-        Rule::EgressCheckTo(ips) => !ips.is_empty(),
-        _ => true,
+        Rule::EgressCheckTo(ips) => ips.is_empty(),
+        _ => false,
     }
 }
 
-/// Whether every op of a batch can be encoded.
-pub fn ops_encodable<'a>(mut ops: impl Iterator<Item = &'a Op>) -> bool {
-    ops.all(|op| match op {
-        Op::AddRule(_, r) => encodable(r),
-        _ => true,
-    })
+/// What a set element carries besides its key.
+enum ElemData<'a> {
+    None,
+    Verdict(&'a Verdict),
+    Value(Vec<u8>),
 }
 
 /// A batch of nf_tables messages being built.
@@ -363,9 +392,10 @@ impl Batch {
         flags: u32,
         key_type: u32,
         key_len: u32,
-        verdict_map: bool,
+        data: Option<(u32, u32)>,
         timeout_ms: Option<u64>,
         userdata: Option<&[u8]>,
+        size: Option<u32>,
     ) -> u32 {
         let id = self.set_id(table, set);
         self.msg(NEWSET, NLM_F_CREATE, || format!("add set ip {table} {set}"));
@@ -374,9 +404,14 @@ impl Batch {
         self.u32(3, flags);
         self.u32(4, key_type);
         self.u32(5, key_len);
-        if verdict_map {
-            self.u32(6, DATA_VERDICT);
-            self.u32(7, 0);
+        if let Some((ty, len)) = data {
+            self.u32(6, ty);
+            self.u32(7, len);
+        }
+        if let Some(n) = size {
+            self.nest(9); // NFTA_SET_DESC
+            self.u32(1, n); // NFTA_SET_DESC_SIZE
+            self.unnest();
         }
         self.u32(10, id);
         if let Some(t) = timeout_ms {
@@ -402,9 +437,10 @@ impl Batch {
             SET_MAP,
             ty,
             len,
-            true,
+            Some((DATA_VERDICT, 0)),
             None,
             Some(UD_CONCAT_VMAP),
+            None,
         );
     }
 
@@ -416,23 +452,25 @@ impl Batch {
             SET_MAP,
             TYPE_IPV4,
             4,
-            true,
+            Some((DATA_VERDICT, 0)),
             None,
             Some(UD_ADDR_VMAP),
+            None,
         );
     }
 
-    /// A set of `ip . ip` pairs.
-    pub fn add_pair_set(&mut self, table: &str, set: &str) {
+    /// A set of at most `size` `ip . ip` pairs.
+    pub fn add_pair_set(&mut self, table: &str, set: &str, size: u32) {
         self.new_set(
             table,
             set,
             0,
             (TYPE_IPV4 << 6) | TYPE_IPV4,
             8,
-            false,
+            None,
             None,
             Some(UD_CONCAT),
+            Some(size),
         );
     }
 
@@ -452,10 +490,50 @@ impl Batch {
             flags,
             TYPE_IPV4,
             4,
-            false,
+            None,
             timeout.map(|t| u64::from(t) * 1000),
             Some(UD_ADDR),
+            None,
         );
+    }
+
+    /// An endpoint map: a random index (`numgen random mod k`) to
+    /// `address . port`.
+    pub fn add_dnat_map(&mut self, table: &str, map: &str, protocol: Protocol, k: u32) {
+        self.new_set(
+            table,
+            map,
+            SET_MAP,
+            TYPE_INTEGER,
+            4,
+            Some(((TYPE_IPV4 << 6) | TYPE_SERVICE, 8)),
+            None,
+            Some(&numgen_map_userdata(k, protocol)),
+            None,
+        );
+    }
+
+    /// Element `i` of endpoint map `map`: the i-th endpoint.
+    pub fn fill_dnat_map(&mut self, table: &str, map: &str, endpoints: &[Endpoint]) {
+        let e: Vec<(Vec<u8>, ElemData)> = endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, ep)| {
+                let mut v = ep.ip.octets().to_vec();
+                v.extend_from_slice(&ep.port.to_be_bytes());
+                v.extend_from_slice(&[0, 0]);
+                ((i as u32).to_ne_bytes().to_vec(), ElemData::Value(v))
+            })
+            .collect();
+        self.elements(table, map, false, &e);
+    }
+
+    /// Deletes every element of `set`.
+    pub fn flush_set(&mut self, table: &str, set: &str) {
+        self.msg(DELSETELEM, 0, || format!("flush set ip {table} {set}"));
+        self.str(1, table);
+        self.str(2, set);
+        self.end();
     }
 
     pub fn delete_set(&mut self, table: &str, set: &str) {
@@ -467,13 +545,7 @@ impl Batch {
 
     /// Adds (`Some` data, or `None` for plain sets) or deletes elements,
     /// in messages of at most [`ELEMENTS_PER_MESSAGE`].
-    fn elements(
-        &mut self,
-        table: &str,
-        set: &str,
-        delete: bool,
-        elems: &[(Vec<u8>, Option<&Verdict>)],
-    ) {
+    fn elements(&mut self, table: &str, set: &str, delete: bool, elems: &[(Vec<u8>, ElemData)]) {
         let id = self
             .set_ids
             .get(&(table.to_string(), set.to_string()))
@@ -496,9 +568,13 @@ impl Batch {
             for (key, data) in chunk {
                 self.nest(1);
                 self.value(1, key);
-                if let Some(v) = data {
-                    let (code, chain) = verdict(v);
-                    self.verdict_data(2, code, chain);
+                match data {
+                    ElemData::None => {}
+                    ElemData::Verdict(v) => {
+                        let (code, chain) = verdict(v);
+                        self.verdict_data(2, code, chain);
+                    }
+                    ElemData::Value(v) => self.value(2, v),
                 }
                 self.unnest();
             }
@@ -508,32 +584,36 @@ impl Batch {
     }
 
     pub fn add_map_elements(&mut self, table: &str, map: &str, elems: &[(&MapKey, &Verdict)]) {
-        let e: Vec<(Vec<u8>, Option<&Verdict>)> = elems
+        let e: Vec<(Vec<u8>, ElemData)> = elems
             .iter()
-            .map(|(k, v)| (key_bytes(k), Some(*v)))
+            .map(|(k, v)| (key_bytes(k), ElemData::Verdict(v)))
             .collect();
         self.elements(table, map, false, &e);
     }
 
     pub fn delete_map_elements(&mut self, table: &str, map: &str, keys: &[&MapKey]) {
-        let e: Vec<(Vec<u8>, Option<&Verdict>)> =
-            keys.iter().map(|k| (key_bytes(k), None)).collect();
+        let e: Vec<(Vec<u8>, ElemData)> = keys
+            .iter()
+            .map(|k| (key_bytes(k), ElemData::None))
+            .collect();
         self.elements(table, map, true, &e);
     }
 
     pub fn add_addrs(&mut self, table: &str, set: &str, ips: &[Ipv4Addr]) {
-        let e: Vec<(Vec<u8>, Option<&Verdict>)> =
-            ips.iter().map(|ip| (ip.octets().to_vec(), None)).collect();
+        let e: Vec<(Vec<u8>, ElemData)> = ips
+            .iter()
+            .map(|ip| (ip.octets().to_vec(), ElemData::None))
+            .collect();
         self.elements(table, set, false, &e);
     }
 
     pub fn hairpin(&mut self, table: &str, ips: &[Ipv4Addr], delete: bool) {
-        let e: Vec<(Vec<u8>, Option<&Verdict>)> = ips
+        let e: Vec<(Vec<u8>, ElemData)> = ips
             .iter()
             .map(|ip| {
                 let mut k = ip.octets().to_vec();
                 k.extend_from_slice(&ip.octets());
-                (k, None)
+                (k, ElemData::None)
             })
             .collect();
         self.elements(table, rules::HAIRPIN, delete, &e);
@@ -553,7 +633,7 @@ impl Batch {
         if interval {
             flags |= SET_INTERVAL;
         }
-        let id = self.new_set(table, &name, flags, TYPE_IPV4, 4, false, None, None);
+        let id = self.new_set(table, &name, flags, TYPE_IPV4, 4, None, None, None, None);
         // Interval sets hold range boundaries: each range's start, and the
         // address after its end flagged as an end (nothing after the last
         // address); like nft, a leading end at 0.0.0.0 when the first range
@@ -619,6 +699,9 @@ impl Batch {
 
     /// Appends `rule` to `chain`.
     pub fn add_rule(&mut self, table: &str, chain: &str, rule: &Rule) {
+        if matches_nothing(rule) {
+            return;
+        }
         // Anonymous sets must exist before the rule that looks them up.
         let anon = self.anonymous_sets_for(table, rule);
         self.msg(NEWRULE, NLM_F_CREATE | NLM_F_APPEND, || {
@@ -912,19 +995,10 @@ impl Batch {
                 self.attr(2, &[3]); // port unreachable
                 self.expr_end();
             }
-            Rule::MasqueradeOffCluster {
-                vip,
-                protocol,
-                port,
-                cidr,
-            } => {
-                self.ip_field(Field::Daddr, REG_1);
-                self.cmp(CMP_EQ, &vip.octets());
-                self.l4proto_is(*protocol);
-                self.dport(REG_1);
-                self.cmp(CMP_EQ, &port.to_be_bytes());
+            Rule::MarkOffCluster(cidr, m) => {
                 self.prefix(Field::Saddr, *cidr, CMP_NEQ);
-                self.verdict(NFT_JUMP, Some(rules::MARK_FOR_MASQ));
+                self.concat_daddr_proto_port();
+                self.lookup(&table, m, Some(REG_VERDICT), false);
             }
             Rule::HairpinMasquerade => {
                 self.ct(CT_STATUS, REG_1);
@@ -978,6 +1052,22 @@ impl Batch {
                 self.u32(3, REG_1);
                 self.u32(5, REG_2);
                 self.u32(7, NAT_RANGE_PROTO_SPECIFIED);
+                self.expr_end();
+            }
+            Rule::DnatViaMap(k, p, m) => {
+                self.l4proto_is(*p);
+                self.expr("numgen");
+                self.u32(1, REG_1);
+                self.u32(2, *k);
+                self.u32(3, 1); // NFT_NG_RANDOM
+                self.u32(4, 0); // offset
+                self.expr_end();
+                self.lookup(&table, m, Some(REG_1), false);
+                self.expr("nat");
+                self.u32(1, 1); // NFT_NAT_DNAT
+                self.u32(2, u32::from(NFPROTO_IPV4));
+                self.u32(3, REG_1);
+                self.u32(5, REG32_01);
                 self.expr_end();
             }
             Rule::AcceptEstablished => {
@@ -1123,16 +1213,26 @@ pub fn encode_ops(batch: &mut Batch, ops: &[(String, Op)]) {
             Op::DeleteSet(s) => batch.delete_set(table, s),
             Op::AddHairpin(ip) => batch.hairpin(table, &[*ip], false),
             Op::DeleteHairpin(ip) => batch.hairpin(table, &[*ip], true),
+            Op::AddDnatMap(m, p, k) => batch.add_dnat_map(table, m, *p, *k),
+            Op::FlushDnatMap(m) => batch.flush_set(table, m),
+            Op::FillDnatMap(m, eps) => batch.fill_dnat_map(table, m, eps),
         }
         i += 1;
     }
 }
 
 /// The skeleton of table `name` (`home`): its maps, sets and fixed chains.
-pub fn encode_skeleton(batch: &mut Batch, name: &str, home: Home, node_ips: &[Ipv4Addr]) {
+pub fn encode_skeleton(
+    batch: &mut Batch,
+    name: &str,
+    home: Home,
+    node_ips: &[Ipv4Addr],
+    cluster_cidr: Option<(Ipv4Addr, u8)>,
+    hairpin_size: u32,
+) {
     let (maps, skeleton) = match home {
-        Home::Main => (&rules::MAPS, rules::skeleton()),
-        Home::Shard(_) => (&rules::SHARD_MAPS, rules::shard_skeleton()),
+        Home::Main => (&rules::MAPS[..], rules::skeleton()),
+        Home::Shard(_) => (&rules::SHARD_MAPS[..], rules::shard_skeleton(cluster_cidr)),
     };
     for (map, by_ip) in maps {
         batch.add_service_map(name, map, *by_ip);
@@ -1144,7 +1244,7 @@ pub fn encode_skeleton(batch: &mut Batch, name: &str, home: Home, node_ips: &[Ip
         ] {
             batch.add_addr_map(name, map);
         }
-        batch.add_pair_set(name, rules::HAIRPIN);
+        batch.add_pair_set(name, rules::HAIRPIN, hairpin_size);
     }
     batch.add_addr_set(name, rules::NODEPORT_IPS, None);
     if !node_ips.is_empty() {
@@ -1345,7 +1445,7 @@ mod tests {
     }
 
     #[test]
-    fn rules_with_an_empty_address_list_are_left_to_nft() {
+    fn rules_that_match_nothing_are_not_written() {
         use crate::proxy::policy::model::Field;
         let allow = |addr| {
             Rule::Allow(Allow {
@@ -1355,10 +1455,22 @@ mod tests {
                 ports: None,
             })
         };
-        assert!(!encodable(&allow(Addr::Set(vec![]))));
-        assert!(!encodable(&Rule::EgressCheckTo(vec![])));
-        assert!(encodable(&allow(Addr::Set(vec![Ipv4Addr::LOCALHOST]))));
-        assert!(encodable(&allow(Addr::Any)));
-        assert!(encodable(&Rule::Masquerade));
+        assert!(matches_nothing(&allow(Addr::Set(vec![]))));
+        assert!(matches_nothing(&Rule::EgressCheckTo(vec![])));
+        assert!(matches_nothing(&allow(Addr::Block(
+            (Ipv4Addr::new(10, 0, 0, 0), 8),
+            vec![(Ipv4Addr::UNSPECIFIED, 0)]
+        ))));
+        assert!(!matches_nothing(&allow(Addr::Set(vec![
+            Ipv4Addr::LOCALHOST
+        ]))));
+        assert!(!matches_nothing(&allow(Addr::Any)));
+        assert!(!matches_nothing(&Rule::Masquerade));
+        let mut b = Batch::new();
+        b.add_rule("t", "c", &allow(Addr::Set(vec![])));
+        b.add_rule("t", "c", &Rule::EgressCheckTo(vec![]));
+        assert!(b.is_empty());
+        b.add_rule("t", "c", &allow(Addr::Any));
+        assert_eq!(b.messages(), 2);
     }
 }

@@ -2,8 +2,9 @@
 //! transaction (applied whole or not at all). Two writers: skiff's own
 //! netlink batches ([`super::netlink`], the default: no process, no listing
 //! of the kernel's tables first) and `nft -j -f -` fed JSON built with the
-//! `nftables` crate's schema (`SKIFF_NFT_BACKEND=nft`, and for the rare rule
-//! the netlink encoder leaves to it). Only skiff's own tables are ever
+//! `nftables` crate's schema (`SKIFF_NFT_BACKEND=nft`; it programs
+//! [`rules::Shape::Rules`], as nft 1.0's JSON cannot declare the endpoint
+//! maps of [`rules::Shape::Maps`]). Only skiff's own tables are ever
 //! named. Stale UDP conntrack entries are deleted with the `conntrack` tool
 //! (conntrack-tools), as no maintained crate speaks ctnetlink deletion.
 
@@ -58,11 +59,22 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// The ruleset shape this writer can program ([`rules::Shape`]).
+    pub fn shape(self) -> rules::Shape {
+        match self {
+            Backend::Netlink => rules::Shape::Maps,
+            Backend::Binary => rules::Shape::Rules,
+        }
+    }
+}
+
 /// skiff's table in the kernel.
 #[derive(Debug, Clone)]
 pub struct Nft {
     table: String,
     backend: Backend,
+    cluster_cidr: Option<(Ipv4Addr, u8)>,
 }
 
 impl Nft {
@@ -76,7 +88,15 @@ impl Nft {
         Nft {
             table: table.to_string(),
             backend,
+            cluster_cidr: None,
         }
+    }
+
+    /// The cluster's pod range: each shard marks ClusterIP traffic from
+    /// outside it for masquerading (the services' `cluster-ips` elements).
+    pub fn with_cluster_cidr(mut self, cidr: Option<(Ipv4Addr, u8)>) -> Nft {
+        self.cluster_cidr = cidr;
+        self
     }
 
     pub fn backend(&self) -> Backend {
@@ -101,12 +121,11 @@ impl Nft {
         node_ips: &[Ipv4Addr],
         services: &[(Home, &PortRules)],
     ) -> Result<(), Error> {
-        if self.backend == Backend::Netlink
-            && services
-                .iter()
-                .all(|(_, s)| s.chains.values().flatten().all(netlink::encodable))
-        {
+        if self.backend == Backend::Netlink {
             return self.replace_all_netlink(node_ips, services).await;
+        }
+        if services.iter().any(|(_, s)| !s.dnat_maps.is_empty()) {
+            return Err(no_maps_in_json());
         }
         let endpoints: std::collections::BTreeSet<Ipv4Addr> = services
             .iter()
@@ -125,8 +144,11 @@ impl Nft {
             objs.push(cmd(NfCmd::Delete(table.clone())));
             objs.push(cmd(NfCmd::Add(table)));
             let (maps, skeleton) = match home {
-                Home::Main => (&rules::MAPS, rules::skeleton()),
-                Home::Shard(_) => (&rules::SHARD_MAPS, rules::shard_skeleton()),
+                Home::Main => (&rules::MAPS[..], rules::skeleton()),
+                Home::Shard(_) => (
+                    &rules::SHARD_MAPS[..],
+                    rules::shard_skeleton(self.cluster_cidr),
+                ),
             };
             for (map, by_ip) in maps {
                 let key = if *by_ip {
@@ -159,6 +181,7 @@ impl Nft {
                         SetType::Ipv4Addr,
                         SetType::Ipv4Addr,
                     ])),
+                    size: Some(rules::hairpin_capacity(endpoints.len())),
                     ..Default::default()
                 })))));
             }
@@ -221,7 +244,7 @@ impl Nft {
         if ops.is_empty() {
             return Ok(());
         }
-        if self.backend == Backend::Netlink && netlink::ops_encodable(ops.iter().map(|(_, o)| o)) {
+        if self.backend == Backend::Netlink {
             let tagged: Vec<(String, Op)> = ops
                 .iter()
                 .map(|(owner, o)| (self.table_of(o.home(*owner)), o.clone()))
@@ -232,6 +255,9 @@ impl Nft {
             }
             netlink::encode_ops(&mut batch, &tagged);
             return send_batch(batch).await;
+        }
+        if ops.iter().any(|(_, o)| matches!(o, Op::AddDnatMap(..))) {
+            return Err(no_maps_in_json());
         }
         let objs = ops
             .iter()
@@ -249,6 +275,12 @@ impl Nft {
         node_ips: &[Ipv4Addr],
         services: &[(Home, &PortRules)],
     ) -> Result<(), Error> {
+        let endpoints: Vec<Ipv4Addr> = services
+            .iter()
+            .flat_map(|(_, s)| s.endpoints.iter().copied())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let mut batch = netlink::Batch::new();
         if services.len() > 100 {
             batch.quiet();
@@ -259,7 +291,14 @@ impl Nft {
             batch.add_table(&name);
             batch.delete_table(&name);
             batch.add_table(&name);
-            netlink::encode_skeleton(&mut batch, &name, home, node_ips);
+            netlink::encode_skeleton(
+                &mut batch,
+                &name,
+                home,
+                node_ips,
+                self.cluster_cidr,
+                rules::hairpin_capacity(endpoints.len()),
+            );
         }
         let empty = PortRules::default();
         let mut ops: Vec<(String, Op)> = vec![];
@@ -278,12 +317,6 @@ impl Nft {
         }
         ops.sort_by(|a, b| group(a).cmp(&group(b)));
         netlink::encode_ops(&mut batch, &ops);
-        let endpoints: Vec<Ipv4Addr> = services
-            .iter()
-            .flat_map(|(_, s)| s.endpoints.iter().copied())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
         if !endpoints.is_empty() {
             batch.hairpin(&self.table_of(Home::Main), &endpoints, false);
         }
@@ -353,9 +386,32 @@ impl Nft {
                 rules::HAIRPIN,
                 hairpin_elem(*ip),
             ))),
+            // Refused before any JSON is built (see `no_maps_in_json`); the
+            // elements of such a map are expressible.
+            Op::AddDnatMap(..) => unreachable!("endpoint maps are declared over netlink only"),
+            Op::FlushDnatMap(m) => NfCmd::Flush(FlushObject::Set(Box::new(set(t, m)))),
+            Op::FillDnatMap(m, eps) => {
+                let elems: Vec<Value> = eps
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| json!([i, {"concat": [e.ip.to_string(), e.port]}]))
+                    .collect();
+                return json!({"add": {"element": {
+                    "family": "ip", "table": t, "name": m, "elem": elems,
+                }}});
+            }
         };
         cmd(c)
     }
+}
+
+/// nft 1.0's JSON cannot declare an endpoint map (a numgen `integer` key
+/// crashes it, and it takes no concatenated data type): the `nft` writer
+/// programs [`rules::Shape::Rules`] instead.
+fn no_maps_in_json() -> Error {
+    Error::TransactionFailed(
+        "endpoint maps (rules::Shape::Maps) can only be written over netlink".into(),
+    )
 }
 
 /// Sends a netlink batch (off the async threads: the kernel commits it
@@ -599,21 +655,12 @@ pub fn statements(r: &Rule) -> Vec<Statement<'static>> {
             Statement::Reject(Some(Reject::new(Some(RejectType::TCPReset), None))),
         ],
         Rule::Reject => vec![Statement::Reject(None)],
-        Rule::MasqueradeOffCluster {
-            vip,
-            protocol,
-            port,
-            cidr,
-        } => vec![
-            matches(payload("ip", "daddr"), Operator::EQ, s(vip.to_string())),
-            matches(meta(MetaKey::L4proto), Operator::EQ, s(protocol.nft())),
-            matches(
-                payload("th", "dport"),
-                Operator::EQ,
-                Expression::Number(*port as u32),
-            ),
+        Rule::MarkOffCluster(cidr, m) => vec![
             matches(payload("ip", "saddr"), Operator::NEQ, prefix(*cidr)),
-            mark_for_masq,
+            Statement::VerdictMap(VerdictMap {
+                key: daddr_proto_port(),
+                data: s(format!("@{m}")),
+            }),
         ],
         Rule::HairpinMasquerade => vec![
             matches(
@@ -671,6 +718,24 @@ pub fn statements(r: &Rule) -> Vec<Statement<'static>> {
             })));
             v
         }
+        Rule::DnatViaMap(k, p, m) => vec![
+            matches(meta(MetaKey::L4proto), Operator::EQ, s(p.nft())),
+            Statement::DNAT(Some(NAT {
+                addr: Some(Expression::Named(NamedExpression::Map(Box::new(
+                    nftables::expr::Map {
+                        key: Expression::Named(NamedExpression::Numgen(Numgen {
+                            mode: NgMode::Random,
+                            ng_mod: *k,
+                            offset: Some(0),
+                        })),
+                        data: s(format!("@{m}")),
+                    },
+                )))),
+                family: Some(NATFamily::IP),
+                port: None,
+                flags: None,
+            })),
+        ],
         Rule::AcceptEstablished => vec![
             matches(
                 Expression::Named(NamedExpression::CT(CT {

@@ -8,29 +8,46 @@
 //! port) is looked up in the `service-ips` verdict map (NodePorts: the
 //! `nodeport-ips` set and `service-nodeports`), which jumps to the service
 //! port's chain; that chain picks an endpoint at random and DNATs to it.
-//! The pick is a run of `numgen random mod k == 0` rules (k = n, n-1, …, 1,
-//! uniform like kube-proxy's iptables mode) rather than an anonymous
-//! verdict map: the kernel creates each anonymous set with a scan of the
-//! table's sets, which made a 10,000-service table take minutes. With
-//! ClientIP affinity the pick goes to per-endpoint chains that record the
-//! client in the endpoint's affinity set. Hairpin traffic (an endpoint
-//! reaching itself through its service) is masqueraded by one rule on the
-//! `hairpin` set of `endpoint . endpoint` pairs.
+//! The pick ([`Shape::Maps`], what the netlink writer programs) is ONE rule,
+//! `meta l4proto P dnat ip to numgen random mod K map @dnat-…/K`, over a
+//! named data map per service port whose element `i` is the i-th endpoint's
+//! `address . port`: ~5 expressions per service port where a rule per
+//! endpoint took 7 each (the kernel looks every expression's type up by
+//! name, which was most of a 10,000-service load). A new endpoint set of
+//! the same size only flushes and refills the map (data elements: the
+//! kernel does not re-validate the chain graph for them); a new size is a
+//! new map and a new rule. The `nft` binary cannot declare such a map
+//! (nft 1.0's JSON has no `typeof` nor concatenated data), so its writer
+//! gets [`Shape::Rules`]: a run of `numgen random mod k == 0` rules (k = n,
+//! n-1, …, 1, uniform like kube-proxy's iptables mode). Neither is an
+//! anonymous verdict map: the kernel creates each anonymous set with a
+//! scan of the table's sets, which made a 10,000-service table take
+//! minutes. With ClientIP affinity the pick goes to per-endpoint chains
+//! that record the client in the endpoint's affinity set. ClusterIP
+//! traffic from outside the cluster CIDR is marked for masquerading by one
+//! rule per shard on the `cluster-ips` map (one element per ClusterIP with
+//! endpoints) rather than a rule per service port. Hairpin traffic (an
+//! endpoint reaching itself through its service) is masqueraded by one rule
+//! on the `hairpin` set of `endpoint . endpoint` pairs.
 //! Services without endpoints are in `no-endpoint-services` /
 //! `no-endpoint-nodeports`, consulted by filter hooks before NAT, which
 //! reject new connections at once. So a change to one service touches only
-//! that service's chains and map elements.
+//! that service's chains, maps and map elements.
 //!
-//! The services are spread over [`SHARDS`] tables of their own ([`Home`]),
-//! each with its NAT hooks, its `service-ips`/`service-nodeports` maps and
-//! its services' chains; the main table keeps everything shared (the
-//! filter hooks and their no-endpoint maps, masquerading, hairpin,
-//! NetworkPolicy). The kernel's commit work grows with the size of the
-//! tables a transaction touches (it re-validates a changed table's whole
-//! graph of jumps from its hooks), so a change to one service costs a
-//! sixteenth of the services, not all of them. A NAT hook whose chains
-//! find no service returns, and the next table's hook looks; only the
-//! first packet of a connection passes the NAT hooks.
+//! The services are spread over [`SHARDS`] (64) tables of their own
+//! ([`Home`]), each with its NAT hooks, its `service-ips`/
+//! `service-nodeports`/`cluster-ips` maps and its services' chains and
+//! endpoint maps; the main table keeps everything shared (the filter hooks
+//! and their no-endpoint maps, masquerading, hairpin, NetworkPolicy). The
+//! kernel's commit work grows with the size of the tables a transaction
+//! touches (it re-validates a changed table's whole graph of jumps from its
+//! hooks), so a change to one service costs a 64th of the services, not
+//! all of them; and it finds a set by name with a walk of its table's
+//! sets, which made a full load with one endpoint map per service grow
+//! with the square of the services per table (64 tables: ~0.1 s less than
+//! 16 at 10,000 services). A NAT hook whose chains find no service
+//! returns, and the next table's hook looks; only the first packet of a
+//! connection passes the NAT hooks.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -47,6 +64,10 @@ pub const SERVICE_NODEPORTS: &str = "service-nodeports";
 pub const NO_ENDPOINT_SERVICES: &str = "no-endpoint-services";
 pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const NODEPORT_IPS: &str = "nodeport-ips";
+/// Each shard's verdict map of the ClusterIP keys it serves (`ip . proto .
+/// port : jump mark-for-masquerade`), consulted only for clients outside
+/// the cluster CIDR: one rule per shard instead of one per service port.
+pub const CLUSTER_IPS: &str = "cluster-ips";
 pub const MARK_FOR_MASQ: &str = "mark-for-masquerade";
 pub const REJECT_CHAIN: &str = "reject-chain";
 /// Set of `ip . ip` pairs, one per endpoint: `ip saddr . ip daddr` in it
@@ -81,14 +102,10 @@ pub enum Rule {
     RejectTcpReset,
     /// `reject` (ICMP port unreachable)
     Reject,
-    /// `ip daddr VIP meta l4proto P th dport PORT ip saddr != CIDR jump
-    /// mark-for-masquerade`: off-cluster clients of a ClusterIP.
-    MasqueradeOffCluster {
-        vip: Ipv4Addr,
-        protocol: Protocol,
-        port: u16,
-        cidr: (Ipv4Addr, u8),
-    },
+    /// `ip saddr != CIDR ip daddr . meta l4proto . th dport vmap @MAP`:
+    /// off-cluster clients of a ClusterIP (the map's elements jump to
+    /// `mark-for-masquerade`).
+    MarkOffCluster((Ipv4Addr, u8), String),
     /// `ct status dnat ip saddr . ip daddr @hairpin masquerade fully-random`:
     /// an endpoint that reached itself through its service. Only connections
     /// a service rule DNATed: a host-network endpoint's pair (the node's own
@@ -115,6 +132,10 @@ pub enum Rule {
     /// `numgen random mod K == 0 meta l4proto P dnat to IP:PORT` (K > 1),
     /// else without the `numgen` match.
     PickDnat(u32, Protocol, Ipv4Addr, u16),
+    /// `meta l4proto P dnat ip to numgen random mod K map @MAP`: one rule
+    /// picking among the K endpoints of the data map MAP
+    /// ([`PortRules::dnat_maps`]).
+    DnatViaMap(u32, Protocol, String),
     /// `ct state established,related accept`: replies and the rest of
     /// connections NetworkPolicy already let through.
     AcceptEstablished,
@@ -157,17 +178,10 @@ impl fmt::Display for Rule {
             Rule::Masquerade => write!(f, "masquerade fully-random"),
             Rule::RejectTcpReset => write!(f, "meta l4proto tcp reject with tcp reset"),
             Rule::Reject => write!(f, "reject"),
-            Rule::MasqueradeOffCluster {
-                vip,
-                protocol,
-                port,
-                cidr: c,
-            } => write!(
+            Rule::MarkOffCluster(c, m) => write!(
                 f,
-                "ip daddr {vip} meta l4proto {} th dport {port} ip saddr != {} jump {}",
-                protocol.nft(),
-                cidr(*c),
-                q(MARK_FOR_MASQ)
+                "ip saddr != {} ip daddr . meta l4proto . th dport vmap @{m}",
+                cidr(*c)
             ),
             Rule::HairpinMasquerade => {
                 write!(
@@ -192,6 +206,12 @@ impl fmt::Display for Rule {
                 }
                 write!(f, "meta l4proto {} dnat to {ip}:{port}", p.nft())
             }
+            Rule::DnatViaMap(k, p, m) => write!(
+                f,
+                "meta l4proto {} dnat ip to numgen random mod {k} map @{}",
+                p.nft(),
+                q(m)
+            ),
             Rule::AcceptEstablished => write!(f, "ct state established,related accept"),
             Rule::SaddrVmap(m) => write!(f, "ip saddr vmap @{m}"),
             Rule::DaddrVmap(m) => write!(f, "ip daddr vmap @{m}"),
@@ -242,7 +262,7 @@ impl fmt::Display for Verdict {
 pub type Elements = BTreeMap<(&'static str, MapKey), Verdict>;
 
 /// How many tables the services are spread over.
-pub const SHARDS: u8 = 16;
+pub const SHARDS: u8 = 64;
 
 /// The table an object lives in: the main one, or a service shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -271,12 +291,37 @@ pub struct Hook {
     pub priority: i32,
 }
 
+/// How a chain spreading over several endpoints picks one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// One rule looking a random index up in a data map of the endpoints
+    /// ([`Rule::DnatViaMap`]): about 5 expressions per service port and
+    /// one map element per endpoint. What the netlink writer programs.
+    Maps,
+    /// One `numgen … dnat` rule per endpoint ([`Rule::PickDnat`], 7
+    /// expressions each). For the `nft` binary: nft 1.0's JSON cannot
+    /// declare a map keyed by numgen's integer type (nor one with
+    /// concatenated data), and its text syntax cannot name skiff's chains.
+    Rules,
+}
+
+/// A data map picking an endpoint: `typeof numgen random mod K : ip daddr
+/// . P dport`, element `i` the i-th endpoint (K = the number of endpoints,
+/// part of the map's name, so a change of K is a new map and a new rule).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnatMap {
+    pub protocol: Protocol,
+    pub endpoints: Vec<Endpoint>,
+}
+
 /// Everything one service port owns in the table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PortRules {
     pub chains: BTreeMap<String, Vec<Rule>>,
     /// Affinity sets: name → timeout in seconds.
     pub sets: BTreeMap<String, u32>,
+    /// Endpoint maps of [`Shape::Maps`], by name.
+    pub dnat_maps: BTreeMap<String, DnatMap>,
     pub elements: Elements,
     /// Endpoints traffic may be sent to (their `hairpin` pairs are shared
     /// between services, so the caller counts them).
@@ -288,6 +333,7 @@ impl PortRules {
     pub fn extend(&mut self, other: PortRules) {
         self.chains.extend(other.chains);
         self.sets.extend(other.sets);
+        self.dnat_maps.extend(other.dnat_maps);
         self.elements.extend(other.elements);
         self.endpoints.extend(other.endpoints);
     }
@@ -303,8 +349,17 @@ fn hook(nat: bool, hook: &'static str, priority: i32) -> Option<Hook> {
 
 /// The fixed part of each service shard: the DNAT hooks (dstnat, -100, in
 /// prerouting and output) looking the packet up in the shard's maps, and
-/// the chain service chains jump to for masquerading.
-pub fn shard_skeleton() -> Vec<(&'static str, Option<Hook>, Vec<Rule>)> {
+/// the chain service chains jump to for masquerading. With a cluster CIDR,
+/// ClusterIP traffic from outside it is marked for masquerading first.
+pub fn shard_skeleton(
+    cluster_cidr: Option<(Ipv4Addr, u8)>,
+) -> Vec<(&'static str, Option<Hook>, Vec<Rule>)> {
+    let mut services = vec![];
+    if let Some(c) = cluster_cidr {
+        services.push(Rule::MarkOffCluster(c, CLUSTER_IPS.into()));
+    }
+    services.push(Rule::DaddrProtoPortVmap(SERVICE_IPS.into()));
+    services.push(Rule::NodePortVmap(SERVICE_NODEPORTS.into()));
     vec![
         (
             "nat-prerouting",
@@ -316,14 +371,7 @@ pub fn shard_skeleton() -> Vec<(&'static str, Option<Hook>, Vec<Rule>)> {
             hook(true, "output", -100),
             vec![Rule::Jump("services".into())],
         ),
-        (
-            "services",
-            None,
-            vec![
-                Rule::DaddrProtoPortVmap(SERVICE_IPS.into()),
-                Rule::NodePortVmap(SERVICE_NODEPORTS.into()),
-            ],
-        ),
+        ("services", None, services),
         (MARK_FOR_MASQ, None, vec![Rule::SetMark]),
     ]
 }
@@ -396,11 +444,28 @@ pub fn skeleton() -> Vec<(&'static str, Option<Hook>, Vec<Rule>)> {
     ]
 }
 
+/// The `hairpin` set's size at a full load with `endpoints` endpoints:
+/// room for as many new ones again (at least 1,024). A set with a size gets
+/// a fixed hash table from the kernel instead of a growing one (100,000
+/// pairs load in ~0.1 s instead of ~0.2 s); the proxy makes a full resync
+/// instead of an incremental change that would not fit.
+pub fn hairpin_capacity(endpoints: usize) -> u32 {
+    endpoints
+        .saturating_mul(2)
+        .max(1024)
+        .next_power_of_two()
+        .min(1 << 24) as u32
+}
+
 /// The main table's verdict maps of services: (name, keyed by IP too).
 pub const MAPS: [(&str, bool); 2] = [(NO_ENDPOINT_SERVICES, true), (NO_ENDPOINT_NODEPORTS, false)];
 
 /// Each shard's verdict maps.
-pub const SHARD_MAPS: [(&str, bool); 2] = [(SERVICE_IPS, true), (SERVICE_NODEPORTS, false)];
+pub const SHARD_MAPS: [(&str, bool); 3] = [
+    (SERVICE_IPS, true),
+    (SERVICE_NODEPORTS, false),
+    (CLUSTER_IPS, true),
+];
 
 fn endpoint_chain(base: &str, ep: &Endpoint) -> String {
     format!("ep-{base}/{}:{}", ep.ip, ep.port)
@@ -410,8 +475,21 @@ fn affinity_set(base: &str, ep: &Endpoint) -> String {
     format!("aff-{base}/{}:{}", ep.ip, ep.port)
 }
 
-/// The objects implementing one service port.
+fn dnat_map(chain: &str, k: usize) -> String {
+    format!("dnat-{chain}/{k}")
+}
+
+/// The objects implementing one service port, in [`Shape::Maps`].
 pub fn port_rules(p: &PortPlan, cluster_cidr: Option<(Ipv4Addr, u8)>) -> PortRules {
+    port_rules_shaped(p, cluster_cidr, Shape::Maps)
+}
+
+/// The objects implementing one service port, spreading as `shape` says.
+pub fn port_rules_shaped(
+    p: &PortPlan,
+    cluster_cidr: Option<(Ipv4Addr, u8)>,
+    shape: Shape,
+) -> PortRules {
     let base = p.key.to_string();
     let mut out = PortRules::default();
     let svc_chain = format!("svc-{base}");
@@ -423,14 +501,6 @@ pub fn port_rules(p: &PortPlan, cluster_cidr: Option<(Ipv4Addr, u8)>) -> PortRul
     // chains it needs.
     let spread_chain = |name: &str, eps: &[Endpoint], out: &mut PortRules| {
         let mut rules = vec![];
-        if let Some(c) = cluster_cidr {
-            rules.push(Rule::MasqueradeOffCluster {
-                vip: p.cluster_ip,
-                protocol: proto,
-                port: p.port,
-                cidr: c,
-            });
-        }
         if eps.is_empty() {
             rules.push(Rule::Drop);
         } else if p.affinity.is_some() {
@@ -444,6 +514,16 @@ pub fn port_rules(p: &PortPlan, cluster_cidr: Option<(Ipv4Addr, u8)>) -> PortRul
             for (i, ep) in eps.iter().enumerate() {
                 rules.push(Rule::PickGoto(n - i as u32, endpoint_chain(&base, ep)));
             }
+        } else if shape == Shape::Maps && eps.len() > 1 {
+            let map = dnat_map(name, eps.len());
+            rules.push(Rule::DnatViaMap(eps.len() as u32, proto, map.clone()));
+            out.dnat_maps.insert(
+                map,
+                DnatMap {
+                    protocol: proto,
+                    endpoints: eps.to_vec(),
+                },
+            );
         } else {
             let n = eps.len() as u32;
             for (i, ep) in eps.iter().enumerate() {
@@ -504,6 +584,14 @@ pub fn port_rules(p: &PortPlan, cluster_cidr: Option<(Ipv4Addr, u8)>) -> PortRul
         out.elements
             .insert((NO_ENDPOINT_SERVICES, vip), Verdict::Drop);
     } else {
+        if cluster_cidr.is_some() {
+            // Clients outside the cluster are masqueraded (replies must come
+            // back through this node); the shard's rule looks them up here.
+            out.elements.insert(
+                (CLUSTER_IPS, vip.clone()),
+                Verdict::Jump(MARK_FOR_MASQ.into()),
+            );
+        }
         out.elements
             .insert((SERVICE_IPS, vip), Verdict::Goto(internal_chain.clone()));
     }
@@ -570,6 +658,12 @@ pub enum Op {
     AddHairpin(Ipv4Addr),
     /// `delete element hairpin { IP . IP }`
     DeleteHairpin(Ipv4Addr),
+    /// `add map NAME { typeof numgen random mod K : ip daddr . P dport; }`
+    AddDnatMap(String, Protocol, u32),
+    /// `flush set NAME` (a data map about to be refilled).
+    FlushDnatMap(String),
+    /// `add element NAME { 0 : IP . PORT, 1 : … }`
+    FillDnatMap(String, Vec<Endpoint>),
 }
 
 /// The ops turning `old` into `new` (one service's objects), ordered so
@@ -594,6 +688,23 @@ pub fn diff(old: &PortRules, new: &PortRules) -> Vec<Op> {
                 // timeout until the next full resync.
             }
             None => ops.push(Op::AddSet(s.clone(), *t)),
+        }
+    }
+    for (m, d) in &new.dnat_maps {
+        match old.dnat_maps.get(m) {
+            Some(o) if o == d => {}
+            Some(_) => {
+                ops.push(Op::FlushDnatMap(m.clone()));
+                ops.push(Op::FillDnatMap(m.clone(), d.endpoints.clone()));
+            }
+            None => {
+                ops.push(Op::AddDnatMap(
+                    m.clone(),
+                    d.protocol,
+                    d.endpoints.len() as u32,
+                ));
+                ops.push(Op::FillDnatMap(m.clone(), d.endpoints.clone()));
+            }
         }
     }
     for c in new.chains.keys() {
@@ -629,6 +740,11 @@ pub fn diff(old: &PortRules, new: &PortRules) -> Vec<Op> {
             ops.push(Op::DeleteSet(s.clone()));
         }
     }
+    for m in old.dnat_maps.keys() {
+        if !new.dnat_maps.contains_key(m) {
+            ops.push(Op::DeleteSet(m.clone()));
+        }
+    }
     ops
 }
 
@@ -641,7 +757,7 @@ impl Op {
         match self {
             Op::AddHairpin(_) | Op::DeleteHairpin(_) => Home::Main,
             Op::AddElement(map, ..) | Op::DeleteElement(map, ..)
-                if *map != SERVICE_IPS && *map != SERVICE_NODEPORTS =>
+                if !SHARD_MAPS.iter().any(|(m, _)| m == map) =>
             {
                 Home::Main
             }
@@ -655,11 +771,11 @@ impl Op {
     pub fn phase(&self) -> u8 {
         match self {
             Op::DeleteElement(..) => 0,
-            Op::AddSet(..) => 1,
+            Op::AddSet(..) | Op::AddDnatMap(..) => 1,
             Op::AddChain(_) => 2,
-            Op::FlushChain(_) => 3,
+            Op::FlushChain(_) | Op::FlushDnatMap(_) => 3,
             Op::AddRule(..) => 4,
-            Op::AddElement(..) | Op::AddHairpin(_) => 5,
+            Op::AddElement(..) | Op::AddHairpin(_) | Op::FillDnatMap(..) => 5,
             Op::DeleteChain(_) | Op::DeleteHairpin(_) => 6,
             Op::DeleteSet(_) => 7,
         }
@@ -693,6 +809,21 @@ impl fmt::Display for Op {
             Op::DeleteSet(s) => write!(f, "delete set {}", q(s)),
             Op::AddHairpin(ip) => write!(f, "add element {HAIRPIN} {{ {ip} . {ip} }}"),
             Op::DeleteHairpin(ip) => write!(f, "delete element {HAIRPIN} {{ {ip} . {ip} }}"),
+            Op::AddDnatMap(m, p, k) => write!(
+                f,
+                "add map {} {{ typeof numgen random mod {k} : ip daddr . {} dport; }}",
+                q(m),
+                p.nft()
+            ),
+            Op::FlushDnatMap(m) => write!(f, "flush set {}", q(m)),
+            Op::FillDnatMap(m, eps) => {
+                let list: Vec<String> = eps
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| format!("{i} : {} . {}", e.ip, e.port))
+                    .collect();
+                write!(f, "add element {} {{ {} }}", q(m), list.join(", "))
+            }
         }
     }
 }
@@ -748,26 +879,105 @@ mod tests {
         for (s, t) in &r.sets {
             out.push(format!("set {s} timeout {t}"));
         }
+        for (m, d) in &r.dnat_maps {
+            let eps: Vec<String> = d
+                .endpoints
+                .iter()
+                .enumerate()
+                .map(|(i, e)| format!("{i} : {} . {}", e.ip, e.port))
+                .collect();
+            out.push(format!("map {m}: {}", eps.join(", ")));
+        }
         out
     }
 
     #[test]
-    fn a_cluster_ip_picks_an_endpoint_uniformly_and_dnats_to_it() {
+    fn a_cluster_ip_picks_an_endpoint_uniformly_from_one_map_and_dnats_to_it() {
         let r = port_rules(
-            &plan(&[ep("10.42.0.5", 8080), ep("10.42.0.6", 8080)]),
+            &plan(&[ep("10.42.0.5", 8080), ep("10.42.0.6", 8081)]),
             cidr(),
         );
         assert_eq!(
             text(&r),
             vec![
-                r#"svc-default/web/tcp/http: ip daddr 10.43.0.20 meta l4proto tcp th dport 80 ip saddr != 10.42.0.0/16 jump "mark-for-masquerade""#,
-                r#"svc-default/web/tcp/http: numgen random mod 2 == 0 meta l4proto tcp dnat to 10.42.0.5:8080"#,
-                r#"svc-default/web/tcp/http: meta l4proto tcp dnat to 10.42.0.6:8080"#,
+                r#"svc-default/web/tcp/http: meta l4proto tcp dnat ip to numgen random mod 2 map @"dnat-svc-default/web/tcp/http/2""#,
+                r#"cluster-ips: 10.43.0.20 . tcp . 80 : jump "mark-for-masquerade""#,
                 r#"service-ips: 10.43.0.20 . tcp . 80 : goto "svc-default/web/tcp/http""#,
+                "map dnat-svc-default/web/tcp/http/2: 0 : 10.42.0.5 . 8080, 1 : 10.42.0.6 . 8081",
             ]
         );
         // Both endpoints get a hairpin pair (counted by the caller).
         assert_eq!(r.endpoints.len(), 2);
+        // A single endpoint needs no pick.
+        let r = port_rules(&plan(&[ep("10.42.0.5", 8080)]), cidr());
+        assert!(r.dnat_maps.is_empty());
+        assert_eq!(
+            r.chains["svc-default/web/tcp/http"],
+            vec![Rule::PickDnat(
+                1,
+                Protocol::Tcp,
+                "10.42.0.5".parse().unwrap(),
+                8080
+            )]
+        );
+    }
+
+    #[test]
+    fn the_rules_shape_picks_with_one_numgen_rule_per_endpoint() {
+        let r = port_rules_shaped(
+            &plan(&[ep("10.42.0.5", 8080), ep("10.42.0.6", 8080)]),
+            cidr(),
+            Shape::Rules,
+        );
+        assert_eq!(
+            text(&r),
+            vec![
+                r#"svc-default/web/tcp/http: numgen random mod 2 == 0 meta l4proto tcp dnat to 10.42.0.5:8080"#,
+                r#"svc-default/web/tcp/http: meta l4proto tcp dnat to 10.42.0.6:8080"#,
+                r#"cluster-ips: 10.43.0.20 . tcp . 80 : jump "mark-for-masquerade""#,
+                r#"service-ips: 10.43.0.20 . tcp . 80 : goto "svc-default/web/tcp/http""#,
+            ]
+        );
+    }
+
+    #[test]
+    fn off_cluster_clients_are_marked_by_one_rule_per_shard() {
+        let services = &shard_skeleton(cidr())
+            .into_iter()
+            .find(|(c, _, _)| *c == "services")
+            .unwrap()
+            .2;
+        assert_eq!(
+            services[0].to_string(),
+            "ip saddr != 10.42.0.0/16 ip daddr . meta l4proto . th dport vmap @cluster-ips"
+        );
+        assert_eq!(services.len(), 3);
+        // Without a cluster CIDR nothing is marked.
+        let services = &shard_skeleton(None)
+            .into_iter()
+            .find(|(c, _, _)| *c == "services")
+            .unwrap()
+            .2;
+        assert_eq!(services.len(), 2);
+        // Only ClusterIPs that reach endpoints are in the map: not a
+        // service without endpoints, nor externalIPs and NodePorts (their
+        // own chains mark what needs it).
+        let mut p = plan(&[]);
+        p.node_port = Some(30080);
+        assert!(!text(&port_rules(&p, cidr()))
+            .iter()
+            .any(|l| l.starts_with("cluster-ips")));
+        let mut p = plan(&[ep("10.42.0.5", 8080)]);
+        p.node_port = Some(30080);
+        p.external_ips = vec!["192.168.5.10".parse().unwrap()];
+        let cluster: Vec<String> = text(&port_rules(&p, cidr()))
+            .into_iter()
+            .filter(|l| l.starts_with("cluster-ips"))
+            .collect();
+        assert_eq!(
+            cluster,
+            vec![r#"cluster-ips: 10.43.0.20 . tcp . 80 : jump "mark-for-masquerade""#]
+        );
     }
 
     #[test]
@@ -889,13 +1099,17 @@ mod tests {
     #[test]
     fn without_a_cluster_cidr_cluster_ip_traffic_is_not_masqueraded() {
         let r = port_rules(&plan(&[ep("10.42.0.5", 8080)]), None);
-        assert!(!text(&r).iter().any(|l| l.contains("!= ")));
+        assert!(!text(&r).iter().any(|l| l.contains("mark-for-masquerade")));
     }
 
     #[test]
     fn an_endpoint_change_rewrites_only_the_service_chain() {
-        let old = port_rules(&plan(&[ep("10.42.0.5", 8080)]), None);
-        let new = port_rules(&plan(&[ep("10.42.0.5", 8080), ep("10.42.0.6", 8080)]), None);
+        let old = port_rules_shaped(&plan(&[ep("10.42.0.5", 8080)]), None, Shape::Rules);
+        let new = port_rules_shaped(
+            &plan(&[ep("10.42.0.5", 8080), ep("10.42.0.6", 8080)]),
+            None,
+            Shape::Rules,
+        );
         let ops: Vec<String> = diff(&old, &new).iter().map(|o| o.to_string()).collect();
         assert_eq!(
             ops,
@@ -906,6 +1120,67 @@ mod tests {
             ]
         );
         assert!(diff(&new, &new).is_empty());
+    }
+
+    #[test]
+    fn a_new_endpoint_set_of_the_same_size_only_refills_the_map() {
+        let a = port_rules(
+            &plan(&[ep("10.42.0.5", 8080), ep("10.42.0.6", 8080)]),
+            cidr(),
+        );
+        let b = port_rules(
+            &plan(&[ep("10.42.0.5", 8080), ep("10.42.0.7", 8080)]),
+            cidr(),
+        );
+        let ops: Vec<String> = diff(&a, &b).iter().map(|o| o.to_string()).collect();
+        assert_eq!(
+            ops,
+            vec![
+                r#"flush set "dnat-svc-default/web/tcp/http/2""#,
+                r#"add element "dnat-svc-default/web/tcp/http/2" { 0 : 10.42.0.5 . 8080, 1 : 10.42.0.7 . 8080 }"#,
+            ]
+        );
+        assert!(diff(&b, &b).is_empty());
+    }
+
+    #[test]
+    fn a_change_of_the_endpoint_count_replaces_the_map_and_the_one_rule() {
+        let two = port_rules(
+            &plan(&[ep("10.42.0.5", 8080), ep("10.42.0.6", 8080)]),
+            cidr(),
+        );
+        let three = port_rules(
+            &plan(&[
+                ep("10.42.0.5", 8080),
+                ep("10.42.0.6", 8080),
+                ep("10.42.0.7", 8080),
+            ]),
+            cidr(),
+        );
+        let mut ops = diff(&two, &three);
+        ops.sort_by_key(|o| o.phase());
+        let ops: Vec<String> = ops.iter().map(|o| o.to_string()).collect();
+        assert_eq!(
+            ops,
+            vec![
+                r#"add map "dnat-svc-default/web/tcp/http/3" { typeof numgen random mod 3 : ip daddr . tcp dport; }"#,
+                r#"flush chain "svc-default/web/tcp/http""#,
+                r#"add rule "svc-default/web/tcp/http" meta l4proto tcp dnat ip to numgen random mod 3 map @"dnat-svc-default/web/tcp/http/3""#,
+                r#"add element "dnat-svc-default/web/tcp/http/3" { 0 : 10.42.0.5 . 8080, 1 : 10.42.0.6 . 8080, 2 : 10.42.0.7 . 8080 }"#,
+                r#"delete set "dnat-svc-default/web/tcp/http/2""#,
+            ]
+        );
+        // Down to one endpoint: a plain DNAT rule, the map goes.
+        let one = port_rules(&plan(&[ep("10.42.0.5", 8080)]), cidr());
+        let ops: Vec<String> = diff(&two, &one).iter().map(|o| o.to_string()).collect();
+        assert_eq!(
+            ops.last().unwrap(),
+            r#"delete set "dnat-svc-default/web/tcp/http/2""#
+        );
+        assert!(ops.contains(
+            &r#"add rule "svc-default/web/tcp/http" meta l4proto tcp dnat to 10.42.0.5:8080"#
+                .to_string()
+        ));
     }
 
     #[test]
@@ -956,6 +1231,16 @@ mod tests {
     }
 
     #[test]
+    fn the_hairpin_set_has_room_for_as_many_endpoints_again() {
+        assert_eq!(hairpin_capacity(0), 1024);
+        assert_eq!(hairpin_capacity(600), 2048);
+        assert_eq!(hairpin_capacity(100_000), 262_144);
+        for n in [1, 1000, 5000, 77_777] {
+            assert!(hairpin_capacity(n) as usize >= 2 * n);
+        }
+    }
+
+    #[test]
     fn services_spread_over_every_shard_and_keep_theirs() {
         let mut seen = std::collections::BTreeMap::new();
         for i in 0..1000 {
@@ -989,6 +1274,16 @@ mod tests {
             Op::AddElement(SERVICE_IPS, vip.clone(), Verdict::Goto(chain)).home(owner),
             owner
         );
+        assert_eq!(
+            Op::AddElement(
+                CLUSTER_IPS,
+                vip.clone(),
+                Verdict::Jump(MARK_FOR_MASQ.into())
+            )
+            .home(owner),
+            owner
+        );
+        assert_eq!(Op::FlushDnatMap("dnat-x/2".into()).home(owner), owner);
         assert_eq!(
             Op::AddElement(NO_ENDPOINT_SERVICES, vip.clone(), Verdict::Drop).home(owner),
             Home::Main

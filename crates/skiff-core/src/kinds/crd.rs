@@ -3,16 +3,12 @@
 //! fails any check is refused whole, with every reason.
 
 use super::prelude::*;
-use crate::meta::{is_dns1123_label, is_dns1123_subdomain};
+use crate::meta::{
+    is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, DNS1035_LABEL_MSG as DNS1035_MSG,
+    DNS1123_LABEL_MSG as LABEL_MSG,
+};
 
 pub struct CustomResourceDefinition;
-
-const LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
-const DNS1035_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
-
-fn is_dns1035_label(s: &str) -> bool {
-    is_dns1123_label(s) && s.as_bytes()[0].is_ascii_lowercase()
-}
 
 pub static CRD_PRINTER: Printer = Printer {
     columns: &[NAME, col("Created At", "date", 0)],

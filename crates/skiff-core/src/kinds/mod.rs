@@ -17,12 +17,14 @@ use crate::Cause;
 
 pub mod admissionregistration;
 pub mod apiservice;
+pub mod autoscaling;
 pub mod batch;
 pub mod certificates;
 pub mod config;
 pub mod crd;
 pub mod custom;
 pub mod event;
+pub mod ingress;
 pub mod ingress_class;
 pub mod lease;
 pub mod namespace;

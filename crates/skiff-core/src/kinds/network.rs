@@ -34,6 +34,35 @@ impl KindRules for EndpointSlice {
     }
 }
 
+pub struct NetworkPolicy;
+
+impl KindRules for NetworkPolicy {
+    fn kind(&self) -> &'static str {
+        "NetworkPolicy"
+    }
+
+    fn tracks_generation(&self) -> bool {
+        true
+    }
+
+    fn printer(&self) -> &'static Printer {
+        &NETWORK_POLICY_PRINTER
+    }
+}
+
+pub static NETWORK_POLICY_PRINTER: Printer = Printer {
+    columns: &[NAME, col("Pod-Selector", "string", 0), AGE],
+    cells: |obj, now| {
+        vec![
+            json!(s(obj, "/metadata/name")),
+            json!(or_none(&crate::selector::selector_string(
+                obj.pointer("/spec/podSelector")
+            ))),
+            json!(age(obj, "/metadata/creationTimestamp", now)),
+        ]
+    },
+};
+
 pub static ENDPOINTS_PRINTER: Printer = Printer {
     columns: &[NAME, col("Endpoints", "string", 0), AGE],
     cells: endpoints_cells,
@@ -127,4 +156,24 @@ fn endpoint_slice_cells(obj: &Value, now: DateTime<Utc>) -> Vec<Value> {
         json!(or_none(&eps.join(","))),
         created,
     ]
+}
+
+#[cfg(test)]
+mod policy_printer_tests {
+    use super::*;
+
+    #[test]
+    fn a_network_policy_prints_its_pod_selector() {
+        let all = json!({"metadata": {"name": "deny"}, "spec": {"podSelector": {}}});
+        assert_eq!(
+            (NETWORK_POLICY_PRINTER.cells)(&all, Utc::now())[1],
+            "<none>"
+        );
+        let some = json!({"metadata": {"name": "web"}, "spec": {"podSelector": {"matchLabels": {"app": "web"},
+            "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]}}});
+        assert_eq!(
+            (NETWORK_POLICY_PRINTER.cells)(&some, Utc::now())[1],
+            "app=web,tier in (a,b)"
+        );
+    }
 }

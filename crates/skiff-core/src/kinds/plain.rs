@@ -12,30 +12,3 @@ impl KindRules for Plain {
         "Plain"
     }
 }
-
-/// [`Plain`], with `metadata.generation` tracking spec changes (the
-/// `apps`, `autoscaling` and `policy` kinds without other rules).
-pub struct PlainGenerational;
-
-impl KindRules for PlainGenerational {
-    fn kind(&self) -> &'static str {
-        "Plain"
-    }
-
-    fn tracks_generation(&self) -> bool {
-        true
-    }
-}
-
-/// A kind whose only rule is answering a delete with the deleted object.
-pub struct ReturnsDeleted(pub &'static str);
-
-impl KindRules for ReturnsDeleted {
-    fn kind(&self) -> &'static str {
-        self.0
-    }
-
-    fn returns_deleted_object(&self) -> bool {
-        true
-    }
-}

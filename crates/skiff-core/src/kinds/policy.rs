@@ -25,7 +25,51 @@ impl KindRules for ResourceQuota {
     fn returns_deleted_object(&self) -> bool {
         true
     }
+
+    fn printer(&self) -> &'static Printer {
+        &RESOURCE_QUOTA_PRINTER
+    }
 }
+
+/// `resource: used/hard` for every resource of `status.hard`, sorted;
+/// `limits.*` ones in the Limit column, the rest in Request.
+pub static RESOURCE_QUOTA_PRINTER: Printer = Printer {
+    columns: &[
+        NAME,
+        AGE,
+        col("Request", "string", 0),
+        col("Limit", "string", 0),
+    ],
+    cells: |obj, now| {
+        let hard = obj
+            .pointer("/status/hard")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        let mut names: Vec<&String> = hard.keys().collect();
+        names.sort();
+        let (mut request, mut limit) = (Vec::new(), Vec::new());
+        for name in names {
+            let used = obj
+                .pointer("/status/used")
+                .and_then(|u| u.get(name.as_str()))
+                .and_then(Value::as_str)
+                .unwrap_or("0");
+            let cell = format!("{name}: {used}/{}", hard[name].as_str().unwrap_or(""));
+            if name.split('.').count() > 1 && name.starts_with("limits.") {
+                limit.push(cell);
+            } else {
+                request.push(cell);
+            }
+        }
+        vec![
+            json!(s(obj, "/metadata/name")),
+            json!(age(obj, "/metadata/creationTimestamp", now)),
+            json!(request.join(", ")),
+            json!(limit.join(", ")),
+        ]
+    },
+};
 
 pub struct LimitRange;
 
@@ -44,7 +88,21 @@ impl KindRules for LimitRange {
                 .for_each(crate::admission::limit_range_item_defaults);
         }
     }
+
+    fn printer(&self) -> &'static Printer {
+        &LIMIT_RANGE_PRINTER
+    }
 }
+
+pub static LIMIT_RANGE_PRINTER: Printer = Printer {
+    columns: &[NAME, col("Created At", "date", 0)],
+    cells: |obj, _now| {
+        vec![
+            json!(s(obj, "/metadata/name")),
+            json!(s(obj, "/metadata/creationTimestamp")),
+        ]
+    },
+};
 
 pub struct PodDisruptionBudget;
 
@@ -139,4 +197,19 @@ fn priority_class_cells(obj: &Value, now: DateTime<Utc>) -> Vec<Value> {
             .unwrap_or(false)),
         created,
     ]
+}
+
+#[cfg(test)]
+mod printer_tests {
+    use super::*;
+
+    #[test]
+    fn a_quota_splits_requests_from_limits_in_name_order() {
+        let rq = json!({"metadata": {"name": "q"}, "status": {
+            "hard": {"pods": "10", "limits.cpu": "2", "requests.memory": "1Gi", "limits.memory": "2Gi"},
+            "used": {"pods": "3", "limits.cpu": "500m"}}});
+        let cells = (RESOURCE_QUOTA_PRINTER.cells)(&rq, Utc::now());
+        assert_eq!(cells[2], "pods: 3/10, requests.memory: 0/1Gi");
+        assert_eq!(cells[3], "limits.cpu: 500m/2, limits.memory: 0/2Gi");
+    }
 }

@@ -96,7 +96,86 @@ impl KindRules for PodTemplate {
     fn returns_deleted_object(&self) -> bool {
         true
     }
+
+    fn printer(&self) -> &'static Printer {
+        &POD_TEMPLATE_PRINTER
+    }
 }
+
+pub static POD_TEMPLATE_PRINTER: Printer = Printer {
+    columns: &[
+        NAME,
+        col("Containers", "string", 0),
+        col("Images", "string", 0),
+        col("Pod Labels", "string", 0),
+    ],
+    cells: |obj, _now| {
+        let (containers, images) = containers_images(obj, "/template/spec");
+        vec![
+            json!(s(obj, "/metadata/name")),
+            json!(containers),
+            json!(images),
+            json!(or_none(&crate::selector::selector_string(
+                obj.pointer("/template/metadata/labels")
+            ))),
+        ]
+    },
+};
+
+pub struct ControllerRevision;
+
+impl KindRules for ControllerRevision {
+    fn kind(&self) -> &'static str {
+        "ControllerRevision"
+    }
+
+    fn tracks_generation(&self) -> bool {
+        true
+    }
+
+    fn printer(&self) -> &'static Printer {
+        &CONTROLLER_REVISION_PRINTER
+    }
+}
+
+/// The controller as `kind.group/name` (lower-case kind), the revision.
+pub static CONTROLLER_REVISION_PRINTER: Printer = Printer {
+    columns: &[
+        NAME,
+        col("Controller", "string", 0),
+        col("Revision", "string", 0),
+        AGE,
+    ],
+    cells: |obj, now| {
+        let controller = obj
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .and_then(|refs| {
+                refs.iter()
+                    .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
+            })
+            .map(|r| {
+                let kind = s(r, "/kind").to_lowercase();
+                let group = s(r, "/apiVersion")
+                    .rsplit_once('/')
+                    .map(|(g, _)| g)
+                    .unwrap_or("");
+                let name = s(r, "/name");
+                match (kind.is_empty(), group.is_empty()) {
+                    (true, _) => name.to_string(),
+                    (false, true) => format!("{kind}/{name}"),
+                    (false, false) => format!("{kind}.{group}/{name}"),
+                }
+            })
+            .unwrap_or_else(|| "<none>".into());
+        vec![
+            json!(s(obj, "/metadata/name")),
+            json!(controller),
+            json!(i(obj, "/revision")),
+            json!(age(obj, "/metadata/creationTimestamp", now)),
+        ]
+    },
+};
 
 pub struct ReplicationController;
 
@@ -479,5 +558,30 @@ mod tests {
     fn a_deployment_shows_ready_over_desired() {
         let d = json!({"metadata": {"name": "d"}, "spec": {"replicas": 3}, "status": {"readyReplicas": 2}});
         assert_eq!((DEPLOYMENT_PRINTER.cells)(&d, Utc::now())[1], "2/3");
+    }
+}
+
+#[cfg(test)]
+mod printer_tests {
+    use super::*;
+
+    #[test]
+    fn revisions_name_their_controller_and_templates_their_pods() {
+        let cr = json!({"metadata": {"name": "web-5d4f", "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "controller": true}]}, "revision": 3});
+        let cells = (CONTROLLER_REVISION_PRINTER.cells)(&cr, Utc::now());
+        assert_eq!(cells[1..3], [json!("statefulset.apps/web"), json!(3)]);
+        let orphan = json!({"metadata": {"name": "x"}, "revision": 1});
+        assert_eq!(
+            (CONTROLLER_REVISION_PRINTER.cells)(&orphan, Utc::now())[1],
+            "<none>"
+        );
+        let pt = json!({"metadata": {"name": "t"}, "template": {"metadata": {"labels": {"b": "2", "a": "1"}},
+            "spec": {"containers": [{"name": "c1", "image": "busybox"}, {"name": "c2", "image": "nginx"}]}}});
+        let cells = (POD_TEMPLATE_PRINTER.cells)(&pt, Utc::now());
+        assert_eq!(
+            cells[1..4],
+            [json!("c1,c2"), json!("busybox,nginx"), json!("a=1,b=2")]
+        );
     }
 }
