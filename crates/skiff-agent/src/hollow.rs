@@ -47,15 +47,65 @@ impl Default for HollowOptions {
     }
 }
 
+/// Requests (other than watches) the hollow nodes of one process have in
+/// flight at once. Each in-flight request holds a connection: when the
+/// server slowed, 10,000 nodes' heartbeats opened connections until the
+/// process ran out of file descriptors (20,000 here, beside 10,000 watch
+/// connections). Kubelets are separate processes with a connection each;
+/// hollow ones share this bound instead (kubemark's hollow nodes share a
+/// client rate limit the same way).
+pub const MAX_IN_FLIGHT: usize = 512;
+
+/// `client` with at most `limit` requests in flight, watches apart (they
+/// last as long as the watch, and each node holds one).
+pub fn limited(client: kube::Client, limit: usize) -> kube::Client {
+    let namespace = client.default_namespace().to_string();
+    let seats = Arc::new(tokio::sync::Semaphore::new(limit));
+    let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let client = client.clone();
+        let seats = seats.clone();
+        async move {
+            let watch = req
+                .uri()
+                .query()
+                .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+            let _seat = if watch {
+                None
+            } else {
+                Some(seats.acquire_owned().await.map_err(|e| {
+                    kube::Error::Service(Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+                })?)
+            };
+            client.send(req).await
+        }
+    });
+    kube::Client::new(svc, namespace)
+}
+
 /// Registers the nodes `PREFIX-0` … `PREFIX-(N-1)` and runs them until an
 /// unrecoverable error.
 pub async fn run(client: kube::Client, options: HollowOptions) -> Result<()> {
+    let client = limited(client, MAX_IN_FLIGHT);
     let mut loops = tokio::task::JoinSet::new();
-    let mut tasks = vec![];
+    let mut pods = tokio::task::JoinSet::new();
     for i in 0..options.nodes {
         let name = format!("{}-{i}", options.prefix);
         let facts = NodeFacts::hollow(&name, 0);
-        let n = node::register(&client, &facts).await?;
+        // Registration is retried, as kubelet retries it: one refused
+        // request (a server busy with 10,000 nodes' first heartbeats) must
+        // not stop the other nodes.
+        let mut failures = 0u32;
+        let n = loop {
+            match node::register(&client, &facts).await {
+                Ok(n) => break n,
+                Err(e) if failures < 30 => {
+                    failures += 1;
+                    tracing::warn!(node = name, error = %e, "registering the node failed; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let uid = n.metadata.uid.clone().unwrap_or_default();
         // Spread the nodes' heartbeats over the period, as independent
         // kubelets' are, rather than in one burst.
@@ -98,10 +148,19 @@ pub async fn run(client: kube::Client, options: HollowOptions) -> Result<()> {
             // Hollow nodes serve no DNS (their pods run nothing).
             dns: Default::default(),
         });
-        tasks.push(crate::manage_pods(ctx));
+        // Each node's pod watch starts as the node registers (kubelets do
+        // not all start at once) and runs as its own task: started all
+        // together after the last registration, 10,000 nodes' lists and
+        // watches arrived in one burst of new connections, and as one
+        // joined future they were all driven by a single thread.
+        pods.spawn(crate::manage_pods(ctx));
     }
     // Dropping this future (cancellation) drops the loops with it.
-    futures::future::try_join_all(tasks).await?;
+    let outcome = match pods.join_next().await {
+        Some(Ok(r)) => r,
+        Some(Err(e)) => Err(anyhow::anyhow!("a hollow node's pod manager failed: {e}")),
+        None => Ok(()),
+    };
     drop(loops);
-    Ok(())
+    outcome
 }

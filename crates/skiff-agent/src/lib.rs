@@ -323,7 +323,11 @@ pub async fn manage_pods(ctx: Arc<NodeContext>) -> Result<()> {
         };
         match ev {
             watcher::Event::Init => listing = Some(HashSet::new()),
-            watcher::Event::InitApply(pod) | watcher::Event::Apply(pod) => {
+            watcher::Event::InitApply(mut pod) | watcher::Event::Apply(mut pod) => {
+                // The pod worker never reads managedFields; with 150,000
+                // pods on hollow nodes they were a good part of the
+                // process's memory (kubelet's informer drops them too).
+                pod.metadata.managed_fields = None;
                 let uid = spec::uid(&pod).to_string();
                 if let Some(l) = listing.as_mut() {
                     l.insert(uid.clone());

@@ -141,7 +141,9 @@ pub struct PodWorker {
     /// Why a container could not be started (reason, message).
     waiting: HashMap<String, (String, String)>,
     pull_backoff: HashMap<String, Instant>,
-    last_status: Option<Value>,
+    /// A hash of the status last written (the status itself, as a JSON
+    /// tree, was a few KB per pod kept only for this comparison).
+    last_status: Option<u64>,
     terminating: bool,
     /// The pod's ServiceAccount tokens (projected volumes).
     tokens: crate::satoken::TokenCache,
@@ -982,7 +984,13 @@ impl PodWorker {
         initialized: bool,
     ) -> anyhow::Result<()> {
         let status = self.status(pod, pod_ip, seen, initialized);
-        if self.last_status.as_ref() == Some(&status) {
+        let digest = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            status.to_string().hash(&mut h);
+            h.finish()
+        };
+        if self.last_status == Some(digest) {
             return Ok(());
         }
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), namespace(pod));
@@ -992,7 +1000,7 @@ impl PodWorker {
             .await
         {
             Ok(_) => {
-                self.last_status = Some(status);
+                self.last_status = Some(digest);
                 Ok(())
             }
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),

@@ -110,7 +110,14 @@ impl Runtime for Sim {
         lock(&self.sandboxes).insert(
             id.clone(),
             SimSandbox {
-                config: config.clone(),
+                // Only what the listings and statuses return: the rest of
+                // the config (DNS, Linux settings, log paths) is never read
+                // back, and 150,000 hollow pods held it all.
+                config: cri::PodSandboxConfig {
+                    metadata: config.metadata.clone(),
+                    labels: config.labels.clone(),
+                    ..Default::default()
+                },
                 ready: true,
                 created_at: now_nanos(),
                 ip,
@@ -190,7 +197,15 @@ impl Runtime for Sim {
             id.clone(),
             SimContainer {
                 sandbox: sandbox.to_string(),
-                config: config.clone(),
+                // As for sandboxes: env, mounts, command and Linux settings
+                // are never read back.
+                config: cri::ContainerConfig {
+                    metadata: config.metadata.clone(),
+                    image: config.image.clone(),
+                    labels: config.labels.clone(),
+                    annotations: config.annotations.clone(),
+                    ..Default::default()
+                },
                 state: cri::ContainerState::ContainerCreated,
                 created_at: now_nanos(),
                 started_at: 0,

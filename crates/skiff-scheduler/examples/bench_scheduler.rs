@@ -8,7 +8,9 @@
 //! cargo run --release -p skiff-scheduler --example bench_scheduler -- --workload topology-spread
 //! ```
 //!
-//! Options: `--nodes N --init-pods N --pods N --creators N`, `--etcd` (the
+//! Options: `--nodes N --init-pods N --pods N --creators N`,
+//! `--existing-pods N` (that many pods already bound, spread over the
+//! nodes, created before the scheduler starts), `--etcd` (the
 //! API server on a single-member etcd the benchmark starts on loopback
 //! instead of the embedded store), and `--authz`:
 //! the pod creators and the scheduler act as ordinary users
@@ -132,6 +134,7 @@ struct Args {
     creators: usize,
     authz: bool,
     etcd: bool,
+    existing_pods: usize,
 }
 
 fn args() -> Args {
@@ -143,6 +146,7 @@ fn args() -> Args {
         creators: 256,
         authz: false,
         etcd: false,
+        existing_pods: 0,
     };
     let mut pods_set = false;
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -171,6 +175,7 @@ fn args() -> Args {
                 pods_set = true;
             }
             "--creators" => a.creators = num(),
+            "--existing-pods" => a.existing_pods = num(),
             // Read where the store is opened.
             "--store-cache-mib" => {
                 num();
@@ -323,6 +328,46 @@ async fn create_pods(
         .await;
 }
 
+/// `--existing-pods N`: N pods already bound (`spec.nodeName` set at
+/// create, round-robin over the benchmark's nodes, the measured pods'
+/// shape) created through the API before the scheduler starts, so the
+/// server's store and watch cache hold them and the scheduler's first list
+/// brings them all into its cache, as after a restart in a full cluster.
+async fn load_existing(
+    client: &kube::Client,
+    n: usize,
+    nodes: usize,
+    w: Workload,
+    creators: usize,
+) {
+    let t = Instant::now();
+    let api: Api<Pod> = Api::namespaced(client.clone(), "default");
+    futures::stream::iter(0..n)
+        .for_each_concurrent(creators, |i| {
+            let api = api.clone();
+            let mut p = pod(&format!("existing-{i}"), w);
+            if let Some(s) = p.spec.as_mut() {
+                s.node_name = Some(format!("node-{}", i % nodes.max(1)));
+            }
+            async move {
+                while let Err(e) = api.create(&PostParams::default(), &p).await {
+                    if matches!(&e, kube::Error::Api(s) if s.code == 409) {
+                        break;
+                    }
+                    eprintln!("creating an existing pod failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        })
+        .await;
+    println!(
+        "created {n} bound pods (existing, {:.1} per node) in {:.1}s ({:.0} pods/s)",
+        n as f64 / nodes.max(1) as f64,
+        t.elapsed().as_secs_f64(),
+        n as f64 / t.elapsed().as_secs_f64()
+    );
+}
+
 async fn wait_scheduled(m: &Metrics, target: u64, timeout: Duration) -> bool {
     let end = Instant::now() + timeout;
     while Metrics::get(&m.scheduled) < target {
@@ -426,6 +471,10 @@ async fn main() {
         a.nodes,
         t.elapsed().as_secs_f64()
     );
+
+    if a.existing_pods > 0 {
+        load_existing(&client, a.existing_pods, a.nodes, a.workload, a.creators).await;
+    }
 
     let metrics = Arc::new(Metrics::default());
     let opts = skiff_scheduler::Options {

@@ -290,6 +290,21 @@ fn name_of<K: kube::Resource>(o: &K) -> String {
     o.meta().name.clone().unwrap_or_default()
 }
 
+/// A bound pod as the cache keeps it: of its status only what the plugins
+/// read of pods already placed (the start time orders preemption victims;
+/// the phase). Conditions, container statuses and addresses change with
+/// every kubelet report and were most of a cached pod's status.
+fn bound_lean(mut p: Pod) -> Pod {
+    if let Some(st) = p.status.take() {
+        p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: st.phase,
+            start_time: st.start_time,
+            ..Default::default()
+        });
+    }
+    p
+}
+
 fn is_terminal(p: &Pod) -> bool {
     matches!(
         p.status.as_ref().and_then(|s| s.phase.as_deref()),
@@ -616,7 +631,7 @@ impl Scheduler {
             let was_known = self.cache.contains_pod(&uid);
             let was_assumed = self.cache.is_assumed(&uid);
             self.cache
-                .add_or_update_bound_pod(PodInfo::new(pod, priority));
+                .add_or_update_bound_pod(PodInfo::new(bound_lean(pod), priority));
             if !was_assumed {
                 self.cluster_event(if was_known {
                     ClusterEvent::AssignedPodUpdate
@@ -660,7 +675,10 @@ impl Scheduler {
         }
     }
 
-    fn node_apply(&mut self, node: Node) {
+    fn node_apply(&mut self, mut node: Node) {
+        // Never read here; a node's managedFields are as large as the rest
+        // of it, times 10,000 nodes.
+        node.metadata.managed_fields = None;
         let new = node.clone();
         match self.cache.upsert_node(node) {
             None => self.cluster_event(ClusterEvent::NodeAdd),
@@ -968,5 +986,38 @@ impl Scheduler {
                 _ = tokio::time::sleep_until(wake) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bound_pod_is_cached_with_its_phase_and_start_time_only() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "labels": {"a": "b"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z",
+                "podIP": "10.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "containerStatuses": [{"name": "c", "image": "i", "imageID": "",
+                    "ready": true, "restartCount": 0}]}
+        }))
+        .unwrap();
+        let lean = bound_lean(pod.clone());
+        assert_eq!(lean.metadata, pod.metadata);
+        assert_eq!(lean.spec, pod.spec);
+        let st = lean.status.clone().unwrap();
+        assert_eq!(st.phase.as_deref(), Some("Running"));
+        assert_eq!(st.start_time, pod.status.as_ref().unwrap().start_time);
+        assert_eq!(st.conditions, None);
+        assert_eq!(st.container_statuses, None);
+        assert_eq!(st.pod_ip, None);
+        let info = PodInfo::new(lean, 0);
+        assert_eq!(
+            info.start_time(),
+            pod.status.unwrap().start_time.map(|t| t.0)
+        );
     }
 }

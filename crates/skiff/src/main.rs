@@ -311,6 +311,14 @@ struct AgentArgs {
     /// With --simulate: how long a container takes to start, in ms.
     #[arg(long, default_value_t = 0)]
     start_delay_ms: u64,
+    /// Reach the API servers through the agent's balancer, which follows
+    /// every server of the `kubernetes` Endpoints (the default). With
+    /// `--api-balancer=false` and `--simulate`, the hollow nodes talk to the
+    /// kubeconfig's server directly, as kubemark's do: through the balancer
+    /// each connection takes three descriptors of the process, too many for
+    /// 10,000 nodes' watches.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    api_balancer: bool,
 }
 
 #[derive(Args, Clone)]
@@ -337,6 +345,10 @@ struct SchedulerArgs {
     /// A KubeSchedulerConfiguration file.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Run only while holding the `kube-scheduler` Lease (kube-scheduler's
+    /// flag; `--leader-elect=false` for a single instance).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    leader_elect: bool,
 }
 
 #[derive(Args, Clone)]
@@ -350,6 +362,10 @@ struct ControllerManagerArgs {
     /// marked Unknown and its pods are evicted.
     #[arg(long, default_value_t = 50)]
     node_monitor_grace_period: u64,
+    /// Run only while holding the `kube-controller-manager` Lease
+    /// (kube-controller-manager's flag).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    leader_elect: bool,
 }
 
 #[derive(Subcommand)]
@@ -958,6 +974,28 @@ fn ca_from_kubeconfig(path: &std::path::Path) -> Result<Option<String>> {
     Ok(None)
 }
 
+/// Runs `--nodes` hollow nodes (`agent --simulate`).
+async fn run_hollow(args: &AgentArgs, client: kube::Client) -> Result<()> {
+    let options = skiff_agent::hollow::HollowOptions {
+        nodes: args.nodes,
+        prefix: args
+            .node
+            .node_name
+            .clone()
+            .unwrap_or_else(|| "hollow".into()),
+        start_delay: Duration::from_millis(args.start_delay_ms),
+        ..Default::default()
+    };
+    eprintln!(
+        "skiff: running {} hollow node(s) {}-0…",
+        options.nodes, options.prefix
+    );
+    tokio::select! {
+        r = skiff_agent::hollow::run(client, options) => r,
+        _ = shutdown_signal() => Ok(()),
+    }
+}
+
 async fn agent(args: AgentArgs) -> Result<()> {
     let mut joined = None;
     let kubeconfig = match (&args.kubeconfig, &args.server, &args.token) {
@@ -974,6 +1012,14 @@ async fn agent(args: AgentArgs) -> Result<()> {
         }
         _ => anyhow::bail!("give --kubeconfig, or --server and --token"),
     };
+    if args.simulate && !args.api_balancer && joined.is_none() {
+        // Hollow nodes talk to the kubeconfig's server directly, as
+        // kubemark's do: through the balancer each of 10,000 nodes' watch
+        // connections took three descriptors of this process (client,
+        // balancer's accepted and upstream sockets), past the 20,000 limit.
+        let client = skiff_kube::client_from_kubeconfig(&kubeconfig).await?;
+        return run_hollow(&args, client).await;
+    }
     // Through the balancer that follows every API server.
     let (client, balancer) = skiff_agent::apilb::client_for_kubeconfig(&kubeconfig).await?;
     // A joined node renews its own client certificate while it runs.
@@ -998,24 +1044,7 @@ async fn agent(args: AgentArgs) -> Result<()> {
     let follow = client.clone();
     tokio::spawn(async move { balancer.follow_endpoints(follow).await });
     if args.simulate {
-        let options = skiff_agent::hollow::HollowOptions {
-            nodes: args.nodes,
-            prefix: args
-                .node
-                .node_name
-                .clone()
-                .unwrap_or_else(|| "hollow".into()),
-            start_delay: Duration::from_millis(args.start_delay_ms),
-            ..Default::default()
-        };
-        eprintln!(
-            "skiff: running {} hollow node(s) {}-0…",
-            options.nodes, options.prefix
-        );
-        tokio::select! {
-            r = skiff_agent::hollow::run(client, options) => return r,
-            _ = shutdown_signal() => return Ok(()),
-        }
+        return run_hollow(&args, client).await;
     }
     let data_dir = args
         .data_dir
@@ -1252,6 +1281,12 @@ async fn scheduler(args: SchedulerArgs) -> Result<()> {
         ..Default::default()
     };
     let id = identity();
+    if !args.leader_elect {
+        return tokio::select! {
+            r = skiff_scheduler::run(client, options) => r,
+            _ = shutdown_signal() => Ok(()),
+        };
+    }
     tokio::select! {
         r = skiff_kube::leader::run_elected(client.clone(), "kube-scheduler", &id, Default::default(), skiff_scheduler::run(client, options)) => r,
         _ = shutdown_signal() => Ok(()),
@@ -1263,6 +1298,12 @@ async fn controller_manager(args: ControllerManagerArgs) -> Result<()> {
     let ca = ca_from_kubeconfig(&args.kubeconfig)?;
     let options = controller_options(&args.cluster_cidr, ca, args.node_monitor_grace_period);
     let id = identity();
+    if !args.leader_elect {
+        return tokio::select! {
+            r = skiff_controllers::run(client, options) => r,
+            _ = shutdown_signal() => Ok(()),
+        };
+    }
     tokio::select! {
         r = skiff_kube::leader::run_elected(client.clone(), "kube-controller-manager", &id, Default::default(), skiff_controllers::run(client, options)) => r,
         _ = shutdown_signal() => Ok(()),
