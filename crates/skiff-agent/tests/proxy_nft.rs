@@ -332,6 +332,47 @@ async fn network_policy_chains_are_programmed_whole_and_changed_incrementally() 
     assert!(t.contains("chain policy-forward"), "{t}");
 }
 
+/// Runs `ip` with `args`, which must succeed.
+fn ip(args: &[&str]) {
+    let o = Command::new("ip").args(args).output().expect("ip");
+    assert!(
+        o.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// A network namespace of the test's own, deleted when dropped.
+struct Ns(String);
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// A new namespace `<prefix>-<pid>` with `lo` up and a port-less bridge
+/// `node0` (no dummy driver needed) holding `addrs` as /32s.
+fn netns(prefix: &str, addrs: &[&str]) -> Ns {
+    let ns = Ns(format!("{prefix}-{}", std::process::id()));
+    ip(&["netns", "add", &ns.0]);
+    ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+    ip(&["-n", &ns.0, "link", "add", "node0", "type", "bridge"]);
+    for a in addrs {
+        ip(&[
+            "-n",
+            &ns.0,
+            "addr",
+            "add",
+            &format!("{a}/32"),
+            "dev",
+            "node0",
+        ]);
+    }
+    ip(&["-n", &ns.0, "link", "set", "node0", "up"]);
+    ns
+}
+
 /// The node's own connections to a host-network endpoint (the agent's to the
 /// API server behind `kubernetes`) survive the proxy's first transaction.
 /// In a fresh network namespace that transaction is the first to need
@@ -346,28 +387,8 @@ fn connections_to_the_nodes_own_address_survive_the_first_transaction() {
         eprintln!("skipping: nft is not usable here (needs root and nftables)");
         return;
     }
-    let ns = format!("skiff-test-hp-{}", std::process::id());
-    let ip = |args: &[&str]| {
-        let o = Command::new("ip").args(args).output().expect("ip");
-        assert!(
-            o.status.success(),
-            "ip {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    };
-    ip(&["netns", "add", &ns]);
-    struct Ns(String);
-    impl Drop for Ns {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-        }
-    }
-    let _ns = Ns(ns.clone());
-    ip(&["-n", &ns, "link", "set", "lo", "up"]);
-    // A port-less bridge holds the node's address (no dummy driver needed).
-    ip(&["-n", &ns, "link", "add", "node0", "type", "bridge"]);
-    ip(&["-n", &ns, "addr", "add", "198.18.0.1/32", "dev", "node0"]);
-    ip(&["-n", &ns, "link", "set", "node0", "up"]);
+    let guard = netns("skiff-test-hp", &["198.18.0.1"]);
+    let ns = guard.0.clone();
     let out = Command::new("ip")
         .args(["netns", "exec", &ns])
         .arg(std::env::current_exe().unwrap())
@@ -443,29 +464,11 @@ fn connections_to_a_cluster_ip_reach_every_endpoint() {
         eprintln!("skipping: nft is not usable here (needs root and nftables)");
         return;
     }
-    let ns = format!("skiff-test-sp-{}", std::process::id());
-    let ip = |args: &[&str]| {
-        let o = Command::new("ip").args(args).output().expect("ip");
-        assert!(
-            o.status.success(),
-            "ip {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    };
-    ip(&["netns", "add", &ns]);
-    struct Ns(String);
-    impl Drop for Ns {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-        }
-    }
-    let _ns = Ns(ns.clone());
-    ip(&["-n", &ns, "link", "set", "lo", "up"]);
-    ip(&["-n", &ns, "link", "add", "node0", "type", "bridge"]);
-    for a in ["198.19.0.5", "198.19.0.6", "198.19.0.7", "198.19.0.9"] {
-        ip(&["-n", &ns, "addr", "add", &format!("{a}/32"), "dev", "node0"]);
-    }
-    ip(&["-n", &ns, "link", "set", "node0", "up"]);
+    let guard = netns(
+        "skiff-test-sp",
+        &["198.19.0.5", "198.19.0.6", "198.19.0.7", "198.19.0.9"],
+    );
+    let ns = guard.0.clone();
     // The service range is routed (as on a node); clients speak from a
     // pod-range address, so nothing is masqueraded.
     ip(&[
