@@ -351,8 +351,27 @@ impl Drop for Ns {
     }
 }
 
+/// Runs this test binary's ignored test `name` inside namespace `ns`,
+/// which must pass.
+fn run_in(ns: &str, name: &str) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "--ignored", "--nocapture", name])
+        .env("SKIFF_TEST_IN_NETNS", ns)
+        .output()
+        .expect("run the check in the namespace");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("1 passed"), "the check did not run: {log}");
+}
+
 /// A new namespace `<prefix>-<pid>` with `lo` up and a port-less bridge
-/// `node0` (no dummy driver needed) holding `addrs` as /32s.
+/// `node0` (no extra kernel module needed) holding `addrs` as /32s.
 fn netns(prefix: &str, addrs: &[&str]) -> Ns {
     let ns = Ns(format!("{prefix}-{}", std::process::id()));
     ip(&["netns", "add", &ns.0]);
@@ -389,25 +408,10 @@ fn connections_to_the_nodes_own_address_survive_the_first_transaction() {
     }
     let guard = netns("skiff-test-hp", &["198.18.0.1"]);
     let ns = guard.0.clone();
-    let out = Command::new("ip")
-        .args(["netns", "exec", &ns])
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "in_netns_a_connection_to_the_node_outlives_the_first_transaction",
-        ])
-        .env("SKIFF_TEST_IN_NETNS", &ns)
-        .output()
-        .expect("run the check in the namespace");
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_in(
+        &ns,
+        "in_netns_a_connection_to_the_node_outlives_the_first_transaction",
     );
-    assert!(out.status.success(), "{log}");
-    assert!(log.contains("1 passed"), "the check did not run: {log}");
 }
 
 #[tokio::test]
@@ -482,25 +486,7 @@ fn connections_to_a_cluster_ip_reach_every_endpoint() {
         "src",
         "198.19.0.9",
     ]);
-    let out = Command::new("ip")
-        .args(["netns", "exec", &ns])
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "in_netns_connections_spread_over_endpoints",
-        ])
-        .env("SKIFF_TEST_IN_NETNS", &ns)
-        .output()
-        .expect("run the check in the namespace");
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{log}");
-    assert!(log.contains("1 passed"), "the check did not run: {log}");
+    run_in(&ns, "in_netns_connections_spread_over_endpoints");
 }
 
 /// Counts, per endpoint address, the connections `n` clients of
