@@ -403,6 +403,13 @@ where
     }
 }
 
+/// A resource quantity (`500m`, `1Gi`) in units (cores, bytes).
+pub fn quantity_units(q: &str) -> Option<f64> {
+    skiff_core::validation::parse_quantity(q)
+        .ok()
+        .map(|q| q.value)
+}
+
 /// Now, as the API's timestamps.
 pub fn now() -> k8s_openapi::jiff::Timestamp {
     k8s_openapi::jiff::Timestamp::now()

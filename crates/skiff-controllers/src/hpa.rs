@@ -378,15 +378,13 @@ pub fn limit_rate(
     )
 }
 
-/// A resource quantity in units (cores, bytes).
+/// A quantity (as JSON) in units (cores, bytes).
 fn units(q: &Value) -> Option<f64> {
-    skiff_core::validation::parse_quantity(q.as_str()?)
-        .ok()
-        .map(|q| q.value)
+    common::quantity_units(q.as_str()?)
 }
 
 /// How a usage prints as a quantity (millicores for CPU, bytes otherwise).
-fn quantity(resource: &str, v: f64) -> String {
+fn format_usage(resource: &str, v: f64) -> String {
     if resource == "cpu" {
         format!("{}m", (v * 1000.0).round() as i64)
     } else {
@@ -743,7 +741,7 @@ async fn propose(
             .collect();
         match resource_replicas(current, &samples, target) {
             Ok((replicas, utilization, average)) => {
-                let mut cur = json!({"averageValue": quantity(res, average)});
+                let mut cur = json!({"averageValue": format_usage(res, average)});
                 if let Some(u) = utilization {
                     cur["averageUtilization"] = json!(u);
                 }
@@ -778,7 +776,7 @@ fn sample(p: &Pod, res: &str, usage: Option<&HashMap<String, f64>>) -> PodSample
     let request = p.spec.as_ref().and_then(|s| {
         s.containers.iter().try_fold(0.0, |sum, c| {
             let q = c.resources.as_ref()?.requests.as_ref()?.get(res)?;
-            Some(sum + units(&json!(q.0))?)
+            Some(sum + common::quantity_units(&q.0)?)
         })
     });
     PodSample {

@@ -149,8 +149,7 @@ async fn sweep(ctx: &Ctx) -> Result<(), Error> {
 
 fn quantity(v: Option<&Value>) -> f64 {
     v.and_then(Value::as_str)
-        .and_then(|q| skiff_core::validation::parse_quantity(q).ok())
-        .map(|q| q.value)
+        .and_then(common::quantity_units)
         .unwrap_or(0.0)
 }
 
