@@ -14,10 +14,10 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::json;
 
-/// The Node annotation naming this node's storage directory.
-pub const STORAGE_ANNOTATION: &str = "skiff.io/local-storage-path";
-/// The Node annotation listing directories of deleted volumes.
-pub const RELEASED_ANNOTATION: &str = "skiff.io/local-volumes-released";
+pub use skiff_core::kinds::storage::{
+    LOCAL_RELEASED_ANNOTATION as RELEASED_ANNOTATION,
+    LOCAL_STORAGE_ANNOTATION as STORAGE_ANNOTATION,
+};
 
 /// The storage directory under an agent's data directory.
 pub fn root(data_dir: &Path) -> PathBuf {

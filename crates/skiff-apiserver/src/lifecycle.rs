@@ -92,7 +92,7 @@ async fn ensure_local_storage_class(reg: &Registry, opts: &WriteOptions) {
         "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
         "metadata": {"name": "local-path", "annotations": {
             "storageclass.kubernetes.io/is-default-class": "true"}},
-        "provisioner": "skiff.io/local-path",
+        "provisioner": skiff_core::kinds::storage::LOCAL_PROVISIONER,
         "reclaimPolicy": "Delete",
         "volumeBindingMode": "WaitForFirstConsumer",
     });

@@ -27,13 +27,10 @@ use crate::common;
 use crate::framework::{self, Next, Queue};
 use crate::{Ctx, Error};
 
-/// The provisioner name of skiff's local volumes.
-pub const PROVISIONER: &str = "skiff.io/local-path";
-/// Where a node keeps local volumes (set by its agent).
-pub const STORAGE_ANNOTATION: &str = "skiff.io/local-storage-path";
-/// Directories of deleted local volumes the node should remove
-/// (comma-separated names under its storage directory).
-pub const RELEASED_ANNOTATION: &str = "skiff.io/local-volumes-released";
+pub use skiff_core::kinds::storage::{
+    LOCAL_PROVISIONER as PROVISIONER, LOCAL_RELEASED_ANNOTATION as RELEASED_ANNOTATION,
+    LOCAL_STORAGE_ANNOTATION as STORAGE_ANNOTATION,
+};
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 const COMPONENT: &str = "persistentvolume-controller";
 

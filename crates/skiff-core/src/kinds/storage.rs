@@ -3,6 +3,17 @@
 
 use super::prelude::*;
 
+/// The provisioner of skiff's built-in `local-path` StorageClass (the
+/// controller manager makes the volumes, the node's agent their directories).
+pub const LOCAL_PROVISIONER: &str = "skiff.io/local-path";
+/// The Node annotation naming where that node keeps local volumes (set by
+/// its agent, read by the provisioner).
+pub const LOCAL_STORAGE_ANNOTATION: &str = "skiff.io/local-storage-path";
+/// The Node annotation listing directories of deleted local volumes for
+/// the node's agent to remove (comma-separated names; the provisioner
+/// adds, the agent empties).
+pub const LOCAL_RELEASED_ANNOTATION: &str = "skiff.io/local-volumes-released";
+
 pub struct PersistentVolumeClaim;
 
 impl KindRules for PersistentVolumeClaim {
