@@ -97,7 +97,25 @@ async fn sweep(ctx: &Ctx) -> Result<(), Error> {
     use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    for pv in pvs.list(&ListParams::default()).await?.items {
+    let all = pvs.list(&ListParams::default()).await?.items;
+    // Bound claims whose volume is gone are Lost.
+    let names: std::collections::HashSet<String> = all.iter().map(|v| v.name_any()).collect();
+    for claim in ctx.caches.pvcs.list() {
+        let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+        let volume = claim.spec.as_ref().and_then(|s| s.volume_name.as_ref());
+        if bound && volume.is_some_and(|v| !names.contains(v)) {
+            let claims: Api<PersistentVolumeClaim> =
+                Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
+            common::patch_status(&claims, &claim.name_any(), json!({"phase": "Lost"})).await?;
+            ctx.events.warning(
+                COMPONENT,
+                &*claim,
+                "ClaimLost",
+                "Bound claim has lost its PersistentVolume. Data on the volume is lost!".into(),
+            );
+        }
+    }
+    for pv in all {
         if pv.metadata.deletion_timestamp.is_some() {
             continue;
         }
@@ -216,22 +234,21 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Next, Error> {
     let (ns, name) = framework::split_key(key);
     let pvc = serde_json::to_value(&*claim)?;
     let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
     if let Some(volume) = claim.spec.as_ref().and_then(|s| s.volume_name.clone()) {
-        // Bound, or pre-bound by the user: finish both sides.
-        let Some(pv) = pvs.get_opt(&volume).await? else {
-            if claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound") {
-                common::patch_status(&claims, name, json!({"phase": "Lost"})).await?;
-                ctx.events.warning(
-                    COMPONENT,
-                    &*claim,
-                    "ClaimLost",
-                    "Bound claim has lost its PersistentVolume. Data on the volume is lost!".into(),
-                );
-            }
+        // A binding this controller completed needs nothing on a resync
+        // (a claim whose volume disappears is found by the sweep).
+        let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Bound") | Some("Lost"))
+            && claim
+                .annotations()
+                .contains_key("pv.kubernetes.io/bind-completed")
+        {
             return Ok(None);
-        };
-        bind(ctx, &claim, &serde_json::to_value(&pv)?).await?;
+        }
+        // Pre-bound by the user, or a binding cut short: finish both sides.
+        if let Some(pv) = pvs.get_opt(&volume).await? {
+            bind(ctx, &claim, &serde_json::to_value(&pv)?).await?;
+        }
         return Ok(None);
     }
     // The smallest Available volume that fits.
