@@ -3,7 +3,8 @@
 //! ```sh
 //! cargo build --release -p skiff
 //! cargo run --release -p skiff --example bench_scale -- \
-//!     [--nodes 10000] [--pods 150000] [--replicas 100] [--steady 30]
+//!     [--nodes 10000] [--pods 150000] [--replicas 100] [--steady 30] \
+//!     [--hollow-nice 10] [--progress 15]
 //! ```
 //!
 //! Starts `skiff server` (embedded durable store), `skiff scheduler`,
@@ -22,6 +23,13 @@
 //! 5. times a LIST of all pods, unpaged and in pages of 500;
 //! 6. reports the server's RSS (peak and now) and its memory per stored
 //!    pod against the pods' JSON size.
+//!
+//! The hollow nodes run at a lower CPU priority (`nice`, `--hollow-nice`,
+//! 0 to turn off): in a real cluster the kubelets are on other machines and
+//! take no CPU from the control plane; here the four processes share the
+//! machine's cores, and a simulated kubelet must not delay the server it
+//! is measuring. Every `--progress` seconds of the churn a line gives the
+//! pods created and available and each process's CPU over the interval.
 //!
 //! Everything it starts lives in a temp dir and is stopped by PID.
 
@@ -205,6 +213,8 @@ async fn main() -> anyhow::Result<()> {
     let pods = arg("--pods", 150_000);
     let replicas = arg("--replicas", 100).max(1);
     let steady = arg("--steady", 30);
+    let hollow_nice = arg("--hollow-nice", 10);
+    let progress = arg("--progress", 15).max(1) as u64;
     let deployments = pods.div_ceil(replicas);
     println!(
         "B6: {nodes} hollow nodes, {deployments} Deployments x {replicas} replicas = {} pods",
@@ -275,8 +285,16 @@ async fn main() -> anyhow::Result<()> {
 
     // Hollow nodes, in their own process.
     let t = Instant::now();
-    let agents = Proc(
+    let mut hollow = if hollow_nice > 0 {
+        // nice execs the binary: the child's PID is the agent's.
+        let mut c = Command::new("nice");
+        c.arg("-n").arg(hollow_nice.to_string()).arg(&bin);
+        c
+    } else {
         Command::new(&bin)
+    };
+    let agents = Proc(
+        hollow
             .args([
                 "agent",
                 "--simulate",
@@ -353,6 +371,44 @@ async fn main() -> anyhow::Result<()> {
     };
     let t = Instant::now();
     let cpu0 = cpu_seconds(spid);
+    // Pods created (the Deployments' status.replicas) and available, by
+    // Deployment, for the progress lines and the end of the churn.
+    let counts: Arc<Mutex<std::collections::HashMap<String, (i64, i64)>>> = Default::default();
+    let reporter = {
+        let counts = counts.clone();
+        let stop = stop.clone();
+        let pids = [
+            ("server", spid),
+            ("scheduler", others[0].1),
+            ("controllers", others[1].1),
+            ("hollow", apid),
+        ];
+        tokio::spawn(async move {
+            let mut last: Vec<f64> = pids.iter().map(|(_, p)| cpu_seconds(*p)).collect();
+            let mut at = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_secs(progress)).await;
+                let (created, available) = counts
+                    .lock()
+                    .unwrap()
+                    .values()
+                    .fold((0, 0), |(c, a), (dc, da)| (c + dc, a + da));
+                let dt = at.elapsed().as_secs_f64();
+                at = Instant::now();
+                let mut cpu = String::new();
+                for (i, (name, pid)) in pids.iter().enumerate() {
+                    let now = cpu_seconds(*pid);
+                    cpu += &format!(" {name} {:.2}", (now - last[i]) / dt);
+                    last[i] = now;
+                }
+                println!(
+                    "  {:.0} s: {created} pods created, {available} available; cores:{cpu}; server RSS {} MiB",
+                    t.elapsed().as_secs_f64(),
+                    rss_kib(spid).0 / 1024
+                );
+            }
+        })
+    };
     futures::stream::iter(0..deployments)
         .for_each_concurrent(4, |i| {
             let deps = deps.clone();
@@ -386,29 +442,23 @@ async fn main() -> anyhow::Result<()> {
 
     // Until every replica is available.
     let want = (deployments * replicas) as i64;
-    let mut available: std::collections::HashMap<String, i64> = Default::default();
     let mut stream = watcher(deps.clone(), watcher::Config::default()).boxed();
-    let mut last_print = Instant::now();
     while let Some(ev) = stream.next().await {
-        let apply = |d: Deployment, available: &mut std::collections::HashMap<String, i64>| {
-            let n = d.status.and_then(|s| s.available_replicas).unwrap_or(0) as i64;
-            available.insert(d.metadata.name.unwrap_or_default(), n);
-        };
         match ev {
             Ok(watcher::Event::Apply(d)) | Ok(watcher::Event::InitApply(d)) => {
-                apply(d, &mut available)
+                let s = d.status.unwrap_or_default();
+                counts.lock().unwrap().insert(
+                    d.metadata.name.unwrap_or_default(),
+                    (
+                        s.replicas.unwrap_or(0) as i64,
+                        s.available_replicas.unwrap_or(0) as i64,
+                    ),
+                );
             }
             Ok(_) => {}
             Err(e) => eprintln!("deployment watch: {e}"),
         }
-        let sum: i64 = available.values().sum();
-        if last_print.elapsed() > Duration::from_secs(30) {
-            println!(
-                "  {sum}/{want} pods available after {:.0} s",
-                t.elapsed().as_secs_f64()
-            );
-            last_print = Instant::now();
-        }
+        let sum: i64 = counts.lock().unwrap().values().map(|(_, a)| a).sum();
         if sum >= want {
             break;
         }
@@ -419,6 +469,7 @@ async fn main() -> anyhow::Result<()> {
     stop.store(true, Ordering::Relaxed);
     let _ = prober.await;
     let _ = sampler.await;
+    reporter.abort();
     println!(
         "{want} pods available {:.1} s after the first create ({:.0} pods/s); server CPU {:.2} cores over the churn",
         churn,
