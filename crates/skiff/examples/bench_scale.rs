@@ -183,6 +183,20 @@ fn report(label: &str, l: &Latencies) {
     );
 }
 
+#[derive(serde::Deserialize)]
+struct ListPage {
+    #[serde(default)]
+    metadata: ListMeta,
+    #[serde(default)]
+    items: Vec<serde::de::IgnoredAny>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct ListMeta {
+    #[serde(rename = "continue")]
+    continue_: Option<String>,
+}
+
 /// GETs `path` and returns (seconds, bytes, items).
 async fn timed_list(client: &kube::Client, path: &str) -> anyhow::Result<(f64, usize, usize)> {
     let t = Instant::now();
@@ -197,10 +211,13 @@ async fn timed_list(client: &kube::Client, path: &str) -> anyhow::Result<(f64, u
         let req = http::Request::get(url).body(Vec::new())?;
         let text = client.request_text(req).await?;
         bytes += text.len();
-        let v: serde_json::Value = serde_json::from_str(&text)?;
-        items += v["items"].as_array().map_or(0, Vec::len);
-        match v["metadata"]["continue"].as_str() {
-            Some(c) if !c.is_empty() => next = Some(c.to_string()),
+        // Counted without building the items: 150,000 pods as a JSON tree
+        // took ~7 GiB in this process (beside the cluster it measures).
+        let page: ListPage = serde_json::from_str(&text)?;
+        drop(text);
+        items += page.items.len();
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => next = Some(c),
             _ => break,
         }
     }
