@@ -63,7 +63,9 @@ async fn a_claim_in_use_stays_terminating_until_its_pod_is_gone_and_its_volume_u
     // An unused claim deleted after it goes at once: the controller has
     // looked at both.
     pvcs.create(&pp, &claim("spare")).await.unwrap();
-    pvcs.delete("spare", &DeleteParams::default()).await.unwrap();
+    pvcs.delete("spare", &DeleteParams::default())
+        .await
+        .unwrap();
     eventually("the unused claim gone", 20, || async {
         pvcs.get_opt("spare").await.ok()?.is_none().then_some(())
     })

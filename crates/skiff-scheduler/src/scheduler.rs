@@ -400,6 +400,19 @@ fn node_changes(old: &Node, new: &Node) -> Vec<ClusterEvent> {
     if alloc(old) != alloc(new) {
         out.push(ClusterEvent::NodeAllocatableChange);
     }
+    // The local storage an agent publishes after registering (what
+    // VolumeBinding checks for skiff's provisioner); other annotations
+    // change nothing the plugins read.
+    let storage = |n: &Node| {
+        n.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(skiff_core::kinds::storage::LOCAL_STORAGE_ANNOTATION))
+            .cloned()
+    };
+    if storage(old) != storage(new) {
+        out.push(ClusterEvent::NodeOtherChange);
+    }
     out
 }
 

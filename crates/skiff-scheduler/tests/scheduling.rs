@@ -466,19 +466,7 @@ async fn pods_go_to_the_node_of_their_bound_local_volume_and_wait_for_missing_cl
     use k8s_openapi::api::storage::v1::StorageClass;
     let env = start(None).await;
     env.node(small("a", "2")).await;
-    env.node(
-        small("b", "2"), // publishes local storage
-    )
-    .await;
-    let nodes: Api<Node> = Api::all(env.client.clone());
-    nodes
-        .patch(
-            "b",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"skiff.io/local-storage-path": "/var/lib/skiff/storage"}}})),
-        )
-        .await
-        .unwrap();
+    env.node(small("b", "2")).await;
     let pvs: Api<PersistentVolume> = Api::all(env.client.clone());
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), "default");
     let local_pv = |name: &str, host: &str| -> PersistentVolume {
@@ -581,6 +569,21 @@ async fn pods_go_to_the_node_of_their_bound_local_volume_and_wait_for_missing_cl
         .unwrap();
     env.pods()
         .create(&pp, &with_claim("first", "late"))
+        .await
+        .unwrap();
+    let msg = env.failed_message("first").await;
+    assert!(
+        msg.starts_with("0/2 nodes are available: 2 node(s) did not have enough free storage."),
+        "{msg}"
+    );
+    // b's agent publishes its storage directory: the pod is retried.
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    nodes
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"skiff.io/local-storage-path": "/var/lib/skiff/storage"}}})),
+        )
         .await
         .unwrap();
     assert_eq!(env.bound("first").await, "b");
