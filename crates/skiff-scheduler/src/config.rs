@@ -325,6 +325,7 @@ mod tests {
                 "NodeAffinity",
                 "NodePorts",
                 "NodeResourcesFit",
+                "VolumeRestrictions",
                 "VolumeBinding",
                 "PodTopologySpread",
                 "InterPodAffinity"

@@ -22,6 +22,7 @@ pub mod pod_topology_spread;
 pub mod priority_sort;
 pub mod taint_toleration;
 pub mod volume_binding;
+pub mod volume_restrictions;
 
 #[cfg(test)]
 pub mod testutil {
@@ -77,6 +78,9 @@ pub fn registry() -> Vec<(&'static str, Factory)> {
                 a,
             )?))
         }),
+        (volume_restrictions::NAME, |_, _| {
+            Ok(Arc::new(volume_restrictions::VolumeRestrictions))
+        }),
         (volume_binding::NAME, |_, ctx| {
             Ok(Arc::new(volume_binding::VolumeBinding::new(
                 ctx.client.clone(),
@@ -106,6 +110,7 @@ pub const DEFAULT_PLUGINS: &[(&str, i64)] = &[
     (node_affinity::NAME, 2),
     (node_ports::NAME, 0),
     (node_resources_fit::NAME, 1),
+    (volume_restrictions::NAME, 0),
     (volume_binding::NAME, 0),
     (pod_topology_spread::NAME, 2),
     (inter_pod_affinity::NAME, 2),
