@@ -85,6 +85,11 @@ pub fn limited(client: kube::Client, limit: usize) -> kube::Client {
 /// Registers the nodes `PREFIX-0` … `PREFIX-(N-1)` and runs them until an
 /// unrecoverable error.
 pub async fn run(client: kube::Client, options: HollowOptions) -> Result<()> {
+    // Heartbeats (registration, Leases, node status) have their own bound,
+    // as kubelet has its own heartbeat client: with one shared bound, a
+    // server slowed by the pod churn queued the Leases behind thousands of
+    // pod status writes until they expired and the nodes went Unknown.
+    let heartbeats = limited(client.clone(), MAX_IN_FLIGHT / 2);
     let client = limited(client, MAX_IN_FLIGHT);
     let mut loops = tokio::task::JoinSet::new();
     let mut pods = tokio::task::JoinSet::new();
@@ -96,7 +101,7 @@ pub async fn run(client: kube::Client, options: HollowOptions) -> Result<()> {
         // not stop the other nodes.
         let mut failures = 0u32;
         let n = loop {
-            match node::register(&client, &facts).await {
+            match node::register(&heartbeats, &facts).await {
                 Ok(n) => break n,
                 Err(e) if failures < 30 => {
                     failures += 1;
@@ -113,9 +118,9 @@ pub async fn run(client: kube::Client, options: HollowOptions) -> Result<()> {
         // on, as kubelet's does).
         let jitter = options.lease_every.mul_f64(rand::random::<f64>());
         let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-            kube::Api::namespaced(client.clone(), "kube-node-lease");
+            kube::Api::namespaced(heartbeats.clone(), "kube-node-lease");
         let lease = node::renew_lease_forever(
-            client.clone(),
+            heartbeats.clone(),
             name.clone(),
             uid.clone(),
             options.lease_every,
@@ -129,7 +134,7 @@ pub async fn run(client: kube::Client, options: HollowOptions) -> Result<()> {
             lease.await
         });
         let jitter = options.status_every.mul_f64(rand::random::<f64>());
-        let status = node::report_status_forever(client.clone(), facts, options.status_every);
+        let status = node::report_status_forever(heartbeats.clone(), facts, options.status_every);
         loops.spawn(async move {
             tokio::time::sleep(jitter).await;
             status.await

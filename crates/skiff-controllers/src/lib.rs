@@ -16,6 +16,7 @@ pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
+pub mod disruption_zones;
 pub mod endpoints;
 pub mod events;
 pub mod framework;

@@ -3,9 +3,12 @@
 //! kube-node-lease) has not been renewed within the grace period gets its
 //! conditions set to Unknown (reason NodeStatusUnknown) and the
 //! `node.kubernetes.io/unreachable` NoExecute taint (`not-ready` when it
-//! reports Ready=False); the taints go when it is healthy again. Pods on a
-//! tainted node that do not tolerate the taint are evicted at once, those
-//! that tolerate it for `tolerationSeconds` once that time has passed.
+//! reports Ready=False); the taints go when it is healthy again. New taints
+//! are paced by zone as Kubernetes paces them ([`crate::disruption_zones`]:
+//! 0.1 nodes a second, slower when much of a zone is down, none when every
+//! node is). Pods on a tainted node that do not tolerate the taint are
+//! evicted at once, those that tolerate it for `tolerationSeconds` once
+//! that time has passed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -17,6 +20,7 @@ use kube::ResourceExt;
 use serde_json::{json, Value};
 
 use crate::common;
+use crate::disruption_zones::{zone_key, Decision, Zones};
 use crate::{Caches, Ctx};
 
 pub fn register_ipam(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
@@ -36,9 +40,10 @@ pub fn register_lifecycle(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) 
     let ctx = ctx.clone();
     tasks.spawn(async move {
         ctx.caches.ready().await;
+        let mut zones = Zones::default();
         loop {
             let t = std::time::Instant::now();
-            node_lifecycle_pass(&ctx, ctx.options.node_monitor_grace_period).await;
+            node_lifecycle_pass(&ctx, ctx.options.node_monitor_grace_period, &mut zones).await;
             crate::metrics::reconciled("nodelifecycle", true, t.elapsed());
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
@@ -139,16 +144,21 @@ const NOT_READY: &str = "node.kubernetes.io/not-ready";
 
 /// The node lifecycle controller's pass: a node whose Lease has not been
 /// renewed within `grace` gets its conditions set to Unknown and the
-/// `unreachable` NoExecute taint (`not-ready` when it reports Ready=False);
-/// the taints go when the node is healthy again. Pods on a tainted node
-/// that do not tolerate the taint are evicted at once, those that tolerate
-/// it for `tolerationSeconds` once that time has passed.
-pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration) {
+/// `unreachable` NoExecute taint (`not-ready` when it reports Ready=False),
+/// as fast as its zone's state allows; the taints go when the node is
+/// healthy again (or when every node is down). Pods on a tainted node that
+/// do not tolerate the taint are evicted at once, those that tolerate it
+/// for `tolerationSeconds` once that time has passed.
+pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration, zones: &mut Zones) {
     let client = &ctx.client;
     let c = &ctx.caches;
     let now = k8s_openapi::jiff::Timestamp::now();
+    let instant = std::time::Instant::now();
     let nodes_api: Api<Node> = Api::all(client.clone());
     let mut tainted: HashMap<String, Vec<k8s_openapi::api::core::v1::Taint>> = HashMap::new();
+    // Each node's health, and each zone's (Ready, not Ready) counts.
+    let mut health = Vec::new();
+    let mut counts: HashMap<String, (usize, usize)> = HashMap::new();
     for n in c.nodes.list() {
         let name = n.name_any();
         let lease = c.leases.get(&format!("kube-node-lease/{name}"));
@@ -196,6 +206,18 @@ pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration) {
                 "node stopped renewing its lease; marked Unknown"
             );
         }
+        let zone = zone_key(&n);
+        let count = counts.entry(zone.clone()).or_default();
+        if !stale && ready == "True" {
+            count.0 += 1;
+        } else {
+            count.1 += 1;
+        }
+        health.push((n, zone, want_taint));
+    }
+    let decision = zones.observe(&counts, instant);
+    for (n, zone, want_taint) in health {
+        let name = n.name_any();
         let mut taints = n
             .spec
             .as_ref()
@@ -206,17 +228,22 @@ pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration) {
                 .iter()
                 .any(|t| t.key == key && t.effect == "NoExecute")
         };
+        // Trading one of the two taints for the other is not a new taint:
+        // it is not paced (as Kubernetes swaps them at once).
+        let swapping = has(UNREACHABLE, &taints) || has(NOT_READY, &taints);
         let mut changed = false;
         for key in [UNREACHABLE, NOT_READY] {
-            let want = want_taint == Some(key);
+            let want = decision == Decision::Taint && want_taint == Some(key);
             if want && !has(key, &taints) {
-                taints.push(k8s_openapi::api::core::v1::Taint {
-                    key: key.into(),
-                    effect: "NoExecute".into(),
-                    time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now)),
-                    value: None,
-                });
-                changed = true;
+                if swapping || zones.may_taint(&zone, instant) {
+                    taints.push(k8s_openapi::api::core::v1::Taint {
+                        key: key.into(),
+                        effect: "NoExecute".into(),
+                        time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now)),
+                        value: None,
+                    });
+                    changed = true;
+                }
             } else if !want && has(key, &taints) {
                 taints.retain(|t| !(t.key == key && t.effect == "NoExecute"));
                 changed = true;

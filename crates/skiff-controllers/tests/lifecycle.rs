@@ -426,6 +426,11 @@ async fn nodes_get_pod_cidrs_and_a_node_with_a_stale_lease_is_tainted_and_emptie
     })
     .await;
     assert_eq!(n, "10.42.0.0/24");
+    // A second node that stays healthy: when every node is down, Kubernetes
+    // blames the control plane and taints none (see the next test).
+    let leases =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(c.clone(), "kube-node-lease");
+    let healthy = keep_node_healthy(c, "node-healthy").await;
     // (Admission adds 300 s tolerations by default; this pod asks for 1 s.)
     let _: Pod = create(c, "default", json!({"metadata": {"name": "victim", "labels": {"app": "victim"}},
         "spec": {"containers": [{"name": "c", "image": "busybox"}],
@@ -462,8 +467,6 @@ async fn nodes_get_pod_cidrs_and_a_node_with_a_stale_lease_is_tainted_and_emptie
         ("Unknown", Some("NodeStatusNeverUpdated"))
     );
     // The node renews its Lease again (and reports Ready): the taint goes.
-    let leases =
-        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(c.clone(), "kube-node-lease");
     let renew = || {
         json!({"metadata": {"name": "node-0"}, "spec": {"holderIdentity": "node-0", "leaseDurationSeconds": 40,
         "renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}})
@@ -494,4 +497,92 @@ async fn nodes_get_pod_cidrs_and_a_node_with_a_stale_lease_is_tainted_and_emptie
         .then_some(())
     })
     .await;
+    healthy.abort();
+}
+
+/// Creates node `name` Ready, and renews its Lease every 200 ms until the
+/// returned task is aborted.
+async fn keep_node_healthy(c: &kube::Client, name: &str) -> tokio::task::JoinHandle<()> {
+    let nodes = Api::<Node>::all(c.clone());
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&json!({"status": {"conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now().to_string()}]}})))
+        .await
+        .unwrap();
+    let leases =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(c.clone(), "kube-node-lease");
+    let name = name.to_string();
+    tokio::spawn(async move {
+        loop {
+            let body = json!({"metadata": {"name": name}, "spec": {"holderIdentity": name, "leaseDurationSeconds": 40,
+                "renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}});
+            if leases
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+                .is_err()
+            {
+                let _ = leases
+                    .create(
+                        &PostParams::default(),
+                        &serde_json::from_value(body).unwrap(),
+                    )
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
+#[tokio::test]
+async fn when_every_node_is_down_no_node_is_tainted_and_no_pod_evicted() {
+    // Kubernetes' "master disruption mode": with no node Ready anywhere the
+    // control plane is the likelier culprit, so nothing is evicted.
+    let opts = skiff_controllers::Options {
+        node_monitor_grace_period: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let h = start_with(opts, 1).await;
+    let c = &h.client;
+    let nodes = Api::<Node>::all(c.clone());
+    let _: Pod = create(c, "default", json!({"metadata": {"name": "survivor", "labels": {"app": "survivor"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}],
+            "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 1}]}})).await;
+    // The only node goes Unknown (it never had a Lease)…
+    eventually("node-0 Unknown", 20, || async {
+        let n = nodes.get("node-0").await.ok()?;
+        n.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "Unknown")
+            .then_some(())
+    })
+    .await;
+    // …and stays untainted, its pod kept, well past the pod's tolerance.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let n = nodes.get("node-0").await.unwrap();
+    assert!(
+        n.spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .iter()
+            .all(|t| t.key != "node.kubernetes.io/unreachable"),
+        "no unreachable taint when every node is down"
+    );
+    assert_eq!(pods(c, "default", "app=survivor").await.len(), 1);
+    // A healthy node appears: node-0 is tainted and its pod evicted.
+    let healthy = keep_node_healthy(c, "node-healthy").await;
+    eventually(
+        "the survivor evicted once another node is Ready",
+        30,
+        || async {
+            pods(c, "default", "app=survivor")
+                .await
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+    healthy.abort();
 }

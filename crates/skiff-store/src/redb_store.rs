@@ -332,47 +332,68 @@ impl RedbStore {
 
     /// Events with revision > `after`, read from history (for watch catch-up).
     fn replay(&self, prefix: &str, after: i64) -> Result<Vec<Event>> {
-        let r = self.db.begin_read().map_err(backend)?;
-        let revisions = r.open_table(REVISIONS).map_err(backend)?;
-        let versions = r.open_table(VERSIONS).map_err(backend)?;
-        let mut out = Vec::new();
-        for item in revisions
-            .range((after.max(0) as u64 + 1)..)
-            .map_err(backend)?
-        {
-            let (rev, rec) = item.map_err(backend)?;
-            let rev = rev.value();
-            let rec = rec.value();
-            let rec = dec_record(rev, rec)?;
-            if !rec.key.starts_with(prefix) {
-                continue;
-            }
-            let prev = match live_version(&versions, rec.key, rev - 1)? {
-                Some((prev_rev, create)) => Some(item_at(&revisions, rec.key, prev_rev, create)?),
-                None => None,
-            };
-            out.push(if rec.create != 0 {
-                Event::Put {
-                    kv: KeyValue {
-                        key: rec.key.to_string(),
-                        value: Bytes::copy_from_slice(rec.value),
-                        create_revision: rec.create as i64,
-                        mod_revision: rev as i64,
-                    },
-                    prev,
-                }
-            } else {
-                match prev {
-                    Some(p) => Event::Delete {
-                        prev: p,
-                        revision: rev as i64,
-                    },
-                    None => continue,
-                }
-            });
-        }
-        Ok(out)
+        replay(&self.db, prefix, after)
     }
+}
+
+/// Events under `prefix` with revision > `after`, read from the revision
+/// history (a watch starting in the past, or one catching up after it fell
+/// behind the event ring).
+fn replay(db: &Database, prefix: &str, after: i64) -> Result<Vec<Event>> {
+    let r = db.begin_read().map_err(backend)?;
+    // The compaction point of this very snapshot: revisions at or below it
+    // are gone from it.
+    let compacted = r
+        .open_table(META)
+        .map_err(backend)?
+        .get("compacted")
+        .map_err(backend)?
+        .map_or(0, |g| g.value() as i64);
+    if after > 0 && after < compacted {
+        return Err(Error::Compacted {
+            requested: after,
+            compacted,
+        });
+    }
+    let revisions = r.open_table(REVISIONS).map_err(backend)?;
+    let versions = r.open_table(VERSIONS).map_err(backend)?;
+    let mut out = Vec::new();
+    for item in revisions
+        .range((after.max(0) as u64 + 1)..)
+        .map_err(backend)?
+    {
+        let (rev, rec) = item.map_err(backend)?;
+        let rev = rev.value();
+        let rec = rec.value();
+        let rec = dec_record(rev, rec)?;
+        if !rec.key.starts_with(prefix) {
+            continue;
+        }
+        let prev = match live_version(&versions, rec.key, rev - 1)? {
+            Some((prev_rev, create)) => Some(item_at(&revisions, rec.key, prev_rev, create)?),
+            None => None,
+        };
+        out.push(if rec.create != 0 {
+            Event::Put {
+                kv: KeyValue {
+                    key: rec.key.to_string(),
+                    value: Bytes::copy_from_slice(rec.value),
+                    create_revision: rec.create as i64,
+                    mod_revision: rev as i64,
+                },
+                prev,
+            }
+        } else {
+            match prev {
+                Some(p) => Event::Delete {
+                    prev: p,
+                    revision: rev as i64,
+                },
+                None => continue,
+            }
+        });
+    }
+    Ok(out)
 }
 
 /// Applies batches of writes, one durable transaction each.
@@ -755,6 +776,8 @@ impl Store for RedbStore {
         };
         let prefix = prefix.to_string();
         let revision = self.revision.clone();
+        let db = self.db.clone();
+        let events = self.events.clone();
         let (tx, out) = tokio::sync::mpsc::channel::<Result<Event>>(1024);
         tokio::spawn(async move {
             let mut last = start;
@@ -805,10 +828,39 @@ impl Store for RedbStore {
                         }
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
-                        let _ = tx
-                            .send(Err(Error::Backend("watcher fell too far behind".into())))
-                            .await;
-                        return;
+                        // The ring moved past this watcher (its consumer was
+                        // slow, e.g. starved of CPU): catch up from the
+                        // revision history, as etcd catches up an unsynced
+                        // watcher, instead of ending the watch (which made
+                        // the watch cache reload every object). Subscribe
+                        // again first so nothing falls between the history
+                        // read and the ring; events already sent are
+                        // skipped by revision. Only history compacted away
+                        // ends the watch.
+                        rx = events.subscribe();
+                        let (db, p) = (db.clone(), prefix.clone());
+                        let missed =
+                            tokio::task::spawn_blocking(move || replay(&db, &p, last)).await;
+                        // (A compaction past `last` ends the watch with
+                        // `Compacted`, checked in the read's own snapshot.)
+                        match missed {
+                            Ok(Ok(missed)) => {
+                                for ev in missed {
+                                    last = ev.revision();
+                                    if tx.send(Ok(ev)).await.is_err() {
+                                        return;
+                                    }
+                                }
+                            }
+                            Ok(Err(e)) => {
+                                let _ = tx.send(Err(e)).await;
+                                return;
+                            }
+                            Err(e) => {
+                                let _ = tx.send(Err(backend(e))).await;
+                                return;
+                            }
+                        }
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
                 }

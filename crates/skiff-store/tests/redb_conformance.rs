@@ -200,3 +200,82 @@ async fn an_empty_store_reopens_in_its_layout() {
     assert_eq!(s.current_revision().await.unwrap(), 0);
     assert!(s.get("/k").await.unwrap().is_none());
 }
+
+/// A store whose event ring holds only 16 events.
+fn small_ring_store() -> Arc<RedbStore> {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let opts = skiff_store::RedbOptions {
+        watch_buffer: 16,
+        ..Default::default()
+    };
+    RedbStore::open(&dir.join("store.redb"), opts).unwrap()
+}
+
+/// Creates `/w/0` … `/w/(n-1)` concurrently (the committer batches them).
+async fn create_many(s: &RedbStore, n: usize) {
+    let keys: Vec<String> = (0..n).map(|i| format!("/w/{i}")).collect();
+    let writes = keys
+        .iter()
+        .map(|k| s.create(k, bytes::Bytes::from_static(b"v")));
+    for r in futures::future::join_all(writes).await {
+        r.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_watcher_left_behind_by_the_event_ring_catches_up_from_history() {
+    let s = small_ring_store();
+    let mut w = s.watch("/w/", 0, None).await.unwrap();
+    // Nobody reads the watch while 3,000 events pass a ring of 16.
+    create_many(&s, 3000).await;
+    let mut seen = std::collections::HashSet::new();
+    let mut last = 0;
+    while seen.len() < 3000 {
+        let ev = tokio::time::timeout(std::time::Duration::from_secs(10), w.next())
+            .await
+            .expect("the watch delivers every event")
+            .expect("the watch stays open")
+            .expect("no error: the watcher caught up");
+        let skiff_store::Event::Put { kv, .. } = ev else {
+            panic!("only creations happened: {ev:?}")
+        };
+        assert!(kv.mod_revision > last, "events arrive in revision order");
+        last = kv.mod_revision;
+        assert!(seen.insert(kv.key), "each event once");
+    }
+    // And it goes on with live events.
+    s.create("/w/after", bytes::Bytes::from_static(b"v"))
+        .await
+        .unwrap();
+    let ev = tokio::time::timeout(std::time::Duration::from_secs(10), w.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(ev, skiff_store::Event::Put { kv, .. } if kv.key == "/w/after"));
+}
+
+#[tokio::test]
+async fn a_watcher_left_behind_past_a_compaction_gets_compacted() {
+    let s = small_ring_store();
+    let mut w = s.watch("/w/", 0, None).await.unwrap();
+    create_many(&s, 3000).await;
+    s.compact(s.current_revision().await.unwrap())
+        .await
+        .unwrap();
+    let mut events = 0;
+    loop {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(10), w.next())
+            .await
+            .expect("the watch answers");
+        match next {
+            Some(Ok(_)) => events += 1,
+            Some(Err(skiff_store::Error::Compacted { .. })) => break,
+            other => panic!("expected Compacted after the buffered events, got {other:?}"),
+        }
+    }
+    assert!(
+        events < 3000,
+        "the events compacted away were not delivered"
+    );
+}
