@@ -37,6 +37,7 @@ pub mod registry;
 pub mod request;
 pub mod serve;
 pub mod slowlog;
+pub mod storageprotection;
 pub mod strategy;
 pub mod testing;
 pub mod tls;

@@ -487,6 +487,7 @@ impl Registry {
         strategy.admit_create(self, res, ns, &mut obj).await?;
         crate::podtoken::admit_create(self, res, ns, &mut obj).await?;
         crate::defaultclass::admit_create(self, res, &mut obj).await?;
+        crate::storageprotection::admit_create(res, &mut obj);
         crate::webhook::admit_create(self, res, &mut obj, opts).await?;
         self.check_escalation(res, ns, &obj, opts).await?;
         for attempt in 0..8 {

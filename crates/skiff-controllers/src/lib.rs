@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod namespaces;
 pub mod nodes;
 pub mod podgc;
+pub mod protection;
 pub mod replicaset;
 pub mod resourcequota;
 pub mod statefulset;
@@ -139,6 +140,8 @@ pub const CONTROLLERS: &[&str] = &[
     "clusterrole-aggregation",
     "horizontalpodautoscaling",
     "persistentvolume-binder",
+    "pvc-protection",
+    "pv-protection",
 ];
 
 impl Options {
@@ -339,6 +342,12 @@ pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
     }
     if on("persistentvolume-binder") {
         volumes::register(&ctx, t);
+    }
+    if on("pvc-protection") {
+        protection::register_pvc(&ctx, t);
+    }
+    if on("pv-protection") {
+        protection::register_pv(&ctx, t);
     }
     ctx.caches.start(&client, t);
     match tasks.join_next().await {

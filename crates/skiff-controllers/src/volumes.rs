@@ -251,6 +251,35 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Next, Error> {
         }
         return Ok(None);
     }
+    let class_name = pvc
+        .pointer("/spec/storageClassName")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let class = if class_name.is_empty() {
+        None
+    } else {
+        let classes: Api<StorageClass> = Api::all(ctx.client.clone());
+        classes.get_opt(class_name).await?
+    };
+    let wait_for_consumer = class
+        .as_ref()
+        .is_some_and(|c| c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"));
+    // The node of the claim's first consumer: the one the scheduler chose
+    // for it, or that of a scheduled pod using it.
+    let node_name = claim
+        .annotations()
+        .get(SELECTED_NODE)
+        .cloned()
+        .or_else(|| consumer_node(ctx, ns, name));
+    // WaitForFirstConsumer: nothing is bound before that node is known,
+    // and only to a volume the node can reach.
+    let node = match &node_name {
+        Some(n) => ctx.caches.nodes.get(n),
+        None => None,
+    };
+    if wait_for_consumer && node.is_none() {
+        return Ok(None);
+    }
     // The smallest Available volume that fits.
     let list = pvs.list(&ListParams::default()).await?;
     let best = list
@@ -258,6 +287,7 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Next, Error> {
         .iter()
         .filter_map(|v| serde_json::to_value(v).ok())
         .filter(|v| fits(&pvc, v))
+        .filter(|v| !wait_for_consumer || node.as_ref().is_some_and(|n| reachable(v, n)))
         .min_by(|a, b| {
             quantity(a.pointer("/spec/capacity/storage"))
                 .total_cmp(&quantity(b.pointer("/spec/capacity/storage")))
@@ -266,32 +296,14 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Next, Error> {
         bind(ctx, &claim, &pv).await?;
         return Ok(None);
     }
-    // Dynamic provisioning by the claim's class.
-    let class_name = pvc
-        .pointer("/spec/storageClassName")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    if class_name.is_empty() {
-        return Ok(None);
-    }
-    let classes: Api<StorageClass> = Api::all(ctx.client.clone());
-    let Some(class) = classes.get_opt(class_name).await? else {
+    // Dynamic provisioning by the claim's class, on the consumer's node.
+    let Some(class) = class else {
         return Ok(None);
     };
     if class.provisioner != PROVISIONER {
         return Ok(None);
     }
-    // WaitForFirstConsumer: the node of a pod using the claim.
-    let node = claim
-        .annotations()
-        .get(SELECTED_NODE)
-        .cloned()
-        .or_else(|| consumer_node(ctx, ns, name));
-    let Some(node_name) = node else {
-        return Ok(None);
-    };
-    let nodes: Api<Node> = Api::all(ctx.client.clone());
-    let Some(node) = nodes.get_opt(&node_name).await? else {
+    let (Some(node_name), Some(node)) = (node_name, node) else {
         return Ok(None);
     };
     let Some(root) = node.annotations().get(STORAGE_ANNOTATION).cloned() else {
@@ -339,6 +351,28 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Next, Error> {
     );
     bind(ctx, &claim, &serde_json::to_value(&created)?).await?;
     Ok(None)
+}
+
+/// Whether volume `pv` (as JSON) can be used on `node`: its required node
+/// affinity, if any, matches the node (Kubernetes' CheckNodeAffinity).
+pub fn reachable(pv: &Value, node: &Node) -> bool {
+    let Some(required) = pv.pointer("/spec/nodeAffinity/required") else {
+        return true;
+    };
+    let Ok(required) = serde_json::from_value(required.clone()) else {
+        return false;
+    };
+    let spec = k8s_openapi::api::core::v1::PodSpec {
+        affinity: Some(k8s_openapi::api::core::v1::Affinity {
+            node_affinity: Some(k8s_openapi::api::core::v1::NodeAffinity {
+                required_during_scheduling_ignored_during_execution: Some(required),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    common::node_fits(node, &spec)
 }
 
 /// The node of a scheduled pod in `ns` that mounts claim `name`.
@@ -440,8 +474,10 @@ async fn release(ctx: &Ctx, claim: &PersistentVolumeClaim) -> Result<(), Error> 
         .as_ref()
         .and_then(|s| s.persistent_volume_reclaim_policy.clone())
         .unwrap_or_else(|| "Retain".into());
+    // Released first: a volume is deleted only once it is no longer
+    // Bound (pv-protection keeps a Bound volume's finalizer).
+    common::patch_status(&pvs, &pv_name, json!({"phase": "Released"})).await?;
     if policy != "Delete" {
-        common::patch_status(&pvs, &pv_name, json!({"phase": "Released"})).await?;
         return Ok(());
     }
     let provisioned = pv

@@ -28,6 +28,8 @@ pub struct Snapshot {
     pub pdbs: Vec<crate::plugins::default_preemption::PdbInfo>,
     /// Service selectors: namespace → service name → selector.
     pub services: HashMap<String, HashMap<String, crate::types::Selector>>,
+    /// Claims, volumes and storage classes (for VolumeBinding).
+    pub volumes: crate::plugins::volume_binding::Volumes,
     real_count: usize,
 }
 

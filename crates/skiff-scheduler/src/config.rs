@@ -325,10 +325,14 @@ mod tests {
                 "NodeAffinity",
                 "NodePorts",
                 "NodeResourcesFit",
+                "VolumeRestrictions",
+                "VolumeBinding",
                 "PodTopologySpread",
                 "InterPodAffinity"
             ]
         );
+        assert_eq!(names(&fw.reserve), vec!["VolumeBinding"]);
+        assert_eq!(names(&fw.pre_bind), vec!["VolumeBinding"]);
         let weights: Vec<(&str, i64)> = fw
             .score
             .iter()

@@ -174,6 +174,12 @@ pub enum ClusterEvent {
     AssignedPodDelete,
     NamespaceChange,
     ServiceChange,
+    /// A PersistentVolumeClaim was added, changed or deleted.
+    PvcChange,
+    /// A PersistentVolume was added, changed or deleted.
+    PvChange,
+    /// A StorageClass was added, changed or deleted.
+    StorageClassChange,
 }
 
 pub const ALL_NODE_EVENTS: &[ClusterEvent] = &[

@@ -8,9 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{
+    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::watcher;
@@ -27,6 +30,7 @@ use crate::framework::{
 use crate::lean_pod::LeanPod;
 use crate::metrics::Metrics;
 use crate::plugins::default_preemption::{histogram, PdbInfo};
+use crate::plugins::volume_binding::{Claim, Class, Volume, Volumes};
 use crate::queue::{event_helps, SchedulingQueue};
 use crate::types::{NodeInfo, PodInfo, Selector};
 
@@ -200,6 +204,65 @@ pub fn find_node(
     ScheduleOutcome::Fit(nodes[best].name.clone())
 }
 
+// ---- volumes ----------------------------------------------------------------------------
+
+/// A watched kind that VolumeBinding keeps in `Snapshot::volumes`.
+trait VolumeKind {
+    fn key(&self) -> String;
+    fn put(&self, v: &mut Volumes);
+    fn remove(v: &mut Volumes, key: &str);
+    fn keys(v: &Volumes) -> Vec<String>;
+}
+
+impl VolumeKind for PersistentVolumeClaim {
+    fn key(&self) -> String {
+        format!(
+            "{}/{}",
+            self.metadata.namespace.as_deref().unwrap_or(""),
+            self.metadata.name.as_deref().unwrap_or("")
+        )
+    }
+    fn put(&self, v: &mut Volumes) {
+        v.put_claim(Claim::of(self));
+    }
+    fn remove(v: &mut Volumes, key: &str) {
+        v.claims.remove(key);
+    }
+    fn keys(v: &Volumes) -> Vec<String> {
+        v.claims.keys().cloned().collect()
+    }
+}
+
+impl VolumeKind for PersistentVolume {
+    fn key(&self) -> String {
+        name_of(self)
+    }
+    fn put(&self, v: &mut Volumes) {
+        v.put_volume(Volume::of(self));
+    }
+    fn remove(v: &mut Volumes, key: &str) {
+        v.volumes.remove(key);
+    }
+    fn keys(v: &Volumes) -> Vec<String> {
+        v.volumes.keys().cloned().collect()
+    }
+}
+
+impl VolumeKind for StorageClass {
+    fn key(&self) -> String {
+        name_of(self)
+    }
+    fn put(&self, v: &mut Volumes) {
+        v.classes.insert(name_of(self), Class::of(self));
+    }
+    fn remove(v: &mut Volumes, key: &str) {
+        v.classes.remove(key);
+    }
+    fn keys(v: &Volumes) -> Vec<String> {
+        v.classes.keys().cloned().collect()
+    }
+}
+
 // ---- the running scheduler -------------------------------------------------------------
 
 #[allow(clippy::large_enum_variant)]
@@ -210,6 +273,9 @@ pub enum Input {
     PriorityClass(watcher::Event<PriorityClass>),
     Pdb(watcher::Event<PodDisruptionBudget>),
     Service(watcher::Event<Service>),
+    Pvc(watcher::Event<PersistentVolumeClaim>),
+    Pv(watcher::Event<PersistentVolume>),
+    StorageClass(watcher::Event<StorageClass>),
     BindDone {
         qp: QueuedPod,
         node: String,
@@ -334,6 +400,19 @@ fn node_changes(old: &Node, new: &Node) -> Vec<ClusterEvent> {
     if alloc(old) != alloc(new) {
         out.push(ClusterEvent::NodeAllocatableChange);
     }
+    // The local storage an agent publishes after registering (what
+    // VolumeBinding checks for skiff's provisioner); other annotations
+    // change nothing the plugins read.
+    let storage = |n: &Node| {
+        n.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(skiff_core::kinds::storage::LOCAL_STORAGE_ANNOTATION))
+            .cloned()
+    };
+    if storage(old) != storage(new) {
+        out.push(ClusterEvent::NodeOtherChange);
+    }
     out
 }
 
@@ -389,6 +468,9 @@ impl Scheduler {
         spawn_watch::<PriorityClass>(Api::all(c.clone()), self.tx.clone(), Input::PriorityClass);
         spawn_watch::<PodDisruptionBudget>(Api::all(c.clone()), self.tx.clone(), Input::Pdb);
         spawn_watch::<Service>(Api::all(c.clone()), self.tx.clone(), Input::Service);
+        spawn_watch::<PersistentVolumeClaim>(Api::all(c.clone()), self.tx.clone(), Input::Pvc);
+        spawn_watch::<PersistentVolume>(Api::all(c.clone()), self.tx.clone(), Input::Pv);
+        spawn_watch::<StorageClass>(Api::all(c.clone()), self.tx.clone(), Input::StorageClass);
     }
 
     fn priority_of(&self, pod: &Pod) -> i32 {
@@ -603,6 +685,11 @@ impl Scheduler {
                 }
                 self.cluster_event(ClusterEvent::ServiceChange);
             }
+            Input::Pvc(ev) => self.volume_event("pvc", ev, ClusterEvent::PvcChange),
+            Input::Pv(ev) => self.volume_event("pv", ev, ClusterEvent::PvChange),
+            Input::StorageClass(ev) => {
+                self.volume_event("storageclass", ev, ClusterEvent::StorageClassChange)
+            }
             Input::BindDone {
                 qp,
                 node,
@@ -610,6 +697,36 @@ impl Scheduler {
                 status,
             } => self.bind_done(qp, node, profile, status),
         }
+    }
+
+    /// Claims, volumes and classes into the snapshot (as the few fields
+    /// VolumeBinding reads); objects gone during a relist are dropped at
+    /// its end.
+    fn volume_event<K: VolumeKind>(
+        &mut self,
+        kind: &'static str,
+        ev: watcher::Event<K>,
+        change: ClusterEvent,
+    ) {
+        match ev {
+            watcher::Event::Init => self.relist_begin(kind),
+            watcher::Event::InitApply(o) => {
+                self.relist_seen(kind, o.key());
+                o.put(&mut self.cache.snap.volumes);
+            }
+            watcher::Event::Apply(o) => o.put(&mut self.cache.snap.volumes),
+            watcher::Event::Delete(o) => K::remove(&mut self.cache.snap.volumes, &o.key()),
+            watcher::Event::InitDone => {
+                let seen = self.relist_end(kind);
+                let vols = &mut self.cache.snap.volumes;
+                for key in K::keys(vols) {
+                    if !seen.contains(&key) {
+                        K::remove(vols, &key);
+                    }
+                }
+            }
+        }
+        self.cluster_event(change);
     }
 
     fn pod_apply(&mut self, pod: Pod) {

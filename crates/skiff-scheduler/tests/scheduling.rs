@@ -459,3 +459,142 @@ profiles:
         Some("bin-packer")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_go_to_the_node_of_their_bound_local_volume_and_wait_for_missing_claims() {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use k8s_openapi::api::storage::v1::StorageClass;
+    let env = start(None).await;
+    env.node(small("a", "2")).await;
+    env.node(small("b", "2")).await;
+    let pvs: Api<PersistentVolume> = Api::all(env.client.clone());
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), "default");
+    let local_pv = |name: &str, host: &str| -> PersistentVolume {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {
+            "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "manual", "hostPath": {"path": "/tmp/x"},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [host]}]}]}}}}))
+        .unwrap()
+    };
+    let claim = |name: &str, class: &str, volume: Option<&str>| -> PersistentVolumeClaim {
+        let mut spec = json!({"storageClassName": class, "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}}});
+        if let Some(v) = volume {
+            spec["volumeName"] = json!(v);
+        }
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+    };
+    let with_claim = |pod: &str, claim: &str| {
+        let mut p = PodBuilder::new(pod).for_api().build();
+        p.spec.as_mut().unwrap().volumes = Some(vec![serde_json::from_value(
+            json!({"name": "data", "persistentVolumeClaim": {"claimName": claim}}),
+        )
+        .unwrap()]);
+        p
+    };
+    let pp = PostParams::default();
+
+    // A claim bound to a volume on b: the pod goes to b, every time.
+    pvs.create(&pp, &local_pv("pv-b", "b")).await.unwrap();
+    pvcs.create(&pp, &claim("on-b", "manual", Some("pv-b")))
+        .await
+        .unwrap();
+    for i in 0..3 {
+        let name = format!("uses-b-{i}");
+        env.pods()
+            .create(&pp, &with_claim(&name, "on-b"))
+            .await
+            .unwrap();
+        assert_eq!(env.bound(&name).await, "b");
+    }
+
+    // A missing claim: pending with Kubernetes' reason, until it appears.
+    env.pods()
+        .create(&pp, &with_claim("waits", "later"))
+        .await
+        .unwrap();
+    let msg = env.failed_message("waits").await;
+    assert!(
+        msg.starts_with(r#"0/2 nodes are available: persistentvolumeclaim "later" not found."#),
+        "{msg}"
+    );
+    pvcs.create(&pp, &claim("later", "manual", Some("pv-b")))
+        .await
+        .unwrap();
+    assert_eq!(env.bound("waits").await, "b");
+
+    // A volume on a node that is not there: no node fits.
+    pvs.create(&pp, &local_pv("pv-gone", "gone")).await.unwrap();
+    pvcs.create(&pp, &claim("on-gone", "manual", Some("pv-gone")))
+        .await
+        .unwrap();
+    env.pods()
+        .create(&pp, &with_claim("stranded", "on-gone"))
+        .await
+        .unwrap();
+    let msg = env.failed_message("stranded").await;
+    assert!(
+        msg.starts_with("0/2 nodes are available: 2 node(s) had volume node affinity conflict."),
+        "{msg}"
+    );
+
+    // An unbound claim of an Immediate class is the binder's to bind.
+    pvcs.create(&pp, &claim("unbound", "manual", None))
+        .await
+        .unwrap();
+    env.pods()
+        .create(&pp, &with_claim("early", "unbound"))
+        .await
+        .unwrap();
+    let msg = env.failed_message("early").await;
+    assert!(
+        msg.starts_with(
+            "0/2 nodes are available: pod has unbound immediate PersistentVolumeClaims."
+        ),
+        "{msg}"
+    );
+
+    // WaitForFirstConsumer with skiff's provisioner: only b publishes local
+    // storage; the claim learns the chosen node.
+    let sc: StorageClass = serde_json::from_value(json!({"metadata": {"name": "wffc"},
+        "provisioner": "skiff.io/local-path", "volumeBindingMode": "WaitForFirstConsumer"}))
+    .unwrap();
+    Api::<StorageClass>::all(env.client.clone())
+        .create(&pp, &sc)
+        .await
+        .unwrap();
+    pvcs.create(&pp, &claim("late", "wffc", None))
+        .await
+        .unwrap();
+    env.pods()
+        .create(&pp, &with_claim("first", "late"))
+        .await
+        .unwrap();
+    let msg = env.failed_message("first").await;
+    assert!(
+        msg.starts_with("0/2 nodes are available: 2 node(s) did not have enough free storage."),
+        "{msg}"
+    );
+    // b's agent publishes its storage directory: the pod is retried.
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    nodes
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"skiff.io/local-storage-path": "/var/lib/skiff/storage"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(env.bound("first").await, "b");
+    let selected = pvcs
+        .get("late")
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .get("volume.kubernetes.io/selected-node")
+        .cloned();
+    assert_eq!(selected.as_deref(), Some("b"));
+}

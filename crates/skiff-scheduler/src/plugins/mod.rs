@@ -21,6 +21,8 @@ pub mod node_unschedulable;
 pub mod pod_topology_spread;
 pub mod priority_sort;
 pub mod taint_toleration;
+pub mod volume_binding;
+pub mod volume_restrictions;
 
 #[cfg(test)]
 pub mod testutil {
@@ -76,6 +78,14 @@ pub fn registry() -> Vec<(&'static str, Factory)> {
                 a,
             )?))
         }),
+        (volume_restrictions::NAME, |_, _| {
+            Ok(Arc::new(volume_restrictions::VolumeRestrictions))
+        }),
+        (volume_binding::NAME, |_, ctx| {
+            Ok(Arc::new(volume_binding::VolumeBinding::new(
+                ctx.client.clone(),
+            )))
+        }),
         (default_preemption::NAME, |a, _| {
             Ok(Arc::new(default_preemption::DefaultPreemption::from_args(
                 a,
@@ -100,6 +110,8 @@ pub const DEFAULT_PLUGINS: &[(&str, i64)] = &[
     (node_affinity::NAME, 2),
     (node_ports::NAME, 0),
     (node_resources_fit::NAME, 1),
+    (volume_restrictions::NAME, 0),
+    (volume_binding::NAME, 0),
     (pod_topology_spread::NAME, 2),
     (inter_pod_affinity::NAME, 2),
     (default_preemption::NAME, 0),
