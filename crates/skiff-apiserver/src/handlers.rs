@@ -842,12 +842,24 @@ async fn resource(
             let mut warnings = check_fields(api_res, &body, &obj, opts.field_validation, json_body)
                 .map_err(|e| decode_failure(api_res, &obj, e))?;
             let stored = conversion::to_storage(&**reg, api_res, obj).await?;
-            let created = admitted(
-                reg.create(res, ns, stored, &opts).await,
+            let (created, answer) = admitted(
+                reg.create_answered(res, ns, stored, &opts).await,
                 &opts.admission,
                 audit.as_ref(),
             )?;
             warnings.extend(opts.admission.finish(audit.as_ref()));
+            // Served as stored (no conversion) in JSON: the bytes the store
+            // got, with the resourceVersion added, are the answer.
+            if let Some(body) = answer.filter(|_| {
+                matches!(output, Output::Json)
+                    && !conversion::needed(api_res)
+                    && !conversion::uses_webhook(api_res)
+            }) {
+                return Ok(add_warnings(
+                    bytes_response(201, "application/json", body),
+                    &warnings,
+                ));
+            }
             Ok(add_warnings(
                 render_object(
                     api_res,

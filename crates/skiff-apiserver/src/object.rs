@@ -127,10 +127,22 @@ pub fn legacy_prefix(storage: &str) -> Option<String> {
 /// `apiVersion`, `kind` and `metadata` first so that
 /// [`with_resource_version`] can find `metadata` without parsing.
 pub fn encode(obj: &Value) -> Result<Bytes, ApiError> {
+    encode_marked(obj).map(|(b, _)| b)
+}
+
+/// [`encode`], and, when those bytes are exactly what `serde_json` writes
+/// for `obj` (its fields already in the order `encode` puts them, no
+/// `resourceVersion` or `selfLink` in its `metadata`), the offset of the
+/// metadata's closing brace: [`answer_with_resource_version`] then gives the
+/// bytes of `obj` after [`set_resource_version`] without serializing it again.
+pub fn encode_marked(obj: &Value) -> Result<(Bytes, Option<usize>), ApiError> {
     let err = |e: serde_json::Error| ApiError::internal(format!("encoding object: {e}"));
     let Some(map) = obj.as_object() else {
-        return serde_json::to_vec(obj).map(Bytes::from).map_err(err);
+        return serde_json::to_vec(obj)
+            .map(|b| (Bytes::from(b), None))
+            .map_err(err);
     };
+    let mut meta_close = None;
     let mut out = Vec::with_capacity(512);
     out.push(b'{');
     let mut first = true;
@@ -157,7 +169,26 @@ pub fn encode(obj: &Value) -> Result<Bytes, ApiError> {
                 }
                 out.push(b'}');
             }
-            _ => put_field(&mut out, &mut first, "metadata", meta).map_err(err)?,
+            _ => {
+                put_field(&mut out, &mut first, "metadata", meta).map_err(err)?;
+                if meta.is_object() {
+                    meta_close = Some(out.len() - 1);
+                }
+            }
+        }
+    }
+    // Only when the map's own order starts as encode writes it.
+    if meta_close.is_some() {
+        let lead = ["apiVersion", "kind", "metadata"]
+            .into_iter()
+            .filter(|k| map.contains_key(*k));
+        if !map
+            .keys()
+            .map(String::as_str)
+            .zip(lead)
+            .all(|(a, b)| a == b)
+        {
+            meta_close = None;
         }
     }
     for (k, v) in map {
@@ -172,7 +203,22 @@ pub fn encode(obj: &Value) -> Result<Bytes, ApiError> {
             out.len()
         )));
     }
-    Ok(Bytes::from(out))
+    Ok((Bytes::from(out), meta_close))
+}
+
+/// The bytes `serde_json` writes for an object that [`encode_marked`]
+/// encoded as `stored` (its metadata closing at `close`) once
+/// [`set_resource_version`] added `rev`, last in its metadata.
+pub fn answer_with_resource_version(stored: &[u8], close: usize, rev: i64) -> Bytes {
+    let rv = format!("\"resourceVersion\":\"{rev}\"");
+    let mut out = Vec::with_capacity(stored.len() + rv.len() + 1);
+    out.extend_from_slice(&stored[..close]);
+    if stored[close - 1] != b'{' {
+        out.push(b',');
+    }
+    out.extend_from_slice(rv.as_bytes());
+    out.extend_from_slice(&stored[close..]);
+    Bytes::from(out)
 }
 
 /// The largest object the store keeps: etcd's default request limit
@@ -412,5 +458,45 @@ mod tests {
         );
         assert_eq!(legacy_prefix("/pods").unwrap(), "/registry/core/pods/");
         assert_eq!(legacy_prefix("example.com/widgets"), None);
+    }
+
+    /// The create answer spliced from the stored bytes is byte for byte
+    /// what serializing the created object gives.
+    #[test]
+    fn answers_spliced_from_stored_bytes_are_the_serialized_object() {
+        let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "d", "uid": "u", "labels": {"a": "\"q\\u00e9"},
+                "managedFields": [{"manager": "m", "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"containers": [{"name": "c", "image": "i"}]}, "status": {}});
+        let cases = [
+            pod,
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {}}),
+            serde_json::json!({"kind": "Namespace", "metadata": {"name": "n"}, "spec": 1}),
+            serde_json::json!({"metadata": {"name": "n"}}),
+        ];
+        for obj in cases {
+            let (stored, close) = encode_marked(&obj).unwrap();
+            assert_eq!(stored, encode(&obj).unwrap());
+            let close = close.expect("in encode's order");
+            let mut created = obj.clone();
+            set_resource_version(&mut created, 42);
+            assert_eq!(
+                answer_with_resource_version(&stored, close, 42),
+                serde_json::to_vec(&created).unwrap(),
+                "{obj}"
+            );
+        }
+        // Fields in another order, or a metadata that already has a
+        // resourceVersion or is not an object: no splice.
+        for obj in [
+            serde_json::json!({"metadata": {"name": "n"}, "apiVersion": "v1"}),
+            serde_json::json!({"apiVersion": "v1", "spec": {}, "metadata": {"name": "n"}}),
+            serde_json::json!({"kind": "K", "apiVersion": "v1", "metadata": {}}),
+            serde_json::json!({"apiVersion": "v1", "metadata": {"resourceVersion": "1"}}),
+            serde_json::json!({"apiVersion": "v1", "metadata": 1}),
+            serde_json::json!({"apiVersion": "v1"}),
+        ] {
+            assert_eq!(encode_marked(&obj).unwrap().1, None, "{obj}");
+        }
     }
 }

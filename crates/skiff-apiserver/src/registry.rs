@@ -450,9 +450,25 @@ impl Registry {
         &self,
         res: &'static ResourceInfo,
         ns: Option<&str>,
-        mut obj: Value,
+        obj: Value,
         opts: &WriteOptions,
     ) -> ApiResult<Value> {
+        self.create_answered(res, ns, obj, opts)
+            .await
+            .map(|(v, _)| v)
+    }
+
+    /// [`Registry::create`], with the JSON bytes of the created object when
+    /// they are the stored bytes with the resourceVersion spliced in (what
+    /// `serde_json` would write for the returned object), so that the answer
+    /// is not serialized a second time.
+    pub async fn create_answered(
+        &self,
+        res: &'static ResourceInfo,
+        ns: Option<&str>,
+        mut obj: Value,
+        opts: &WriteOptions,
+    ) -> ApiResult<(Value, Option<bytes::Bytes>)> {
         check_type_meta(res, &mut obj)?;
         check_types(res, &obj)?;
         prepare_namespace(res, ns, &mut obj)?;
@@ -513,17 +529,21 @@ impl Registry {
             strategy.allocate(self, &mut obj, opts.dry_run).await?;
             crate::fieldmanager::record(res, None, &mut obj, &opts.field_manager, None);
             if opts.dry_run {
-                return Ok(obj);
+                return Ok((obj, None));
             }
             let key = object::object_key(res, ns, &name);
-            match self.store.create(&key, encode(&obj)?).await {
+            let (stored, meta_close) = object::encode_marked(&obj)?;
+            match self.store.create(&key, stored.clone()).await {
                 Ok(kv) => {
                     // The stored object is exactly `obj`; no need to decode it again.
                     object::set_resource_version(&mut obj, kv.mod_revision);
                     if !charges.is_empty() {
                         self.record_charges(ns, charges).await;
                     }
-                    return Ok(obj);
+                    let answer = meta_close.map(|close| {
+                        object::answer_with_resource_version(&stored, close, kv.mod_revision)
+                    });
+                    return Ok((obj, answer));
                 }
                 Err(skiff_store::Error::AlreadyExists(_)) if generate && attempt < 7 => {
                     strategy.release(self, &obj).await;
@@ -1171,7 +1191,12 @@ impl Registry {
     async fn check_namespace_open(&self, ns: &str) -> ApiResult<()> {
         let nsres = crate::strategy::namespace::namespaces();
         let found = match self.get_kv(nsres, None, ns).await? {
-            Some(kv) => Some(decode(&kv)?),
+            // Only whether it is being deleted matters: read that one field
+            // from the stored bytes rather than decoding the namespace.
+            Some(kv) => match crate::strategy::namespace::terminating_in_stored(&kv.value) {
+                Some(false) => return Ok(()),
+                _ => Some(decode(&kv)?),
+            },
             None => None,
         };
         crate::strategy::namespace::check_open(ns, found.as_ref())

@@ -216,6 +216,15 @@ impl TypeRef {
         ))
     }
 
+    /// An object property's type alone (no list or map metadata): for
+    /// walks that only follow the schema.
+    pub fn field_type(&self, name: &str) -> Option<TypeRef> {
+        self.schema
+            .get("properties")?
+            .get(name)
+            .map(|prop| resolve(prop, None))
+    }
+
     /// The items of an array.
     pub fn items(&self) -> Option<TypeRef> {
         self.schema.get("items").map(|i| resolve(i, None))

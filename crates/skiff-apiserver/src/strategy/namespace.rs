@@ -70,7 +70,65 @@ pub fn check_open(ns: &str, found: Option<&Value>) -> ApiResult<()> {
     Ok(())
 }
 
+/// Whether the stored bytes of a namespace say it is being deleted (a
+/// non-empty string `metadata.deletionTimestamp`, what [`check_open`]
+/// reads), found without decoding them; `None` when the bytes are not laid
+/// out as the store writes them (the caller decodes).
+pub fn terminating_in_stored(stored: &[u8]) -> Option<bool> {
+    let doc = crate::rawjson::document(stored)?;
+    let meta = doc.get(stored, "metadata")?;
+    let meta = crate::rawjson::object(stored, meta.value.start)?;
+    Some(match meta.get(stored, "deletionTimestamp") {
+        // `""` is two bytes: anything longer is a non-empty string.
+        Some(f) => stored[f.value.start] == b'"' && f.value.len() > 2,
+        None => false,
+    })
+}
+
 /// The namespaces resource.
 pub fn namespaces() -> &'static resources::ResourceInfo {
     resources::lookup("", "v1", "namespaces").expect("namespaces")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The byte probe agrees with `check_open` on the decoded namespace.
+    #[test]
+    fn terminating_is_read_from_the_stored_bytes_as_check_open_reads_it() {
+        let cases = [
+            (
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}}),
+                false,
+            ),
+            (
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a",
+                "deletionTimestamp": "2026-11-26T00:00:00Z", "managedFields": [{"manager": "m"}]},
+                "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Terminating"}}),
+                true,
+            ),
+            (
+                json!({"metadata": {"name": "a", "deletionTimestamp": ""}}),
+                false,
+            ),
+            (
+                json!({"metadata": {"name": "a", "deletionTimestamp": null}}),
+                false,
+            ),
+            (
+                json!({"metadata": {"deletionTimestamp": 3, "name": "a"}}),
+                false,
+            ),
+            (json!({"metadata": {}}), false),
+        ];
+        for (obj, terminating) in cases {
+            let bytes = crate::object::encode(&obj).unwrap();
+            assert_eq!(terminating_in_stored(&bytes), Some(terminating), "{obj}");
+            assert_eq!(check_open("a", Some(&obj)).is_err(), terminating, "{obj}");
+        }
+        // Not laid out as stored: the caller decodes.
+        assert_eq!(terminating_in_stored(b"{\"metadata\": 1}"), None);
+        assert_eq!(terminating_in_stored(b"not json"), None);
+    }
 }

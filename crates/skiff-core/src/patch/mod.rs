@@ -250,35 +250,69 @@ fn merge_list(
     Ok(out)
 }
 
+/// A step of the path being walked: written out only when something is
+/// reported there, so a clean object costs no path strings.
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// `.a.b[0].c` for the steps walked so far.
+fn path_text(steps: &[Step]) -> String {
+    let mut p = String::new();
+    for s in steps {
+        match s {
+            Step::Key(k) => {
+                p.push('.');
+                p.push_str(k);
+            }
+            Step::Index(i) => {
+                p.push('[');
+                p.push_str(&i.to_string());
+                p.push(']');
+            }
+        }
+    }
+    p
+}
+
 /// Fields of `obj` the schema does not know, as `.a.b[0].c` paths.
 pub fn unknown_fields(t: TypeRef, obj: &Value) -> Vec<String> {
     let mut out = Vec::new();
-    walk(t, obj, String::new(), &mut out);
+    walk(t, obj, &mut Vec::new(), &mut out);
     out
 }
 
-fn walk(t: TypeRef, v: &Value, path: String, out: &mut Vec<String>) {
+fn walk<'a>(t: TypeRef, v: &'a Value, path: &mut Vec<Step<'a>>, out: &mut Vec<String>) {
     match v {
         Value::Object(m) if t.is_object() => {
             for (k, child) in m {
-                match t.field(k) {
-                    Some((ft, _)) => walk(ft, child, format!("{path}.{k}"), out),
+                match t.field_type(k) {
+                    Some(ft) => {
+                        path.push(Step::Key(k));
+                        walk(ft, child, path, out);
+                        path.pop();
+                    }
                     None if path.is_empty() && (k == "apiVersion" || k == "kind") => {}
-                    None => out.push(format!("{path}.{k}")),
+                    None => out.push(format!("{}.{k}", path_text(path))),
                 }
             }
         }
         Value::Object(m) if t.is_map() => {
             if let Some(vt) = t.additional() {
                 for (k, child) in m {
-                    walk(vt, child, format!("{path}.{k}"), out);
+                    path.push(Step::Key(k));
+                    walk(vt, child, path, out);
+                    path.pop();
                 }
             }
         }
         Value::Array(a) => {
             if let Some(it) = t.items() {
                 for (i, child) in a.iter().enumerate() {
-                    walk(it, child, format!("{path}[{i}]"), out);
+                    path.push(Step::Index(i));
+                    walk(it, child, path, out);
+                    path.pop();
                 }
             }
         }
@@ -292,7 +326,7 @@ fn walk(t: TypeRef, v: &Value, path: String, out: &mut Vec<String>) {
 /// unset values and opaque types (quantities, int-or-string) accept anything.
 pub fn type_errors(t: TypeRef, obj: &Value) -> Vec<String> {
     let mut out = Vec::new();
-    check_types(t, obj, "", &mut out);
+    check_types(t, obj, &mut Vec::new(), &mut out);
     out
 }
 
@@ -334,7 +368,7 @@ fn go_type(t: &TypeRef) -> String {
     }
 }
 
-fn check_types(t: TypeRef, v: &Value, path: &str, out: &mut Vec<String>) {
+fn check_types<'a>(t: TypeRef, v: &'a Value, path: &mut Vec<Step<'a>>, out: &mut Vec<String>) {
     let sv = t.schema_value();
     if v.is_null() || t.is_opaque() {
         return;
@@ -352,7 +386,7 @@ fn check_types(t: TypeRef, v: &Value, path: &str, out: &mut Vec<String>) {
         out.push(format!(
             "json: cannot unmarshal {} into Go struct field {} of type {}",
             json_kind(v),
-            path.trim_start_matches('.'),
+            path_text(path).trim_start_matches('.'),
             go_type(&t)
         ));
         return;
@@ -360,22 +394,28 @@ fn check_types(t: TypeRef, v: &Value, path: &str, out: &mut Vec<String>) {
     match v {
         Value::Object(m) if t.is_object() => {
             for (k, child) in m {
-                if let Some((ft, _)) = t.field(k) {
-                    check_types(ft, child, &format!("{path}.{k}"), out);
+                if let Some(ft) = t.field_type(k) {
+                    path.push(Step::Key(k));
+                    check_types(ft, child, path, out);
+                    path.pop();
                 }
             }
         }
         Value::Object(m) if t.is_map() => {
             if let Some(vt) = t.additional() {
                 for (k, child) in m {
-                    check_types(vt, child, &format!("{path}.{k}"), out);
+                    path.push(Step::Key(k));
+                    check_types(vt, child, path, out);
+                    path.pop();
                 }
             }
         }
         Value::Array(a) => {
             if let Some(it) = t.items() {
                 for (i, child) in a.iter().enumerate() {
-                    check_types(it, child, &format!("{path}[{i}]"), out);
+                    path.push(Step::Index(i));
+                    check_types(it, child, path, out);
+                    path.pop();
                 }
             }
         }
@@ -629,6 +669,24 @@ mod tests {
             unknown_fields(t, &pod),
             vec![".spec.containers[0].imagee".to_string()]
         );
+    }
+
+    #[test]
+    fn unknown_fields_at_every_depth_are_named_in_order() {
+        let t = root("", "v1", "Pod").unwrap();
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "extra": 1,
+            "metadata": {"name": "p", "bogus": {}},
+            "spec": {"containers": [{"name": "a"}, {"name": "b", "ports": [{"containerPort": 1, "x": 2}]}],
+                "nodeSelector": {"k": "v"}}});
+        assert_eq!(
+            unknown_fields(t, &pod),
+            vec![
+                ".extra".to_string(),
+                ".metadata.bogus".to_string(),
+                ".spec.containers[1].ports[0].x".to_string(),
+            ]
+        );
+        assert!(unknown_fields(t, &json!({"apiVersion": "v1", "kind": "Pod"})).is_empty());
     }
 
     #[test]
