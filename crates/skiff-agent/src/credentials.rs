@@ -421,6 +421,34 @@ impl Keyring {
     }
 }
 
+impl Keyring {
+    /// Pulls `image` as kubelet does: without credentials when none
+    /// match its registry, else with each matching credential in turn until
+    /// one works (the errors of all of them otherwise; no anonymous try
+    /// after credentials failed).
+    pub async fn pull<F, Fut>(&self, image: &str, mut pull: F) -> anyhow::Result<String>
+    where
+        F: FnMut(Option<cri::AuthConfig>) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<String>>,
+    {
+        let creds = self.lookup(image);
+        if creds.is_empty() {
+            return pull(None).await;
+        }
+        let mut errors = Vec::new();
+        for c in &creds {
+            match pull(Some(c.to_cri())).await {
+                Ok(id) => return Ok(id),
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if errors.len() == 1 {
+            anyhow::bail!("{}", errors[0]);
+        }
+        anyhow::bail!("[{}]", errors.join(", "))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -445,6 +473,59 @@ mod tests {
 
     fn users(k: &Keyring, image: &str) -> Vec<String> {
         k.lookup(image).into_iter().map(|c| c.username).collect()
+    }
+
+    /// Runs `Keyring::pull` against a registry that accepts only
+    /// `accept` (None: anonymous); returns the result and the users tried.
+    fn pull(
+        k: &Keyring,
+        image: &str,
+        accept: Option<&str>,
+    ) -> (Result<String, String>, Vec<String>) {
+        let tried = std::cell::RefCell::new(Vec::new());
+        let r = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(k.pull(image, |auth| {
+                let user = auth.map(|a| a.username);
+                tried
+                    .borrow_mut()
+                    .push(user.clone().unwrap_or_else(|| "<anonymous>".into()));
+                let ok = user.as_deref() == accept;
+                async move {
+                    if ok {
+                        Ok("sha256:img".to_string())
+                    } else {
+                        Err(anyhow::anyhow!("401 Unauthorized for {user:?}"))
+                    }
+                }
+            }));
+        (r.map_err(|e| e.to_string()), tried.into_inner())
+    }
+
+    #[test]
+    fn each_matching_credential_is_tried_until_one_works_and_none_means_anonymous() {
+        let k = ring(&["quay.io", "quay.io/team"]);
+        let (r, tried) = pull(&k, "quay.io/team/app:1", Some("quay.io"));
+        assert_eq!(r.unwrap(), "sha256:img");
+        assert_eq!(tried, ["quay.io/team", "quay.io"]);
+        let (r, tried) = pull(&k, "quay.io/team/app:1", Some("quay.io/team"));
+        assert!(r.is_ok());
+        assert_eq!(tried, ["quay.io/team"], "stops at the first that works");
+        // All refused: every error, and no anonymous attempt (kubelet's way).
+        let (r, tried) = pull(&k, "quay.io/team/app:1", None);
+        let e = r.unwrap_err();
+        assert_eq!(tried, ["quay.io/team", "quay.io"]);
+        assert!(
+            e.starts_with('[') && e.contains("quay.io/team") && e.contains("\"quay.io\""),
+            "{e}"
+        );
+        // No credential for the registry: one anonymous pull.
+        let (r, tried) = pull(&k, "other.io/app", None);
+        assert!(r.is_ok());
+        assert_eq!(tried, ["<anonymous>"]);
+        let (r, _) = pull(&Keyring::default(), "busybox", Some("x"));
+        assert!(r.unwrap_err().contains("None"));
     }
 
     #[test]

@@ -134,31 +134,6 @@ fn now_rfc3339() -> String {
         .to_string()
 }
 
-/// Pulls `image` as kubelet does: without credentials when none match
-/// its registry, else with each matching credential in turn until one
-/// works (the errors of all of them otherwise).
-async fn pull_with(
-    rt: &dyn Runtime,
-    image: &str,
-    keyring: &credentials::Keyring,
-) -> anyhow::Result<String> {
-    let creds = keyring.lookup(image);
-    if creds.is_empty() {
-        return rt.pull_image_auth(image, None).await;
-    }
-    let mut errors = Vec::new();
-    for c in &creds {
-        match rt.pull_image_auth(image, Some(c.to_cri())).await {
-            Ok(id) => return Ok(id),
-            Err(e) => errors.push(e.to_string()),
-        }
-    }
-    if errors.len() == 1 {
-        anyhow::bail!("{}", errors[0]);
-    }
-    anyhow::bail!("[{}]", errors.join(", "))
-}
-
 /// The worker of one pod.
 pub struct PodWorker {
     ctx: Arc<NodeContext>,
@@ -666,7 +641,9 @@ impl PodWorker {
                         "Pulling",
                         format!("Pulling image \"{image}\""),
                     );
-                    pull_with(rt.as_ref(), &image, &keyring).await
+                    keyring
+                        .pull(&image, |auth| rt.pull_image_auth(&image, auth))
+                        .await
                 }
                 Err(e) => Err(anyhow::anyhow!("{e}")),
             };
