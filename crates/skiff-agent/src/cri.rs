@@ -91,6 +91,10 @@ impl Runtime for Cri {
     }
 
     async fn pull_image(&self, image: &str) -> Result<String> {
+        self.pull_image_auth(image, None).await
+    }
+
+    async fn pull_image_auth(&self, image: &str, auth: Option<cri::AuthConfig>) -> Result<String> {
         let r = self
             .img()
             .pull_image(cri::PullImageRequest {
@@ -98,9 +102,13 @@ impl Runtime for Cri {
                     image: image.into(),
                     ..Default::default()
                 }),
+                auth,
                 ..Default::default()
             })
-            .await?
+            .await
+            // The runtime's own message (the registry's answer), not
+            // tonic's rendering of the whole status.
+            .map_err(|s| anyhow::anyhow!("{}", s.message()))?
             .into_inner();
         Ok(r.image_ref)
     }

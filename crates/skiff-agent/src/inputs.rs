@@ -64,7 +64,11 @@ impl Fetcher {
         Ok(v)
     }
 
-    async fn secret(&mut self, ns: &str, name: &str) -> Result<Option<Secret>, ConfigError> {
+    pub(crate) async fn secret(
+        &mut self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<Secret>, ConfigError> {
         let key = (ns.to_string(), name.to_string());
         if let Some(v) = self.secrets.get(&key) {
             return Ok(v.clone());

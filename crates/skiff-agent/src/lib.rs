@@ -9,6 +9,7 @@
 
 pub mod apilb;
 pub mod containerd;
+pub mod credentials;
 pub mod cri;
 pub mod dns;
 pub mod hollow;

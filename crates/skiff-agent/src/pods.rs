@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::{json, Value};
 
+use crate::credentials;
 use crate::inputs::{self, Fetcher};
 use crate::probes::{self, Kind, ProbeState};
 use crate::runtime::{cri, Runtime, ANNOTATION_SPEC_HASH};
@@ -632,13 +633,21 @@ impl PodWorker {
                     .insert(c.name.clone(), ("ErrImageNeverPull".into(), msg));
                 return;
             }
-            self.ctx.event(
-                pod,
-                "Normal",
-                "Pulling",
-                format!("Pulling image \"{image}\""),
-            );
-            match rt.pull_image(&image).await {
+            let pulled = match self.pull_keyring(pod, fetcher).await {
+                Ok(keyring) => {
+                    self.ctx.event(
+                        pod,
+                        "Normal",
+                        "Pulling",
+                        format!("Pulling image \"{image}\""),
+                    );
+                    keyring
+                        .pull(&image, |auth| rt.pull_image_auth(&image, auth))
+                        .await
+                }
+                Err(e) => Err(anyhow::anyhow!("{e}")),
+            };
+            match pulled {
                 Ok(_) => {
                     self.ctx.event(
                         pod,
@@ -663,6 +672,9 @@ impl PodWorker {
                     };
                     let msg = if reason == "ImagePullBackOff" {
                         format!("Back-off pulling image \"{image}\": {e}")
+                    } else if e.to_string().starts_with("failed to pull") {
+                        // containerd's message names the image already.
+                        e.to_string()
                     } else {
                         format!("failed to pull and unpack image \"{image}\": {e}")
                     };
@@ -775,6 +787,64 @@ impl PodWorker {
                 let _ = rt.stop_container(&id, 2).await;
             }
         }
+    }
+
+    /// The registry credentials of the pod's `imagePullSecrets`, as
+    /// kubelet reads them: a secret that cannot be read is skipped with a
+    /// `FailedToRetrieveImagePullSecret` warning (the pull goes on without
+    /// it); a pull secret whose docker config does not parse fails the pull.
+    /// Hollow nodes read no secrets.
+    async fn pull_keyring(
+        &self,
+        pod: &Pod,
+        fetcher: &mut Fetcher,
+    ) -> Result<credentials::Keyring, String> {
+        let mut keyring = credentials::Keyring::default();
+        if !self.ctx.runtime.is_real() {
+            return Ok(keyring);
+        }
+        let refs = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.image_pull_secrets.as_ref())
+            .map(|r| r.as_slice())
+            .unwrap_or_default();
+        let ns = namespace(pod);
+        let mut failed = Vec::new();
+        for r in refs {
+            if r.name.is_empty() {
+                continue;
+            }
+            let secret = match fetcher.secret(ns, &r.name).await {
+                Ok(Some(s)) => s,
+                Ok(None) | Err(_) => {
+                    failed.push(r.name.clone());
+                    continue;
+                }
+            };
+            let data: BTreeMap<String, Vec<u8>> = secret
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect();
+            let type_ = secret.type_.unwrap_or_default();
+            if let Some(cfg) = credentials::config_of_secret(&type_, &data)? {
+                keyring.add(&cfg);
+            }
+        }
+        if !failed.is_empty() {
+            self.ctx.event(
+                pod,
+                "Warning",
+                "FailedToRetrieveImagePullSecret",
+                format!(
+                    "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+                    failed.join(", ")
+                ),
+            );
+        }
+        Ok(keyring)
     }
 
     async fn run_hook(

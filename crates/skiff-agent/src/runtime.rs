@@ -17,6 +17,16 @@ pub trait Runtime: Send + Sync + 'static {
     async fn image_present(&self, image: &str) -> anyhow::Result<Option<String>>;
     /// Pulls an image; returns its id.
     async fn pull_image(&self, image: &str) -> anyhow::Result<String>;
+    /// Pulls an image with registry credentials (CRI `PullImageRequest.auth`;
+    /// `None`: anonymously). A runtime without registries ignores them.
+    async fn pull_image_auth(
+        &self,
+        image: &str,
+        auth: Option<cri::AuthConfig>,
+    ) -> anyhow::Result<String> {
+        let _ = auth;
+        self.pull_image(image).await
+    }
     async fn run_sandbox(&self, config: &cri::PodSandboxConfig) -> anyhow::Result<String>;
     async fn sandbox_status(&self, id: &str) -> anyhow::Result<Option<cri::PodSandboxStatus>>;
     async fn stop_sandbox(&self, id: &str) -> anyhow::Result<()>;

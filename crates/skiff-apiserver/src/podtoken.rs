@@ -6,7 +6,8 @@
 //! every container without a mount at the token path mounts it there,
 //! read-only, as Kubernetes' `serviceaccount` admission does. Mirror pods
 //! get nothing, nor do pods of a server that issues no tokens (an API
-//! server embedded without a key directory).
+//! server embedded without a key directory). A pod that names no
+//! `imagePullSecrets` gets its ServiceAccount's.
 
 use serde_json::{json, Value};
 use skiff_core::resources;
@@ -183,7 +184,38 @@ pub async fn admit(reg: &Registry, ns: &str, obj: &mut Value) -> ApiResult<()> {
     }
     debug_assert!(sa.as_ref().is_none_or(|s| meta_str(s, "name") == sa_name));
     mount_token(obj, sa.as_ref(), &random_suffix());
+    if !mirror {
+        if let Some(sa) = &sa {
+            copy_pull_secrets(obj, sa);
+        }
+    }
     Ok(())
+}
+
+/// A pod that names no `imagePullSecrets` gets its ServiceAccount's (the
+/// names only), as the ServiceAccount admission plugin does; a pod with
+/// its own keeps them.
+pub fn copy_pull_secrets(obj: &mut Value, sa: &Value) {
+    let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if spec
+        .get("imagePullSecrets")
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty())
+    {
+        return;
+    }
+    let names: Vec<Value> = sa
+        .get("imagePullSecrets")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|r| json!({"name": r.get("name").and_then(Value::as_str).unwrap_or("")}))
+        .collect();
+    if !names.is_empty() {
+        spec.insert("imagePullSecrets".into(), Value::Array(names));
+    }
 }
 
 /// The registry's create hook (after the pod strategy's admission): pods only.
@@ -275,6 +307,31 @@ mod tests {
         let before = p.clone();
         mount_token(&mut p, None, "zzzzz");
         assert_eq!(p, before);
+    }
+
+    #[test]
+    fn a_pod_without_pull_secrets_gets_its_service_accounts() {
+        let sa = json!({"imagePullSecrets": [{"name": "reg-a"}, {"name": "reg-b"}]});
+        let mut p = pod();
+        copy_pull_secrets(&mut p, &sa);
+        assert_eq!(
+            p["spec"]["imagePullSecrets"],
+            json!([{"name": "reg-a"}, {"name": "reg-b"}])
+        );
+        // An empty list is "none".
+        let mut p = pod();
+        p["spec"]["imagePullSecrets"] = json!([]);
+        copy_pull_secrets(&mut p, &sa);
+        assert_eq!(p["spec"]["imagePullSecrets"].as_array().unwrap().len(), 2);
+        // The pod's own win, whole.
+        let mut p = pod();
+        p["spec"]["imagePullSecrets"] = json!([{"name": "mine"}]);
+        copy_pull_secrets(&mut p, &sa);
+        assert_eq!(p["spec"]["imagePullSecrets"], json!([{"name": "mine"}]));
+        // An account without any adds nothing.
+        let mut p = pod();
+        copy_pull_secrets(&mut p, &json!({"metadata": {"name": "default"}}));
+        assert_eq!(p, pod());
     }
 
     #[test]
