@@ -507,7 +507,10 @@ spec:
 
 #[test]
 fn a_node_that_stops_renewing_its_lease_is_tainted_and_its_pods_move_elsewhere() {
-    let s = Server::start_with(&["--node-monitor-grace-period", "4"]);
+    // A grace period longer than the nodes' 10 s Lease renewals: with a
+    // shorter one every node goes stale between renewals, and when all of
+    // them are down at once nothing is tainted (as in Kubernetes).
+    let s = Server::start_with(&["--node-monitor-grace-period", "15"]);
     // Two sets of hollow nodes in two processes: "a" will go away.
     let a = Proc(
         Command::new(skiff_binary())
