@@ -374,6 +374,13 @@ impl Registry {
             .map(|l| !l.is_empty())
             .unwrap_or(false)
             || filter.fields.is_some();
+        // Without selectors the page's items are the next `limit` keys, so
+        // what follows it is what followed the last page minus them.
+        let known_remaining = if selecting {
+            None
+        } else {
+            continue_token.and_then(continue_remaining)
+        };
         let mut items = Vec::new();
         loop {
             let want = if limit > 0 {
@@ -383,7 +390,16 @@ impl Registry {
             };
             let page = self
                 .store
-                .list(&prefix, ListOptions { revision, limit: want, start_after: start_after.clone() })
+                .list(
+                    &prefix,
+                    ListOptions {
+                        revision,
+                        limit: want,
+                        start_after: start_after.clone(),
+                        // Selected lists report no count; a known one is carried.
+                        skip_count: selecting || known_remaining.is_some(),
+                    },
+                )
                 .await
                 .map_err(|e| match e {
                     skiff_store::Error::Compacted { .. } if continue_token.is_some() => ApiError::gone(
@@ -420,15 +436,22 @@ impl Registry {
             }
             let full = limit > 0 && items.len() as i64 >= limit;
             if !page.more || full {
-                let continue_token = if page.more {
-                    last_key.map(|k| {
-                        encode_continue(page.revision, k.strip_prefix(&prefix).unwrap_or(&k))
+                let remaining = if page.more && !selecting {
+                    Some(match known_remaining {
+                        Some(r) => (r - items.len() as i64).max(1),
+                        None => page.remaining,
                     })
                 } else {
                     None
                 };
-                let remaining = if page.more && !selecting {
-                    Some(page.remaining)
+                let continue_token = if page.more {
+                    last_key.map(|k| {
+                        encode_continue(
+                            page.revision,
+                            k.strip_prefix(&prefix).unwrap_or(&k),
+                            remaining,
+                        )
+                    })
                 } else {
                     None
                 };
@@ -1634,10 +1657,25 @@ fn set_pointer(obj: &mut Value, pointer: &str, v: Value) {
     }
 }
 
-fn encode_continue(rev: i64, start: &str) -> String {
+/// A continue token: Kubernetes' fields (`v`, `rv`, `start`) and, for a
+/// list without selectors, `rem`: how many items followed the page in the
+/// token's snapshot, so the next page need not count them again (counting
+/// scans the rest of the range: 300 pages of 150,000 pods took 34 s).
+fn encode_continue(rev: i64, start: &str, remaining: Option<i64>) -> String {
     use base64::Engine;
-    let token = json!({"v": "meta.k8s.io/v1", "rv": rev, "start": start});
+    let mut token = json!({"v": "meta.k8s.io/v1", "rv": rev, "start": start});
+    if let Some(r) = remaining {
+        token["rem"] = json!(r);
+    }
     base64::engine::general_purpose::URL_SAFE.encode(token.to_string())
+}
+
+/// The remaining count a continue token carries (see [`encode_continue`]).
+fn continue_remaining(t: &str) -> Option<i64> {
+    use base64::Engine;
+    let raw = base64::engine::general_purpose::URL_SAFE.decode(t).ok()?;
+    let v: Value = serde_json::from_slice(&raw).ok()?;
+    v.get("rem").and_then(Value::as_i64).filter(|r| *r >= 0)
 }
 
 fn decode_continue(t: &str) -> ApiResult<(i64, String)> {

@@ -895,6 +895,7 @@ impl WatchCache {
                         revision: Some(revision),
                         limit: 10_000,
                         start_after,
+                        skip_count: true,
                     },
                 )
                 .await?;
@@ -1008,6 +1009,7 @@ impl WatchCache {
                                     revision: Some(revision),
                                     limit: 10_000,
                                     start_after,
+                                    skip_count: true,
                                 },
                             )
                             .await?;

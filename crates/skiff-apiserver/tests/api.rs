@@ -290,6 +290,39 @@ async fn lists_page_through_one_snapshot() {
         p1["metadata"]["resourceVersion"]
     );
     assert!(p2["metadata"].get("continue").is_none());
+    // Page by page, each page's count is what its snapshot has left (the
+    // later pages take it from the continue token instead of counting).
+    let mut next = format!("{CMS}?limit=2");
+    let mut seen = Vec::new();
+    loop {
+        let p = a.get(&next).await.body;
+        seen.extend(
+            p["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["metadata"]["name"].as_str().unwrap().to_string()),
+        );
+        let Some(c) = p["metadata"]["continue"].as_str() else {
+            assert!(p["metadata"].get("remainingItemCount").is_none());
+            break;
+        };
+        // c0 c1 c2 c3 c9 (c4 deleted): 5 items.
+        assert_eq!(
+            p["metadata"]["remainingItemCount"],
+            5 - seen.len() as i64,
+            "after {seen:?}"
+        );
+        next = format!("{CMS}?limit=2&continue={c}");
+    }
+    assert_eq!(seen, ["c0", "c1", "c2", "c3", "c9"]);
+    // With a selector there is no count, as in Kubernetes.
+    let sel = a
+        .get(&format!("{CMS}?limit=1&labelSelector=!nope"))
+        .await
+        .body;
+    assert!(sel["metadata"]["continue"].is_string());
+    assert!(sel["metadata"].get("remainingItemCount").is_none());
     let bad = a.get(&format!("{CMS}?limit=1&continue=garbage")).await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
 }

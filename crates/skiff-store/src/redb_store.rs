@@ -691,6 +691,9 @@ impl Store for RedbStore {
             }
             if cur_key != key {
                 emit(&cur_key, best.take(), &mut items)?;
+                if opts.skip_count && remaining > 0 {
+                    break;
+                }
                 cur_key.clear();
                 cur_key.push_str(key);
             }
@@ -698,7 +701,9 @@ impl Store for RedbStore {
                 best = Some((krev, v.value()));
             }
         }
-        emit(&cur_key, best.take(), &mut items)?;
+        if !(opts.skip_count && remaining > 0) {
+            emit(&cur_key, best.take(), &mut items)?;
+        }
         Ok(ListResult {
             items,
             revision,

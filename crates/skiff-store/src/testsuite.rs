@@ -127,6 +127,7 @@ pub async fn pages_come_from_one_snapshot(s: Arc<dyn Store>) {
                 revision: Some(first.revision),
                 limit: 0,
                 start_after: Some(first.items[1].key.clone()),
+                ..Default::default()
             },
         )
         .await
@@ -136,6 +137,47 @@ pub async fn pages_come_from_one_snapshot(s: Arc<dyn Store>) {
         [("/p/2", b("v1")), ("/p/3", b("v1")), ("/p/4", b("v1"))]
     );
     assert_eq!(rest.revision, first.revision);
+}
+
+/// A page read without counting what follows has the same items and an
+/// exact `more` (deleted keys after the page are not taken for more items).
+pub async fn pages_without_a_count_still_say_whether_more_follow(s: Arc<dyn Store>) {
+    for i in 0..5 {
+        s.create(&format!("/n/{i}"), b("v1")).await.unwrap();
+    }
+    s.delete("/n/4", None).await.unwrap();
+    for limit in 1..=5 {
+        let counted = s
+            .list(
+                "/n/",
+                ListOptions {
+                    limit,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let uncounted = s
+            .list(
+                "/n/",
+                ListOptions {
+                    limit,
+                    skip_count: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(pairs(&uncounted), pairs(&counted), "limit {limit}");
+        assert_eq!(uncounted.more, limit < 4, "limit {limit}");
+        assert_eq!(counted.more, limit < 4, "limit {limit}");
+        assert_eq!(counted.remaining, (4 - limit).max(0), "limit {limit}");
+        if uncounted.more {
+            assert!(uncounted.remaining >= 1);
+        } else {
+            assert_eq!(uncounted.remaining, 0);
+        }
+    }
 }
 
 /// A read at a revision newer than the store's is refused.
@@ -531,6 +573,7 @@ macro_rules! conformance_tests {
             delete_with_and_without_a_guard,
             list_is_ordered_and_prefix_isolated,
             pages_come_from_one_snapshot,
+            pages_without_a_count_still_say_whether_more_follow,
             future_revisions_are_refused,
             watch_from_now_sees_only_later_changes,
             watch_from_the_past_replays_then_follows,
