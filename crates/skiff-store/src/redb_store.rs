@@ -670,12 +670,15 @@ impl Store for RedbStore {
         // The key being read and its last version at or below `at`.
         let mut cur_key = String::new();
         let mut best: Option<(u64, u64)> = None;
-        let mut emit = |key: &str, best: Option<(u64, u64)>, items: &mut Vec<KeyValue>| {
+        let emit = |key: &str,
+                    best: Option<(u64, u64)>,
+                    items: &mut Vec<KeyValue>,
+                    remaining: &mut i64| {
             if let Some((rev, create)) = best.filter(|(_, c)| *c != 0) {
                 if items.len() < limit {
                     items.push(item_at(&revisions, key, rev, create)?);
                 } else {
-                    remaining += 1;
+                    *remaining += 1;
                 }
             }
             Ok::<(), Error>(())
@@ -690,7 +693,7 @@ impl Store for RedbStore {
                 continue;
             }
             if cur_key != key {
-                emit(&cur_key, best.take(), &mut items)?;
+                emit(&cur_key, best.take(), &mut items, &mut remaining)?;
                 if opts.skip_count && remaining > 0 {
                     break;
                 }
@@ -702,7 +705,7 @@ impl Store for RedbStore {
             }
         }
         if !(opts.skip_count && remaining > 0) {
-            emit(&cur_key, best.take(), &mut items)?;
+            emit(&cur_key, best.take(), &mut items, &mut remaining)?;
         }
         Ok(ListResult {
             items,
