@@ -414,11 +414,7 @@ async fn every_namespace_gets_a_default_service_account_and_the_root_ca() {
 
 #[tokio::test]
 async fn nodes_get_pod_cidrs_and_a_node_with_a_stale_lease_is_tainted_and_emptied() {
-    let opts = skiff_controllers::Options {
-        node_monitor_grace_period: Duration::from_secs(1),
-        ..Default::default()
-    };
-    let h = start_with(opts, 1).await;
+    let h = start_one_node_short_grace().await;
     let c = &h.client;
     let nodes = Api::<Node>::all(c.clone());
     let n = eventually("a pod CIDR", 20, || async {
@@ -428,8 +424,6 @@ async fn nodes_get_pod_cidrs_and_a_node_with_a_stale_lease_is_tainted_and_emptie
     assert_eq!(n, "10.42.0.0/24");
     // A second node that stays healthy: when every node is down, Kubernetes
     // blames the control plane and taints none (see the next test).
-    let leases =
-        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(c.clone(), "kube-node-lease");
     let healthy = keep_node_healthy(c, "node-healthy").await;
     // (Admission adds 300 s tolerations by default; this pod asks for 1 s.)
     let _: Pod = create(c, "default", json!({"metadata": {"name": "victim", "labels": {"app": "victim"}},
@@ -467,27 +461,8 @@ async fn nodes_get_pod_cidrs_and_a_node_with_a_stale_lease_is_tainted_and_emptie
         ("Unknown", Some("NodeStatusNeverUpdated"))
     );
     // The node renews its Lease again (and reports Ready): the taint goes.
-    let renew = || {
-        json!({"metadata": {"name": "node-0"}, "spec": {"holderIdentity": "node-0", "leaseDurationSeconds": 40,
-        "renewTime": k8s_openapi::jiff::Timestamp::now().to_string()}})
-    };
-    leases
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(renew()).unwrap(),
-        )
-        .await
-        .unwrap();
-    nodes
-        .patch_status("node-0", &PatchParams::default(), &Patch::Merge(&json!({"status": {"conditions": [
-            {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now().to_string()}]}})))
-        .await
-        .unwrap();
+    let renewing = renew_forever(c, "node-0").await;
     eventually("the taint removed", 20, || async {
-        leases
-            .patch("node-0", &PatchParams::default(), &Patch::Merge(&renew()))
-            .await
-            .ok()?;
         let n = nodes.get("node-0").await.ok()?;
         (!n.spec?
             .taints
@@ -497,16 +472,33 @@ async fn nodes_get_pod_cidrs_and_a_node_with_a_stale_lease_is_tainted_and_emptie
         .then_some(())
     })
     .await;
+    renewing.abort();
     healthy.abort();
 }
 
-/// Creates node `name` Ready, and renews its Lease every 200 ms until the
-/// returned task is aborted.
+/// One simulated node, and a node monitor grace period of 1 s.
+async fn start_one_node_short_grace() -> Harness {
+    let opts = skiff_controllers::Options {
+        node_monitor_grace_period: Duration::from_secs(1),
+        ..Default::default()
+    };
+    start_with(opts, 1).await
+}
+
+/// Creates node `name`, then keeps it healthy ([`renew_forever`]).
 async fn keep_node_healthy(c: &kube::Client, name: &str) -> tokio::task::JoinHandle<()> {
-    let nodes = Api::<Node>::all(c.clone());
     let node: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    nodes.create(&PostParams::default(), &node).await.unwrap();
-    nodes
+    Api::<Node>::all(c.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+    renew_forever(c, name).await
+}
+
+/// Reports node `name` Ready and renews its Lease every 200 ms until the
+/// returned task is aborted.
+async fn renew_forever(c: &kube::Client, name: &str) -> tokio::task::JoinHandle<()> {
+    Api::<Node>::all(c.clone())
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&json!({"status": {"conditions": [
             {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now().to_string()}]}})))
         .await
@@ -539,11 +531,7 @@ async fn keep_node_healthy(c: &kube::Client, name: &str) -> tokio::task::JoinHan
 async fn when_every_node_is_down_no_node_is_tainted_and_no_pod_evicted() {
     // Kubernetes' "master disruption mode": with no node Ready anywhere the
     // control plane is the likelier culprit, so nothing is evicted.
-    let opts = skiff_controllers::Options {
-        node_monitor_grace_period: Duration::from_secs(1),
-        ..Default::default()
-    };
-    let h = start_with(opts, 1).await;
+    let h = start_one_node_short_grace().await;
     let c = &h.client;
     let nodes = Api::<Node>::all(c.clone());
     let _: Pod = create(c, "default", json!({"metadata": {"name": "survivor", "labels": {"app": "survivor"}},
