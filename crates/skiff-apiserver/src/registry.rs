@@ -336,14 +336,14 @@ impl Registry {
                 }
             }
         }
-        let revision = self.cache.revision();
-        let items = self
-            .cache
-            .resource(res)
-            .snapshot(filter)
-            .into_iter()
-            .map(|o| o.bytes())
-            .collect();
+        // Every change at or below the global revision read first is in the
+        // snapshot taken after it; a change applied in between makes the
+        // snapshot newer, and its own revision says so. Either way, a watch
+        // from the list's resourceVersion gets exactly the later changes.
+        let applied = self.cache.revision();
+        let (objs, snapshot_rev) = self.cache.resource(res).snapshot_with_revision(filter);
+        let revision = applied.max(snapshot_rev);
+        let items = objs.into_iter().map(|o| o.bytes()).collect();
         Ok(ListOutput {
             items,
             resource_version: revision,

@@ -83,7 +83,13 @@ pub async fn serve(
     // Registered before anything is sent: every later event reaches the
     // watch through its queue (only the events its selection can concern,
     // by the cache's index); earlier ones come from the history.
+    // Every change at or below the revision the caches had applied before
+    // the registration is in the initial state (each revision is one
+    // change, applied before it is published), so the initial state is
+    // current at the later of the two.
+    let applied = reg.cache().revision();
     let mut sub = cache.subscribe_filtered(&filter, send_initial);
+    let initial_rev = sub.from.max(applied);
     let cursor = if send_initial {
         sub.from
     } else {
@@ -104,6 +110,7 @@ pub async fn serve(
         replaying: true,
         initial,
         initial_end_bookmark: q.get("sendInitialEvents") == Some("true") && bookmarks,
+        initial_rev,
         bookmarks,
         deadline: tokio::time::Instant::now() + timeout,
         last_sent: tokio::time::Instant::now(),
@@ -141,6 +148,9 @@ struct WatchState {
     replaying: bool,
     initial: std::vec::IntoIter<Arc<CachedObject>>,
     initial_end_bookmark: bool,
+    /// The revision the initial state is current at: the initial-events-end
+    /// bookmark carries it, and every later change is in the queue.
+    initial_rev: i64,
     bookmarks: bool,
     deadline: tokio::time::Instant,
     last_sent: tokio::time::Instant,
@@ -214,9 +224,10 @@ impl WatchState {
             return Some(self.finish(out).await);
         }
         if self.initial_end_bookmark {
+            // It closes the snapshot, not the present: changes made since
+            // the registration are still queued and come after it.
             self.initial_end_bookmark = false;
-            let rev = self.cursor.max(self.reg.cache().revision());
-            return Some(self.enc.bookmark(rev, true));
+            return Some(self.enc.bookmark(self.initial_rev, true));
         }
         // Resuming from an older revision: the history up to the
         // registration, then the queue.
@@ -245,6 +256,8 @@ impl WatchState {
         loop {
             let bookmark_at = self.last_sent + BOOKMARK_EVERY;
             tokio::select! {
+                // Queued events before a bookmark or the deadline.
+                biased;
                 ev = self.sub.events.recv() => match ev {
                     Some(ev) => {
                         self.push(&ev, &mut out);
@@ -260,25 +273,69 @@ impl WatchState {
                             return Some(self.finish(out).await);
                         }
                     }
-                    None => {
-                        // Dropped for falling behind (or the cache restarted):
-                        // the client relists.
-                        let why = if self.sub.evicted() {
-                            format!("the watch fell {} events behind", crate::watchcache::WATCH_QUEUE)
-                        } else {
-                            "the watch cache was reset".to_string()
-                        };
-                        return Some(self.too_old(why));
-                    }
+                    None => return Some(self.dropped()),
                 },
                 _ = tokio::time::sleep_until(self.deadline) => return None,
                 _ = tokio::time::sleep_until(bookmark_at), if self.bookmarks => {
                     self.last_sent = tokio::time::Instant::now();
-                    let rev = self.cursor.max(self.reg.cache().revision());
-                    return Some(self.enc.bookmark(rev, false));
+                    return Some(self.bookmark(out).await);
                 }
             }
         }
+    }
+
+    /// The end of a watch whose queue was closed: dropped for falling
+    /// behind (or the cache restarted), so the client relists.
+    fn dropped(&mut self) -> Bytes {
+        let why = if self.sub.evicted() {
+            format!(
+                "the watch fell {} events behind",
+                crate::watchcache::WATCH_QUEUE
+            )
+        } else {
+            "the watch cache was reset".to_string()
+        };
+        self.too_old(why)
+    }
+
+    /// A periodic bookmark, never ahead of what this watch has delivered.
+    /// Every change at or below the revision read first has been applied
+    /// and handed to this watch's queue (or has closed the queue, if the
+    /// watch fell behind), so the queue is sent first and the bookmark
+    /// closes exactly what came before it. A closed queue gets no bookmark:
+    /// the changes it lost lie below the present.
+    async fn bookmark(&mut self, mut out: Pending) -> Bytes {
+        let applied = self.reg.cache().revision();
+        let mut closed = false;
+        loop {
+            match self.sub.events.try_recv() {
+                Ok(ev) => self.push(&ev, &mut out),
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => break,
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        if closed {
+            if out.is_empty() {
+                return self.dropped();
+            }
+            // The next chunk finds the queue closed and ends the watch.
+            return self.finish(out).await;
+        }
+        let mark = self.enc.bookmark(self.cursor.max(applied), false);
+        if out.is_empty() {
+            return mark;
+        }
+        let events = self.finish(out).await;
+        if self.done {
+            return events;
+        }
+        let mut b = Vec::with_capacity(events.len() + mark.len());
+        b.extend_from_slice(&events);
+        b.extend_from_slice(&mark);
+        Bytes::from(b)
     }
 }
 

@@ -619,13 +619,21 @@ impl ResourceCache {
 
     /// Current objects that match `filter`, in key order.
     pub fn snapshot(&self, filter: &Filter) -> Vec<Arc<CachedObject>> {
+        self.snapshot_with_revision(filter).0
+    }
+
+    /// Current objects that match `filter`, in key order, and the revision
+    /// of the last change this cache had applied when they were taken (the
+    /// events after it are exactly the later changes).
+    pub fn snapshot_with_revision(&self, filter: &Filter) -> (Vec<Arc<CachedObject>>, i64) {
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let rev = inner.last_rev;
         let prefix = filter
             .namespace
             .as_ref()
             .filter(|_| self.res.namespaced)
             .map(|ns| format!("{}{ns}/", object::resource_prefix(self.res)));
-        match prefix {
+        let objs = match prefix {
             Some(p) => inner
                 .objects
                 .range(p.clone()..)
@@ -639,7 +647,8 @@ impl ResourceCache {
                 .filter(|o| o.matches(filter))
                 .cloned()
                 .collect(),
-        }
+        };
+        (objs, rev)
     }
 
     /// Current objects matching `filter` and the revision they are current at:
