@@ -15,7 +15,6 @@ use std::collections::BTreeMap;
 use serde_json::{json, Map, Value};
 
 use crate::resources::ResourceInfo;
-use crate::validation::parse_quantity;
 
 pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
 pub const TAINT_UNREACHABLE: &str = "node.kubernetes.io/unreachable";
@@ -152,57 +151,22 @@ pub fn resolve_priority(spec: &mut Value, classes: &[impl Borrow<Value>]) -> Res
 
 // ---- quantities ---------------------------------------------------------
 
-/// A quantity in thousandths of its unit; `None` when it does not parse.
+/// A quantity in thousandths of its unit, rounded up; `None` when it does
+/// not parse.
 pub fn milli(v: &Value) -> Option<i128> {
-    let s = match v {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        _ => return None,
-    };
-    let q = parse_quantity(&s).ok()?;
-    Some((q.value * 1000.0).round() as i128)
+    skiff_helpers::quantity::from_json(v).map(|q| i128::from(q.milli_ceil()))
 }
 
-/// A quantity in Kubernetes' canonical form: milli-units when fractional,
-/// else the largest binary suffix (when `binary`) or decimal suffix that
-/// divides it.
+/// `m` thousandths in Kubernetes' canonical form, binary (`Ki`, `Mi`, …)
+/// when `binary` and whole enough.
 pub fn format_milli(m: i128, binary: bool) -> String {
-    if m % 1000 != 0 {
-        return format!("{m}m");
-    }
-    let v = m / 1000;
-    if v == 0 {
-        return "0".into();
-    }
-    if binary {
-        for (suffix, shift) in [
-            ("Ei", 60),
-            ("Pi", 50),
-            ("Ti", 40),
-            ("Gi", 30),
-            ("Mi", 20),
-            ("Ki", 10),
-        ] {
-            let unit = 1i128 << shift;
-            if v % unit == 0 {
-                return format!("{}{suffix}", v / unit);
-            }
-        }
-    }
-    for (suffix, exp) in [
-        ("E", 18),
-        ("P", 15),
-        ("T", 12),
-        ("G", 9),
-        ("M", 6),
-        ("k", 3),
-    ] {
-        let unit = 10i128.pow(exp);
-        if v % unit == 0 {
-            return format!("{}{suffix}", v / unit);
-        }
-    }
-    v.to_string()
+    use skiff_helpers::quantity::Format;
+    let format = if binary {
+        Format::BinarySI
+    } else {
+        Format::DecimalSI
+    };
+    skiff_helpers::Quantity::from_milli(m, format).canonical()
 }
 
 fn binary_form(v: Option<&Value>) -> bool {

@@ -213,38 +213,7 @@ pub fn pod_spec(spec: &mut Value) {
 }
 
 /// The QoS class of a pod spec (Guaranteed, Burstable or BestEffort).
-pub fn qos_class(spec: &Value) -> &'static str {
-    let containers: Vec<&Value> = ["containers", "initContainers"]
-        .iter()
-        .filter_map(|k| spec.get(*k).and_then(Value::as_array))
-        .flatten()
-        .collect();
-    let mut any = false;
-    let mut guaranteed = true;
-    for c in &containers {
-        let req = c.pointer("/resources/requests").and_then(Value::as_object);
-        let lim = c.pointer("/resources/limits").and_then(Value::as_object);
-        for r in ["cpu", "memory"] {
-            let rq = req.and_then(|m| m.get(r));
-            let lm = lim.and_then(|m| m.get(r));
-            if rq.is_some() || lm.is_some() {
-                any = true;
-            }
-            match (rq, lm) {
-                (_, None) => guaranteed = false,
-                (Some(a), Some(b)) if a != b => guaranteed = false,
-                _ => {}
-            }
-        }
-    }
-    if !any {
-        "BestEffort"
-    } else if guaranteed {
-        "Guaranteed"
-    } else {
-        "Burstable"
-    }
-}
+pub use skiff_helpers::qos::of_json as qos_class;
 
 pub(crate) fn pod_status(pod: &mut Value) {
     let qos = pod.get("spec").map(qos_class).unwrap_or("BestEffort");

@@ -9,65 +9,7 @@ use crate::resources::ResourceInfo;
 use crate::selector::LabelSelector;
 use crate::Cause;
 
-/// A parsed Kubernetes quantity (`100m`, `1.5`, `512Mi`, `1G`, `1e3`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Quantity {
-    /// The value in units (cpu cores, bytes, ...).
-    pub value: f64,
-}
-
-impl Quantity {
-    /// Thousandths of a unit, rounded up (cpu millicores).
-    pub fn milli(&self) -> i64 {
-        (self.value * 1000.0).ceil() as i64
-    }
-    /// Whole units, rounded up (bytes).
-    pub fn units(&self) -> i64 {
-        self.value.ceil() as i64
-    }
-}
-
-/// Parses a quantity as Kubernetes' `resource.ParseQuantity` accepts it.
-pub fn parse_quantity(s: &str) -> Result<Quantity, String> {
-    let err = || {
-        "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'".to_string()
-    };
-    let s = s.trim();
-    if s.is_empty() {
-        return Err(err());
-    }
-    let split = s
-        .char_indices()
-        .find(|(_, c)| !(c.is_ascii_digit() || *c == '.' || *c == '+' || *c == '-'))
-        .map(|(i, _)| i)
-        .unwrap_or(s.len());
-    let (num, suffix) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| err())?;
-    let mult = match suffix {
-        "" => 1.0,
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        e if e.starts_with(['e', 'E']) => {
-            let exp: i32 = e[1..].parse().map_err(|_| err())?;
-            10f64.powi(exp)
-        }
-        _ => return Err(err()),
-    };
-    Ok(Quantity { value: n * mult })
-}
+pub use skiff_helpers::quantity::Quantity;
 
 /// Validates an object about to be created.
 pub fn validate_create(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
@@ -306,9 +248,9 @@ pub(crate) fn resources(r: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
                     Value::Number(n) => n.to_string(),
                     other => other.to_string(),
                 };
-                match parse_quantity(&s) {
+                match Quantity::parse(&s) {
                     Ok(q) => {
-                        if q.value < 0.0 {
+                        if q.nano() < 0 {
                             c.push(Cause::invalid(
                                 format!("{path}.{part}[{k}]"),
                                 v,
@@ -317,7 +259,11 @@ pub(crate) fn resources(r: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
                         }
                         parsed.insert((part, k.clone()), q);
                     }
-                    Err(e) => c.push(Cause::invalid(format!("{path}.{part}[{k}]"), v, &e)),
+                    Err(e) => c.push(Cause::invalid(
+                        format!("{path}.{part}[{k}]"),
+                        v,
+                        &e.to_string(),
+                    )),
                 }
             }
         }
@@ -325,7 +271,7 @@ pub(crate) fn resources(r: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
     for ((part, k), q) in &parsed {
         if *part == "requests" {
             if let Some(l) = parsed.get(&("limits", k.clone())) {
-                if q.value > l.value {
+                if q > l {
                     c.push(Cause::invalid(
                         format!("{path}.requests"),
                         &json!(r
@@ -548,10 +494,10 @@ mod tests {
 
     #[test]
     fn quantities_parse_with_binary_and_decimal_suffixes() {
-        assert_eq!(parse_quantity("100m").unwrap().milli(), 100);
-        assert_eq!(parse_quantity("1Gi").unwrap().units(), 1 << 30);
-        assert_eq!(parse_quantity("2").unwrap().milli(), 2000);
-        assert!(parse_quantity("12x").is_err());
+        assert_eq!(Quantity::parse("100m").unwrap().milli_ceil(), 100);
+        assert_eq!(Quantity::parse("1Gi").unwrap().value_ceil(), 1 << 30);
+        assert_eq!(Quantity::parse("2").unwrap().milli_ceil(), 2000);
+        assert!(Quantity::parse("12x").is_err());
     }
 
     #[test]

@@ -447,119 +447,29 @@ impl Opaque for Quantity {
 
 const NANO: i128 = 1_000_000_000;
 
-/// Parses a quantity exactly as `resource.ParseQuantity` accepts it
-/// (values below a billionth round up, as Kubernetes rounds).
-pub(crate) fn parse_quantity(s: &str) -> Result<Quantity, String> {
-    let bad = || {
-        "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
-            .to_string()
-    };
-    if s.is_empty() || s.len() > 100 {
-        return Err(bad());
-    }
-    let (neg, body) = match s.as_bytes()[0] {
-        b'-' => (true, &s[1..]),
-        b'+' => (false, &s[1..]),
-        _ => (false, s),
-    };
-    let split = body
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(body.len());
-    let (num, suffix) = body.split_at(split);
-    if num.is_empty() || num == "." || num.matches('.').count() > 1 {
-        return Err(bad());
-    }
-    let (int_part, frac_part) = num.split_once('.').unwrap_or((num, ""));
-    // mantissa as an integer with `scale` decimal digits
-    let digits = format!("{int_part}{frac_part}");
-    let digits = digits.trim_start_matches('0');
-    if digits.len() > 30 {
-        return Err(bad());
-    }
-    let mantissa: i128 = if digits.is_empty() {
-        0
-    } else {
-        digits.parse().map_err(|_| bad())?
-    };
-    let scale = frac_part.len() as i32;
-    // multiplier: (base, exponent) for 10^exp or 2^exp
-    let (base2, exp): (bool, i32) = match suffix {
-        "" => (false, 0),
-        "n" => (false, -9),
-        "u" => (false, -6),
-        "m" => (false, -3),
-        "k" => (false, 3),
-        "M" => (false, 6),
-        "G" => (false, 9),
-        "T" => (false, 12),
-        "P" => (false, 15),
-        "E" => (false, 18),
-        "Ki" => (true, 10),
-        "Mi" => (true, 20),
-        "Gi" => (true, 30),
-        "Ti" => (true, 40),
-        "Pi" => (true, 50),
-        "Ei" => (true, 60),
-        e if e.starts_with(['e', 'E']) => {
-            let x: i32 = e[1..].parse().map_err(|_| bad())?;
-            if !(-40..=40).contains(&x) {
-                return Err(bad());
-            }
-            (false, x)
-        }
-        _ => return Err(bad()),
-    };
-    let overflow = || "quantity is too large".to_string();
-    // nano = mantissa * 10^(9 - scale) * multiplier
-    let mut nano = mantissa;
-    let mut ten_exp = 9 - scale;
-    if base2 {
-        nano = nano.checked_mul(1i128 << exp).ok_or_else(overflow)?;
-    } else {
-        ten_exp += exp;
-    }
-    if ten_exp >= 0 {
-        nano = nano
-            .checked_mul(10i128.checked_pow(ten_exp as u32).ok_or_else(overflow)?)
-            .ok_or_else(overflow)?;
-    } else {
-        let d = 10i128.checked_pow((-ten_exp) as u32).unwrap_or(i128::MAX);
-        nano = if nano % d == 0 {
-            nano / d
-        } else {
-            nano / d + 1
-        };
-    }
-    if neg {
-        nano = -nano;
-    }
+/// Parses a quantity as `resource.ParseQuantity` does (skiff_helpers'
+/// one definition), keeping the text it was written as.
+pub(crate) fn cel_quantity(s: &str) -> Result<Quantity, String> {
+    let q = skiff_helpers::Quantity::parse(s).map_err(|e| e.to_string())?;
     Ok(Quantity {
-        nano,
+        nano: q.nano(),
         text: s.to_string(),
     })
 }
 
+/// A computed quantity's text: its canonical form.
 fn format_nano(nano: i128) -> String {
-    if nano % NANO == 0 {
-        return (nano / NANO).to_string();
-    }
-    if nano % 1_000_000 == 0 {
-        return format!("{}m", nano / 1_000_000);
-    }
-    if nano % 1_000 == 0 {
-        return format!("{}u", nano / 1_000);
-    }
-    format!("{nano}n")
+    skiff_helpers::Quantity::from_nano(nano, skiff_helpers::quantity::Format::DecimalSI).canonical()
 }
 
 fn quantity(args: &[Value]) -> Result<Value, ExecutionError> {
-    let q = parse_quantity(str_arg(args, 0, "quantity")?).map_err(|e| err("quantity", e))?;
+    let q = cel_quantity(str_arg(args, 0, "quantity")?).map_err(|e| err("quantity", e))?;
     Ok(Value::Opaque(Arc::new(q)))
 }
 
 fn is_quantity(args: &[Value]) -> Result<Value, ExecutionError> {
     Ok(Value::Bool(
-        parse_quantity(str_arg(args, 0, "isQuantity")?).is_ok(),
+        cel_quantity(str_arg(args, 0, "isQuantity")?).is_ok(),
     ))
 }
 

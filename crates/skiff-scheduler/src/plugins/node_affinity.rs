@@ -127,7 +127,7 @@ impl FilterPlugin for NodeAffinity {
                 );
             }
         }
-        if pod.node_affinity.matches(node) {
+        if pod.node_affinity.matches(&node.name, node.labels()) {
             Status::success()
         } else {
             Status::unresolvable(ERR_REASON)
@@ -190,7 +190,7 @@ impl ScorePlugin for NodeAffinity {
 /// Whether a pod's required node constraints allow `node` (used by
 /// PodTopologySpread's nodeAffinityPolicy).
 pub fn pod_matches_node(aff: &RequiredNodeAffinity, node: &NodeInfo) -> bool {
-    aff.matches(node)
+    aff.matches(&node.name, node.labels())
 }
 
 #[cfg(test)]

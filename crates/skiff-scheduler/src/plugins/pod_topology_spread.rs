@@ -192,7 +192,7 @@ impl Plugin for PodTopologySpread {
 }
 
 fn node_in_scope(c: &Constraint, pod: &PodInfo, node: &NodeInfo) -> bool {
-    if c.honor_node_affinity && !pod.node_affinity.matches(node) {
+    if c.honor_node_affinity && !pod.node_affinity.matches(&node.name, node.labels()) {
         return false;
     }
     if c.honor_taints {
