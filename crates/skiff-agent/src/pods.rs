@@ -1317,7 +1317,11 @@ impl PodWorker {
             .as_ref()
             .map(|t| t.0.to_string())
             .unwrap_or_else(now_rfc3339);
-        let pod_json = serde_json::to_value(pod).unwrap_or(Value::Null);
+        let qos = pod
+            .spec
+            .as_ref()
+            .map(skiff_helpers::qos::of_spec)
+            .unwrap_or(skiff_helpers::qos::BEST_EFFORT);
         let mut status = json!({
             "phase": phase,
             "conditions": conditions,
@@ -1325,7 +1329,7 @@ impl PodWorker {
             "hostIPs": [{"ip": self.ctx.host_ip}],
             "startTime": start_time,
             "containerStatuses": statuses,
-            "qosClass": skiff_core::defaults::qos_class(&pod_json["spec"]),
+            "qosClass": qos,
         });
         if !init_statuses.is_empty() {
             status["initContainerStatuses"] = json!(init_statuses);

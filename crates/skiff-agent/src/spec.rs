@@ -119,9 +119,9 @@ pub fn sandbox_config(
 /// Parses a Kubernetes quantity into a number in base units (cores for cpu,
 /// bytes for memory). None if it does not parse.
 pub fn quantity(q: &Quantity) -> Option<f64> {
-    skiff_core::validation::parse_quantity(&q.0)
+    skiff_helpers::Quantity::parse(&q.0)
         .ok()
-        .map(|q| q.value)
+        .map(|q| q.as_f64())
 }
 
 /// A container's resource settings for CRI: cpu shares from the request,

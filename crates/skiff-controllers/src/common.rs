@@ -6,37 +6,21 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
-use kube::api::{Api, Patch, PatchParams};
-use kube::Resource;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::framework::Queue;
+use crate::{Ctx, Error};
 
 /// Whether `labels` satisfy a LabelSelector (an empty selector matches
-/// everything, as Kubernetes' LabelSelectorAsSelector does).
+/// everything, as Kubernetes' LabelSelectorAsSelector does), by the one
+/// label-selector matcher.
 pub fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    for (k, v) in sel.match_labels.iter().flatten() {
-        if labels.get(k) != Some(v) {
-            return false;
-        }
-    }
-    for e in sel.match_expressions.iter().flatten() {
-        let have = labels.get(&e.key);
-        let values = e.values.clone().unwrap_or_default();
-        let ok = match e.operator.as_str() {
-            "In" => have.map(|v| values.contains(v)).unwrap_or(false),
-            "NotIn" => have.map(|v| !values.contains(v)).unwrap_or(true),
-            "Exists" => have.is_some(),
-            "DoesNotExist" => have.is_none(),
-            _ => false,
-        };
-        if !ok {
-            return false;
-        }
-    }
-    true
+    skiff_helpers::scheduling::Selector::from_label_selector(Some(sel)).matches(Some(labels))
 }
 
 /// Whether a selector is empty (selects everything).
@@ -60,17 +44,7 @@ pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
         .find(|r| r.controller == Some(true))
 }
 
-/// An owner reference naming `owner` as the controller.
-pub fn controller_ref(api_version: &str, kind: &str, owner: &ObjectMeta) -> OwnerReference {
-    OwnerReference {
-        api_version: api_version.to_string(),
-        kind: kind.to_string(),
-        name: owner.name.clone().unwrap_or_default(),
-        uid: owner.uid.clone().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
+pub use skiff_helpers::workloads::controller_ref;
 
 pub fn is_terminating(meta: &ObjectMeta) -> bool {
     meta.deletion_timestamp.is_some()
@@ -403,11 +377,10 @@ where
     }
 }
 
-/// A resource quantity (`500m`, `1Gi`) in units (cores, bytes).
+/// A resource quantity (`500m`, `1Gi`) in units (cores, bytes), as a float
+/// for ratios.
 pub fn quantity_units(q: &str) -> Option<f64> {
-    skiff_core::validation::parse_quantity(q)
-        .ok()
-        .map(|q| q.value)
+    skiff_helpers::Quantity::parse(q).ok().map(|q| q.as_f64())
 }
 
 /// Now, as the API's timestamps.
@@ -431,95 +404,66 @@ pub fn until(t: k8s_openapi::jiff::Timestamp) -> Duration {
     }
 }
 
-/// Whether a toleration tolerates a taint (an empty key with Exists
-/// tolerates everything; an empty effect matches every effect).
-pub fn tolerates(
-    tol: &k8s_openapi::api::core::v1::Toleration,
-    taint: &k8s_openapi::api::core::v1::Taint,
-) -> bool {
-    let effect_ok = tol
-        .effect
-        .as_deref()
-        .map(|e| e.is_empty() || e == taint.effect)
-        .unwrap_or(true);
-    if !effect_ok {
-        return false;
-    }
-    let key = tol.key.as_deref().unwrap_or("");
-    let exists = tol.operator.as_deref() == Some("Exists");
-    if key.is_empty() {
-        return exists;
-    }
-    if key != taint.key {
-        return false;
-    }
-    exists || tol.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
-}
-
 /// Whether a node satisfies a pod's nodeSelector and required node
-/// affinity (labels, and `metadata.name` through matchFields).
+/// affinity (labels, and `metadata.name` through matchFields), by the
+/// scheduler's own matcher.
 pub fn node_fits(
     node: &k8s_openapi::api::core::v1::Node,
     spec: &k8s_openapi::api::core::v1::PodSpec,
 ) -> bool {
-    let empty = BTreeMap::new();
-    let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
-    if let Some(sel) = &spec.node_selector {
-        if !sel.iter().all(|(k, v)| labels.get(k) == Some(v)) {
-            return false;
-        }
-    }
-    let Some(req) = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-    else {
-        return true;
-    };
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let check = |value: Option<&String>, op: &str, values: &[String]| -> bool {
-        match op {
-            "In" => value.map(|v| values.contains(v)).unwrap_or(false),
-            "NotIn" => value.map(|v| !values.contains(v)).unwrap_or(true),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            "Gt" | "Lt" => {
-                let (Some(v), Some(w)) = (
-                    value.and_then(|v| v.parse::<i64>().ok()),
-                    values.first().and_then(|w| w.parse::<i64>().ok()),
-                ) else {
-                    return false;
-                };
-                if op == "Gt" {
-                    v > w
-                } else {
-                    v < w
-                }
-            }
-            _ => false,
-        }
-    };
-    req.node_selector_terms.iter().any(|term| {
-        let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
-        let fields = term.match_fields.as_deref().unwrap_or(&[]);
-        if exprs.is_empty() && fields.is_empty() {
-            return false;
-        }
-        exprs.iter().all(|e| {
-            check(
-                labels.get(&e.key),
-                &e.operator,
-                e.values.as_deref().unwrap_or(&[]),
+    skiff_helpers::scheduling::RequiredNodeAffinity::of(Some(spec)).matches(
+        node.metadata.name.as_deref().unwrap_or(""),
+        node.metadata.labels.as_ref(),
+    )
+}
+
+/// Records a template as a ControllerRevision named `<owner>-<hash>` and
+/// returns its revision number (a template seen before becomes the newest
+/// revision again, as a rollback does).
+pub async fn ensure_revision(
+    ctx: &Ctx,
+    owner: &ObjectMeta,
+    kind: &str,
+    hash: &str,
+    template: &PodTemplateSpec,
+) -> Result<i64, Error> {
+    let uid = owner.uid.clone().unwrap_or_default();
+    let ns = owner.namespace.clone().unwrap_or_default();
+    let name = format!("{}-{hash}", owner.name.as_deref().unwrap_or(""));
+    let revisions = ctx.caches.controller_revisions.owned_by(&uid);
+    let max = revisions.iter().map(|r| r.revision).max().unwrap_or(0);
+    let api: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
+    if let Some(r) = revisions.iter().find(|r| r.name_any() == name) {
+        if r.revision < max {
+            let patch = json!({"revision": max + 1});
+            api.patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
             )
-        }) && fields.iter().all(|f| {
-            let v = (f.key == "metadata.name").then_some(&name);
-            check(v, &f.operator, f.values.as_deref().unwrap_or(&[]))
-        })
-    })
+            .await?;
+            return Ok(max + 1);
+        }
+        return Ok(r.revision);
+    }
+    let mut t = serde_json::to_value(template)?;
+    t["$patch"] = json!("replace");
+    let labels = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    let cr: ControllerRevision = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "labels": labels,
+            "ownerReferences": [controller_ref("apps/v1", kind, owner)]},
+        "data": {"spec": {"template": t}},
+        "revision": max + 1,
+    }))?;
+    match api.create(&PostParams::default(), &cr).await {
+        Ok(_) => Ok(max + 1),
+        Err(e) if is_conflict(&e) => Ok(max + 1),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]
@@ -555,99 +499,6 @@ mod tests {
         ));
         assert!(!selector_matches(&sel, &labels(&[("app", "api")])));
         assert!(selector_matches(&LabelSelector::default(), &labels(&[])));
-    }
-
-    #[test]
-    fn tolerations_match_taints_by_key_value_effect_and_operator() {
-        use k8s_openapi::api::core::v1::{Taint, Toleration};
-        let taint = Taint {
-            key: "k".into(),
-            value: Some("v".into()),
-            effect: "NoExecute".into(),
-            time_added: None,
-        };
-        let tol = |key: Option<&str>,
-                   op: Option<&str>,
-                   value: Option<&str>,
-                   effect: Option<&str>| Toleration {
-            key: key.map(Into::into),
-            operator: op.map(Into::into),
-            value: value.map(Into::into),
-            effect: effect.map(Into::into),
-            toleration_seconds: None,
-        };
-        assert!(tolerates(
-            &tol(Some("k"), Some("Equal"), Some("v"), None),
-            &taint
-        ));
-        assert!(!tolerates(
-            &tol(Some("k"), Some("Equal"), Some("w"), None),
-            &taint
-        ));
-        assert!(tolerates(
-            &tol(Some("k"), Some("Exists"), None, Some("NoExecute")),
-            &taint
-        ));
-        assert!(!tolerates(
-            &tol(Some("k"), Some("Exists"), None, Some("NoSchedule")),
-            &taint
-        ));
-        assert!(tolerates(&tol(None, Some("Exists"), None, None), &taint));
-        assert!(
-            !tolerates(&tol(None, None, None, None), &taint),
-            "an empty key needs Exists"
-        );
-    }
-
-    #[test]
-    fn nodes_fit_by_selector_affinity_expressions_and_name_fields() {
-        use k8s_openapi::api::core::v1::{Node, PodSpec};
-        let node: Node = serde_json::from_value(
-            json!({"metadata": {"name": "n1", "labels": {"zone": "a", "cores": "8"}}}),
-        )
-        .unwrap();
-        let spec = |v: serde_json::Value| -> PodSpec { serde_json::from_value(v).unwrap() };
-        assert!(node_fits(&node, &spec(json!({"containers": []}))));
-        assert!(node_fits(
-            &node,
-            &spec(json!({"containers": [], "nodeSelector": {"zone": "a"}}))
-        ));
-        assert!(!node_fits(
-            &node,
-            &spec(json!({"containers": [], "nodeSelector": {"zone": "b"}}))
-        ));
-        let aff = |terms: serde_json::Value| {
-            spec(
-                json!({"containers": [], "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}}),
-            )
-        };
-        assert!(node_fits(
-            &node,
-            &aff(
-                json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}])
-            )
-        ));
-        assert!(!node_fits(
-            &node,
-            &aff(
-                json!([{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]}])
-            )
-        ));
-        assert!(node_fits(
-            &node,
-            &aff(
-                json!([{"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["4"]}]}])
-            )
-        ));
-        assert!(
-            node_fits(
-                &node,
-                &aff(json!([
-            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
-            {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}]))
-            ),
-            "terms are ORed"
-        );
     }
 
     #[test]

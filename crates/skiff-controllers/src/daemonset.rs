@@ -11,9 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodTemplateSpec, Taint, Toleration};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::ResourceExt;
@@ -24,7 +23,7 @@ use crate::framework::{self, Next, Queue};
 use crate::{Ctx, Error};
 
 const COMPONENT: &str = "daemonset-controller";
-pub const REVISION_HASH: &str = "controller-revision-hash";
+pub use skiff_helpers::workloads::CONTROLLER_REVISION_HASH as REVISION_HASH;
 pub const TEMPLATE_GENERATION: &str = "pod-template-generation";
 
 /// A node, its pod of the current template (if any) and its older pods.
@@ -134,7 +133,11 @@ pub fn should_run(node: &Node, template: &PodTemplateSpec) -> bool {
     taints
         .iter()
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
-        .all(|t| tolerations.iter().any(|tol| common::tolerates(tol, t)))
+        .all(|t| {
+            tolerations
+                .iter()
+                .any(|tol| skiff_helpers::scheduling::tolerates(tol, t))
+        })
 }
 
 /// The node a daemon pod is for: its nodeName, or its affinity target.
@@ -159,7 +162,7 @@ pub fn node_of(p: &Pod) -> Option<String> {
 /// A daemon pod for `node`.
 pub fn daemon_pod(ds: &DaemonSet, template: &PodTemplateSpec, hash: &str, node: &str) -> Pod {
     let mut pod =
-        crate::replicaset::pod_from_template(template, &ds.metadata, "apps/v1", "DaemonSet");
+        skiff_helpers::workloads::pod_from_template(template, &ds.metadata, "apps/v1", "DaemonSet");
     let labels = pod.metadata.labels.get_or_insert_with(BTreeMap::new);
     labels.insert(REVISION_HASH.into(), hash.to_string());
     labels.insert(
@@ -192,55 +195,6 @@ pub fn daemon_pod(ds: &DaemonSet, template: &PodTemplateSpec, hash: &str, node: 
     pod
 }
 
-/// Records a template as a ControllerRevision named `<owner>-<hash>` and
-/// returns its revision number (a template seen before becomes the newest
-/// revision again, as a rollback does).
-pub async fn ensure_revision(
-    ctx: &Ctx,
-    owner: &ObjectMeta,
-    kind: &str,
-    hash: &str,
-    template: &PodTemplateSpec,
-) -> Result<i64, Error> {
-    let uid = owner.uid.clone().unwrap_or_default();
-    let ns = owner.namespace.clone().unwrap_or_default();
-    let name = format!("{}-{hash}", owner.name.as_deref().unwrap_or(""));
-    let revisions = ctx.caches.controller_revisions.owned_by(&uid);
-    let max = revisions.iter().map(|r| r.revision).max().unwrap_or(0);
-    let api: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
-    if let Some(r) = revisions.iter().find(|r| r.name_any() == name) {
-        if r.revision < max {
-            let patch = json!({"revision": max + 1});
-            api.patch(
-                &name,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&patch),
-            )
-            .await?;
-            return Ok(max + 1);
-        }
-        return Ok(r.revision);
-    }
-    let mut t = serde_json::to_value(template)?;
-    t["$patch"] = json!("replace");
-    let labels = template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.labels.clone())
-        .unwrap_or_default();
-    let cr: ControllerRevision = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": ns, "labels": labels,
-            "ownerReferences": [common::controller_ref("apps/v1", kind, owner)]},
-        "data": {"spec": {"template": t}},
-        "revision": max + 1,
-    }))?;
-    match api.create(&PostParams::default(), &cr).await {
-        Ok(_) => Ok(max + 1),
-        Err(e) if common::is_conflict(&e) => Ok(max + 1),
-        Err(e) => Err(e.into()),
-    }
-}
-
 async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {
     let Some(ds) = ctx.caches.daemonsets.get(key) else {
         st.expectations.forget(key);
@@ -253,11 +207,11 @@ async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {
     let (ns, name) = framework::split_key(key);
     let spec = ds.spec.clone().unwrap_or_default();
     let template = spec.template.clone();
-    let hash = crate::deployment::template_hash(
+    let hash = skiff_helpers::workloads::template_hash(
         &template,
         ds.status.as_ref().and_then(|s| s.collision_count),
     );
-    ensure_revision(ctx, &ds.metadata, "DaemonSet", &hash, &template).await?;
+    common::ensure_revision(ctx, &ds.metadata, "DaemonSet", &hash, &template).await?;
     let uid = ds.metadata.uid.clone().unwrap_or_default();
     let selector = spec.selector.clone();
     let client = ctx.client.clone();

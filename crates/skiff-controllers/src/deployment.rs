@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::ResourceExt;
@@ -26,7 +25,8 @@ const COMPONENT: &str = "deployment-controller";
 pub const REVISION: &str = "deployment.kubernetes.io/revision";
 pub const DESIRED: &str = "deployment.kubernetes.io/desired-replicas";
 pub const MAX: &str = "deployment.kubernetes.io/max-replicas";
-pub const HASH_LABEL: &str = "pod-template-hash";
+pub use skiff_helpers::workloads::POD_TEMPLATE_HASH as HASH_LABEL;
+use skiff_helpers::workloads::{template_hash, without_template_hash as without_hash};
 
 /// Annotations of a Deployment that are not copied to its ReplicaSets.
 const NOT_COPIED: &[&str] = &[
@@ -37,39 +37,6 @@ const NOT_COPIED: &[&str] = &[
     MAX,
     "deprecated.deployment.rollback.to",
 ];
-
-fn without_hash(t: &PodTemplateSpec) -> PodTemplateSpec {
-    let mut t = t.clone();
-    if let Some(l) = t.metadata.as_mut().and_then(|m| m.labels.as_mut()) {
-        l.remove(HASH_LABEL);
-    }
-    t
-}
-
-/// The hash of a pod template (and the collision count), as a short
-/// name-safe string: FNV-1a over the template's JSON without the hash label.
-pub fn template_hash(t: &PodTemplateSpec, collision_count: Option<i32>) -> String {
-    let mut bytes = serde_json::to_vec(&without_hash(t)).unwrap_or_default();
-    if let Some(c) = collision_count {
-        bytes.extend_from_slice(&c.to_le_bytes());
-    }
-    let mut h: u32 = 0x811c9dc5;
-    for b in bytes {
-        h ^= b as u32;
-        h = h.wrapping_mul(0x01000193);
-    }
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    let mut s = String::new();
-    let mut v = h as u64;
-    while v > 0 {
-        s.push(ALPHABET[(v % ALPHABET.len() as u64) as usize] as char);
-        v /= ALPHABET.len() as u64;
-    }
-    if s.is_empty() {
-        s.push('b');
-    }
-    s
-}
 
 /// Resolves maxSurge / maxUnavailable against `replicas` (surge rounds
 /// up, unavailable down; both zero means one unavailable).
@@ -909,25 +876,6 @@ mod tests {
             ),
             (2, 1)
         );
-    }
-
-    #[test]
-    fn the_template_hash_ignores_the_hash_label_and_changes_with_the_template_or_collisions() {
-        let t: PodTemplateSpec = serde_json::from_value(json!({"metadata": {"labels": {"app": "a"}}, "spec": {"containers": [{"name": "c", "image": "x:1"}]}})).unwrap();
-        let mut labelled = t.clone();
-        labelled
-            .metadata
-            .as_mut()
-            .unwrap()
-            .labels
-            .as_mut()
-            .unwrap()
-            .insert(HASH_LABEL.into(), "zzz".into());
-        assert_eq!(template_hash(&t, None), template_hash(&labelled, None));
-        let mut changed = t.clone();
-        changed.spec.as_mut().unwrap().containers[0].image = Some("x:2".into());
-        assert_ne!(template_hash(&t, None), template_hash(&changed, None));
-        assert_ne!(template_hash(&t, None), template_hash(&t, Some(1)));
     }
 
     /// Simulates a rollout: each step applies the plan, then pods of grown

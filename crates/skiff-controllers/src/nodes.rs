@@ -292,7 +292,9 @@ pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration, zones: &
         let mut evict_at: Option<k8s_openapi::jiff::Timestamp> = None;
         let mut never = true;
         for t in taints {
-            let tol = tolerations.iter().find(|tol| common::tolerates(tol, t));
+            let tol = tolerations
+                .iter()
+                .find(|tol| skiff_helpers::scheduling::tolerates(tol, t));
             let added = t.time_added.as_ref().map(|x| x.0).unwrap_or(now);
             match tol {
                 None => {

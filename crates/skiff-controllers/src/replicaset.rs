@@ -17,6 +17,7 @@ use serde_json::json;
 use crate::common::{self, Expectations};
 use crate::framework::{self, Next, Queue};
 use crate::{Ctx, Error};
+use skiff_helpers::workloads::pod_from_template;
 
 /// Which of the two kinds a controller manages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -163,29 +164,6 @@ pub fn slow_start_batches(n: usize) -> Vec<usize> {
 /// The most pods a single reconcile creates or deletes (as Kubernetes'
 /// burstReplicas).
 pub const BURST: usize = 500;
-
-/// The pod a controller creates from its template.
-pub fn pod_from_template(
-    template: &PodTemplateSpec,
-    owner: &ObjectMeta,
-    api_version: &str,
-    kind: &str,
-) -> Pod {
-    let mut meta = template.metadata.clone().unwrap_or_default();
-    let owner_name = owner.name.clone().unwrap_or_default();
-    meta.name = None;
-    meta.resource_version = None;
-    meta.uid = None;
-    meta.generate_name = Some(format!("{owner_name}-"));
-    meta.namespace = owner.namespace.clone();
-    meta.owner_references = Some(vec![common::controller_ref(api_version, kind, owner)]);
-    meta.finalizers = None;
-    Pod {
-        metadata: meta,
-        spec: template.spec.clone(),
-        status: None,
-    }
-}
 
 pub struct State {
     flavor: Flavor,

@@ -36,87 +36,27 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
     });
 }
 
-/// A quantity in thousandths ("500m" → 500, "1Gi" → 1073741824000).
-pub fn parse_quantity(q: &str) -> Option<i128> {
-    let q = q.trim();
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(q.len());
-    let (num, suffix) = q.split_at(split);
-    if num.is_empty() {
-        return None;
-    }
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    let neg = int.starts_with('-');
-    let digits = int.trim_start_matches(['+', '-']);
-    if (digits.is_empty() && frac.is_empty()) || !frac.chars().all(|c| c.is_ascii_digit()) {
-        return None;
-    }
-    let int: i128 = if digits.is_empty() {
-        0
-    } else {
-        digits.parse().ok()?
-    };
-    // value = (int + frac) scaled; keep nine decimals.
-    let frac9: i128 = format!("{:0<9}", &frac[..frac.len().min(9)]).parse().ok()?;
-    let nanos = int.checked_mul(1_000_000_000)?.checked_add(frac9)?;
-    let (mul, div): (i128, i128) = match suffix {
-        "" => (1, 1),
-        "n" => (1, 1_000_000_000),
-        "u" => (1, 1_000_000),
-        "m" => (1, 1000),
-        "k" => (1000, 1),
-        "M" => (1_000_000, 1),
-        "G" => (1_000_000_000, 1),
-        "T" => (1_000_000_000_000, 1),
-        "P" => (1_000_000_000_000_000, 1),
-        "E" => (1_000_000_000_000_000_000, 1),
-        "Ki" => (1 << 10, 1),
-        "Mi" => (1 << 20, 1),
-        "Gi" => (1 << 30, 1),
-        "Ti" => (1 << 40, 1),
-        "Pi" => (1 << 50, 1),
-        "Ei" => (1 << 60, 1),
-        s if s.starts_with(['e', 'E']) => {
-            let exp: u32 = s[1..].parse().ok()?;
-            (10i128.checked_pow(exp)?, 1)
-        }
-        _ => return None,
-    };
-    // thousandths = nanos * mul / div / 1e6, rounded up as Kubernetes does.
-    let x = nanos.checked_mul(mul)?;
-    let d = div.checked_mul(1_000_000)?;
-    let v = (x + d - 1).div_euclid(d);
-    Some(if neg { -v } else { v })
+/// A quantity in thousandths, rounded up ("500m" → 500, "1Gi" →
+/// 1073741824000).
+fn milli(q: &str) -> Option<i128> {
+    skiff_helpers::quantity::milli(q).map(i128::from)
 }
 
-/// Thousandths back to a quantity string: binary suffixes for byte
-/// amounts, millis for fractions.
+/// Thousandths back to a quantity in Kubernetes' canonical form (binary
+/// suffixes for byte amounts).
 pub fn format_quantity(milli: i128, binary: bool) -> String {
-    if milli % 1000 != 0 {
-        return format!("{milli}m");
-    }
-    let v = milli / 1000;
-    if binary && v != 0 {
-        for (suffix, shift) in [
-            ("Ei", 60),
-            ("Pi", 50),
-            ("Ti", 40),
-            ("Gi", 30),
-            ("Mi", 20),
-            ("Ki", 10),
-        ] {
-            if v % (1i128 << shift) == 0 {
-                return format!("{}{suffix}", v >> shift);
-            }
-        }
-    }
-    v.to_string()
+    use skiff_helpers::quantity::Format;
+    let format = if binary {
+        Format::BinarySI
+    } else {
+        Format::DecimalSI
+    };
+    skiff_helpers::Quantity::from_milli(milli, format).canonical()
 }
 
 fn q(map: Option<&BTreeMap<String, Quantity>>, key: &str) -> i128 {
     map.and_then(|m| m.get(key))
-        .and_then(|v| parse_quantity(&v.0))
+        .and_then(|v| milli(&v.0))
         .unwrap_or(0)
 }
 
@@ -299,7 +239,7 @@ async fn reconcile(ctx: &Ctx, quota: &ResourceQuota) -> Result<(), crate::Error>
         a.map(|a| {
             a.len() == b.len()
                 && a.iter()
-                    .all(|(k, v)| b.get(k).and_then(|w| parse_quantity(w)) == parse_quantity(&v.0))
+                    .all(|(k, v)| b.get(k).and_then(|w| milli(w)) == milli(&v.0))
         })
         .unwrap_or(b.is_empty())
     };
@@ -331,20 +271,21 @@ mod tests {
 
     #[test]
     fn quantities_parse_to_thousandths_and_format_back() {
-        assert_eq!(parse_quantity("500m"), Some(500));
-        assert_eq!(parse_quantity("2"), Some(2000));
-        assert_eq!(parse_quantity("1.5"), Some(1500));
-        assert_eq!(parse_quantity("1Gi"), Some(1_073_741_824_000));
-        assert_eq!(parse_quantity("128Mi"), Some(134_217_728_000));
-        assert_eq!(parse_quantity("1k"), Some(1_000_000));
-        assert_eq!(parse_quantity("1e3"), Some(1_000_000));
-        assert_eq!(parse_quantity("100n"), Some(1), "rounded up");
-        assert_eq!(parse_quantity("bogus"), None);
-        assert_eq!(parse_quantity("1Zi"), None);
+        assert_eq!(milli("500m"), Some(500));
+        assert_eq!(milli("2"), Some(2000));
+        assert_eq!(milli("1.5"), Some(1500));
+        assert_eq!(milli("1Gi"), Some(1_073_741_824_000));
+        assert_eq!(milli("128Mi"), Some(134_217_728_000));
+        assert_eq!(milli("1k"), Some(1_000_000));
+        assert_eq!(milli("1e3"), Some(1_000_000));
+        assert_eq!(milli("100n"), Some(1), "rounded up");
+        assert_eq!(milli("bogus"), None);
+        assert_eq!(milli("1Zi"), None);
         assert_eq!(format_quantity(1500, false), "1500m");
         assert_eq!(format_quantity(3000, false), "3");
         assert_eq!(format_quantity(1_073_741_824_000, true), "1Gi");
-        assert_eq!(format_quantity(1_000_000, true), "1000");
+        assert_eq!(format_quantity(1_000_000, true), "1k", "below 1Ki: decimal");
+        assert_eq!(format_quantity(3_000_000, false), "3k");
     }
 
     #[test]

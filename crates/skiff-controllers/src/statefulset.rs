@@ -18,9 +18,10 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::common;
-use crate::daemonset::{ensure_revision, REVISION_HASH};
+use crate::common::ensure_revision;
 use crate::framework::{self, Next, Queue};
 use crate::{Ctx, Error};
+use skiff_helpers::workloads::CONTROLLER_REVISION_HASH as REVISION_HASH;
 
 const COMPONENT: &str = "statefulset-controller";
 pub const POD_NAME: &str = "statefulset.kubernetes.io/pod-name";
@@ -81,8 +82,12 @@ pub fn stateful_pod(
     let name = sts.metadata.name.clone().unwrap_or_default();
     let spec = sts.spec.clone().unwrap_or_default();
     let pod_name = format!("{name}-{ordinal}");
-    let mut pod =
-        crate::replicaset::pod_from_template(template, &sts.metadata, "apps/v1", "StatefulSet");
+    let mut pod = skiff_helpers::workloads::pod_from_template(
+        template,
+        &sts.metadata,
+        "apps/v1",
+        "StatefulSet",
+    );
     pod.metadata.generate_name = None;
     pod.metadata.name = Some(pod_name.clone());
     let labels = pod.metadata.labels.get_or_insert_with(BTreeMap::new);
@@ -229,8 +234,10 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Next, Error> {
     // As Kubernetes' StatefulSet controller, an absent collisionCount counts
     // as 0 (the status it writes always carries one), so the hash does not
     // change when the first status is written.
-    let update_hash =
-        crate::deployment::template_hash(&template, Some(status.collision_count.unwrap_or(0)));
+    let update_hash = skiff_helpers::workloads::template_hash(
+        &template,
+        Some(status.collision_count.unwrap_or(0)),
+    );
     ensure_revision(ctx, &sts.metadata, "StatefulSet", &update_hash, &template).await?;
     let update_revision = format!("{name}-{update_hash}");
     let current_revision = status

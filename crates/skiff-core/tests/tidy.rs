@@ -89,3 +89,89 @@ fn the_tidy_check_catches_what_it_is_for() {
     let line = "    match (res.group, res.kind) {";
     assert!(FORBIDDEN.iter().any(|p| line.contains(p)));
 }
+
+/// Kubernetes' shared semantics and where their one definition lives.
+const DEFINED_ONCE: &[(&str, &str)] = &[
+    ("fn tolerates(", "skiff_helpers::scheduling"),
+    ("struct NodeTerm", "skiff_helpers::scheduling"),
+    ("struct RequiredNodeAffinity", "skiff_helpers::scheduling"),
+    ("fn parse_quantity(", "skiff_helpers::quantity"),
+    ("fn parse_milli(", "skiff_helpers::quantity"),
+    ("fn qos_class(", "skiff_helpers::qos"),
+    ("fn template_hash(", "skiff_helpers::workloads"),
+    ("fn pod_from_template(", "skiff_helpers::workloads"),
+    ("fn controller_ref(", "skiff_helpers::workloads"),
+];
+
+#[test]
+fn shared_semantics_are_defined_once_in_skiff_helpers() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("crates dir");
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(crates).expect("crates dir") {
+        let dir = entry.expect("entry").path();
+        if dir.file_name().is_some_and(|n| n != "skiff-helpers") && dir.join("src").is_dir() {
+            rust_files(&dir.join("src"), &mut files);
+        }
+    }
+    assert!(files.len() > 100, "found only {} files", files.len());
+    let mut offences = Vec::new();
+    for path in &files {
+        let text = std::fs::read_to_string(path).expect("read source");
+        for (pattern, home) in DEFINED_ONCE {
+            if text.contains(pattern) {
+                offences.push(format!(
+                    "{}: `{pattern}` is defined in {home}",
+                    path.strip_prefix(crates).unwrap_or(path).display()
+                ));
+            }
+        }
+    }
+    assert!(offences.is_empty(), "duplicates:\n{}", offences.join("\n"));
+}
+
+#[test]
+fn no_controller_imports_another() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("crates dir")
+        .join("skiff-controllers/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    // A controller is a module that registers one.
+    let controllers: Vec<(PathBuf, String)> = files
+        .iter()
+        .filter(|p| {
+            std::fs::read_to_string(p)
+                .expect("read source")
+                .contains("pub fn register(")
+        })
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_string_lossy().to_string();
+            (p.clone(), name)
+        })
+        .collect();
+    assert!(
+        controllers.len() > 10,
+        "found only {} controllers",
+        controllers.len()
+    );
+    let mut offences = Vec::new();
+    for (path, name) in &controllers {
+        let text = std::fs::read_to_string(path).expect("read source");
+        for (_, other) in controllers.iter().filter(|(_, o)| o != name) {
+            for needle in [format!("crate::{other}::"), format!("crate::{other}::{{")] {
+                if text.contains(&needle) {
+                    offences.push(format!("{name}.rs uses {needle}"));
+                }
+            }
+        }
+    }
+    offences.dedup();
+    assert!(
+        offences.is_empty(),
+        "what controllers share belongs in common.rs or skiff_helpers:\n{}",
+        offences.join("\n")
+    );
+}
