@@ -445,6 +445,30 @@ async fn custom_resources_are_served_once_the_definition_is_established() {
     assert_eq!(list.body["items"], json!([]));
 }
 
+/// The NamesAccepted condition and accepted names of a definition once the
+/// server has given it a NamesAccepted condition.
+async fn names_accepted(api: &Api, name: &str) -> (Value, Value) {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = api
+            .get(&format!(
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+            ))
+            .await;
+        let cond = r.body["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "NamesAccepted")
+            .cloned();
+        if let Some(c) = cond {
+            return (c, r.body["status"]["acceptedNames"].clone());
+        }
+        assert!(Instant::now() < end, "{}", r.body);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_name_taken_by_another_definition_is_not_accepted() {
     let api = api().await;
@@ -454,38 +478,62 @@ async fn a_name_taken_by_another_definition_is_not_accepted() {
     )
     .await;
     established(&api, "widgets.example.com").await;
-    let mut other = widget_crd();
-    other["metadata"]["name"] = json!("gizmos.example.com");
-    other["spec"]["names"] = json!({"plural": "gizmos", "singular": "gizmo", "kind": "Widget"});
-    let r = api
-        .post(
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-            other,
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
-    let end = Instant::now() + Duration::from_secs(10);
-    loop {
+    // Each definition asks for one name that widgets.example.com has (its
+    // plural, singular, short name, kind, list kind): the reason names
+    // which, as kube-apiextensions-server's naming controller does, and
+    // the free names are accepted.
+    let cases = [
+        (
+            json!({"plural": "wd", "singular": "wdee", "kind": "Wdee"}),
+            "PluralConflict",
+            "\"wd\" is already in use",
+            json!({"plural": "", "singular": "wdee", "kind": "Wdee", "listKind": "WdeeList"}),
+        ),
+        (
+            json!({"plural": "things", "singular": "widget", "kind": "Thing"}),
+            "SingularConflict",
+            "\"widget\" is already in use",
+            json!({"plural": "things", "kind": "Thing", "listKind": "ThingList"}),
+        ),
+        (
+            json!({"plural": "bolts", "kind": "Bolt", "shortNames": ["b", "wd", "widgets"]}),
+            "ShortNamesConflict",
+            "[\"wd\" is already in use, \"widgets\" is already in use]",
+            json!({"plural": "bolts", "singular": "bolt", "kind": "Bolt", "listKind": "BoltList"}),
+        ),
+        (
+            json!({"plural": "gizmos", "singular": "gizmo", "kind": "Widget", "listKind": "GizmoList"}),
+            "KindConflict",
+            "\"Widget\" is already in use",
+            json!({"plural": "gizmos", "singular": "gizmo", "kind": "", "listKind": "GizmoList"}),
+        ),
+        (
+            json!({"plural": "nuts", "kind": "Nut", "listKind": "WidgetList"}),
+            "ListKindConflict",
+            "\"WidgetList\" is already in use",
+            json!({"plural": "nuts", "singular": "nut", "kind": "Nut"}),
+        ),
+    ];
+    for (names, reason, message, accepted) in cases {
+        let plural = names["plural"].as_str().unwrap().to_string();
+        let mut other = widget_crd();
+        other["metadata"]["name"] = json!(format!("{plural}.example.com"));
+        other["spec"]["names"] = names;
         let r = api
-            .get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gizmos.example.com")
+            .post(
+                "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                other,
+            )
             .await;
-        let cond = r.body["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == "NamesAccepted")
-            .cloned();
-        if let Some(c) = cond {
-            assert_eq!(c["status"], "False");
-            assert_eq!(c["reason"], "NameConflict");
-            assert_eq!(c["message"], "\"Widget\" is already in use");
-            break;
-        }
-        assert!(Instant::now() < end, "{}", r.body);
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+        let (c, got) = names_accepted(&api, &format!("{plural}.example.com")).await;
+        assert_eq!(c["status"], "False", "{plural}: {c}");
+        assert_eq!(c["reason"], reason, "{plural}: {c}");
+        assert_eq!(c["message"], message, "{plural}: {c}");
+        assert_eq!(got, accepted, "{plural}");
+        let r = api.get(&format!("/apis/example.com/v1/{plural}")).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{plural}");
     }
-    let r = api.get("/apis/example.com/v1/gizmos").await;
-    assert_eq!(r.status, StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]

@@ -373,3 +373,87 @@ async fn scale_updates_are_admitted_as_the_scale_subresource() {
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(b["spec"]["replicas"], 2);
 }
+
+/// A binding whose matchResources has only a namespaceSelector applies to
+/// everything its policy matches in the selected namespaces (an unset
+/// resourceRules does not constrain), and reads back with Kubernetes'
+/// defaults.
+#[tokio::test]
+async fn a_binding_with_only_a_namespace_selector_applies_in_the_selected_namespaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let server = ApiServer::start(store, Default::default()).await.unwrap();
+    let admin = server.in_process_router("admin");
+    for (ns, labels) in [("prod", json!({"env": "prod"})), ("dev", json!({}))] {
+        let (s, b, _) = call(
+            &admin,
+            "POST",
+            "/api/v1/namespaces",
+            Some(json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": ns, "labels": labels}})),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{b}");
+    }
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        VAP,
+        Some(policy(
+            "max-replicas",
+            json!({"validations": [{"expression": "object.spec.replicas <= 3",
+                "message": "at most 3"}]}),
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        VAPB,
+        Some(binding(
+            "prod-only",
+            "max-replicas",
+            json!({"matchResources": {"namespaceSelector": {"matchLabels": {"env": "prod"}}}}),
+        )),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    assert_eq!(
+        b["spec"]["matchResources"],
+        json!({"namespaceSelector": {"matchLabels": {"env": "prod"}},
+            "matchPolicy": "Equivalent", "objectSelector": {}})
+    );
+
+    let mut refused = None;
+    for i in 0..200 {
+        let r = call(
+            &admin,
+            "POST",
+            "/apis/apps/v1/namespaces/prod/deployments",
+            Some(deployment(&format!("big-{i}"), 5)),
+        )
+        .await;
+        if r.0 != StatusCode::CREATED {
+            refused = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (s, b, _) = refused.expect("the binding never applied in the selected namespace");
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert_eq!(
+        b["message"],
+        "ValidatingAdmissionPolicy 'max-replicas' with binding 'prod-only' denied request: at most 3"
+    );
+    // Another namespace is not selected.
+    let (s, b, _) = call(
+        &admin,
+        "POST",
+        "/apis/apps/v1/namespaces/dev/deployments",
+        Some(deployment("big", 5)),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+}

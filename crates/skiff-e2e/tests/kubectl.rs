@@ -422,8 +422,12 @@ fn apply_twice_then_server_side_and_diff() {
     ]);
     let out = s.kubectl_stdin(&["apply", "--server-side", "-f", "-"], &cm);
     assert!(!out.status.success());
+    // Worded as kube-apiserver words it: an Update manager with the
+    // version it wrote.
     assert!(
-        text(&out.stderr).contains("conflict with \"kubectl-patch\""),
+        text(&out.stderr).contains(
+            "Apply failed with 1 conflict: conflict with \"kubectl-patch\" using v1: .data.mode"
+        ),
         "{}",
         text(&out.stderr)
     );
@@ -439,6 +443,22 @@ fn apply_twice_then_server_side_and_diff() {
     assert!(
         mf.contains("\"manager\": \"kubectl\"") && mf.contains("\"operation\": \"Apply\""),
         "{mf}"
+    );
+
+    // A conflict inside a list item names the item by its key as a JSON
+    // value, as kube-apiserver prints the path.
+    let out = s.kubectl_stdin(
+        &["apply", "--server-side", "--field-manager=other", "-f", "-"],
+        &deployment(4, "busybox:1.37"),
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains(
+            "Apply failed with 1 conflict: conflict with \"kubectl-client-side-apply\" using apps/v1: \
+             .spec.template.spec.containers[name=\"httpd\"].image"
+        ),
+        "{}",
+        text(&out.stderr)
     );
 }
 

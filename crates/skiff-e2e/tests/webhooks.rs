@@ -393,3 +393,58 @@ fn a_validating_admission_policy_denies_too_many_replicas_with_kubectl() {
     // `deployments` does not match (as in Kubernetes).
     s.ok(&["scale", "deployment", "small", "--replicas=4"]);
 }
+
+/// A binding that scopes the policy to labelled namespaces with only a
+/// `namespaceSelector` (no resourceRules) applies to every resource the
+/// policy matches there, and nowhere else.
+#[test]
+fn a_binding_scoped_to_labelled_namespaces_denies_only_there_with_kubectl() {
+    let s = Server::start();
+    s.ok(&["create", "namespace", "prod"]);
+    s.ok(&["label", "namespace", "prod", "environment=prod"]);
+    s.ok(&["create", "namespace", "dev"]);
+    let scoped = POLICY.replace(
+        "  validationActions: [Deny]\n",
+        "  validationActions: [Deny]\n  matchResources:\n    namespaceSelector:\n      matchLabels:\n        environment: prod\n",
+    );
+    assert_ne!(scoped, POLICY);
+    s.ok_stdin(&["apply", "-f", "-"], &scoped);
+    let stderr = wait_until("the binding to deny in prod", 30, || {
+        let out = s.kubectl(&[
+            "create",
+            "deployment",
+            "big",
+            "-n",
+            "prod",
+            "--image=busybox",
+            "--replicas=5",
+        ]);
+        (!out.status.success()).then(|| text(&out.stderr))
+    });
+    assert!(
+        stderr.contains(
+            "ValidatingAdmissionPolicy 'max-replicas' with binding 'max-replicas-binding' denied request: a deployment may have at most 3 replicas"
+        ),
+        "{stderr}"
+    );
+    // The binding reads back with Kubernetes' defaults.
+    assert_eq!(
+        s.ok(&[
+            "get",
+            "validatingadmissionpolicybinding",
+            "max-replicas-binding",
+            "-o",
+            "jsonpath={.spec.matchResources.matchPolicy}",
+        ]),
+        "Equivalent"
+    );
+    s.ok(&[
+        "create",
+        "deployment",
+        "big",
+        "-n",
+        "dev",
+        "--image=busybox",
+        "--replicas=5",
+    ]);
+}

@@ -86,24 +86,33 @@ pub async fn run(reg: Weak<Registry>) {
     };
     loop {
         let Some(r) = reg.upgrade() else { return };
-        let crds: Vec<Arc<Value>> = cache
+        let mut crds: Vec<Arc<Value>> = cache
             .snapshot(&Filter::default())
             .into_iter()
             .filter_map(|o| o.value())
             .collect();
         let mut pending = false;
-        for crd in &crds {
-            let res = if meta_str(crd, "deletionTimestamp").is_empty() {
-                establish(&r, crd, &crds).await.map(|_| true)
+        for i in 0..crds.len() {
+            let crd = crds[i].clone();
+            let res = if meta_str(&crd, "deletionTimestamp").is_empty() {
+                // Later definitions of this pass see the names this one
+                // was given (two new definitions asking for one name do
+                // not both get it).
+                establish(&r, &crd, &crds).await.map(|written| {
+                    if let Some(w) = written {
+                        crds[i] = Arc::new(w);
+                    }
+                    true
+                })
             } else {
-                clean_up(&r, crd).await
+                clean_up(&r, &crd).await
             };
             match res {
                 Ok(done) => pending |= !done,
                 Err(e) if e.code == 409 || e.code == 404 => pending = true,
                 Err(e) => {
                     pending = true;
-                    tracing::warn!(crd = %meta_str(crd, "name"), error = %e, "CustomResourceDefinition");
+                    tracing::warn!(crd = %meta_str(&crd, "name"), error = %e, "CustomResourceDefinition");
                 }
             }
         }
@@ -120,10 +129,47 @@ pub async fn run(reg: Weak<Registry>) {
     }
 }
 
-/// The names a definition asks for that another one (accepted, in the same
-/// group) or a built-in resource of the group already has; Kubernetes'
-/// NamingConditionController's message.
-pub fn name_conflict(crd: &Value, others: &[Arc<Value>]) -> Option<String> {
+/// What kube-apiextensions-server's naming controller decides for a
+/// definition: the names it may have (`status.acceptedNames`: each asked
+/// name that is its own already or free, else the one it had) and, when a
+/// name is taken, the NamesAccepted=False reason and message.
+pub struct Naming {
+    pub accepted: Value,
+    /// (`PluralConflict` | `SingularConflict` | `ShortNamesConflict` |
+    /// `KindConflict` | `ListKindConflict`, `"x" is already in use`); the
+    /// last check that fails gives it, as in Kubernetes.
+    pub conflict: Option<(&'static str, String)>,
+}
+
+fn strings_at(v: &Value, ptr: &str) -> Vec<String> {
+    v.pointer(ptr)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A name the definition asks for is fine when it already has it or nobody
+/// in the group has it.
+fn equal_to_accepted_or_fresh(
+    requested: &str,
+    accepted: &str,
+    used: &std::collections::HashSet<String>,
+) -> Result<(), String> {
+    if requested == accepted || !used.contains(requested) {
+        return Ok(());
+    }
+    Err(format!("{requested:?} is already in use"))
+}
+
+/// Checks a definition's names against the accepted names of every
+/// definition of its group (itself included, as `crd` has it; `all` may
+/// hold an older copy of it) and the group's built-in resources.
+pub fn naming(crd: &Value, all: &[Arc<Value>]) -> Naming {
     let s = |v: &Value, p: &str| {
         v.pointer(p)
             .and_then(Value::as_str)
@@ -132,62 +178,98 @@ pub fn name_conflict(crd: &Value, others: &[Arc<Value>]) -> Option<String> {
     };
     let group = s(crd, "/spec/group");
     let name = meta_str(crd, "name");
-    let plural = s(crd, "/spec/names/plural");
-    let singular = s(crd, "/spec/names/singular");
-    let kind = s(crd, "/spec/names/kind");
-    let list_kind = s(crd, "/spec/names/listKind");
-    let shorts: Vec<String> = crd
-        .pointer("/spec/names/shortNames")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
-    // Built-in resources of the group.
+    let mut resources_used = std::collections::HashSet::new();
+    let mut kinds_used = std::collections::HashSet::new();
     for r in resources::RESOURCES.iter().filter(|r| r.group == group) {
-        if r.plural == plural || r.singular == plural {
-            return Some(format!("{plural:?} is already in use"));
-        }
-        if r.kind == kind {
-            return Some(format!("{kind:?} is already in use"));
-        }
+        resources_used.insert(r.plural.to_string());
+        resources_used.insert(r.singular.to_string());
+        resources_used.extend(r.short_names.iter().map(|n| n.to_string()));
+        kinds_used.insert(r.kind.to_string());
+        kinds_used.insert(format!("{}List", r.kind));
     }
-    for o in others {
-        if meta_str(o, "name") == name || s(o, "/spec/group") != group {
-            continue;
-        }
+    let others = all
+        .iter()
+        .map(|o| &**o)
+        .filter(|o| meta_str(o, "name") != name && s(o, "/spec/group") == group);
+    for o in others.chain(std::iter::once(crd)) {
         let a = |f: &str| s(o, &format!("/status/acceptedNames/{f}"));
-        let (op, os, ok, olk) = (a("plural"), a("singular"), a("kind"), a("listKind"));
-        if !op.is_empty() && (op == plural || os == plural) {
-            return Some(format!("{plural:?} is already in use"));
-        }
-        if !os.is_empty() && (op == singular || os == singular) {
-            return Some(format!("{singular:?} is already in use"));
-        }
-        let oshorts: Vec<String> = o
-            .pointer("/status/acceptedNames/shortNames")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let Some(sn) = shorts.iter().find(|x| oshorts.contains(x)) {
-            return Some(format!("{sn:?} is already in use"));
-        }
-        if !ok.is_empty() && (ok == kind || olk == kind) {
-            return Some(format!("{kind:?} is already in use"));
-        }
-        if !olk.is_empty() && (ok == list_kind || olk == list_kind) {
-            return Some(format!("{list_kind:?} is already in use"));
+        resources_used.insert(a("plural"));
+        resources_used.insert(a("singular"));
+        resources_used.extend(strings_at(o, "/status/acceptedNames/shortNames"));
+        kinds_used.insert(a("kind"));
+        kinds_used.insert(a("listKind"));
+    }
+    let requested = |f: &str| s(crd, &format!("/spec/names/{f}"));
+    let accepted = |f: &str| s(crd, &format!("/status/acceptedNames/{f}"));
+    let mut names = crd
+        .pointer("/status/acceptedNames")
+        .filter(|n| n.is_object())
+        .cloned()
+        .unwrap_or(json!({}));
+    let mut conflict = None;
+    let checks: [(&str, &str, &std::collections::HashSet<String>); 2] = [
+        ("plural", "PluralConflict", &resources_used),
+        ("singular", "SingularConflict", &resources_used),
+    ];
+    for (field, reason, used) in checks {
+        match equal_to_accepted_or_fresh(&requested(field), &accepted(field), used) {
+            Ok(()) => names[field] = json!(requested(field)),
+            Err(m) => conflict = Some((reason, m)),
         }
     }
-    None
+    let want_short = strings_at(crd, "/spec/names/shortNames");
+    let have_short = strings_at(crd, "/status/acceptedNames/shortNames");
+    if want_short != have_short {
+        let mut errs: Vec<String> = Vec::new();
+        for sn in want_short.iter().filter(|sn| !have_short.contains(sn)) {
+            if let Err(m) = equal_to_accepted_or_fresh(sn, "", &resources_used) {
+                if !errs.contains(&m) {
+                    errs.push(m);
+                }
+            }
+        }
+        match errs.len() {
+            0 => names["shortNames"] = json!(want_short),
+            1 => conflict = Some(("ShortNamesConflict", errs.remove(0))),
+            _ => conflict = Some(("ShortNamesConflict", format!("[{}]", errs.join(", ")))),
+        }
+    }
+    let checks: [(&str, &str, &std::collections::HashSet<String>); 2] = [
+        ("kind", "KindConflict", &kinds_used),
+        ("listKind", "ListKindConflict", &kinds_used),
+    ];
+    for (field, reason, used) in checks {
+        match equal_to_accepted_or_fresh(&requested(field), &accepted(field), used) {
+            Ok(()) => names[field] = json!(requested(field)),
+            Err(m) => conflict = Some((reason, m)),
+        }
+    }
+    match crd.pointer("/spec/names/categories") {
+        Some(c) if !c.is_null() => names["categories"] = c.clone(),
+        _ => {
+            if let Some(m) = names.as_object_mut() {
+                m.remove("categories");
+            }
+        }
+    }
+    if conflict.is_none() {
+        // Every asked name is accepted: the accepted names are the asked ones.
+        names = crd.pointer("/spec/names").cloned().unwrap_or(json!({}));
+    }
+    // As Kubernetes serializes the names: plural and kind always, the
+    // others only when set.
+    if let Some(m) = names.as_object_mut() {
+        m.retain(|k, v| match v {
+            Value::Null => false,
+            Value::String(s) => !s.is_empty() || k == "plural" || k == "kind",
+            Value::Array(a) => !a.is_empty(),
+            _ => true,
+        });
+    }
+    Naming {
+        accepted: names,
+        conflict,
+    }
 }
 
 /// The status a definition should have now.
@@ -196,13 +278,10 @@ fn desired_status(crd: &Value, others: &[Arc<Value>]) -> Value {
     if !obj.get("status").map(Value::is_object).unwrap_or(false) {
         obj["status"] = json!({});
     }
-    match name_conflict(crd, others) {
+    let naming = naming(crd, others);
+    obj["status"]["acceptedNames"] = naming.accepted;
+    match naming.conflict {
         None => {
-            let mut names = crd.pointer("/spec/names").cloned().unwrap_or(json!({}));
-            if let Some(m) = names.as_object_mut() {
-                m.retain(|_, v| !v.is_null());
-            }
-            obj["status"]["acceptedNames"] = names;
             set_condition(
                 &mut obj,
                 "NamesAccepted",
@@ -218,14 +297,8 @@ fn desired_status(crd: &Value, others: &[Arc<Value>]) -> Value {
                 Some("the initial names have been accepted"),
             );
         }
-        Some(msg) => {
-            set_condition(
-                &mut obj,
-                "NamesAccepted",
-                "False",
-                Some("NameConflict"),
-                Some(&msg),
-            );
+        Some((reason, msg)) => {
+            set_condition(&mut obj, "NamesAccepted", "False", Some(reason), Some(&msg));
             if !custom::is_established(crd) {
                 set_condition(
                     &mut obj,
@@ -264,10 +337,15 @@ fn desired_status(crd: &Value, others: &[Arc<Value>]) -> Value {
     obj
 }
 
-async fn establish(reg: &Registry, crd: &Value, all: &[Arc<Value>]) -> Result<(), ApiError> {
+/// Writes the status a definition should have; the object written, if any.
+async fn establish(
+    reg: &Registry,
+    crd: &Value,
+    all: &[Arc<Value>],
+) -> Result<Option<Value>, ApiError> {
     let want = desired_status(crd, all);
     if want.get("status") == crd.get("status") {
-        return Ok(());
+        return Ok(None);
     }
     let name = meta_str(crd, "name").to_string();
     reg.update(
@@ -282,7 +360,7 @@ async fn establish(reg: &Registry, crd: &Value, all: &[Arc<Value>]) -> Result<()
         },
     )
     .await
-    .map(|_| ())
+    .map(|(written, _)| Some(written))
 }
 
 /// One pass over a definition being deleted: deletes its objects; once
@@ -359,4 +437,89 @@ async fn clean_up(reg: &Registry, crd: &Value) -> Result<bool, ApiError> {
     )
     .await?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn crd(name: &str, names: Value, accepted: Value) -> Value {
+        json!({"metadata": {"name": name},
+            "spec": {"group": "example.com", "names": names},
+            "status": {"acceptedNames": accepted}})
+    }
+
+    fn widgets() -> Arc<Value> {
+        let names = json!({"plural": "widgets", "singular": "widget", "shortNames": ["wd"],
+            "kind": "Widget", "listKind": "WidgetList"});
+        Arc::new(crd("widgets.example.com", names.clone(), names))
+    }
+
+    #[test]
+    fn a_definition_keeps_its_own_names_and_takes_free_ones() {
+        // Renaming its kind to a free one while keeping the others.
+        let names = json!({"plural": "widgets", "singular": "widget", "shortNames": ["wd"],
+            "kind": "Gadget", "listKind": "GadgetList"});
+        let mine = crd(
+            "widgets.example.com",
+            names.clone(),
+            widgets()["status"]["acceptedNames"].clone(),
+        );
+        let n = naming(&mine, &[widgets()]);
+        assert!(n.conflict.is_none());
+        assert_eq!(n.accepted, names);
+    }
+
+    #[test]
+    fn a_taken_name_keeps_the_accepted_one_and_the_last_check_gives_the_reason() {
+        // Kind and list kind both taken: ListKindConflict (the last check),
+        // and the accepted kind stays what it was.
+        let other = crd(
+            "gizmos.example.com",
+            json!({"plural": "gizmos", "singular": "gizmo", "kind": "Widget",
+                "listKind": "WidgetList", "categories": ["all"]}),
+            json!({"plural": "", "kind": ""}),
+        );
+        let n = naming(&other, &[widgets()]);
+        assert_eq!(
+            n.conflict,
+            Some((
+                "ListKindConflict",
+                "\"WidgetList\" is already in use".into()
+            ))
+        );
+        assert_eq!(
+            n.accepted,
+            json!({"plural": "gizmos", "kind": "", "singular": "gizmo", "categories": ["all"]})
+        );
+        // A built-in resource's names are taken too.
+        let mut pods = crd(
+            "pods.example.com",
+            json!({"plural": "pods", "kind": "Pod", "listKind": "PodList"}),
+            json!({"plural": "", "kind": ""}),
+        );
+        pods["spec"]["group"] = json!("");
+        assert_eq!(
+            naming(&pods, &[]).conflict.map(|c| c.0),
+            Some("ListKindConflict")
+        );
+    }
+
+    #[test]
+    fn short_names_already_accepted_are_kept_and_new_taken_ones_are_all_named() {
+        let mine = crd(
+            "bolts.example.com",
+            json!({"plural": "bolts", "kind": "Bolt", "shortNames": ["b", "wd", "widget"]}),
+            json!({"plural": "bolts", "kind": "Bolt", "shortNames": ["b"]}),
+        );
+        let n = naming(&mine, &[widgets()]);
+        assert_eq!(
+            n.conflict,
+            Some((
+                "ShortNamesConflict",
+                "[\"wd\" is already in use, \"widget\" is already in use]".into()
+            ))
+        );
+        assert_eq!(n.accepted["shortNames"], json!(["b"]));
+    }
 }

@@ -69,7 +69,38 @@ impl Matcher {
         }
     }
 
-    /// The version of the request's resource this matcher selects, if any.
+    /// The version of the request's resource `list` selects, if any: the
+    /// requested version first, then (matchPolicy Equivalent) the other
+    /// versions of the same resource.
+    fn rules_match(
+        &self,
+        list: &[(Rule, Vec<String>)],
+        a: &Attributes<'_>,
+    ) -> Option<&'static ResourceInfo> {
+        let namespaced = !a.namespace.is_empty();
+        let hit = |r: &ResourceInfo| {
+            list.iter().any(|(rule, names)| {
+                rule.matches(a.op, r.group, r.version, r.plural, a.sub, namespaced)
+                    && (names.is_empty() || names.iter().any(|n| n == a.name))
+            })
+        };
+        if hit(a.request_res) {
+            return Some(a.request_res);
+        }
+        if !self.equivalent {
+            return None;
+        }
+        equivalents(a.res)
+            .filter(|r| *r != a.request_res)
+            .find(|r| hit(r))
+    }
+
+    /// The version of the request's resource this matcher selects, if any,
+    /// as Kubernetes' `matching.Matcher`: the selectors, then
+    /// excludeResourceRules, then resourceRules, of which an empty list
+    /// constrains nothing (a binding that only selects namespaces applies
+    /// to whatever its policy matches). A selector that cannot be
+    /// evaluated is an error only for a request the rules select.
     fn matches(
         &self,
         a: &Attributes<'_>,
@@ -77,34 +108,36 @@ impl Matcher {
         obj: Option<&Value>,
         old: Option<&Value>,
     ) -> Result<Option<&'static ResourceInfo>, String> {
-        let namespaced = !a.namespace.is_empty();
-        let hit = |list: &[(Rule, Vec<String>)], r: &ResourceInfo| {
-            list.iter().any(|(rule, names)| {
-                rule.matches(a.op, r.group, r.version, r.plural, a.sub, namespaced)
-                    && (names.is_empty() || names.iter().any(|n| n == a.name))
-            })
-        };
-        let version = if hit(&self.rules, a.request_res) {
+        let ns_match = self
+            .namespace_selector
+            .as_ref()
+            .map(|sel| match (sel, ns_labels) {
+                (Some(sel), Some(labels)) => sel.matches(labels),
+                _ => true,
+            });
+        if ns_match == Ok(false) {
+            return Ok(None);
+        }
+        let obj_match = self
+            .object_selector
+            .as_ref()
+            .map(|sel| rules::object_matches(sel, obj, old));
+        if obj_match == Ok(false) {
+            return Ok(None);
+        }
+        if self.rules_match(&self.exclude, a).is_some() {
+            return Ok(None);
+        }
+        let version = if self.rules.is_empty() {
             Some(a.request_res)
-        } else if self.equivalent {
-            equivalents(a.res).find(|r| hit(&self.rules, r))
         } else {
-            None
+            self.rules_match(&self.rules, a)
         };
         let Some(version) = version else {
             return Ok(None);
         };
-        if equivalents(a.res).any(|r| hit(&self.exclude, r)) {
-            return Ok(None);
-        }
-        if let (Some(sel), Some(labels)) = (self.namespace_selector.as_ref()?, ns_labels) {
-            if !sel.matches(labels) {
-                return Ok(None);
-            }
-        }
-        if !rules::object_matches(self.object_selector.as_ref()?, obj, old) {
-            return Ok(None);
-        }
+        ns_match.map_err(Clone::clone)?;
+        obj_match.map_err(Clone::clone)?;
         Ok(Some(version))
     }
 }
@@ -122,7 +155,8 @@ struct Validation {
 struct Policy {
     name: String,
     fail: bool,
-    matcher: Matcher,
+    /// None without matchConstraints: the policy matches nothing.
+    matcher: Option<Matcher>,
     match_conditions: Vec<MatchCondition>,
     variables: Vec<(String, Compiled)>,
     validations: Vec<Validation>,
@@ -151,7 +185,10 @@ impl Policy {
         Policy {
             name: str_at(v, "/metadata/name").to_string(),
             fail: str_at(&spec, "/failurePolicy") != "Ignore",
-            matcher: Matcher::from_json(spec.get("matchConstraints").unwrap_or(&json!({}))),
+            matcher: spec
+                .get("matchConstraints")
+                .filter(|m| m.is_object())
+                .map(Matcher::from_json),
             match_conditions: rules::match_conditions(spec.get("matchConditions")),
             variables: spec
                 .get("variables")
@@ -477,7 +514,8 @@ pub async fn validate(
                 Ok(())
             }
         };
-        let version = match p.matcher.matches(a, &ns_labels, obj, old) {
+        let Some(matcher) = &p.matcher else { continue };
+        let version = match matcher.matches(a, &ns_labels, obj, old) {
             Ok(Some(v)) => v,
             Ok(None) => continue,
             Err(e) => {
@@ -556,4 +594,265 @@ fn actions(b: &Binding) -> Vec<&'static str> {
         out.push("Audit");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Identity;
+    use crate::webhook::{Admission, Operation};
+
+    fn res(group: &str, version: &str, plural: &str) -> &'static ResourceInfo {
+        resources::lookup(group, version, plural).expect("served")
+    }
+
+    /// Whether `m` (MatchResources JSON) selects a request, and at which
+    /// version: (group, version, plural, namespace, name, object labels,
+    /// namespace labels).
+    fn selects(
+        m: Value,
+        (group, version, plural): (&str, &str, &str),
+        op: Operation,
+        ns: &str,
+        obj_labels: Value,
+        ns_labels: Option<Value>,
+    ) -> Result<Option<String>, String> {
+        let user = Identity::new("u", vec![]);
+        let admission = Admission::default();
+        let r = res(group, version, plural);
+        let a = Attributes {
+            res: r,
+            request_res: r,
+            sub: "",
+            op,
+            namespace: ns,
+            name: "x",
+            user: &user,
+            dry_run: false,
+            options: Value::Null,
+            kind: None,
+            admission: &admission,
+        };
+        let obj = json!({"metadata": {"name": "x", "labels": obj_labels}});
+        let ns_labels = ns_labels.map(|l| l.as_object().cloned().unwrap_or_default());
+        Matcher::from_json(&m)
+            .matches(&a, &ns_labels, Some(&obj), None)
+            .map(|v| v.map(|r| format!("{}/{}/{}", r.group, r.version, r.plural)))
+    }
+
+    const CM: (&str, &str, &str) = ("", "v1", "configmaps");
+    const DEPLOY: (&str, &str, &str) = ("apps", "v1", "deployments");
+    const NODES: (&str, &str, &str) = ("", "v1", "nodes");
+
+    #[test]
+    fn match_resources_select_as_kubernetes_matching_does() {
+        use Operation::*;
+        let team = || Some(json!({"team": "a"}));
+        let none = || Some(json!({}));
+        let cm_rule = json!([{"apiGroups": [""], "apiVersions": ["v1"],
+            "operations": ["CREATE"], "resources": ["configmaps"]}]);
+        let cases: Vec<(
+            &str,
+            Value,
+            (&str, &str, &str),
+            Operation,
+            &str,
+            Value,
+            Option<Value>,
+            Option<&str>,
+        )> = vec![
+            // No resourceRules: every resource, every operation.
+            (
+                "empty",
+                json!({}),
+                CM,
+                Create,
+                "ns",
+                json!({}),
+                none(),
+                Some("/v1/configmaps"),
+            ),
+            (
+                "empty, cluster-scoped",
+                json!({}),
+                NODES,
+                Delete,
+                "",
+                json!({}),
+                None,
+                Some("/v1/nodes"),
+            ),
+            (
+                "only a namespaceSelector, labelled namespace",
+                json!({"namespaceSelector": {"matchLabels": {"team": "a"}}}),
+                DEPLOY,
+                Update,
+                "ns",
+                json!({}),
+                team(),
+                Some("apps/v1/deployments"),
+            ),
+            (
+                "only a namespaceSelector, other namespace",
+                json!({"namespaceSelector": {"matchLabels": {"team": "a"}}}),
+                CM,
+                Create,
+                "ns",
+                json!({}),
+                none(),
+                None,
+            ),
+            (
+                "a namespaceSelector does not constrain cluster-scoped resources",
+                json!({"namespaceSelector": {"matchLabels": {"team": "a"}}}),
+                NODES,
+                Create,
+                "",
+                json!({}),
+                None,
+                Some("/v1/nodes"),
+            ),
+            (
+                "only an objectSelector, labelled object",
+                json!({"objectSelector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]}}),
+                CM,
+                Create,
+                "ns",
+                json!({"app": "x"}),
+                none(),
+                Some("/v1/configmaps"),
+            ),
+            (
+                "only an objectSelector, unlabelled object",
+                json!({"objectSelector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]}}),
+                CM,
+                Create,
+                "ns",
+                json!({}),
+                none(),
+                None,
+            ),
+            (
+                "only excludeResourceRules, excluded",
+                json!({"excludeResourceRules": cm_rule}),
+                CM,
+                Create,
+                "ns",
+                json!({}),
+                none(),
+                None,
+            ),
+            (
+                "only excludeResourceRules, another resource",
+                json!({"excludeResourceRules": cm_rule}),
+                DEPLOY,
+                Create,
+                "ns",
+                json!({}),
+                none(),
+                Some("apps/v1/deployments"),
+            ),
+            (
+                "only excludeResourceRules, another operation",
+                json!({"excludeResourceRules": cm_rule}),
+                CM,
+                Update,
+                "ns",
+                json!({}),
+                none(),
+                Some("/v1/configmaps"),
+            ),
+            (
+                "resourceRules, matched",
+                json!({"resourceRules": cm_rule}),
+                CM,
+                Create,
+                "ns",
+                json!({}),
+                none(),
+                Some("/v1/configmaps"),
+            ),
+            (
+                "resourceRules, not matched",
+                json!({"resourceRules": cm_rule}),
+                DEPLOY,
+                Create,
+                "ns",
+                json!({}),
+                none(),
+                None,
+            ),
+            (
+                "an empty resourceRules list constrains nothing",
+                json!({"resourceRules": []}),
+                DEPLOY,
+                Create,
+                "ns",
+                json!({}),
+                none(),
+                Some("apps/v1/deployments"),
+            ),
+            (
+                "excluded wins over included",
+                json!({"resourceRules": cm_rule, "excludeResourceRules": cm_rule}),
+                CM,
+                Create,
+                "ns",
+                json!({}),
+                none(),
+                None,
+            ),
+            (
+                "resourceNames",
+                json!({"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["*"], "resources": ["configmaps"], "resourceNames": ["y"]}]}),
+                CM,
+                Create,
+                "ns",
+                json!({}),
+                none(),
+                None,
+            ),
+        ];
+        for (name, m, r, op, ns, obj_labels, ns_labels, want) in cases {
+            assert_eq!(
+                selects(m, r, op, ns, obj_labels, ns_labels),
+                Ok(want.map(str::to_string)),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_selector_is_an_error_only_where_the_rules_match() {
+        let bad = json!({"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+            "operations": ["CREATE"], "resources": ["configmaps"]}],
+            "namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "Bogus"}]}});
+        assert!(selects(
+            bad.clone(),
+            CM,
+            Operation::Create,
+            "ns",
+            json!({}),
+            Some(json!({}))
+        )
+        .is_err());
+        assert_eq!(
+            selects(
+                bad,
+                DEPLOY,
+                Operation::Create,
+                "ns",
+                json!({}),
+                Some(json!({}))
+            ),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn a_policy_without_match_constraints_matches_nothing() {
+        let p = Policy::from_json(&json!({"metadata": {"name": "p"}, "spec": {}}));
+        assert!(p.matcher.is_none());
+    }
 }

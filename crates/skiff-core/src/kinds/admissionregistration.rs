@@ -348,6 +348,21 @@ pub const POLICY_VARS: &[&str] = &[
     "variables",
 ];
 
+/// A `MatchResources`' defaults (a policy's matchConstraints, a binding's
+/// matchResources): matchPolicy Equivalent, empty selectors, scope `*`.
+fn match_resources_defaults(m: &mut serde_json::Map<String, Value>) {
+    set_default(m, "matchPolicy", json!("Equivalent"));
+    set_default(m, "namespaceSelector", json!({}));
+    set_default(m, "objectSelector", json!({}));
+    for list in ["resourceRules", "excludeResourceRules"] {
+        if let Some(rules) = m.get_mut(list).and_then(Value::as_array_mut) {
+            for r in rules.iter_mut().filter_map(Value::as_object_mut) {
+                set_default(r, "scope", json!("*"));
+            }
+        }
+    }
+}
+
 /// ValidatingAdmissionPolicies: CEL validations over the requests their
 /// matchConstraints select.
 pub struct ValidatingAdmissionPolicy;
@@ -370,16 +385,7 @@ impl KindRules for ValidatingAdmissionPolicy {
             .get_mut("matchConstraints")
             .and_then(Value::as_object_mut)
         {
-            set_default(m, "matchPolicy", json!("Equivalent"));
-            set_default(m, "namespaceSelector", json!({}));
-            set_default(m, "objectSelector", json!({}));
-            for list in ["resourceRules", "excludeResourceRules"] {
-                if let Some(rules) = m.get_mut(list).and_then(Value::as_array_mut) {
-                    for r in rules.iter_mut().filter_map(Value::as_object_mut) {
-                        set_default(r, "scope", json!("*"));
-                    }
-                }
-            }
+            match_resources_defaults(m);
         }
     }
 
@@ -493,6 +499,15 @@ pub struct ValidatingAdmissionPolicyBinding;
 impl KindRules for ValidatingAdmissionPolicyBinding {
     fn kind(&self) -> &'static str {
         "ValidatingAdmissionPolicyBinding"
+    }
+
+    fn defaults(&self, obj: &mut Value) {
+        if let Some(m) = obj
+            .pointer_mut("/spec/matchResources")
+            .and_then(Value::as_object_mut)
+        {
+            match_resources_defaults(m);
+        }
     }
 
     fn validate(&self, obj: &Value) -> Vec<Cause> {

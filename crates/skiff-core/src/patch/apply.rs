@@ -557,6 +557,82 @@ fn merge_applied(live: &Value, applied: &Value, t: Option<TypeRef>) -> Value {
     }
 }
 
+/// A string as Go's `%q` quotes it (structured-merge-diff prints key and
+/// set values so).
+fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A float as Go's `%v` prints it: the shortest digits, in exponent form
+/// when the exponent is below -4 or at least 6.
+fn go_float(f: f64) -> String {
+    if !f.is_finite() {
+        return if f.is_nan() {
+            "NaN".into()
+        } else if f > 0.0 {
+            "+Inf".into()
+        } else {
+            "-Inf".into()
+        };
+    }
+    let sci = format!("{f:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if (-4..6).contains(&exp) {
+        return format!("{f}");
+    }
+    let sign = if exp < 0 { '-' } else { '+' };
+    format!("{mantissa}e{sign}{:02}", exp.abs())
+}
+
+/// A value as structured-merge-diff's `value.ToString` prints it.
+fn smd_value(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => i.to_string(),
+            (_, Some(u), _) => u.to_string(),
+            (_, _, Some(f)) => go_float(f),
+            _ => n.to_string(),
+        },
+        Value::String(s) => go_quote(s),
+        Value::Array(a) => format!(
+            "[{}]",
+            a.iter().map(smd_value).collect::<Vec<_>>().join(",")
+        ),
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| format!("{k}={}", smd_value(v)))
+            .collect::<Vec<_>>()
+            .join(""),
+    }
+}
+
+/// A field path as structured-merge-diff's `Path.String()` prints it:
+/// `.spec.containers[name="c"].image`, keys sorted by name and printed as
+/// values (`[containerPort=80,protocol="TCP"]`), set items `[="x"]`.
 fn path_string(p: &Path) -> String {
     let mut s = String::new();
     for seg in p {
@@ -564,14 +640,107 @@ fn path_string(p: &Path) -> String {
             s.push('.');
             s.push_str(f);
         } else if let Some(k) = seg.strip_prefix("k:") {
-            s.push('[');
-            s.push_str(&k.replace(':', "=").replace(['{', '}', '"'], ""));
-            s.push(']');
+            match serde_json::from_str::<Map<String, Value>>(k) {
+                Ok(keys) => {
+                    let mut keys: Vec<(&String, &Value)> = keys.iter().collect();
+                    keys.sort_by(|a, b| a.0.cmp(b.0));
+                    let parts: Vec<String> = keys
+                        .into_iter()
+                        .map(|(name, v)| format!("{name}={}", smd_value(v)))
+                        .collect();
+                    s.push_str(&format!("[{}]", parts.join(",")));
+                }
+                Err(_) => s.push_str("{{invalid path element}}"),
+            }
         } else if let Some(v) = seg.strip_prefix("v:") {
-            s.push_str(&format!("[{v}]"));
+            match serde_json::from_str::<Value>(v) {
+                Ok(v) => s.push_str(&format!("[={}]", smd_value(&v))),
+                Err(_) => s.push_str("{{invalid path element}}"),
+            }
+        } else if let Some(i) = seg.strip_prefix("i:") {
+            s.push_str(&format!("[{i}]"));
         }
     }
     s
+}
+
+/// A conflicting manager as kube-apiserver names it: `"name"`, then
+/// `with subresource "status"` for a subresource's entry, then `using
+/// <apiVersion>` for an Update entry (an Apply entry has no version in its
+/// identity).
+fn manager_string(e: &Entry) -> String {
+    let field = |k: &str| e.raw.get(k).and_then(Value::as_str).unwrap_or("");
+    let mut out = go_quote(field("manager"));
+    if !field("subresource").is_empty() {
+        out.push_str(&format!(
+            " with subresource {}",
+            go_quote(field("subresource"))
+        ));
+    }
+    if field("operation") == "Update" {
+        out.push_str(&format!(" using {}", field("apiVersion")));
+    }
+    out
+}
+
+/// The manager's identity as kube-apiserver keys (and so sorts) managers:
+/// the entry's JSON without time and fields, and without apiVersion for
+/// an Apply.
+fn manager_identity(e: &Entry) -> String {
+    let field = |k: &str| e.raw.get(k).and_then(Value::as_str).unwrap_or("");
+    let mut m = Map::new();
+    m.insert("manager".into(), json!(field("manager")));
+    m.insert("operation".into(), json!(field("operation")));
+    if field("operation") != "Apply" && !field("apiVersion").is_empty() {
+        m.insert("apiVersion".into(), json!(field("apiVersion")));
+    }
+    if !field("subresource").is_empty() {
+        m.insert("subresource".into(), json!(field("subresource")));
+    }
+    Value::Object(m).to_string()
+}
+
+/// The 409 for an apply's conflicts (each: the manager's identity, how it
+/// is printed, the path), worded as kube-apiserver words it: one conflict
+/// on one line; several grouped by manager in the order of their identities.
+fn conflict_error(conflicts: &[(String, String, Path)]) -> ApiError {
+    let causes: Vec<Cause> = conflicts
+        .iter()
+        .map(|(_, m, p)| {
+            Cause::new(
+                "FieldManagerConflict",
+                path_string(p),
+                format!("conflict with {m}"),
+            )
+        })
+        .collect();
+    let msg = if let [(_, m, p)] = conflicts {
+        format!(
+            "Apply failed with 1 conflict: conflict with {m}: {}",
+            path_string(p)
+        )
+    } else {
+        let mut by_manager: std::collections::BTreeMap<&str, (&str, Vec<&Path>)> =
+            Default::default();
+        for (id, m, p) in conflicts {
+            by_manager.entry(id).or_insert((m, Vec::new())).1.push(p);
+        }
+        let mut lines = Vec::new();
+        for (m, paths) in by_manager.values() {
+            lines.push(format!("conflicts with {m}:"));
+            for p in paths {
+                lines.push(format!("- {}", path_string(p)));
+            }
+        }
+        format!(
+            "Apply failed with {} conflicts: {}",
+            conflicts.len(),
+            lines.join("\n")
+        )
+    };
+    let mut e = ApiError::new(409, "Conflict", msg);
+    e.causes = causes;
+    e
 }
 
 /// Applies `applied` (the manager's whole intent) to `live`, or creates from
@@ -616,59 +785,25 @@ pub fn server_side_apply(
     };
     let mut list = entries(live);
     // Conflicts: another manager owns a field this apply sets to a different value.
-    let mut conflicts: Vec<(String, Path)> = Vec::new();
+    let mut conflicts: Vec<(String, String, Path)> = Vec::new();
     for e in &list {
         if is_entry(e, manager, "Apply", None) {
             continue;
         }
-        let other = e
-            .raw
-            .get("manager")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
+        let (id, printed) = (manager_identity(e), manager_string(e));
         for p in e.paths.intersection(&applied_paths) {
             if p.last().map(|s| s == ".").unwrap_or(false) {
                 continue;
             }
             if get_at(live, p) != get_at(&applied, p) {
-                conflicts.push((other.clone(), p.clone()));
+                conflicts.push((id.clone(), printed.clone(), p.clone()));
             }
         }
     }
     if !conflicts.is_empty() && !force {
-        let causes: Vec<Cause> = conflicts
-            .iter()
-            .map(|(m, p)| {
-                Cause::new(
-                    "FieldManagerConflict",
-                    path_string(p),
-                    format!("conflict with {m:?}: {}", path_string(p)),
-                )
-            })
-            .collect();
-        let detail: Vec<String> = conflicts
-            .iter()
-            .map(|(m, p)| format!("- conflict with {m:?}: {}", path_string(p)))
-            .collect();
-        let msg = if conflicts.len() == 1 {
-            format!(
-                "Apply failed with 1 conflict: conflict with {:?}: {}",
-                conflicts[0].0,
-                path_string(&conflicts[0].1)
-            )
-        } else {
-            format!(
-                "Apply failed with {} conflicts: {}",
-                conflicts.len(),
-                detail.join("\n")
-            )
-        };
-        let mut e = ApiError::new(409, "Conflict", msg);
-        e.causes = causes;
-        return Err(e);
+        return Err(conflict_error(&conflicts));
     }
-    let forced: BTreeSet<Path> = conflicts.into_iter().map(|(_, p)| p).collect();
+    let forced: BTreeSet<Path> = conflicts.into_iter().map(|(_, _, p)| p).collect();
     let mut obj = merge_applied(live, &applied, t);
     // Fields this manager applied before and no longer applies go, unless someone else owns them.
     let previous: BTreeSet<Path> = list
@@ -845,7 +980,14 @@ mod tests {
         assert_eq!(e.code, 409);
         assert_eq!(
             e.message,
-            "Apply failed with 1 conflict: conflict with \"kubectl-edit\": .spec.replicas"
+            "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using apps/v1: .spec.replicas"
+        );
+        assert_eq!(e.causes.len(), 1);
+        assert_eq!(e.causes[0].reason, "FieldManagerConflict");
+        assert_eq!(e.causes[0].field, ".spec.replicas");
+        assert_eq!(
+            e.causes[0].message,
+            "conflict with \"kubectl-edit\" using apps/v1"
         );
         let forced = server_side_apply(
             Some(&live),
@@ -905,5 +1047,146 @@ mod tests {
         assert_eq!(mf.len(), 2);
         assert!(mf[0]["fieldsV1"]["f:spec"].get("f:replicas").is_none());
         assert!(mf[1]["fieldsV1"]["f:spec"]["f:replicas"].is_object());
+    }
+
+    #[test]
+    fn conflict_paths_print_keys_and_set_items_as_values() {
+        let p = |segs: &[&str]| -> Path { segs.iter().map(|s| s.to_string()).collect() };
+        for (path, want) in [
+            (
+                p(&["f:spec", "f:rules", r#"k:{"name":"a"}"#, "f:value"]),
+                r#".spec.rules[name="a"].value"#,
+            ),
+            (
+                p(&[
+                    "f:spec",
+                    "f:containers",
+                    r#"k:{"name":"c"}"#,
+                    "f:ports",
+                    r#"k:{"containerPort":80,"protocol":"TCP"}"#,
+                    "f:hostPort",
+                ]),
+                r#".spec.containers[name="c"].ports[containerPort=80,protocol="TCP"].hostPort"#,
+            ),
+            // Keys in name order whatever order the entry holds them in.
+            (
+                p(&["f:x", r#"k:{"protocol":"UDP","port":53}"#]),
+                r#".x[port=53,protocol="UDP"]"#,
+            ),
+            (
+                p(&["f:metadata", "f:finalizers", r#"v:"a/b""#]),
+                r#".metadata.finalizers[="a/b"]"#,
+            ),
+            (p(&["f:x", "v:3"]), ".x[=3]"),
+            (p(&["f:x", "v:true"]), ".x[=true]"),
+            (p(&["f:x", "v:1.5"]), ".x[=1.5]"),
+            (p(&["f:x", "v:2000000.0"]), ".x[=2e+06]"),
+            (
+                p(&["f:x", r#"k:{"name":"q\"t\u0001"}"#]),
+                r#".x[name="q\"t\x01"]"#,
+            ),
+            (p(&["f:x", "i:2"]), ".x[2]"),
+        ] {
+            assert_eq!(path_string(&path), want);
+        }
+    }
+
+    fn owned_by(manager: &str, operation: &str, api_version: &str, obj: &mut Value) {
+        record_update(None, obj, manager, operation, None, t(), NOW, api_version);
+    }
+
+    #[test]
+    fn a_conflict_in_a_list_map_item_names_the_item_by_its_key_values() {
+        let mut live = deploy(1, "x:1");
+        owned_by("kubectl-edit", "Update", "apps/v1", &mut live);
+        let e = server_side_apply(
+            Some(&live),
+            &deploy(1, "x:2"),
+            "me",
+            false,
+            t(),
+            NOW,
+            "apps/v1",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.message,
+            "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using apps/v1: \
+             .spec.template.spec.containers[name=\"c\"].image"
+        );
+        assert_eq!(
+            e.causes[0].field,
+            ".spec.template.spec.containers[name=\"c\"].image"
+        );
+    }
+
+    #[test]
+    fn an_appliers_conflict_names_no_version_and_a_subresource_is_named() {
+        let mut live = deploy(1, "x:1");
+        // Another applier owns everything it set, at another version.
+        live = server_side_apply(None, &live, "helm", false, t(), NOW, "apps/v1beta2").unwrap();
+        let e = server_side_apply(
+            Some(&live),
+            &deploy(2, "x:1"),
+            "me",
+            false,
+            t(),
+            NOW,
+            "apps/v1",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.message,
+            "Apply failed with 1 conflict: conflict with \"helm\": .spec.replicas"
+        );
+        let mut live = deploy(1, "x:1");
+        owned_by("autoscaler", "Update", "autoscaling/v1", &mut live);
+        let mf = live["metadata"]["managedFields"].as_array_mut().unwrap();
+        mf[0]["subresource"] = json!("scale");
+        let e = server_side_apply(
+            Some(&live),
+            &deploy(2, "x:1"),
+            "me",
+            false,
+            t(),
+            NOW,
+            "apps/v1",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.message,
+            "Apply failed with 1 conflict: conflict with \"autoscaler\" with subresource \"scale\" \
+             using autoscaling/v1: .spec.replicas"
+        );
+    }
+
+    #[test]
+    fn several_conflicts_are_grouped_by_manager() {
+        let mut live = deploy(1, "x:1");
+        owned_by("b-editor", "Update", "apps/v1", &mut live);
+        let mut next = live.clone();
+        next["spec"]["replicas"] = json!(2);
+        record_update(
+            Some(&live),
+            &mut next,
+            "a-scaler",
+            "Update",
+            None,
+            t(),
+            NOW,
+            "apps/v1",
+        );
+        let mut applied = deploy(7, "x:9");
+        applied["spec"]["minReadySeconds"] = json!(3);
+        let e =
+            server_side_apply(Some(&next), &applied, "me", false, t(), NOW, "apps/v1").unwrap_err();
+        assert_eq!(
+            e.message,
+            "Apply failed with 2 conflicts: conflicts with \"a-scaler\" using apps/v1:\n\
+             - .spec.replicas\n\
+             conflicts with \"b-editor\" using apps/v1:\n\
+             - .spec.template.spec.containers[name=\"c\"].image"
+        );
+        assert_eq!(e.causes.len(), 2);
     }
 }
