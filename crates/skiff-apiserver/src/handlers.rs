@@ -268,6 +268,12 @@ async fn authorize_and_serve(
             Err(e) => error_response(&e),
         };
     }
+    if let Some(name) = crate::componentstatus::parse(&path) {
+        return match crate::componentstatus::serve(&state, req, name).await {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        };
+    }
     if let Some(target) = crate::metricsapi::parse(&path) {
         return match crate::metricsapi::serve(&state, req, target).await {
             Ok(r) => r,
