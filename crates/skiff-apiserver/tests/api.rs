@@ -2118,3 +2118,65 @@ async fn new_ingresses_and_claims_get_the_default_class() {
         "an explicit empty class stays"
     );
 }
+
+/// `componentstatuses` (deprecated, still served by Kubernetes 1.33): the
+/// store checked now, the scheduler and the controller manager by their
+/// leader Leases; get and list only, with the deprecation warning.
+#[tokio::test]
+async fn componentstatuses_report_each_components_health_now() {
+    let a = api().await;
+    let r = a.get("/api/v1/componentstatuses").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["kind"], "ComponentStatusList");
+    let names: Vec<&str> = r.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["scheduler", "controller-manager", "etcd-0"]);
+    assert!(r.headers.get_all("warning").iter().any(|w| w
+        .to_str()
+        .unwrap()
+        .contains("v1 ComponentStatus is deprecated in v1.19+")));
+    let etcd = a.get("/api/v1/componentstatuses/etcd-0").await;
+    assert_eq!(
+        etcd.body["conditions"],
+        json!([{"type": "Healthy", "status": "True", "message": "ok"}])
+    );
+    // No scheduler runs in this server: nobody holds its Lease.
+    let s = a.get("/api/v1/componentstatuses/scheduler").await;
+    assert_eq!(s.body["conditions"][0]["status"], "False", "{}", s.body);
+    assert!(s.body["conditions"][0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("kube-system/kube-scheduler"));
+    // A scheduler that holds and renews it is Healthy.
+    let now = chrono::Utc::now()
+        .format("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "kube-scheduler"},
+        "spec": {"holderIdentity": "s1", "leaseDurationSeconds": 15, "renewTime": now}});
+    let r = a
+        .post(
+            "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases",
+            lease,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let s = a.get("/api/v1/componentstatuses/scheduler").await;
+    assert_eq!(s.body["conditions"][0]["status"], "True", "{}", s.body);
+    // Unknown components and writes.
+    assert_eq!(
+        a.get("/api/v1/componentstatuses/nothing").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let r = a
+        .post(
+            "/api/v1/componentstatuses",
+            json!({"metadata": {"name": "x"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{}", r.body);
+}
