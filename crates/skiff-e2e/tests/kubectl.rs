@@ -2174,11 +2174,11 @@ fn certificate_approve_and_deny() {
         s.ok_stdin(&["create", "-f", "-"], &csr);
     }
     assert_eq!(
-        s.ok(&["certificate", "approve", "alice"]),
+        s.ok(&["certificate", "approve", "alice"]).trim_end(),
         "certificatesigningrequest.certificates.k8s.io/alice approved"
     );
     assert_eq!(
-        s.ok(&["certificate", "deny", "mallory"]),
+        s.ok(&["certificate", "deny", "mallory"]).trim_end(),
         "certificatesigningrequest.certificates.k8s.io/mallory denied"
     );
     wait_until("alice's certificate issued", 30, || {
