@@ -2180,3 +2180,56 @@ async fn componentstatuses_report_each_components_health_now() {
         .await;
     assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{}", r.body);
 }
+
+/// The pods `kubectl debug node/n1 --profile=restricted|sysadmin` (v1.33)
+/// sends as protobuf, captured: created as sent — security context
+/// (with `allowPrivilegeEscalation: false` kept), host namespaces, the
+/// node's root as a hostPath volume and its mount.
+#[tokio::test]
+async fn kubectl_debug_node_pods_sent_as_protobuf_are_created_as_sent() {
+    let a = api().await;
+    let pb = "application/vnd.kubernetes.protobuf";
+    let pods = "/api/v1/namespaces/default/pods";
+    let r = a
+        .req(
+            "POST",
+            pods,
+            pb,
+            &include_bytes!("../../skiff-core/src/testdata/debug-node-restricted.pb")[..],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.body["spec"]["nodeName"], "n1");
+    assert_eq!(
+        r.body["spec"]["tolerations"],
+        json!([{"operator": "Exists"}])
+    );
+    let c = &r.body["spec"]["containers"][0];
+    assert_eq!(c["image"], "busybox");
+    assert_eq!(c["command"], json!(["true"]));
+    assert_eq!(
+        c["securityContext"],
+        json!({"capabilities": {"drop": ["ALL"]}, "runAsNonRoot": true,
+            "allowPrivilegeEscalation": false, "seccompProfile": {"type": "RuntimeDefault"}})
+    );
+    let r = a
+        .req(
+            "POST",
+            pods,
+            pb,
+            &include_bytes!("../../skiff-core/src/testdata/debug-node-sysadmin.pb")[..],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let s = &r.body["spec"];
+    assert_eq!(s["hostPID"], true);
+    assert_eq!(s["hostNetwork"], true);
+    assert_eq!(s["hostIPC"], true);
+    assert_eq!(s["volumes"][0]["name"], "host-root");
+    assert_eq!(s["volumes"][0]["hostPath"]["path"], "/");
+    assert_eq!(s["containers"][0]["securityContext"]["privileged"], true);
+    assert_eq!(
+        s["containers"][0]["volumeMounts"],
+        json!([{"name": "host-root", "mountPath": "/host"}])
+    );
+}
