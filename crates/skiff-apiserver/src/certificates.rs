@@ -107,11 +107,45 @@ pub async fn approve(
             )],
         ));
     }
+    // Approval changes the Approved and Denied conditions only: a Failed
+    // one the signer set stays, and new conditions get their timestamps
+    // (Kubernetes' approval strategy).
+    let old_conds = conditions(&cur);
+    let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let mut conds: Vec<Value> = conds
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.get("type").and_then(Value::as_str) != Some("Failed"))
+        .map(|mut c| {
+            let t = c.get("type").cloned();
+            let st = c.get("status").cloned();
+            let before = old_conds.iter().find(|o| o.get("type") == t.as_ref());
+            if let Some(m) = c.as_object_mut() {
+                if !m.get("lastUpdateTime").is_some_and(|v| !v.is_null()) {
+                    m.insert("lastUpdateTime".into(), json!(now));
+                }
+                if !m.get("lastTransitionTime").is_some_and(|v| !v.is_null()) {
+                    let kept = before
+                        .filter(|o| o.get("status") == st.as_ref())
+                        .and_then(|o| o.get("lastTransitionTime").cloned());
+                    m.insert("lastTransitionTime".into(), kept.unwrap_or(json!(now)));
+                }
+            }
+            c
+        })
+        .collect();
+    conds.extend(
+        old_conds
+            .into_iter()
+            .filter(|c| c.get("type").and_then(Value::as_str) == Some("Failed")),
+    );
     let mut new = cur.clone();
     if !new.get("status").is_some_and(Value::is_object) {
         new["status"] = json!({});
     }
-    new["status"]["conditions"] = conds;
+    new["status"]["conditions"] = json!(conds);
     let rv = meta_str(&body, "resourceVersion");
     if !rv.is_empty() {
         new["metadata"]["resourceVersion"] = json!(rv);
@@ -122,11 +156,35 @@ pub async fn approve(
             None,
             name,
             new,
-            crate::request::Subresource::Status,
+            crate::request::Subresource::Approval,
             opts,
         )
         .await?;
     Ok(out)
+}
+
+/// `PATCH .../certificatesigningrequests/NAME/approval`: the patch applies
+/// to the request as it is, then as an approval update. A patch that names
+/// no resourceVersion is retried when the request changed meanwhile.
+pub async fn patch_approval(
+    reg: &Registry,
+    name: &str,
+    pt: crate::registry::PatchType,
+    patch: &Value,
+    opts: &WriteOptions,
+) -> ApiResult<Value> {
+    let res = csr_res();
+    let schema = skiff_core::schema::root(res.group, res.version, res.kind);
+    let mut tries = 0;
+    loop {
+        let cur = reg.get(res, None, name).await?;
+        let patched = crate::registry::apply_patch(res, Some(&cur), pt, patch, schema, opts)?;
+        let named = meta_str(&patched, "resourceVersion") != meta_str(&cur, "resourceVersion");
+        match approve(reg, name, patched, opts).await {
+            Err(e) if e.code == 409 && !named && tries < 5 => tries += 1,
+            other => return other,
+        }
+    }
 }
 
 /// The subject and key usages a CSR asks for.
@@ -350,19 +408,20 @@ fn sign(ca_cert_pem: &str, ca_key_pem: &str, pem: &str, csr: &Value) -> Result<S
     Ok(req.signed_by(&issuer).map_err(|e| e.to_string())?.pem())
 }
 
-async fn write_status(reg: &Registry, csr: &Value, status: Value) {
+/// Writes `status` through `sub`: the approval subresource for the
+/// Approved condition (as kube-controller-manager's csrapproving
+/// controller), the status subresource for the certificate.
+async fn write_status(
+    reg: &Registry,
+    csr: &Value,
+    status: Value,
+    sub: crate::request::Subresource,
+) {
     let mut new = csr.clone();
     new["status"] = status;
     let name = meta_str(csr, "name").to_string();
     if let Err(e) = reg
-        .update(
-            csr_res(),
-            None,
-            &name,
-            new,
-            crate::request::Subresource::Status,
-            &WriteOptions::default(),
-        )
+        .update(csr_res(), None, &name, new, sub, &WriteOptions::default())
         .await
     {
         tracing::warn!(csr = %name, error = %e.message, "writing a CertificateSigningRequest's status");
@@ -406,7 +465,7 @@ pub async fn reconcile(reg: &Registry, ca_cert_pem: &str, ca_key_pem: &str) -> b
             let mut conds = conditions(&csr);
             conds.push(condition("Approved", "AutoApproved", message));
             status["conditions"] = json!(conds);
-            write_status(reg, &csr, status).await;
+            write_status(reg, &csr, status, crate::request::Subresource::Approval).await;
             continue;
         }
         let signed = csr
@@ -442,7 +501,7 @@ pub async fn reconcile(reg: &Registry, ca_cert_pem: &str, ca_key_pem: &str) -> b
                 status["conditions"] = json!(conds);
             }
         }
-        write_status(reg, &csr, status).await;
+        write_status(reg, &csr, status, crate::request::Subresource::Status).await;
     }
     waiting
 }

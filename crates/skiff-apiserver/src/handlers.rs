@@ -268,6 +268,12 @@ async fn authorize_and_serve(
             Err(e) => error_response(&e),
         };
     }
+    if let Some(name) = crate::componentstatus::parse(&path) {
+        return match crate::componentstatus::serve(&state, req, name).await {
+            Ok(r) => r,
+            Err(e) => error_response(&e),
+        };
+    }
     if let Some(target) = crate::metricsapi::parse(&path) {
         return match crate::metricsapi::serve(&state, req, target).await {
             Ok(r) => r,
@@ -928,12 +934,32 @@ async fn resource(
                 output,
             )
         }
+        (&Method::GET, Some(name), Some("approval")) if rr.sub == Subresource::Approval => {
+            // The approval subresource reads as the whole request, as
+            // Kubernetes' approval REST does.
+            let obj = reg.get(res, ns, name).await?;
+            render_object(api_res, 200, &obj, output)
+        }
         (&Method::PUT, Some(name), Some("approval")) => {
             let WriteBody { obj, mut opts, .. } = read_write_body(req, api_res, &q).await?;
             opts.user = who;
             opts.admission.request = Some(api_res);
             let out = crate::certificates::approve(reg, name, obj, &opts).await?;
-            Ok(json_response(200, &out))
+            render_object(api_res, 200, &out, output)
+        }
+        (&Method::PATCH, Some(name), Some("approval")) => {
+            let (headers, body) = read_body(req).await?;
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let pt = negotiate::patch_type(ct.as_deref())?;
+            let patch = negotiate::decode_patch(pt, &body)?;
+            let mut opts = write_options(&q, &headers, pt == PatchType::Apply)?;
+            opts.user = who;
+            opts.admission.request = Some(api_res);
+            let out = crate::certificates::patch_approval(reg, name, pt, &patch, &opts).await?;
+            render_object(api_res, 200, &out, output)
         }
         (&Method::PUT, Some(name), _)
             if matches!(

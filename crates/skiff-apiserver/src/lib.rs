@@ -17,6 +17,7 @@ pub mod auth;
 pub mod authz;
 pub mod bootstrap_token;
 pub mod certificates;
+pub mod componentstatus;
 pub mod crd;
 pub mod defaultclass;
 pub mod encryption;

@@ -783,7 +783,7 @@ impl Registry {
         check_type_meta(res, &mut new)?;
         check_types(res, &new)?;
         new = prepare_for_update(res, &old, new, sub);
-        strategy.prepare_for_update(&old, &mut new);
+        strategy.prepare_for_update(&old, &mut new, sub);
         crate::noderestriction::admit_update(res, sub.as_str(), &old, &new, opts.user.as_ref())?;
         crate::webhook::admit_update(self, res, sub.as_str(), &old, &mut new, opts).await?;
         self.check_escalation(res, ns, &new, opts).await?;
@@ -818,7 +818,7 @@ impl Registry {
         let strategy = strategy_for(res);
         skiff_core::defaults::apply_defaults(res, &mut new);
         let mut causes = skiff_core::validation::validate_update(res, &new, old);
-        if sub == Subresource::Status {
+        if matches!(sub, Subresource::Status | Subresource::Approval) {
             // Status writes cannot fail on spec problems they did not cause.
             causes.retain(|c| c.field.starts_with("status") || c.field.starts_with("metadata"));
         }
@@ -1490,7 +1490,7 @@ fn prepare_namespace(res: &ResourceInfo, ns: Option<&str>, obj: &mut Value) -> A
 /// The update strategy: what of the new object is kept, what comes from the old.
 fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Subresource) -> Value {
     let mut out = match sub {
-        Subresource::Status => {
+        Subresource::Status | Subresource::Approval => {
             // Only status changes through the status subresource.
             let mut o = old.clone();
             match new.get("status") {

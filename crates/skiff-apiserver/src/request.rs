@@ -21,6 +21,8 @@ pub enum Subresource {
     Binding,
     Eviction,
     Token,
+    /// A CertificateSigningRequest's Approved and Denied conditions.
+    Approval,
     /// `log`, `exec`, `attach`, `portforward`, `proxy`, ...
     Other,
 }
@@ -35,6 +37,7 @@ impl Subresource {
             Some("binding") => Subresource::Binding,
             Some("eviction") => Subresource::Eviction,
             Some("token") => Subresource::Token,
+            Some("approval") => Subresource::Approval,
             Some(_) => Subresource::Other,
         }
     }
@@ -49,6 +52,7 @@ impl Subresource {
             Subresource::Binding => Some("binding"),
             Subresource::Eviction => Some("eviction"),
             Subresource::Token => Some("token"),
+            Subresource::Approval => Some("approval"),
         }
     }
 }

@@ -171,11 +171,14 @@ impl Tokens {
         serde_json::from_slice(&B64.decode(c).ok()?).ok()
     }
 
-    /// The identity a token proves, or why it proves none.
+    /// The identity a token proves for one of the `targets` audiences (the
+    /// API server's own when empty), with the audiences both the token and
+    /// the targets name, or why it proves none.
     async fn identity(
         &self,
         reg: &Registry,
         token: &str,
+        targets: &[String],
     ) -> Result<(Identity, Vec<String>, i64), String> {
         let claims = self.verified_claims(token).ok_or("invalid bearer token")?;
         if claims.get("iss").and_then(Value::as_str) != Some(self.issuer.as_str()) {
@@ -190,8 +193,25 @@ impl Tokens {
                 .collect(),
             _ => Vec::new(),
         };
-        if !auds.iter().any(|a| a == &self.issuer) {
-            return Err("token audiences do not include the API server".into());
+        // As kube-apiserver's JWT authenticator: the token must name one of
+        // the audiences asked for; the answer is the ones both name, in the
+        // order they were asked for.
+        let own = [self.issuer.clone()];
+        let targets = if targets.is_empty() {
+            &own[..]
+        } else {
+            targets
+        };
+        let mut common: Vec<String> = Vec::new();
+        for t in targets {
+            if auds.contains(t) && !common.contains(t) {
+                common.push(t.clone());
+            }
+        }
+        if common.is_empty() {
+            return Err(format!(
+                "token audiences {auds:?} is invalid for the target audiences {targets:?}"
+            ));
         }
         let now = chrono::Utc::now().timestamp();
         let exp = claims.get("exp").and_then(Value::as_i64).unwrap_or(0);
@@ -265,7 +285,7 @@ impl Tokens {
         );
         id.uid = Some(sa_uid.to_string());
         id.extra = extra;
-        Ok((id, auds, exp))
+        Ok((id, common, exp))
     }
 
     /// The identity a bearer token proves; 401 if it proves none.
@@ -282,7 +302,7 @@ impl Tokens {
             }
         }
         let (id, _, exp) = self
-            .identity(reg, token)
+            .identity(reg, token, &[])
             .await
             .map_err(|_| ApiError::unauthorized())?;
         // Never past the token's own expiry.
@@ -306,7 +326,40 @@ impl Tokens {
             .and_then(Value::as_str)
             .unwrap_or("")
             .to_string();
-        obj["status"] = match self.identity(reg, &token).await {
+        // No audiences asked for means the API server's own.
+        let targets: Vec<String> = obj
+            .pointer("/spec/audiences")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        // A bootstrap token is not audience-bound: it is valid for the API
+        // server's own audience only (kube-apiserver's audience-agnostic
+        // authenticators answer the API audiences the review asks for).
+        let bootstrap = match crate::bootstrap_token::authenticate(reg, &token).await {
+            None => None,
+            Some(r) => {
+                let own = vec![self.issuer.clone()];
+                Some(match r {
+                    Ok(id) if targets.is_empty() || targets.contains(&self.issuer) => {
+                        Ok((id, own, 0))
+                    }
+                    Ok(_) => Err(format!(
+                        "token audiences {own:?} is invalid for the target audiences {targets:?}"
+                    )),
+                    Err(_) => Err("invalid bootstrap token".to_string()),
+                })
+            }
+        };
+        let answer = match bootstrap {
+            Some(b) => b,
+            None => self.identity(reg, &token, &targets).await,
+        };
+        obj["status"] = match answer {
             Ok((id, auds, _)) => {
                 let mut user = json!({"username": id.user, "uid": id.uid, "groups": id.groups});
                 if !id.extra.is_empty() {

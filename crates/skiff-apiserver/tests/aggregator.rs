@@ -190,3 +190,35 @@ async fn an_aggregated_api_is_proxied_discovered_and_available() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(cm["data"]["requestheader-client-ca-file"], front_proxy_ca);
 }
+
+/// The core group's local APIService `v1.` is made at start like every
+/// built-in group's (Kubernetes lists it first) and is Available.
+#[tokio::test]
+async fn the_core_group_has_its_local_api_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        RedbStore::open(&dir.path().join("s.redb"), Default::default()).unwrap();
+    let server = ApiServer::start(store, Default::default()).await.unwrap();
+    let admin = server.in_process_router("admin");
+    let path = "/apis/apiregistration.k8s.io/v1/apiservices/v1.";
+    let mut last = Value::Null;
+    for _ in 0..250 {
+        let (s, b) = call_with(&admin, "GET", path, None, &[]).await;
+        if s == StatusCode::OK && b["status"]["conditions"][0]["status"] == "True" {
+            last = b;
+            break;
+        }
+        last = b;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(last["spec"]["group"], "", "{last}");
+    assert_eq!(last["spec"]["version"], "v1");
+    assert!(
+        last["spec"].get("service").is_none_or(Value::is_null),
+        "{last}"
+    );
+    let c = &last["status"]["conditions"][0];
+    assert_eq!(c["type"], "Available", "{last}");
+    assert_eq!(c["status"], "True");
+    assert_eq!(c["reason"], "Local");
+}

@@ -2118,3 +2118,118 @@ async fn new_ingresses_and_claims_get_the_default_class() {
         "an explicit empty class stays"
     );
 }
+
+/// `componentstatuses` (deprecated, still served by Kubernetes 1.33): the
+/// store checked now, the scheduler and the controller manager by their
+/// leader Leases; get and list only, with the deprecation warning.
+#[tokio::test]
+async fn componentstatuses_report_each_components_health_now() {
+    let a = api().await;
+    let r = a.get("/api/v1/componentstatuses").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["kind"], "ComponentStatusList");
+    let names: Vec<&str> = r.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["scheduler", "controller-manager", "etcd-0"]);
+    assert!(r.headers.get_all("warning").iter().any(|w| w
+        .to_str()
+        .unwrap()
+        .contains("v1 ComponentStatus is deprecated in v1.19+")));
+    let etcd = a.get("/api/v1/componentstatuses/etcd-0").await;
+    assert_eq!(
+        etcd.body["conditions"],
+        json!([{"type": "Healthy", "status": "True", "message": "ok"}])
+    );
+    // No scheduler runs in this server: nobody holds its Lease.
+    let s = a.get("/api/v1/componentstatuses/scheduler").await;
+    assert_eq!(s.body["conditions"][0]["status"], "False", "{}", s.body);
+    assert!(s.body["conditions"][0]["error"]
+        .as_str()
+        .unwrap()
+        .contains("kube-system/kube-scheduler"));
+    // A scheduler that holds and renews it is Healthy.
+    let now = chrono::Utc::now()
+        .format("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "kube-scheduler"},
+        "spec": {"holderIdentity": "s1", "leaseDurationSeconds": 15, "renewTime": now}});
+    let r = a
+        .post(
+            "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases",
+            lease,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let s = a.get("/api/v1/componentstatuses/scheduler").await;
+    assert_eq!(s.body["conditions"][0]["status"], "True", "{}", s.body);
+    // Unknown components and writes.
+    assert_eq!(
+        a.get("/api/v1/componentstatuses/nothing").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let r = a
+        .post(
+            "/api/v1/componentstatuses",
+            json!({"metadata": {"name": "x"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{}", r.body);
+}
+
+/// The pods `kubectl debug node/n1 --profile=restricted|sysadmin` (v1.33)
+/// sends as protobuf, captured: created as sent — security context
+/// (with `allowPrivilegeEscalation: false` kept), host namespaces, the
+/// node's root as a hostPath volume and its mount.
+#[tokio::test]
+async fn kubectl_debug_node_pods_sent_as_protobuf_are_created_as_sent() {
+    let a = api().await;
+    let pb = "application/vnd.kubernetes.protobuf";
+    let pods = "/api/v1/namespaces/default/pods";
+    let r = a
+        .req(
+            "POST",
+            pods,
+            pb,
+            &include_bytes!("../../skiff-core/src/testdata/debug-node-restricted.pb")[..],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.body["spec"]["nodeName"], "n1");
+    assert_eq!(
+        r.body["spec"]["tolerations"],
+        json!([{"operator": "Exists"}])
+    );
+    let c = &r.body["spec"]["containers"][0];
+    assert_eq!(c["image"], "busybox");
+    assert_eq!(c["command"], json!(["true"]));
+    assert_eq!(
+        c["securityContext"],
+        json!({"capabilities": {"drop": ["ALL"]}, "runAsNonRoot": true,
+            "allowPrivilegeEscalation": false, "seccompProfile": {"type": "RuntimeDefault"}})
+    );
+    let r = a
+        .req(
+            "POST",
+            pods,
+            pb,
+            &include_bytes!("../../skiff-core/src/testdata/debug-node-sysadmin.pb")[..],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let s = &r.body["spec"];
+    assert_eq!(s["hostPID"], true);
+    assert_eq!(s["hostNetwork"], true);
+    assert_eq!(s["hostIPC"], true);
+    assert_eq!(s["volumes"][0]["name"], "host-root");
+    assert_eq!(s["volumes"][0]["hostPath"]["path"], "/");
+    assert_eq!(s["containers"][0]["securityContext"]["privileged"], true);
+    assert_eq!(
+        s["containers"][0]["volumeMounts"],
+        json!([{"name": "host-root", "mountPath": "/host"}])
+    );
+}

@@ -396,3 +396,90 @@ async fn other_signers_need_an_approver_with_the_approve_verb() {
         "O=devs, CN=bob"
     );
 }
+
+/// `certificatesigningrequests/NAME/approval` serves get, update and patch
+/// as Kubernetes does (and as discovery says): a patch applies to the
+/// request and goes through as an approval, which changes the Approved
+/// and Denied conditions only; a Failed condition the signer set stays.
+#[tokio::test]
+async fn the_approval_subresource_serves_get_update_and_patch() {
+    let c = cluster().await;
+    let req = csr("dana", "dana", &["devs"], "example.com/signer");
+    let (s, b) = call(&c.admin, "POST", CSRS, Some(req), None).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let path = format!("{CSRS}/dana/approval");
+    let (s, got) = call(&c.admin, "GET", &path, None, None).await;
+    assert_eq!(s, StatusCode::OK, "{got}");
+    assert_eq!(got["kind"], "CertificateSigningRequest");
+    assert_eq!(got["metadata"]["name"], "dana");
+    assert_eq!(got["spec"], b["spec"]);
+
+    let merge = [("content-type", "application/merge-patch+json")];
+    let patch = json!({"spec": {"signerName": "example.com/other"}, "status": {"conditions": [
+        {"type": "Approved", "status": "True", "reason": "ByPatch", "message": "patched"}]}});
+    let (s, out) = common::call_with(&c.admin, "PATCH", &path, Some(patch), &merge).await;
+    assert_eq!(s, StatusCode::OK, "{out}");
+    assert_eq!(out["spec"], b["spec"], "approval changes only conditions");
+    let cond = &out["status"]["conditions"][0];
+    assert_eq!(cond["type"], "Approved");
+    assert_eq!(cond["reason"], "ByPatch");
+    assert!(cond["lastUpdateTime"].as_str().is_some(), "{out}");
+    assert!(cond["lastTransitionTime"].as_str().is_some(), "{out}");
+    let (_, now) = call(&c.admin, "GET", &format!("{CSRS}/dana"), None, None).await;
+    assert_eq!(now["status"]["conditions"], out["status"]["conditions"]);
+
+    // Approved and Denied together are refused, by a JSON patch too.
+    let json_patch = [("content-type", "application/json-patch+json")];
+    let both = json!([{"op": "add", "path": "/status/conditions/-",
+        "value": {"type": "Denied", "status": "True", "reason": "No"}}]);
+    let (s, e) = common::call_with(&c.admin, "PATCH", &path, Some(both), &json_patch).await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+
+    // A Failed condition (the signer's, through /status) survives an
+    // approval that leaves it out.
+    let mut failed = now.clone();
+    failed["status"]["conditions"] = json!([cond, {"type": "Failed", "status": "True",
+        "reason": "SignerError", "message": "cannot sign"}]);
+    let (s, f) = call(
+        &c.admin,
+        "PUT",
+        &format!("{CSRS}/dana/status"),
+        Some(failed),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{f}");
+    let mut update = f.clone();
+    update["status"]["conditions"] = json!([cond]);
+    let (s, out) = call(&c.admin, "PUT", &path, Some(update), None).await;
+    assert_eq!(s, StatusCode::OK, "{out}");
+    let types: Vec<&str> = out["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["Approved", "Failed"]);
+
+    // A status write cannot approve or deny: its Denied is dropped and the
+    // Approved it leaves out stays.
+    let mut deny = out.clone();
+    deny["status"]["conditions"] =
+        json!([{"type": "Denied", "status": "True", "reason": "Sneaky"}]);
+    let (s, st) = call(
+        &c.admin,
+        "PUT",
+        &format!("{CSRS}/dana/status"),
+        Some(deny),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{st}");
+    let types: Vec<&str> = st["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["Approved"], "{st}");
+}

@@ -286,3 +286,129 @@ async fn a_token_bound_to_a_pod_ends_with_the_pod_and_keys_rotate() {
         StatusCode::OK
     );
 }
+
+/// The status of a TokenReview of `token` asking for `audiences` (none
+/// when `None`, which means the API server's own).
+async fn review(admin: &Router, token: &str, audiences: Option<Value>) -> Value {
+    let mut spec = json!({"token": token});
+    if let Some(a) = audiences {
+        spec["audiences"] = a;
+    }
+    let (s, b) = call(
+        admin,
+        "POST",
+        "/apis/authentication.k8s.io/v1/tokenreviews",
+        Some(
+            json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}),
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    b["status"].clone()
+}
+
+/// A service that verifies its callers by TokenReview with its own audience
+/// (the pattern bound tokens exist for): the review authenticates against
+/// the audiences it asks for and answers the ones both it and the token
+/// name; without any it asks for the API server's.
+#[tokio::test]
+async fn a_token_review_authenticates_against_the_audiences_it_asks_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &dir.path().join("keys")).await;
+    let admin = server.in_process_router("admin");
+    let (s, b) = call(
+        &admin,
+        "POST",
+        "/api/v1/namespaces/default/serviceaccounts",
+        Some(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "bot"}})),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let (s, b) = token_for(&admin, "bot", json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"audiences": ["api"]}})).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    assert_eq!(b["spec"]["audiences"], json!(["api"]));
+    let api = b["status"]["token"].as_str().unwrap().to_string();
+
+    let st = review(&admin, &api, Some(json!(["api"]))).await;
+    assert_eq!(st["authenticated"], true, "{st}");
+    assert_eq!(st["audiences"], json!(["api"]));
+    assert_eq!(st["user"]["username"], "system:serviceaccount:default:bot");
+    // Only the audiences both name are answered.
+    let st = review(&admin, &api, Some(json!(["other", "api"]))).await;
+    assert_eq!(st["authenticated"], true, "{st}");
+    assert_eq!(st["audiences"], json!(["api"]));
+    // Another audience, or the API server's own, does not accept it.
+    let st = review(&admin, &api, Some(json!(["other"]))).await;
+    assert_eq!(st["authenticated"], false, "{st}");
+    assert!(
+        st["error"]
+            .as_str()
+            .unwrap()
+            .contains("invalid for the target audiences"),
+        "{st}"
+    );
+    assert!(st.get("audiences").is_none(), "{st}");
+    let st = review(&admin, &api, None).await;
+    assert_eq!(st["authenticated"], false, "{st}");
+    // Nor does the API server accept it as a bearer token.
+    assert_eq!(
+        call(&server.router(), "GET", "/version", None, Some(&api))
+            .await
+            .0,
+        StatusCode::UNAUTHORIZED
+    );
+
+    // A token for the API server: reviewed without audiences it answers
+    // the API server's; asked for another audience it is refused.
+    let (_, b) = token_for(&admin, "bot", json!({"spec": {}})).await;
+    let own = b["status"]["token"].as_str().unwrap().to_string();
+    let issuer = b["spec"]["audiences"][0].as_str().unwrap().to_string();
+    let st = review(&admin, &own, None).await;
+    assert_eq!(st["authenticated"], true, "{st}");
+    assert_eq!(st["audiences"], json!([issuer]));
+    let st = review(&admin, &own, Some(json!(["api"]))).await;
+    assert_eq!(st["authenticated"], false, "{st}");
+}
+
+/// TokenReview answers for every token the API server accepts, bootstrap
+/// tokens too: they hold for the API server's own audience only.
+#[tokio::test]
+async fn a_token_review_authenticates_a_bootstrap_token_for_the_api_server_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &dir.path().join("keys")).await;
+    let admin = server.in_process_router("admin");
+    let (s, b) = call(
+        &admin,
+        "POST",
+        "/api/v1/namespaces/kube-system/secrets",
+        Some(skiff_apiserver::bootstrap_token::token_secret(
+            "abcdef",
+            "0123456789abcdef",
+            "test",
+        )),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let token = "abcdef.0123456789abcdef";
+    let mut st = Value::Null;
+    for _ in 0..250 {
+        st = review(&admin, token, None).await;
+        if st["authenticated"] == true {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(st["authenticated"], true, "{st}");
+    assert_eq!(st["user"]["username"], "system:bootstrap:abcdef");
+    assert_eq!(
+        st["audiences"],
+        json!(["https://kubernetes.default.svc.cluster.local"])
+    );
+    let st = review(&admin, token, Some(json!(["api"]))).await;
+    assert_eq!(st["authenticated"], false, "{st}");
+    let st = review(&admin, "abcdef.0000000000000000", None).await;
+    assert_eq!(st["authenticated"], false, "{st}");
+}

@@ -278,6 +278,26 @@ async fn reconcile(ctx: &Ctx, key: &str) -> Result<Next, Error> {
         None => None,
     };
     if wait_for_consumer && node.is_none() {
+        if node_name.is_none() {
+            // As kube-controller-manager's binder says it on every sync of
+            // such a claim (`kubectl describe pvc` shows it).
+            let waiting = unscheduled_consumers(ctx, ns, name);
+            let (reason, message) = match waiting.as_slice() {
+                [] => (
+                    "WaitForFirstConsumer",
+                    "waiting for first consumer to be created before binding".to_string(),
+                ),
+                [one] => (
+                    "WaitForPodScheduled",
+                    format!("waiting for pod {one} to be scheduled"),
+                ),
+                many => (
+                    "WaitForPodScheduled",
+                    format!("waiting for pods {} to be scheduled", many.join(",")),
+                ),
+            };
+            ctx.events.normal(COMPONENT, &*claim, reason, message);
+        }
         return Ok(None);
     }
     // The smallest Available volume that fits.
@@ -373,6 +393,29 @@ pub fn reachable(pv: &Value, node: &Node) -> bool {
         ..Default::default()
     };
     common::node_fits(node, &spec)
+}
+
+/// The names of the pods in `ns` that mount claim `name` and are not
+/// scheduled yet, sorted.
+fn unscheduled_consumers(ctx: &Ctx, ns: &str, name: &str) -> Vec<String> {
+    let mut out: Vec<String> = ctx
+        .caches
+        .pods
+        .in_namespace(ns)
+        .into_iter()
+        .filter_map(|p: Arc<Pod>| {
+            let spec = p.spec.as_ref()?;
+            let uses = spec.volumes.iter().flatten().any(|v| {
+                v.persistent_volume_claim
+                    .as_ref()
+                    .is_some_and(|c| c.claim_name == name)
+            });
+            (uses && spec.node_name.is_none() && p.metadata.deletion_timestamp.is_none())
+                .then(|| p.name_any())
+        })
+        .collect();
+    out.sort();
+    out
 }
 
 /// The node of a scheduled pod in `ns` that mounts claim `name`.

@@ -91,3 +91,55 @@ async fn a_claim_in_use_stays_terminating_until_its_pod_is_gone_and_its_volume_u
     })
     .await;
 }
+
+/// A claim of a WaitForFirstConsumer class with no pod yet stays Pending,
+/// and the binder says why in a Normal Event on it, as
+/// kube-controller-manager does (`kubectl describe pvc` shows it).
+#[tokio::test]
+async fn a_claim_waiting_for_its_first_consumer_says_so_in_an_event() {
+    use k8s_openapi::api::core::v1::Event;
+    use k8s_openapi::api::storage::v1::StorageClass;
+    use kube::api::ListParams;
+    let h = start().await;
+    let c = &h.client;
+    let pp = PostParams::default();
+    let classes: Api<StorageClass> = Api::all(c.clone());
+    let class: StorageClass = serde_json::from_value(json!({"metadata": {"name": "late"},
+        "provisioner": "example.com/elsewhere", "volumeBindingMode": "WaitForFirstConsumer"}))
+    .unwrap();
+    classes.create(&pp, &class).await.unwrap();
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(c.clone(), "default");
+    let claim: PersistentVolumeClaim =
+        serde_json::from_value(json!({"metadata": {"name": "later"},
+        "spec": {"storageClassName": "late", "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}}}}))
+        .unwrap();
+    let claim = pvcs.create(&pp, &claim).await.unwrap();
+    let events: Api<Event> = Api::namespaced(c.clone(), "default");
+    let ev = eventually("the WaitForFirstConsumer event", 20, || async {
+        let list = events
+            .list(&ListParams::default().fields("involvedObject.name=later"))
+            .await
+            .ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("WaitForFirstConsumer"))
+    })
+    .await;
+    assert_eq!(ev.type_.as_deref(), Some("Normal"));
+    assert_eq!(
+        ev.message.as_deref(),
+        Some("waiting for first consumer to be created before binding")
+    );
+    assert_eq!(
+        ev.involved_object.kind.as_deref(),
+        Some("PersistentVolumeClaim")
+    );
+    assert_eq!(ev.involved_object.uid, claim.metadata.uid);
+    assert_eq!(
+        ev.source.and_then(|s| s.component).as_deref(),
+        Some("persistentvolume-controller")
+    );
+    let now = pvcs.get("later").await.unwrap();
+    assert_eq!(now.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
+}

@@ -89,6 +89,16 @@ pub const COMPUTED: &[(&str, &str, &[ComputedResource])] = &[(
     ],
 )];
 
+/// `componentstatuses` (core v1, deprecated since 1.19 and still served by
+/// Kubernetes 1.33): the API server computes each component's health on
+/// request (`kubectl get cs`); get and list only.
+pub const COMPONENT_STATUSES: ComputedResource = (
+    "componentstatuses",
+    "componentstatus",
+    "ComponentStatus",
+    false,
+);
+
 /// (plural, singular, kind, namespaced) of a computed resource.
 pub type ComputedResource = (&'static str, &'static str, &'static str, bool);
 
@@ -176,6 +186,13 @@ pub fn api_resource_list_in(cat: &Catalog, group: &str, version: &str) -> Option
         );
     }
     let mut out = Vec::new();
+    if group.is_empty() && version == "v1" {
+        let (plural, singular, kind, namespaced) = COMPONENT_STATUSES;
+        out.push(
+            json!({"name": plural, "singularName": singular, "namespaced": namespaced,
+            "kind": kind, "verbs": COMPUTED_VERBS, "shortNames": ["cs"]}),
+        );
+    }
     for r in rs {
         let mut e = json!({
             "name": r.plural,
@@ -213,7 +230,7 @@ pub fn api_resource_list_in(cat: &Catalog, group: &str, version: &str) -> Option
 }
 
 fn discovery_version(cat: &Catalog, group: &str, version: &str) -> Value {
-    let resources: Vec<Value> = cat
+    let mut resources: Vec<Value> = cat
         .all()
         .into_iter()
         .filter(|r| r.group == group && r.version == version)
@@ -245,6 +262,20 @@ fn discovery_version(cat: &Catalog, group: &str, version: &str) -> Value {
             e
         })
         .collect();
+    if group.is_empty() && version == "v1" {
+        let (plural, singular, kind, _) = COMPONENT_STATUSES;
+        resources.insert(
+            0,
+            json!({
+                "resource": plural,
+                "responseKind": {"group": "", "version": "v1", "kind": kind},
+                "scope": "Cluster",
+                "singularResource": singular,
+                "verbs": COMPUTED_VERBS,
+                "shortNames": ["cs"],
+            }),
+        );
+    }
     json!({"version": version, "resources": resources, "freshness": "Current"})
 }
 
@@ -293,6 +324,32 @@ pub fn aggregated_discovery_in(cat: &Catalog, legacy: bool) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `kubectl get cs` finds componentstatuses in both discovery forms,
+    /// get and list only.
+    #[test]
+    fn the_core_resources_include_componentstatuses() {
+        let l = api_resource_list("", "v1").unwrap();
+        let cs = l["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "componentstatuses")
+            .expect("componentstatuses in /api/v1");
+        assert_eq!(cs["kind"], "ComponentStatus");
+        assert_eq!(cs["namespaced"], false);
+        assert_eq!(cs["verbs"], json!(["get", "list"]));
+        assert_eq!(cs["shortNames"], json!(["cs"]));
+        let agg = aggregated_discovery(true);
+        let cs = agg["items"][0]["versions"][0]["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["resource"] == "componentstatuses")
+            .expect("componentstatuses in aggregated /api");
+        assert_eq!(cs["scope"], "Cluster");
+        assert_eq!(cs["verbs"], json!(["get", "list"]));
+    }
 
     #[test]
     fn the_core_resource_list_has_pods_with_their_short_name_and_category() {

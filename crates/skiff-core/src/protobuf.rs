@@ -1,13 +1,22 @@
 //! Kubernetes' protobuf request bodies (`application/vnd.kubernetes.protobuf`),
 //! decoded to JSON. kubectl's typed commands (`create namespace|configmap|
-//! secret|deployment|service|job|cronjob`, `run`) send them.
+//! secret|deployment|service|job|cronjob|token|...`, `run`, `debug`,
+//! `certificate approve|deny`, `drain`'s evictions, `auth can-i|whoami`)
+//! send them.
 //!
 //! The envelope is the magic `k8s\0` followed by a `runtime.Unknown`
 //! (typeMeta, raw, contentEncoding, contentType); `raw` is the object's
-//! message. Field numbers come from the table below (the generated.proto
-//! numbering of the Kubernetes API); the types of the fields come from the
-//! OpenAPI schemas, so one generic decoder serves every message listed.
-//! Fields outside the table are refused rather than dropped.
+//! message. Field numbers come from `protobuf_fields.txt`, every message of
+//! the Kubernetes API as kubectl v1.33's own file descriptors number it
+//! (written by `scripts/protobuf-fields.py`); the types of the fields come
+//! from the OpenAPI schemas, so one generic decoder serves every message.
+//! A message field whose name is no JSON property (a Go struct embedded
+//! inline, such as a Volume's `volumeSource` or a Probe's `handler`) puts
+//! its fields in the enclosing object. Fields outside the table are refused
+//! rather than dropped.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use serde_json::{json, Map, Value};
 
@@ -20,137 +29,133 @@ fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
 }
 
-/// Field numbers per message: `definition short name` → `number name`
-/// pairs. A `*` marks Go pointer fields: for them a zero value was set on
-/// purpose (`--replicas=0`) and is kept; other zero values are what Go
-/// marshals for unset fields, which JSON would omit, and are skipped. A
-/// `^` marks a Go struct embedded inline in JSON (an IngressRule's
-/// `IngressRuleValue`): its message's fields, numbered by the named table,
-/// belong to the enclosing object.
-const FIELDS: &[(&str, &str)] = &[
-    ("ObjectMeta", "1 name,2 generateName,3 namespace,4 selfLink,5 uid,6 resourceVersion,7 generation,8 creationTimestamp,9 deletionTimestamp,10 *deletionGracePeriodSeconds,11 labels,12 annotations,13 ownerReferences,14 finalizers"),
-    ("OwnerReference", "1 kind,3 name,4 uid,5 apiVersion,6 *controller,7 *blockOwnerDeletion"),
-    ("LabelSelector", "1 matchLabels,2 matchExpressions"),
-    ("LabelSelectorRequirement", "1 key,2 operator,3 values"),
-    ("Namespace", "1 metadata,2 spec,3 status"),
-    ("NamespaceSpec", "1 finalizers"),
-    ("NamespaceStatus", "1 phase"),
-    ("PodStatus", "1 phase"),
-    ("ServiceStatus", "1 loadBalancer"),
-    ("LoadBalancerStatus", ""),
-    ("ConfigMap", "1 metadata,2 data,3 binaryData,4 *immutable"),
-    ("Secret", "1 metadata,2 data,3 type,4 stringData,5 *immutable"),
-    ("ServiceAccount", "1 metadata,2 secrets,3 imagePullSecrets,4 *automountServiceAccountToken"),
-    ("LocalObjectReference", "1 name"),
-    ("Service", "1 metadata,2 spec,3 status"),
-    ("ServiceSpec", "1 ports,2 selector,3 clusterIP,4 type,5 externalIPs,7 sessionAffinity,8 loadBalancerIP,9 loadBalancerSourceRanges,10 externalName,11 externalTrafficPolicy,12 healthCheckNodePort,13 publishNotReadyAddresses,17 ipFamilyPolicy,18 clusterIPs,19 ipFamilies,20 *allocateLoadBalancerNodePorts,21 loadBalancerClass,22 internalTrafficPolicy"),
-    ("ServicePort", "1 name,2 protocol,3 port,4 targetPort,5 nodePort,6 appProtocol"),
-    ("Pod", "1 metadata,2 spec,3 status"),
-    ("PodTemplateSpec", "1 metadata,2 spec"),
-    ("PodSpec", "1 volumes,2 containers,3 restartPolicy,4 *terminationGracePeriodSeconds,5 *activeDeadlineSeconds,6 dnsPolicy,7 nodeSelector,8 serviceAccountName,9 serviceAccount,10 nodeName,11 hostNetwork,12 hostPID,13 hostIPC,16 hostname,17 subdomain,19 schedulerName,20 initContainers,21 *automountServiceAccountToken,22 tolerations,24 priorityClassName,25 *priority,29 runtimeClassName,30 *enableServiceLinks,31 preemptionPolicy"),
-    ("Toleration", "1 key,2 operator,3 value,4 effect,5 *tolerationSeconds"),
-    ("Container", "1 name,2 image,3 command,4 args,5 workingDir,6 ports,7 env,8 resources,13 terminationMessagePath,14 imagePullPolicy,16 stdin,17 stdinOnce,18 tty,20 terminationMessagePolicy"),
-    ("ContainerPort", "1 name,2 hostPort,3 containerPort,4 protocol,5 hostIP"),
-    ("EnvVar", "1 name,2 value"),
-    ("ResourceRequirements", "1 limits,2 requests"),
-    ("Deployment", "1 metadata,2 spec,3 status"),
-    ("DeploymentStrategy", "1 type,2 rollingUpdate"),
-    ("RollingUpdateDeployment", "1 maxUnavailable,2 maxSurge"),
-    ("DeploymentSpec", "1 *replicas,2 selector,3 template,4 strategy,5 minReadySeconds,6 *revisionHistoryLimit,7 paused,9 *progressDeadlineSeconds"),
-    ("Job", "1 metadata,2 spec,3 status"),
-    ("JobSpec", "1 *parallelism,2 *completions,3 *activeDeadlineSeconds,4 selector,5 *manualSelector,6 template,7 *backoffLimit,8 *ttlSecondsAfterFinished,9 completionMode,10 *suspend,12 *backoffLimitPerIndex,13 *maxFailedIndexes,14 podReplacementPolicy,15 managedBy"),
-    ("CronJob", "1 metadata,2 spec,3 status"),
-    ("CronJobSpec", "1 schedule,2 *startingDeadlineSeconds,3 concurrencyPolicy,4 *suspend,5 jobTemplate,6 *successfulJobsHistoryLimit,7 *failedJobsHistoryLimit,8 timeZone"),
-    ("JobTemplateSpec", "1 metadata,2 spec"),
-    ("Binding", "1 metadata,2 target"),
-    ("Role", "1 metadata,2 rules"),
-    ("ClusterRole", "1 metadata,2 rules,3 aggregationRule"),
-    ("AggregationRule", "1 clusterRoleSelectors"),
-    ("PolicyRule", "1 verbs,2 apiGroups,3 resources,4 resourceNames,5 nonResourceURLs"),
-    ("RoleBinding", "1 metadata,2 subjects,3 roleRef"),
-    ("ClusterRoleBinding", "1 metadata,2 subjects,3 roleRef"),
-    ("Subject", "1 kind,2 apiGroup,3 name,4 namespace"),
-    ("RoleRef", "1 apiGroup,2 kind,3 name"),
-    ("HorizontalPodAutoscaler", "1 metadata,2 spec,3 status"),
-    ("HorizontalPodAutoscalerSpec", "1 scaleTargetRef,2 *minReplicas,3 maxReplicas,4 *targetCPUUtilizationPercentage"),
-    ("autoscaling.v2.HorizontalPodAutoscalerSpec", "1 scaleTargetRef,2 *minReplicas,3 maxReplicas,4 metrics,5 behavior"),
-    ("autoscaling.v2.MetricSpec", "1 type,4 resource"),
-    ("autoscaling.v2.ResourceMetricSource", "1 name,2 target"),
-    ("MetricTarget", "1 type,2 value,3 averageValue,4 *averageUtilization"),
-    ("CrossVersionObjectReference", "1 kind,2 name,3 apiVersion"),
-    ("PodDisruptionBudget", "1 metadata,2 spec,3 status"),
-    ("PodDisruptionBudgetSpec", "1 minAvailable,2 selector,3 maxUnavailable,4 unhealthyPodEvictionPolicy"),
-    ("ResourceQuota", "1 metadata,2 spec,3 status"),
-    ("ResourceQuotaSpec", "1 hard,2 scopes,3 scopeSelector"),
-    ("ScopeSelector", "1 matchExpressions"),
-    ("ScopedResourceSelectorRequirement", "1 scopeName,2 operator,3 values"),
-    ("LimitRange", "1 metadata,2 spec"),
-    ("LimitRangeSpec", "1 limits"),
-    ("LimitRangeItem", "1 type,2 max,3 min,4 default,5 defaultRequest,6 maxLimitRequestRatio"),
-    ("PriorityClass", "1 metadata,2 value,3 globalDefault,4 description,5 preemptionPolicy"),
-    ("DeleteOptions", "1 *gracePeriodSeconds,2 preconditions,3 *orphanDependents,4 propagationPolicy,5 dryRun"),
-    ("Preconditions", "1 uid,2 resourceVersion"),
-    ("Eviction", "1 metadata,2 deleteOptions"),
-    ("SelfSubjectReview", "1 metadata,2 status"),
-    ("SelfSubjectAccessReview", "1 metadata,2 spec,3 status"),
-    ("SelfSubjectAccessReviewSpec", "1 resourceAttributes,2 nonResourceAttributes"),
-    ("ResourceAttributes", "1 namespace,2 verb,3 group,4 version,5 resource,6 subresource,7 name"),
-    ("NonResourceAttributes", "1 path,2 verb"),
-    ("SelfSubjectRulesReview", "1 metadata,2 spec,3 status"),
-    ("SelfSubjectRulesReviewSpec", "1 namespace"),
-    ("SubjectAccessReview", "1 metadata,2 spec,3 status"),
-    ("LocalSubjectAccessReview", "1 metadata,2 spec,3 status"),
-    ("SubjectAccessReviewSpec", "1 resourceAttributes,2 nonResourceAttributes,3 user,4 groups,5 extra,6 uid"),
-    ("TokenReview", "1 metadata,2 spec,3 status"),
-    ("TokenReviewSpec", "1 token,2 audiences"),
-    ("TokenRequest", "1 metadata,2 spec,3 status"),
-    ("TokenRequestSpec", "1 audiences,3 boundObjectRef,4 *expirationSeconds"),
-    ("BoundObjectReference", "1 kind,2 apiVersion,3 name,4 uid"),
-    ("ObjectReference", "1 kind,2 namespace,3 name,4 uid,5 apiVersion,6 resourceVersion,7 fieldPath"),
-    ("Ingress", "1 metadata,2 spec,3 status"),
-    ("IngressSpec", "1 defaultBackend,2 tls,3 rules,4 ingressClassName"),
-    ("IngressBackend", "3 resource,4 service"),
-    ("IngressServiceBackend", "1 name,2 port"),
-    ("ServiceBackendPort", "1 name,2 number"),
-    ("IngressTLS", "1 hosts,2 secretName"),
-    ("IngressRule", "1 host,2 ^IngressRuleValue"),
-    ("IngressRuleValue", "1 http"),
-    ("HTTPIngressRuleValue", "1 paths"),
-    ("HTTPIngressPath", "1 path,2 backend,3 pathType"),
-    ("TypedLocalObjectReference", "1 apiGroup,2 kind,3 name"),
-    ("IngressStatus", "1 loadBalancer"),
-    ("IngressLoadBalancerStatus", "1 ingress"),
-    ("IngressLoadBalancerIngress", "1 ip,2 hostname,4 ports"),
-];
+/// `message number name[:Type],...` per line (see the module docs).
+const NUMBERS: &str = include_str!("protobuf_fields.txt");
 
-/// The number of a field by its JSON name.
-fn field_number(short: &str, name: &str) -> Option<u64> {
-    let (_, list) = FIELDS.iter().find(|(d, _)| *d == short)?;
-    list.split(',').find_map(|e| {
-        let (n, nm) = e.split_once(' ')?;
-        (nm.trim_start_matches('*') == name)
-            .then(|| n.parse().ok())
-            .flatten()
+/// One field of a message: its number, JSON name and, for a message
+/// type, that message's full name.
+struct Field {
+    number: u64,
+    name: &'static str,
+    message: Option<&'static str>,
+}
+
+fn messages() -> &'static HashMap<&'static str, Vec<Field>> {
+    static TABLE: OnceLock<HashMap<&'static str, Vec<Field>>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        NUMBERS
+            .lines()
+            .filter_map(|line| {
+                let (name, rest) = line.split_once(' ').unwrap_or((line, ""));
+                let fields = rest
+                    .split(',')
+                    .filter_map(|f| {
+                        let (n, rest) = f.split_once(' ')?;
+                        let (name, message) = match rest.split_once(':') {
+                            Some((a, b)) => (a, Some(b)),
+                            None => (rest, None),
+                        };
+                        Some(Field {
+                            number: n.parse().ok()?,
+                            name,
+                            message,
+                        })
+                    })
+                    .collect();
+                (!name.is_empty()).then_some((name, fields))
+            })
+            .collect()
     })
 }
 
-/// The JSON name of a field and whether it is a pointer field. A
-/// message numbered differently in two versions has its later version's
-/// table under `group.version.Kind`.
-fn field_name(definition: &str, number: u64) -> Option<(&'static str, bool)> {
-    let short = definition.rsplit('.').next().unwrap_or(definition);
-    let versioned = definition.strip_prefix("io.k8s.api.").unwrap_or("");
-    let (_, list) = FIELDS
+/// Go pointer fields per message (by short name): for them a zero value
+/// was set on purpose (`--replicas=0`, `allowPrivilegeEscalation: false`,
+/// `storageClassName: ""`) and is kept; other zero values are what Go
+/// marshals for unset fields, which JSON would omit, and are skipped.
+const POINTERS: &[(&str, &str)] = &[
+    ("ObjectMeta", "deletionGracePeriodSeconds"),
+    ("OwnerReference", "controller,blockOwnerDeletion"),
+    ("ConfigMap", "immutable"),
+    ("Secret", "immutable"),
+    ("ServiceAccount", "automountServiceAccountToken"),
+    ("ServiceSpec", "allocateLoadBalancerNodePorts,ipFamilyPolicy,loadBalancerClass,internalTrafficPolicy,trafficDistribution"),
+    ("PodSpec", "terminationGracePeriodSeconds,activeDeadlineSeconds,automountServiceAccountToken,shareProcessNamespace,priority,runtimeClassName,enableServiceLinks,preemptionPolicy,setHostnameAsFQDN,hostUsers"),
+    ("Toleration", "tolerationSeconds"),
+    ("SecurityContext", "privileged,runAsUser,runAsGroup,runAsNonRoot,readOnlyRootFilesystem,allowPrivilegeEscalation,procMount"),
+    ("PodSecurityContext", "runAsUser,runAsGroup,runAsNonRoot,fsGroup,fsGroupChangePolicy,supplementalGroupsPolicy,seLinuxChangePolicy"),
+    ("Probe", "terminationGracePeriodSeconds"),
+    ("ConfigMapVolumeSource", "defaultMode,optional"),
+    ("SecretVolumeSource", "defaultMode,optional"),
+    ("DownwardAPIVolumeSource", "defaultMode"),
+    ("ProjectedVolumeSource", "defaultMode"),
+    ("KeyToPath", "mode"),
+    ("DownwardAPIVolumeFile", "mode"),
+    ("ServiceAccountTokenProjection", "expirationSeconds"),
+    ("HostPathVolumeSource", "type"),
+    ("ConfigMapKeySelector", "optional"),
+    ("SecretKeySelector", "optional"),
+    ("ConfigMapEnvSource", "optional"),
+    ("SecretEnvSource", "optional"),
+    ("ConfigMapProjection", "optional"),
+    ("SecretProjection", "optional"),
+    ("CSIVolumeSource", "readOnly,fsType"),
+    ("PersistentVolumeClaimSpec", "storageClassName,volumeMode,volumeAttributesClassName"),
+    ("Container", "restartPolicy"),
+    ("DeploymentSpec", "replicas,revisionHistoryLimit,progressDeadlineSeconds"),
+    ("ReplicaSetSpec", "replicas"),
+    ("StatefulSetSpec", "replicas,revisionHistoryLimit"),
+    ("RollingUpdateStatefulSetStrategy", "partition"),
+    ("DaemonSetSpec", "revisionHistoryLimit"),
+    ("JobSpec", "parallelism,completions,activeDeadlineSeconds,manualSelector,backoffLimit,ttlSecondsAfterFinished,suspend,backoffLimitPerIndex,maxFailedIndexes,podReplacementPolicy,managedBy"),
+    ("CronJobSpec", "startingDeadlineSeconds,suspend,successfulJobsHistoryLimit,failedJobsHistoryLimit,timeZone"),
+    ("HorizontalPodAutoscalerSpec", "minReplicas,targetCPUUtilizationPercentage"),
+    ("HPAScalingRules", "stabilizationWindowSeconds,selectPolicy"),
+    ("MetricTarget", "averageUtilization"),
+    ("PodDisruptionBudgetSpec", "unhealthyPodEvictionPolicy"),
+    ("DeleteOptions", "gracePeriodSeconds,orphanDependents,propagationPolicy,ignoreStoreReadErrorWithClusterBreakingPotential"),
+    ("Preconditions", "uid,resourceVersion"),
+    ("TokenRequestSpec", "expirationSeconds"),
+    ("CertificateSigningRequestSpec", "expirationSeconds"),
+    ("IngressSpec", "ingressClassName"),
+    ("HTTPIngressPath", "pathType"),
+    ("NetworkPolicyPort", "protocol,endPort"),
+    ("PriorityClass", "preemptionPolicy"),
+    ("StorageClass", "reclaimPolicy,allowVolumeExpansion,volumeBindingMode"),
+];
+
+fn is_pointer(message: &str, field: &str) -> bool {
+    let short = message.rsplit('.').next().unwrap_or(message);
+    POINTERS
         .iter()
-        .find(|(d, _)| *d == versioned)
-        .or_else(|| FIELDS.iter().find(|(d, _)| *d == short))?;
-    list.split(',').find_map(|e| {
-        let (n, name) = e.split_once(' ')?;
-        (n.parse::<u64>().ok()? == number).then(|| match name.strip_prefix('*') {
-            Some(n) => (n, true),
-            None => (name, false),
-        })
-    })
+        .any(|(m, fs)| *m == short && fs.split(',').any(|f| f == field))
+}
+
+/// The protobuf message an OpenAPI definition is: `io.k8s.api.core.v1.Pod`
+/// is `k8s.io.api.core.v1.Pod`.
+fn proto_name(definition: &str) -> String {
+    match definition.strip_prefix("io.k8s.") {
+        Some(rest) => format!("k8s.io.{rest}"),
+        None => definition.to_string(),
+    }
+}
+
+/// The number of a field by its JSON name.
+fn field_number(message: &str, name: &str) -> Option<u64> {
+    messages()
+        .get(message)?
+        .iter()
+        .find(|f| f.name == name)
+        .map(|f| f.number)
+}
+
+/// A field of `message` by number: its name, whether it is a Go pointer,
+/// and its message type.
+fn field_of(message: &str, number: u64) -> Option<(&'static str, bool, Option<&'static str>)> {
+    let f = messages()
+        .get(message)?
+        .iter()
+        .find(|f| f.number == number)?;
+    Some((f.name, is_pointer(message, f.name), f.message))
 }
 
 fn unsupported(msg: impl Into<String>) -> ApiError {
@@ -248,6 +253,21 @@ fn value(w: &Wire, t: TypeRef) -> Result<Value, ApiError> {
             let t = chrono::DateTime::from_timestamp(secs, 0).unwrap_or_default();
             return Ok(json!(t.format("%Y-%m-%dT%H:%M:%SZ").to_string()));
         }
+        // managedFields' `fieldsV1` and a RawExtension: field 1 holds the
+        // JSON itself.
+        "FieldsV1" | "RawExtension" if def.starts_with("io.k8s.apimachinery") => {
+            let Wire::Bytes(b) = w else {
+                return Err(ApiError::bad_request("malformed protobuf raw JSON"));
+            };
+            for (n, f) in fields(b)? {
+                if let (1, Wire::Bytes(raw)) = (n, f) {
+                    return serde_json::from_slice(raw).map_err(|e| {
+                        ApiError::bad_request(format!("{def} does not hold JSON: {e}"))
+                    });
+                }
+            }
+            return Ok(json!({}));
+        }
         "Quantity" => {
             let Wire::Bytes(b) = w else {
                 return Err(ApiError::bad_request("malformed protobuf quantity"));
@@ -301,46 +321,46 @@ fn value(w: &Wire, t: TypeRef) -> Result<Value, ApiError> {
 }
 
 fn message(b: &[u8], t: TypeRef) -> Result<Value, ApiError> {
-    message_numbered(b, t, t.definition().unwrap_or(""))
+    message_numbered(b, t, &proto_name(t.definition().unwrap_or("")))
 }
 
-/// A message of type `t` whose fields are numbered by the table of `def`.
-fn message_numbered(b: &[u8], t: TypeRef, def: &str) -> Result<Value, ApiError> {
+/// A message of type `t` whose fields are numbered as protobuf message
+/// `message` (the type's own, or an inline struct's that `t` flattens).
+fn message_numbered(b: &[u8], t: TypeRef, message: &str) -> Result<Value, ApiError> {
     let mut out = Map::new();
     for (num, w) in fields(b)? {
         // Go's protobuf marshalling writes zero values that JSON would omit
         // (empty strings and messages, zeros): they carry nothing, skip them.
         let empty = matches!(w, Wire::Bytes(b) if b.is_empty()) || matches!(w, Wire::Varint(0));
-        let Some((name, pointer)) = field_name(def, num) else {
+        let Some((name, pointer, inner_type)) = field_of(message, num) else {
             if empty {
                 continue;
             }
             return Err(unsupported(format!(
-                "field {num} of protobuf message {def} is not supported by this server; send JSON"
+                "field {num} of protobuf message {message} is not supported by this server; send JSON"
             )));
         };
-        if let Some(table) = name.strip_prefix('^') {
-            let Wire::Bytes(inner) = w else {
-                return Err(ApiError::bad_request("malformed protobuf message"));
-            };
-            if let Value::Object(m) = message_numbered(inner, t, table)? {
-                out.extend(m);
+        let Some((ft, _)) = t.field(name) else {
+            // A Go struct embedded inline: its fields are the enclosing
+            // object's.
+            if let (Some(inner_type), Wire::Bytes(inner)) = (inner_type, &w) {
+                if let Value::Object(m) = message_numbered(inner, t, inner_type)? {
+                    out.extend(m);
+                }
             }
             continue;
-        }
+        };
         if matches!(w, Wire::Varint(0)) && !pointer {
             continue;
         }
         if matches!(w, Wire::Bytes(b) if b.is_empty())
-            && t.field(name)
-                .map(|(ft, _)| !ft.is_object() && !ft.is_map() && !ft.is_array())
-                .unwrap_or(false)
+            && !pointer
+            && !ft.is_object()
+            && !ft.is_map()
+            && !ft.is_array()
         {
             continue;
         }
-        let Some((ft, _)) = t.field(name) else {
-            continue;
-        };
         if ft.is_map() {
             let Wire::Bytes(entry) = w else {
                 return Err(ApiError::bad_request("malformed protobuf map entry"));
@@ -352,6 +372,25 @@ fn message_numbered(b: &[u8], t: TypeRef, def: &str) -> Result<Value, ApiError> 
                     1 => k = string(&f)?,
                     2 => {
                         v = match vt {
+                            // `map<string, ExtraValue>`: the list is the
+                            // message's repeated field 1.
+                            Some(vt) if vt.is_array() => {
+                                let Wire::Bytes(items) = f else {
+                                    return Err(ApiError::bad_request(
+                                        "malformed protobuf map value",
+                                    ));
+                                };
+                                let it = vt
+                                    .items()
+                                    .ok_or_else(|| unsupported(format!("{message}.{name}")))?;
+                                let mut list = Vec::new();
+                                for (n, item) in fields(items)? {
+                                    if n == 1 {
+                                        list.push(value(&item, it)?);
+                                    }
+                                }
+                                Value::Array(list)
+                            }
                             Some(vt) => value(&f, vt)?,
                             None => json!(string(&f)?),
                         }
@@ -366,7 +405,7 @@ fn message_numbered(b: &[u8], t: TypeRef, def: &str) -> Result<Value, ApiError> 
         } else if ft.is_array() {
             let it = ft
                 .items()
-                .ok_or_else(|| unsupported(format!("{def}.{name}")))?;
+                .ok_or_else(|| unsupported(format!("{message}.{name}")))?;
             let list = out.entry(name).or_insert_with(|| json!([]));
             let Some(list) = list.as_array_mut() else {
                 continue;
@@ -419,10 +458,7 @@ pub fn decode_with(
     }
     let raw_owned;
     let raw = if skip_status {
-        let status_field = match t.definition().and_then(|d| d.rsplit('.').next()) {
-            Some(short) => field_number(short, "status"),
-            None => None,
-        };
+        let status_field = field_number(&proto_name(t.definition().unwrap_or("")), "status");
         let mut kept = Vec::with_capacity(raw.len());
         let mut r = Reader { b: raw };
         loop {
@@ -586,6 +622,86 @@ mod tests {
         .unwrap();
         assert_eq!(v["subjects"][0]["name"], "bob");
         assert_eq!(v["roleRef"]["kind"], "Role");
+    }
+
+    /// `kubectl certificate approve alice` (v1.33), captured: the request
+    /// as kubectl read it (managedFields, extra, the PEM request) with the
+    /// Approved condition added.
+    #[test]
+    fn kubectl_certificate_approve_sends_a_request_that_decodes() {
+        let body = include_bytes!("testdata/certificate-approve.pb");
+        let v = decode(
+            body,
+            root("certificates.k8s.io", "v1", "CertificateSigningRequest").unwrap(),
+            "certificates.k8s.io/v1",
+            "CertificateSigningRequest",
+        )
+        .unwrap();
+        assert_eq!(v["metadata"]["name"], "alice");
+        assert_eq!(v["metadata"]["resourceVersion"], "42");
+        assert_eq!(v["metadata"]["creationTimestamp"], "2026-11-29T06:00:00Z");
+        let mf = &v["metadata"]["managedFields"][0];
+        assert_eq!(mf["manager"], "kubectl-create");
+        assert_eq!(mf["fieldsType"], "FieldsV1");
+        assert_eq!(
+            mf["fieldsV1"],
+            json!({"f:spec": {"f:request": {}, "f:signerName": {}, "f:usages": {}}})
+        );
+        assert_eq!(
+            v["spec"]["signerName"],
+            "kubernetes.io/kube-apiserver-client"
+        );
+        assert_eq!(v["spec"]["expirationSeconds"], 86400);
+        assert_eq!(v["spec"]["usages"], json!(["client auth"]));
+        assert_eq!(v["spec"]["extra"], json!({"scopes": ["a", "b"]}));
+        assert_eq!(
+            v["spec"]["groups"],
+            json!(["system:masters", "system:authenticated"])
+        );
+        assert_eq!(
+            v["spec"]["request"],
+            b64(b"-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n")
+        );
+        let c = &v["status"]["conditions"][0];
+        assert_eq!(c["type"], "Approved");
+        assert_eq!(c["status"], "True");
+        assert_eq!(c["reason"], "KubectlApprove");
+        assert!(c["lastUpdateTime"].as_str().unwrap().ends_with('Z'));
+    }
+
+    /// `kubectl debug node/n1 --profile=restricted|sysadmin` (v1.33),
+    /// captured: the debugging pod with its security context, host
+    /// namespaces and the node's root as a hostPath volume. Pointer fields
+    /// set to false stay false.
+    #[test]
+    fn kubectl_debug_node_pods_decode_with_their_security_context() {
+        let pod = |b: &[u8]| decode(b, root("", "v1", "Pod").unwrap(), "v1", "Pod").unwrap();
+        let r = pod(include_bytes!("testdata/debug-node-restricted.pb"));
+        assert_eq!(r["spec"]["nodeName"], "n1");
+        assert_eq!(r["spec"]["restartPolicy"], "Never");
+        assert_eq!(r["spec"]["tolerations"], json!([{"operator": "Exists"}]));
+        let c = &r["spec"]["containers"][0];
+        assert_eq!(c["image"], "busybox");
+        assert_eq!(c["command"], json!(["true"]));
+        assert_eq!(
+            c["securityContext"],
+            json!({"capabilities": {"drop": ["ALL"]}, "runAsNonRoot": true,
+                "allowPrivilegeEscalation": false, "seccompProfile": {"type": "RuntimeDefault"}})
+        );
+        let s = pod(include_bytes!("testdata/debug-node-sysadmin.pb"));
+        assert_eq!(s["spec"]["hostPID"], true);
+        assert_eq!(s["spec"]["hostNetwork"], true);
+        assert_eq!(s["spec"]["hostIPC"], true);
+        assert_eq!(
+            s["spec"]["volumes"],
+            json!([{"name": "host-root", "hostPath": {"path": "/"}}])
+        );
+        let c = &s["spec"]["containers"][0];
+        assert_eq!(c["securityContext"]["privileged"], true);
+        assert_eq!(
+            c["volumeMounts"],
+            json!([{"name": "host-root", "mountPath": "/host"}])
+        );
     }
 
     #[test]

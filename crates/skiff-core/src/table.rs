@@ -52,6 +52,44 @@ pub static DEFAULT_PRINTER: Printer = Printer {
     },
 };
 
+/// ComponentStatuses (`kubectl get cs`): Kubernetes' printer shows the
+/// Healthy condition as Healthy/Unhealthy (Unknown without one), its
+/// message and its error.
+pub static COMPONENT_STATUS_PRINTER: Printer = Printer {
+    columns: &[
+        NAME,
+        col("Status", "string", 0),
+        col("Message", "string", 0),
+        col("Error", "string", 0),
+    ],
+    cells: |obj, _| {
+        let healthy = obj
+            .get("conditions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|c| c.get("type").and_then(Value::as_str) == Some("Healthy"));
+        let (status, message, error) = match healthy {
+            Some(c) => (
+                if c.get("status").and_then(Value::as_str) == Some("True") {
+                    "Healthy"
+                } else {
+                    "Unhealthy"
+                },
+                c.get("message").and_then(Value::as_str).unwrap_or(""),
+                c.get("error").and_then(Value::as_str).unwrap_or(""),
+            ),
+            None => ("Unknown", "", ""),
+        };
+        vec![
+            json!(s(obj, "/metadata/name")),
+            json!(status),
+            json!(message),
+            json!(error),
+        ]
+    },
+};
+
 /// The `autoscaling/v1` `Scale` of the scale subresource.
 pub static SCALE_PRINTER: Printer = Printer {
     columns: &[

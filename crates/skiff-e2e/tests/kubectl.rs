@@ -2163,3 +2163,161 @@ fn secret_string_data_reads_back_as_data() {
         ""
     );
 }
+
+/// A PEM certificate request for `cn` in organization `org`.
+fn certificate_request(cn: &str, org: &str) -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::OrganizationName, org);
+    dn.push(rcgen::DnType::CommonName, cn);
+    params.distinguished_name = dn;
+    params.serialize_request(&key).unwrap().pem().unwrap()
+}
+
+/// `kubectl certificate approve|deny` (which send the request back as
+/// protobuf through the approval subresource): approved requests for the
+/// API server's client signer are issued, denied ones are not.
+#[test]
+fn certificate_approve_and_deny() {
+    use base64::Engine;
+    let s = Server::start();
+    for name in ["alice", "mallory"] {
+        let pem = certificate_request(name, "devs");
+        let csr = format!(
+            r#"{{"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+  "metadata": {{"name": "{name}"}},
+  "spec": {{"request": "{}", "signerName": "kubernetes.io/kube-apiserver-client",
+    "expirationSeconds": 86400, "usages": ["client auth"]}}}}"#,
+            base64::engine::general_purpose::STANDARD.encode(pem)
+        );
+        s.ok_stdin(&["create", "-f", "-"], &csr);
+    }
+    assert_eq!(
+        s.ok(&["certificate", "approve", "alice"]).trim_end(),
+        "certificatesigningrequest.certificates.k8s.io/alice approved"
+    );
+    assert_eq!(
+        s.ok(&["certificate", "deny", "mallory"]).trim_end(),
+        "certificatesigningrequest.certificates.k8s.io/mallory denied"
+    );
+    wait_until("alice's certificate issued", 30, || {
+        let c = s.ok(&[
+            "get",
+            "csr",
+            "alice",
+            "-o",
+            "jsonpath={.status.certificate}",
+        ]);
+        (!c.is_empty()).then_some(())
+    });
+    let table = s.ok(&["get", "csr"]);
+    let line = |n: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(n))
+            .unwrap_or_else(|| panic!("{n} in {table}"))
+            .to_string()
+    };
+    assert!(line("alice").ends_with("Approved,Issued"), "{table}");
+    assert!(line("mallory").ends_with("Denied"), "{table}");
+    assert_eq!(
+        s.ok(&[
+            "get",
+            "csr",
+            "alice",
+            "-o",
+            "jsonpath={.status.conditions[0].reason}"
+        ]),
+        "KubectlApprove"
+    );
+    assert_eq!(
+        s.ok(&[
+            "get",
+            "csr",
+            "mallory",
+            "-o",
+            "jsonpath={.status.certificate}"
+        ]),
+        ""
+    );
+    // The approval subresource reads as the request.
+    let raw = s.ok(&[
+        "get",
+        "--raw",
+        "/apis/certificates.k8s.io/v1/certificatesigningrequests/alice/approval",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(v["metadata"]["name"], "alice");
+    assert_eq!(v["status"]["conditions"][0]["type"], "Approved");
+}
+
+/// `kubectl get cs`: the scheduler, the controller manager and the store
+/// checked now, with Kubernetes' deprecation warning.
+#[test]
+fn get_componentstatuses_shows_each_component_healthy() {
+    let s = Server::start();
+    let rows = wait_until("every component Healthy", 60, || {
+        let out = s.kubectl(&["get", "cs"]);
+        let table = text(&out.stdout);
+        let healthy = |n: &str| {
+            table.lines().any(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                cells.first() == Some(&n)
+                    && cells.get(1) == Some(&"Healthy")
+                    && cells.get(2) == Some(&"ok")
+            })
+        };
+        (out.status.success()
+            && ["scheduler", "controller-manager", "etcd-0"]
+                .iter()
+                .all(|n| healthy(n)))
+        .then(|| (table, text(&out.stderr)))
+    });
+    let (table, warnings) = rows;
+    assert!(table.starts_with("NAME"), "{table}");
+    for col in ["STATUS", "MESSAGE", "ERROR"] {
+        assert!(table.lines().next().unwrap().contains(col), "{table}");
+    }
+    assert!(
+        warnings.contains("v1 ComponentStatus is deprecated in v1.19+"),
+        "{warnings}"
+    );
+    assert_eq!(
+        s.ok(&[
+            "get",
+            "componentstatus",
+            "etcd-0",
+            "-o",
+            "jsonpath={.conditions[0].type}={.conditions[0].status}"
+        ]),
+        "Healthy=True"
+    );
+    let e = s.fails(&["get", "cs", "nothing"]);
+    assert!(
+        e.contains(r#"componentstatuses "nothing" not found"#),
+        "{e}"
+    );
+}
+
+/// `kubectl get apiservices` lists the core group's local APIService
+/// `v1.` first, as Kubernetes does.
+#[test]
+fn get_apiservices_lists_the_core_group() {
+    let s = Server::start();
+    let line = wait_until("v1. Available", 30, || {
+        let table = s.ok(&["get", "apiservices"]);
+        table
+            .lines()
+            .nth(1)
+            .filter(|l| l.starts_with("v1. "))
+            .filter(|l| l.split_whitespace().take(3).eq(["v1.", "Local", "True"]))
+            .map(str::to_string)
+    });
+    assert!(line.starts_with("v1."), "{line}");
+    assert!(
+        !s.log().contains("creating a local APIService"),
+        "{}",
+        s.log()
+    );
+}

@@ -14,6 +14,7 @@ use skiff_core::ApiResult;
 use skiff_store::Store;
 
 use crate::registry::{DeleteOptions, RegistryConfig};
+use crate::request::Subresource;
 
 pub mod certificates;
 pub mod eviction;
@@ -78,7 +79,8 @@ pub trait Strategy: Send + Sync {
 
     /// After the generic update preparation (status and system metadata
     /// kept from the old object).
-    fn prepare_for_update(&self, _old: &Value, _new: &mut Value) {}
+    /// `sub` is the subresource written (`Main` for the object itself).
+    fn prepare_for_update(&self, _old: &Value, _new: &mut Value, _sub: Subresource) {}
 
     /// Defaults that need the final name and uid (on create).
     fn named_defaults(&self, _obj: &mut Value) {}

@@ -9,11 +9,12 @@ use skiff_core::{ApiError, ApiResult, Cause};
 use super::{DeletePlan, Strategy};
 use crate::object::{meta_str, metadata_mut};
 use crate::registry::DeleteOptions;
+use crate::request::Subresource;
 
 pub struct NamespaceStrategy;
 
 impl Strategy for NamespaceStrategy {
-    fn prepare_for_update(&self, _old: &Value, new: &mut Value) {
+    fn prepare_for_update(&self, _old: &Value, new: &mut Value, _sub: Subresource) {
         name_label(new);
     }
 

@@ -22,6 +22,7 @@ use skiff_core::{ApiError, ApiResult, Cause};
 
 use super::{AdmissionCtx, Strategy};
 use crate::object::meta_str;
+use crate::request::Subresource;
 
 /// The NodePort range Kubernetes uses by default.
 pub const NODE_PORTS: std::ops::RangeInclusive<u16> = 30000..=32767;
@@ -513,7 +514,7 @@ impl Strategy for ServiceStrategy {
     /// LoadBalancer with externalTrafficPolicy Local) loses it unless the
     /// update changed it, as Kubernetes' `dropTypeDependentFields` does; the
     /// port is released once the update is stored.
-    fn prepare_for_update(&self, old: &Value, new: &mut Value) {
+    fn prepare_for_update(&self, old: &Value, new: &mut Value, _sub: Subresource) {
         if needs_health_check(old)
             && !needs_health_check(new)
             && health_check_port(new).is_some()

@@ -14,6 +14,13 @@ impl KindRules for ApiService {
         "APIService"
     }
 
+    /// kube-aggregator checks only that the name is a path segment (and
+    /// `version.group`): the core group's is `v1.`, which is no DNS
+    /// subdomain.
+    fn name_rule(&self) -> NameRule {
+        NameRule::PathSegment
+    }
+
     fn defaults(&self, obj: &mut Value) {
         if let Some(svc) = obj
             .pointer_mut("/spec/service")
@@ -281,5 +288,18 @@ mod tests {
         let local =
             json!({"metadata": {"name": "v1.apps"}, "spec": {"group": "apps", "version": "v1"}});
         assert!(ApiService.validate(&local).is_empty());
+    }
+
+    /// The core group's local APIService, which `kubectl get apiservices`
+    /// lists first, is named `v1.`: its metadata is valid.
+    #[test]
+    fn the_core_groups_api_service_is_named_v1_dot() {
+        let res = crate::resources::lookup("apiregistration.k8s.io", "v1", "apiservices").unwrap();
+        let core = json!({"metadata": {"name": "v1."}, "spec": {"group": "", "version": "v1"}});
+        let causes = crate::meta::validate_object_meta(res, &core, true);
+        assert!(causes.is_empty(), "{causes:?}");
+        assert!(ApiService.validate(&core).is_empty());
+        let bad = json!({"metadata": {"name": "v1/x"}, "spec": {"group": "x", "version": "v1"}});
+        assert_eq!(crate::meta::validate_object_meta(res, &bad, true).len(), 1);
     }
 }
