@@ -449,16 +449,27 @@ mod tests {
     #[test]
     fn an_ephemeral_container_with_a_target_joins_its_pid_namespace() {
         let pod = |share: bool| -> Pod {
-            serde_json::from_value(serde_json::json!({"metadata": {"name": "p", "namespace": "d", "uid": "u"},
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"name": "p", "namespace": "d", "uid": "u"},
                 "spec": {"shareProcessNamespace": share, "containers": [{"name": "app"}],
                     "ephemeralContainers": [{"name": "dbg", "image": "busybox",
-                        "targetContainerName": "app", "stdin": true, "tty": true}]}}))
+                        "targetContainerName": "app", "stdin": true, "tty": true}]}}),
+            )
             .unwrap()
         };
         let ns_of = |pod: &Pod| {
-            let ec = &pod.spec.as_ref().unwrap().ephemeral_containers.as_ref().unwrap()[0];
+            let ec = &pod
+                .spec
+                .as_ref()
+                .unwrap()
+                .ephemeral_containers
+                .as_ref()
+                .unwrap()[0];
             let c = ephemeral_as_container(ec);
-            assert_eq!((c.name.as_str(), c.stdin, c.tty), ("dbg", Some(true), Some(true)));
+            assert_eq!(
+                (c.name.as_str(), c.stdin, c.tty),
+                ("dbg", Some(true), Some(true))
+            );
             let inputs = ContainerInputs {
                 env: vec![],
                 mounts: vec![],

@@ -147,7 +147,9 @@ pub async fn serve_v5(url: String, mut req: Request, streams: Streams) -> Respon
 /// Upgrades a connection to the runtime's streaming `url` to SPDY/3.1
 /// with the v4 protocol.
 async fn spdy_connect(url: &str) -> Result<TokioIo<hyper::upgrade::Upgraded>> {
-    let uri: http::Uri = url.parse().with_context(|| format!("bad streaming URL {url}"))?;
+    let uri: http::Uri = url
+        .parse()
+        .with_context(|| format!("bad streaming URL {url}"))?;
     let host = uri.host().unwrap_or("127.0.0.1").to_string();
     let port = uri.port_u16().unwrap_or(80);
     let path = uri

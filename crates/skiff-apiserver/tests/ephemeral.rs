@@ -137,7 +137,8 @@ async fn ephemeral_containers_are_only_added_never_changed_or_removed() {
     assert_eq!(c[0].0, "FieldValueForbidden", "{c:?}");
     assert_eq!(c[0].1, "spec.ephemeralContainers[dbg]");
     assert!(
-        c[0].2.contains("existing ephemeral containers \"dbg\" may not be changed"),
+        c[0].2
+            .contains("existing ephemeral containers \"dbg\" may not be changed"),
         "{c:?}"
     );
 
@@ -234,21 +235,12 @@ async fn an_ephemeral_container_is_validated_as_kubernetes_does() {
     .await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(
-        causes(&body)
-            .into_iter()
-            .map(|c| c.1)
-            .collect::<Vec<_>>(),
+        causes(&body).into_iter().map(|c| c.1).collect::<Vec<_>>(),
         [format!("{p}.name")]
     );
 
     // Other resources have no such subresource; other methods are refused.
-    let (code, _) = call(
-        &r,
-        "POST",
-        &sub,
-        Some(json!({"metadata": {"name": "web"}})),
-    )
-    .await;
+    let (code, _) = call(&r, "POST", &sub, Some(json!({"metadata": {"name": "web"}}))).await;
     assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
     let (code, _) = call(
         &r,

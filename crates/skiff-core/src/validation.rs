@@ -385,7 +385,10 @@ pub fn validate_ephemeral_containers_update(
         .pointer("/metadata/annotations/kubernetes.io~1config.mirror")
         .is_some();
     if is_mirror {
-        return vec![Cause::forbidden("", "static pods do not support ephemeral containers")];
+        return vec![Cause::forbidden(
+            "",
+            "static pods do not support ephemeral containers",
+        )];
     }
     let list = |v: &Value| {
         v.pointer("/spec/ephemeralContainers")

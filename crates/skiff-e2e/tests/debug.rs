@@ -2,8 +2,8 @@
 //! driven with the real kubectl: `kubectl debug` adds ephemeral containers
 //! that run in the pod's namespaces (the target container's processes in
 //! view), report their status, reach `kubectl logs -c` and `kubectl debug
-//! -i`'s attach; and `kubectl exec -i` (which offers the v5 streaming
-//! protocol) ends when its stdin does.
+//! -i`'s attach; and exec with stdin (kube-rs offering v5 then v4,
+//! kubectl offering v5) ends when the client closes its stdin.
 
 use std::io::Write;
 use std::process::Stdio;
@@ -156,12 +156,80 @@ fn kubectl_debug_runs_ephemeral_containers_in_the_pods_namespaces() {
     assert_eq!(names, "dbg dbg2");
 }
 
+/// An exec through kube-rs, which offers `v5.channel.k8s.io, v4.channel.k8s.io`
+/// and closes stdin with v5's signal when v5 is agreed: what it got back
+/// (protocol, stdout, the final status), or `None` if the command did not
+/// end within 30 s of the input's end.
+fn kube_rs_exec(s: &Server, command: &[&str], input: &str) -> Option<(String, String, String)> {
+    use kube::api::{Api, AttachParams};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let kc = kube::config::Kubeconfig::read_from(&s.kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "default");
+        let ap = AttachParams::default().stdin(true).stderr(false);
+        // Which protocol the server agrees to for this client.
+        let mut req = pods
+            .request
+            .exec("app", command.iter().copied(), &ap)
+            .unwrap();
+        req.extensions_mut().insert("exec");
+        let probe = client.connect(req).await.unwrap();
+        let protocol = if probe.supports_stream_close() {
+            "v5"
+        } else {
+            "v4"
+        }
+        .to_string();
+        drop(probe);
+        let mut p = pods
+            .exec("app", command.iter().copied(), &ap)
+            .await
+            .unwrap();
+        let mut stdin = p.stdin().unwrap();
+        let mut stdout = p.stdout().unwrap();
+        let status = p.take_status().unwrap();
+        stdin.write_all(input.as_bytes()).await.unwrap();
+        stdin.shutdown().await.unwrap();
+        drop(stdin);
+        let done = async {
+            let mut out = String::new();
+            let _ = stdout.read_to_string(&mut out).await;
+            let st = status
+                .await
+                .map(|s| s.status.unwrap_or_default())
+                .unwrap_or_default();
+            (out, st)
+        };
+        let (out, st) = tokio::time::timeout(Duration::from_secs(30), done)
+            .await
+            .ok()?;
+        Some((protocol, out, st))
+    })
+}
+
+#[test]
+fn a_client_offering_v5_then_v4_closes_stdin_and_the_command_ends() {
+    let s = Server::up();
+    run_sleeper(&s, "app");
+    let (protocol, out, status) = kube_rs_exec(&s, &["cat"], "line one\nline two\n")
+        .expect("cat ends once the client closes its stdin");
+    assert_eq!(protocol, "v5");
+    assert_eq!(out, "line one\nline two\n");
+    assert_eq!(status, "Success");
+}
+
 #[test]
 fn kubectl_exec_with_stdin_ends_when_its_input_does() {
     let s = Server::up();
     run_sleeper(&s, "app");
-    // kubectl 1.33 offers v5.channel.k8s.io first and, when its input
-    // ends, sends v5's close-stdin signal; `cat` then ends.
+    // kubectl 1.33 offers only v5.channel.k8s.io over WebSocket (and falls
+    // back to SPDY when refused); when its input ends it sends v5's
+    // close-stdin signal and `cat` then ends.
     let (code, out, err) = kubectl_with_input(
         &s,
         &["exec", "-i", "app", "--", "cat"],

@@ -34,7 +34,10 @@ impl KindRules for Pod {
 
     /// Ephemeral containers come only through `pods/ephemeralcontainers`.
     fn validate_create(&self, obj: &Value) -> Vec<Cause> {
-        match obj.pointer("/spec/ephemeralContainers").and_then(Value::as_array) {
+        match obj
+            .pointer("/spec/ephemeralContainers")
+            .and_then(Value::as_array)
+        {
             Some(a) if !a.is_empty() => vec![Cause::forbidden(
                 "spec.ephemeralContainers",
                 "cannot be set on create",
