@@ -29,6 +29,7 @@ pub mod sim;
 pub mod spec;
 pub mod stats;
 pub mod storage;
+pub mod streams;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;

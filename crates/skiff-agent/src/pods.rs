@@ -404,6 +404,7 @@ impl PodWorker {
                         &volumes,
                         &pod_ip,
                         &mut fetcher,
+                        None,
                     )
                     .await;
                     acted = true;
@@ -424,6 +425,7 @@ impl PodWorker {
                             &volumes,
                             &pod_ip,
                             &mut fetcher,
+                            None,
                         )
                         .await;
                         acted = true;
@@ -461,6 +463,7 @@ impl PodWorker {
                             &volumes,
                             &pod_ip,
                             &mut fetcher,
+                            None,
                         )
                         .await;
                         acted = true;
@@ -512,12 +515,63 @@ impl PodWorker {
                                 &volumes,
                                 &pod_ip,
                                 &mut fetcher,
+                                None,
                             )
                             .await;
                             acted = true;
                         }
                     }
                 }
+            }
+        }
+
+        // Ephemeral containers: each started once, even before the pod is
+        // initialized (as kubelet does), and never restarted. One with a
+        // `targetContainerName` waits until that container runs, to join
+        // its PID namespace.
+        for ec in spec.ephemeral_containers.iter().flatten() {
+            match latest(&seen, &ec.name) {
+                None => {
+                    if self.waiting_on_pull(&ec.name) {
+                        continue;
+                    }
+                    let target = match ec.target_container_name.as_deref() {
+                        None | Some("") => None,
+                        Some(t) => match latest(&seen, t).filter(|s| is_running(s)) {
+                            Some(s) => Some(s.id.clone()),
+                            None => {
+                                self.waiting.insert(
+                                    ec.name.clone(),
+                                    (
+                                        "CreateContainerConfigError".into(),
+                                        format!("unable to find target container {t}"),
+                                    ),
+                                );
+                                continue;
+                            }
+                        },
+                    };
+                    let c = spec::ephemeral_as_container(ec);
+                    self.start(
+                        pod,
+                        &c,
+                        0,
+                        false,
+                        &sandbox_id,
+                        &sandbox_cfg,
+                        &volumes,
+                        &pod_ip,
+                        &mut fetcher,
+                        target,
+                    )
+                    .await;
+                    acted = true;
+                }
+                Some(s) if s.state == cri::ContainerState::ContainerCreated as i32 => {
+                    let _ = self.ctx.runtime.start_container(&s.id).await;
+                    acted = true;
+                }
+                Some(_) => {}
             }
         }
 
@@ -615,6 +669,7 @@ impl PodWorker {
         volumes: &HashMap<String, PathBuf>,
         pod_ip: &str,
         fetcher: &mut Fetcher,
+        pid_target: Option<String>,
     ) {
         let rt = self.ctx.runtime.clone();
         let image = c.image.clone().unwrap_or_default();
@@ -745,6 +800,7 @@ impl PodWorker {
                 attempt,
                 init,
                 spec_hash: spec::spec_hash(c),
+                pid_target,
             },
         );
         let id = match rt.create_container(sandbox_id, &cfg, sandbox_cfg).await {
@@ -1333,6 +1389,22 @@ impl PodWorker {
         });
         if !init_statuses.is_empty() {
             status["initContainerStatuses"] = json!(init_statuses);
+        }
+        // Ephemeral containers never restart and are never ready; they
+        // count for neither the phase nor the conditions.
+        let ephemeral: Vec<Value> = spec
+            .ephemeral_containers
+            .iter()
+            .flatten()
+            .map(|ec| {
+                let c = spec::ephemeral_as_container(ec);
+                let (mut st, ..) = self.container_status(pod, &c, seen, false, "Never");
+                st["ready"] = json!(false);
+                st
+            })
+            .collect();
+        if !ephemeral.is_empty() {
+            status["ephemeralContainerStatuses"] = json!(ephemeral);
         }
         if let Some(ip) = pod_ip.filter(|ip| !ip.is_empty()) {
             status["podIP"] = json!(ip);

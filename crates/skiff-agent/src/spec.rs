@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::runtime::{
@@ -191,6 +191,9 @@ pub struct ContainerInputs<'a> {
     pub attempt: u32,
     pub init: bool,
     pub spec_hash: String,
+    /// The container whose PID namespace an ephemeral container joins
+    /// (its `targetContainerName`, running under this id).
+    pub pid_target: Option<String>,
 }
 
 /// The namespaces of a pod's sandbox and of each of its containers, as
@@ -219,6 +222,33 @@ pub fn namespace_options(pod: &Pod) -> cri::NamespaceOption {
         ipc: shared(spec.host_ipc.unwrap_or(false)),
         ..Default::default()
     }
+}
+
+/// A container's namespaces: the pod's, except that a container with a
+/// PID target (an ephemeral container's `targetContainerName`) joins that
+/// container's PID namespace where each container would have its own
+/// (a pod sharing one namespace, or the node's, already shares it).
+fn container_namespaces(pod: &Pod, pid_target: Option<String>) -> cri::NamespaceOption {
+    let mut ns = namespace_options(pod);
+    if let Some(target) = pid_target {
+        if ns.pid == cri::NamespaceMode::Container as i32 {
+            ns.pid = cri::NamespaceMode::Target as i32;
+            ns.target_id = target;
+        }
+    }
+    ns
+}
+
+/// An ephemeral container as the container it runs as (the same fields,
+/// less `targetContainerName`).
+pub fn ephemeral_as_container(ec: &EphemeralContainer) -> Container {
+    serde_json::to_value(ec)
+        .and_then(serde_json::from_value)
+        .unwrap_or_else(|_| Container {
+            name: ec.name.clone(),
+            image: ec.image.clone(),
+            ..Default::default()
+        })
 }
 
 pub fn container_config(
@@ -300,7 +330,7 @@ pub fn container_config(
                     ..Default::default()
                 }),
                 privileged: sc.privileged.unwrap_or(false),
-                namespace_options: Some(namespace_options(pod)),
+                namespace_options: Some(container_namespaces(pod, inputs.pid_target)),
                 run_as_user: run_as_user.map(|u| cri::Int64Value { value: u }),
                 run_as_group: run_as_group.map(|g| cri::Int64Value { value: g }),
                 readonly_rootfs: sc.read_only_root_filesystem.unwrap_or(false),
@@ -367,6 +397,7 @@ mod tests {
             attempt: 0,
             init: false,
             spec_hash: String::new(),
+            pid_target: None,
         };
         let config = container_config(&pod, c, inputs);
         let ns = config
@@ -413,6 +444,55 @@ mod tests {
             )),
             (node, node)
         );
+    }
+
+    #[test]
+    fn an_ephemeral_container_with_a_target_joins_its_pid_namespace() {
+        let pod = |share: bool| -> Pod {
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"name": "p", "namespace": "d", "uid": "u"},
+                "spec": {"shareProcessNamespace": share, "containers": [{"name": "app"}],
+                    "ephemeralContainers": [{"name": "dbg", "image": "busybox",
+                        "targetContainerName": "app", "stdin": true, "tty": true}]}}),
+            )
+            .unwrap()
+        };
+        let ns_of = |pod: &Pod| {
+            let ec = &pod
+                .spec
+                .as_ref()
+                .unwrap()
+                .ephemeral_containers
+                .as_ref()
+                .unwrap()[0];
+            let c = ephemeral_as_container(ec);
+            assert_eq!(
+                (c.name.as_str(), c.stdin, c.tty),
+                ("dbg", Some(true), Some(true))
+            );
+            let inputs = ContainerInputs {
+                env: vec![],
+                mounts: vec![],
+                image: "busybox",
+                attempt: 0,
+                init: false,
+                spec_hash: String::new(),
+                pid_target: Some("app-id".into()),
+            };
+            container_config(pod, &c, inputs)
+                .linux
+                .and_then(|l| l.security_context)
+                .and_then(|s| s.namespace_options)
+                .unwrap()
+        };
+        let ns = ns_of(&pod(false));
+        assert_eq!(ns.pid, cri::NamespaceMode::Target as i32);
+        assert_eq!(ns.target_id, "app-id");
+        assert_eq!(ns.network, cri::NamespaceMode::Pod as i32);
+        // A pod that shares one PID namespace keeps it.
+        let ns = ns_of(&pod(true));
+        assert_eq!(ns.pid, cri::NamespaceMode::Pod as i32);
+        assert_eq!(ns.target_id, "");
     }
 
     #[test]

@@ -968,6 +968,7 @@ async fn resource(
                     | Subresource::Status
                     | Subresource::Scale
                     | Subresource::Finalize
+                    | Subresource::EphemeralContainers
             ) =>
         {
             let sub = rr.sub;
@@ -1002,7 +1003,10 @@ async fn resource(
         (&Method::PATCH, Some(name), _)
             if matches!(
                 rr.sub,
-                Subresource::Main | Subresource::Status | Subresource::Scale
+                Subresource::Main
+                    | Subresource::Status
+                    | Subresource::Scale
+                    | Subresource::EphemeralContainers
             ) =>
         {
             let sub = rr.sub;
@@ -1048,7 +1052,7 @@ async fn resource(
             let r = render_written(reg, api_res, sub, out, created, output).await?;
             Ok(add_warnings(r, &warnings))
         }
-        (&Method::GET, Some(name), Some("status")) => {
+        (&Method::GET, Some(name), Some("status" | "ephemeralcontainers")) => {
             let obj = reg.get(res, ns, name).await?;
             render_object(
                 api_res,
@@ -1224,7 +1228,6 @@ async fn resource(
                     | "proxy"
                     | "eviction"
                     | "token"
-                    | "ephemeralcontainers"
                     | "resize"
             ) =>
         {

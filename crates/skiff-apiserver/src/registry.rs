@@ -817,7 +817,11 @@ impl Registry {
     ) -> Result<Value, WriteError> {
         let strategy = strategy_for(res);
         skiff_core::defaults::apply_defaults(res, &mut new);
-        let mut causes = skiff_core::validation::validate_update(res, &new, old);
+        let mut causes = if sub == Subresource::EphemeralContainers {
+            skiff_core::validation::validate_ephemeral_containers_update(res, &new, old)
+        } else {
+            skiff_core::validation::validate_update(res, &new, old)
+        };
         if matches!(sub, Subresource::Status | Subresource::Approval) {
             // Status writes cannot fail on spec problems they did not cause.
             causes.retain(|c| c.field.starts_with("status") || c.field.starts_with("metadata"));
@@ -1502,6 +1506,23 @@ fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Subresou
                 }
             }
             // Metadata the status writer may carry along (managedFields are recomputed).
+            o
+        }
+        Subresource::EphemeralContainers => {
+            // `pods/<n>/ephemeralcontainers` changes `spec.ephemeralContainers`
+            // and nothing else (Kubernetes' ephemeral containers strategy).
+            let mut o = old.clone();
+            if !o.get("spec").map(Value::is_object).unwrap_or(false) {
+                o["spec"] = json!({});
+            }
+            match new.pointer("/spec/ephemeralContainers") {
+                Some(e) if !e.is_null() => o["spec"]["ephemeralContainers"] = e.clone(),
+                _ => {
+                    if let Some(m) = o["spec"].as_object_mut() {
+                        m.remove("ephemeralContainers");
+                    }
+                }
+            }
             o
         }
         Subresource::Finalize => {

@@ -7,8 +7,8 @@ use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::ApiError;
 
 /// The subresource a request addresses, parsed once from the path. The
-/// registry's writes know four (`Main`, `Status`, `Scale`, `Finalize`);
-/// the others are served by their own handlers.
+/// registry's writes know five (`Main`, `Status`, `Scale`, `Finalize`,
+/// `EphemeralContainers`); the others are served by their own handlers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Subresource {
     Main,
@@ -18,6 +18,8 @@ pub enum Subresource {
     Scale,
     /// A namespace's `spec.finalizers`.
     Finalize,
+    /// A pod's `spec.ephemeralContainers` (entries may only be added).
+    EphemeralContainers,
     Binding,
     Eviction,
     Token,
@@ -34,6 +36,7 @@ impl Subresource {
             Some("status") => Subresource::Status,
             Some("scale") => Subresource::Scale,
             Some("finalize") => Subresource::Finalize,
+            Some("ephemeralcontainers") => Subresource::EphemeralContainers,
             Some("binding") => Subresource::Binding,
             Some("eviction") => Subresource::Eviction,
             Some("token") => Subresource::Token,
@@ -49,6 +52,7 @@ impl Subresource {
             Subresource::Status => Some("status"),
             Subresource::Scale => Some("scale"),
             Subresource::Finalize => Some("finalize"),
+            Subresource::EphemeralContainers => Some("ephemeralcontainers"),
             Subresource::Binding => Some("binding"),
             Subresource::Eviction => Some("eviction"),
             Subresource::Token => Some("token"),

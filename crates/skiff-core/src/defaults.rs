@@ -192,7 +192,7 @@ pub fn pod_spec(spec: &mut Value) {
     set_default(m, "terminationGracePeriodSeconds", json!(30));
     set_default(m, "securityContext", json!({}));
     set_default(m, "enableServiceLinks", json!(true));
-    for list in ["containers", "initContainers"] {
+    for list in ["containers", "initContainers", "ephemeralContainers"] {
         if let Some(cs) = m.get_mut(list).and_then(Value::as_array_mut) {
             cs.iter_mut().for_each(container);
         }

@@ -15,6 +15,7 @@ pub use skiff_helpers::quantity::Quantity;
 pub fn validate_create(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
     let mut c = validate_object_meta(res, obj, true);
     c.extend(res.rules.validate(obj));
+    c.extend(res.rules.validate_create(obj));
     c
 }
 
@@ -139,12 +140,21 @@ pub(crate) fn pod_spec(spec: &Value, path: &str, claim_volumes: &[String], c: &m
         _ => {}
     }
     let mut names: Vec<String> = Vec::new();
-    for list in ["initContainers", "containers"] {
+    // The names of the pod's own containers, which an ephemeral
+    // container's `targetContainerName` may name.
+    let mut others: Vec<String> = Vec::new();
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        if list == "ephemeralContainers" {
+            others = names.clone();
+        }
         let Some(cs) = spec.get(list).and_then(Value::as_array) else {
             continue;
         };
         for (i, ctr) in cs.iter().enumerate() {
             let p = format!("{path}.{list}[{i}]");
+            if list == "ephemeralContainers" {
+                ephemeral_container(ctr, &p, &others, c);
+            }
             let name = ctr.get("name").and_then(Value::as_str).unwrap_or("");
             if name.is_empty() {
                 c.push(Cause::required(format!("{p}.name")));
@@ -235,6 +245,118 @@ pub(crate) fn pod_spec(spec: &Value, path: &str, claim_volumes: &[String], c: &m
             ));
         }
     }
+}
+
+/// What Kubernetes checks of an ephemeral container beyond what every
+/// container gets: the fields it may not set (it must not be relied on for
+/// the pod's service: no ports, probes, resources, lifecycle), no volume
+/// subpaths, and a `targetContainerName` naming one of the pod's own
+/// containers.
+fn ephemeral_container(ctr: &Value, p: &str, others: &[String], c: &mut Vec<Cause>) {
+    for f in [
+        "ports",
+        "resources",
+        "livenessProbe",
+        "readinessProbe",
+        "startupProbe",
+        "lifecycle",
+        "resizePolicy",
+        "restartPolicy",
+    ] {
+        let set = match ctr.get(f) {
+            None | Some(Value::Null) => false,
+            Some(Value::Object(m)) => m.values().any(|v| !is_empty_value(v)),
+            Some(Value::Array(a)) => !a.is_empty(),
+            Some(Value::String(s)) => !s.is_empty(),
+            Some(_) => true,
+        };
+        if set {
+            c.push(Cause::forbidden(
+                format!("{p}.{f}"),
+                "cannot be set for an Ephemeral Container",
+            ));
+        }
+    }
+    if let Some(mounts) = ctr.get("volumeMounts").and_then(Value::as_array) {
+        for (j, m) in mounts.iter().enumerate() {
+            for f in ["subPath", "subPathExpr"] {
+                if !m.get(f).and_then(Value::as_str).unwrap_or("").is_empty() {
+                    c.push(Cause::forbidden(
+                        format!("{p}.volumeMounts[{j}].{f}"),
+                        "cannot be set for an Ephemeral Container",
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(t) = ctr.get("targetContainerName").and_then(Value::as_str) {
+        if !t.is_empty() && !others.iter().any(|n| n == t) {
+            c.push(Cause::new(
+                "FieldValueNotFound",
+                format!("{p}.targetContainerName"),
+                format!("Not found: {t:?}"),
+            ));
+        }
+    }
+}
+
+/// A value Go would leave at its zero (an empty object, list or string).
+fn is_empty_value(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(m) => m.values().all(is_empty_value),
+        Value::Array(a) => a.is_empty(),
+        Value::String(s) => s.is_empty(),
+        _ => false,
+    }
+}
+
+/// An update through `pods/<name>/ephemeralcontainers`: the pod as a whole
+/// must be valid, and of `spec.ephemeralContainers` entries may only be
+/// added, never changed or removed (Kubernetes'
+/// `ValidatePodEphemeralContainersUpdate`).
+pub fn validate_ephemeral_containers_update(
+    res: &ResourceInfo,
+    new: &Value,
+    old: &Value,
+) -> Vec<Cause> {
+    let mut c = validate_object_meta(res, new, false);
+    c.extend(validate_object_meta_update(new, old));
+    c.extend(res.rules.validate(new));
+    let is_mirror = old
+        .pointer("/metadata/annotations/kubernetes.io~1config.mirror")
+        .is_some();
+    if is_mirror {
+        return vec![Cause::forbidden(
+            "",
+            "static pods do not support ephemeral containers",
+        )];
+    }
+    let list = |v: &Value| {
+        v.pointer("/spec/ephemeralContainers")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let new_list = list(new);
+    for o in list(old) {
+        let name = o.get("name").and_then(Value::as_str).unwrap_or("");
+        match new_list
+            .iter()
+            .find(|n| n.get("name").and_then(Value::as_str) == Some(name))
+        {
+            None => c.push(Cause::forbidden(
+                "spec.ephemeralContainers",
+                &format!("existing ephemeral containers {name:?} may not be removed\n"),
+            )),
+            Some(n) if *n != o => c.push(Cause::forbidden(
+                format!("spec.ephemeralContainers[{name}]"),
+                &format!("existing ephemeral containers {name:?} may not be changed\n"),
+            )),
+            Some(_) => {}
+        }
+    }
+    c
 }
 
 pub(crate) fn resources(r: Option<&Value>, path: &str, c: &mut Vec<Cause>) {

@@ -101,6 +101,12 @@ pub trait KindRules: Sync + Send + 'static {
         Vec::new()
     }
 
+    /// The kind's extra checks on create only (fields only a subresource
+    /// may set later).
+    fn validate_create(&self, _obj: &Value) -> Vec<Cause> {
+        Vec::new()
+    }
+
     /// The kind's extra checks on update (immutable fields).
     fn validate_update(&self, _new: &Value, _old: &Value) -> Vec<Cause> {
         Vec::new()

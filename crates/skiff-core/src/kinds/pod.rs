@@ -32,6 +32,20 @@ impl KindRules for Pod {
         c
     }
 
+    /// Ephemeral containers come only through `pods/ephemeralcontainers`.
+    fn validate_create(&self, obj: &Value) -> Vec<Cause> {
+        match obj
+            .pointer("/spec/ephemeralContainers")
+            .and_then(Value::as_array)
+        {
+            Some(a) if !a.is_empty() => vec![Cause::forbidden(
+                "spec.ephemeralContainers",
+                "cannot be set on create",
+            )],
+            _ => Vec::new(),
+        }
+    }
+
     fn validate_update(&self, new: &Value, old: &Value) -> Vec<Cause> {
         crate::validation::pod_update(new, old)
     }
