@@ -18,14 +18,26 @@
 //! guarded on that key's version: of several API servers compacting at once
 //! one wins, the others see it done (and nobody compacts backwards).
 //!
+//! Several members: each listed endpoint (and each member etcd's MemberList
+//! reports, re-read every [`EtcdOptions::member_sync_interval`]) has its own
+//! connection, and requests go to one pinned member. A member that refuses
+//! connections, has no leader or breaks a call is passed over for the next
+//! one: a request that never reached a member (connection refused, no
+//! leader) is retried on another at once, a read after any failure, and a
+//! write whose fate is unknown (the connection broke under it) fails with
+//! [`Error::Unavailable`] so the client decides, as etcd's clientv3 retries.
+//! So losing any one member of a quorum costs at most the writes in flight
+//! and those during an election, and a store connects with any member up.
+//!
 //! etcd unreachable: every request fails within [`EtcdOptions::request_timeout`]
 //! with [`Error::Unavailable`] or [`Error::Timeout`] (503 and 504 upstream).
-//! Watches outlive etcd restarts: the watch is re-established from the last
-//! revision it delivered, and events at or below it are dropped, so the
-//! stream has no gap and no duplicate.
+//! Watches outlive etcd restarts and member losses: the watch is
+//! re-established (on the pinned member) from the last revision it
+//! delivered, and events at or below it are dropped, so the stream has no
+//! gap and no duplicate.
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -63,6 +75,9 @@ pub struct EtcdOptions {
     pub request_timeout: Duration,
     /// Connecting to an endpoint fails after this long.
     pub dial_timeout: Duration,
+    /// How often the members etcd reports (MemberList) are added to the
+    /// endpoints (and departed ones dropped); `None`: only the listed ones.
+    pub member_sync_interval: Option<Duration>,
 }
 
 impl Default for EtcdOptions {
@@ -73,16 +88,16 @@ impl Default for EtcdOptions {
             tls: None,
             request_timeout: Duration::from_secs(5),
             dial_timeout: Duration::from_secs(2),
+            member_sync_interval: Some(Duration::from_secs(30)),
         }
     }
 }
 
 /// The etcd-backed [`Store`].
 pub struct EtcdStore {
-    client: ec::Client,
+    members: Arc<Members>,
     /// The prefix replacing `/registry`, without a trailing slash.
     prefix: String,
-    timeout: Duration,
     /// One sender per open watch, to ask it for progress.
     watchers: Arc<Mutex<Vec<mpsc::UnboundedSender<()>>>>,
 }
@@ -161,16 +176,316 @@ fn revision_of(h: Option<&ec::ResponseHeader>) -> i64 {
     h.map(|h| h.revision()).unwrap_or(0)
 }
 
+/// One member's client URL and its own connection.
+struct Conn {
+    url: String,
+    client: ec::Client,
+    /// Given in the options (kept when MemberList no longer reports it).
+    listed: bool,
+    /// When a request to it last failed as one to a dead, unreachable or
+    /// leaderless member fails.
+    failed_at: Mutex<Option<Instant>>,
+}
+
+impl Conn {
+    fn failed_recently(&self) -> bool {
+        let at = *self.failed_at.lock().unwrap_or_else(|e| e.into_inner());
+        at.is_some_and(|t| t.elapsed() < PASS_OVER)
+    }
+}
+
+/// A member that failed is passed over for this long while others remain.
+const PASS_OVER: Duration = Duration::from_secs(3);
+
+/// The members' connections and the one requests go to.
+struct Pool {
+    conns: Vec<Arc<Conn>>,
+    pinned: usize,
+}
+
+/// The etcd cluster as this store reaches it: a connection per endpoint (the
+/// listed ones and those MemberList reports) and the pinned one.
+struct Members {
+    pool: Mutex<Pool>,
+    options: ec::ConnectOptions,
+    /// The URL scheme of the listed endpoints; discovered ones must share it.
+    scheme: String,
+    /// A request (with its retries) fails after this long.
+    timeout: Duration,
+}
+
+/// What an etcd error says about retrying the request elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// The request's own answer (not found, compacted, invalid…).
+    Final,
+    /// The member never took the request (connection refused or reset before
+    /// sending, no leader): safe to send again, to another member.
+    NotTaken,
+    /// The member or its connection failed under the request: it may or may
+    /// not have been applied. Reads are retried, writes are not.
+    Broken,
+}
+
+/// Whether `e` is the connector's failure (nothing was sent).
+fn connect_failed(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<tonic::ConnectError>().is_some() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+fn failure(e: &ec::Error) -> Failure {
+    match e {
+        ec::Error::GRpcStatus(st) => {
+            let msg = st.message();
+            if connect_failed(st) || msg.contains("tcp connect error") {
+                return Failure::NotTaken;
+            }
+            // etcd refuses these before proposing anything.
+            if msg.contains("no leader") || msg.contains("not capable") {
+                return Failure::NotTaken;
+            }
+            match st.code() {
+                tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
+                | tonic::Code::Aborted => Failure::Broken,
+                _ if msg.contains("transport error")
+                    || msg.contains("connection")
+                    || msg.contains("h2 protocol error")
+                    || msg.contains("broken pipe") =>
+                {
+                    Failure::Broken
+                }
+                _ => Failure::Final,
+            }
+        }
+        ec::Error::TransportError(_) | ec::Error::IoError(_) => Failure::Broken,
+        _ => Failure::Final,
+    }
+}
+
+/// Whether a request may be sent again after its fate became unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
+}
+
+/// A client URL as the endpoints list keeps it.
+fn normalize(url: &str) -> String {
+    url.trim().trim_end_matches('/').to_string()
+}
+
+fn scheme_of(url: &str) -> &str {
+    url.split_once("://").map(|(s, _)| s).unwrap_or("http")
+}
+
+impl Members {
+    async fn connect_one(url: &str, options: &ec::ConnectOptions) -> Result<ec::Client> {
+        // The channel connects lazily: this checks the URL and options only.
+        ec::Client::connect([url], Some(options.clone()))
+            .await
+            .map_err(|e| Error::Backend(format!("etcd endpoint {url}: {e}")))
+    }
+
+    fn pick(&self) -> Arc<Conn> {
+        let p = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        p.conns[p.pinned].clone()
+    }
+
+    fn answered(&self, conn: &Conn) {
+        *conn.failed_at.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Records that `conn` failed and, if it is the pinned one, pins the next
+    /// member that has not failed lately (or else the one that failed
+    /// longest ago).
+    fn failed(&self, conn: &Conn) {
+        *conn.failed_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        let mut p = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let n = p.conns.len();
+        if n < 2 || p.conns[p.pinned].url != conn.url {
+            return;
+        }
+        let from = p.pinned;
+        let mut next = None;
+        let mut oldest: Option<(Instant, usize)> = None;
+        for i in 1..n {
+            let j = (from + i) % n;
+            match *p.conns[j]
+                .failed_at
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+            {
+                None => {
+                    next = Some(j);
+                    break;
+                }
+                Some(t) if t.elapsed() >= PASS_OVER => {
+                    next = Some(j);
+                    break;
+                }
+                Some(t) => {
+                    if oldest.is_none_or(|(o, _)| t < o) {
+                        oldest = Some((t, j));
+                    }
+                }
+            }
+        }
+        p.pinned = next.or(oldest.map(|(_, j)| j)).unwrap_or(from);
+        tracing::info!(
+            from = %conn.url,
+            to = %p.conns[p.pinned].url,
+            "etcd member failed; requests go to another"
+        );
+    }
+
+    /// Whether every member failed lately (so a retry should wait a little).
+    fn all_failed_recently(&self) -> bool {
+        let p = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        p.conns.iter().all(|c| c.failed_recently())
+    }
+
+    /// Runs `f` on the pinned member, moving to another member and trying
+    /// again while the failure allows (see [`Failure`]), within the request
+    /// timeout. Returns the answer and the member that gave it.
+    async fn run<T, F, Fut>(
+        &self,
+        kind: Kind,
+        f: F,
+    ) -> std::result::Result<(T, Arc<Conn>), ec::Error>
+    where
+        F: Fn(ec::Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, ec::Error>>,
+    {
+        let deadline = Instant::now() + self.timeout;
+        let mut wait = Duration::from_millis(50);
+        loop {
+            let conn = self.pick();
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let e = match tokio::time::timeout(remaining, f(conn.client.clone())).await {
+                Ok(Ok(v)) => {
+                    self.answered(&conn);
+                    return Ok((v, conn));
+                }
+                Ok(Err(e)) => e,
+                Err(_) => {
+                    self.failed(&conn);
+                    return Err(ec::Error::GRpcStatus(tonic::Status::deadline_exceeded(
+                        format!("etcd did not answer within {:?}", self.timeout),
+                    )));
+                }
+            };
+            let retry = match failure(&e) {
+                Failure::Final => return Err(e),
+                Failure::NotTaken => true,
+                Failure::Broken => kind == Kind::Read,
+            };
+            self.failed(&conn);
+            tracing::debug!(member = %conn.url, error = %e, retry, "etcd request failed");
+            if !retry {
+                return Err(e);
+            }
+            if self.all_failed_recently() {
+                // Every member failed (an election, or etcd down): wait a
+                // little before the next round.
+                let left = deadline.saturating_duration_since(Instant::now());
+                tokio::time::sleep(wait.min(left)).await;
+                wait = (wait * 2).min(Duration::from_millis(500));
+            }
+            if Instant::now() >= deadline {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Adds the client URLs of the members etcd reports and drops the
+    /// discovered ones of members that left.
+    async fn sync(&self) -> Result<()> {
+        let (resp, _) = self
+            .run(Kind::Read, |mut c| async move { c.member_list().await })
+            .await
+            .map_err(map_err)?;
+        let reported: Vec<String> = resp
+            .members()
+            .iter()
+            .flat_map(|m| m.client_urls())
+            .map(|u| normalize(u))
+            .filter(|u| scheme_of(u) == self.scheme)
+            .collect();
+        if reported.is_empty() {
+            return Ok(());
+        }
+        let new: Vec<String> = {
+            let p = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+            let mut new: Vec<String> = Vec::new();
+            for u in &reported {
+                if !p.conns.iter().any(|c| &c.url == u) && !new.contains(u) {
+                    new.push(u.clone());
+                }
+            }
+            new
+        };
+        let mut made = Vec::new();
+        for url in new {
+            match Members::connect_one(&url, &self.options).await {
+                Ok(client) => made.push(Arc::new(Conn {
+                    url,
+                    client,
+                    listed: false,
+                    failed_at: Mutex::new(None),
+                })),
+                Err(e) => tracing::debug!(error = %e, "a member's client URL"),
+            }
+        }
+        let mut p = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        for c in made {
+            if !p.conns.iter().any(|k| k.url == c.url) {
+                tracing::info!(url = %c.url, "etcd member discovered");
+                p.conns.push(c);
+            }
+        }
+        let pinned = p.conns[p.pinned].url.clone();
+        p.conns.retain(|c| c.listed || reported.contains(&c.url));
+        p.pinned = p.conns.iter().position(|c| c.url == pinned).unwrap_or(0);
+        Ok(())
+    }
+
+    /// Every `interval`, [`Members::sync`], while the store is in use.
+    fn keep_synced(members: Weak<Members>, interval: Duration) {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(m) = members.upgrade() else { return };
+                if let Err(e) = m.sync().await {
+                    tracing::debug!(error = %e, "reading etcd's member list");
+                }
+            }
+        });
+    }
+}
+
 impl EtcdStore {
-    /// Connects to etcd and checks it answers.
+    /// Connects to etcd and checks it answers: any member of a quorum will
+    /// do (the others are tried in turn).
     pub async fn connect(opts: EtcdOptions) -> Result<Arc<EtcdStore>> {
         if opts.endpoints.is_empty() {
             return Err(Error::Backend("no etcd endpoints given".into()));
         }
+        // Every request asks for a member with a leader: one cut off from
+        // the quorum refuses at once (and closes its watches) rather than
+        // waiting, so the request goes to another member.
         let mut co = ec::ConnectOptions::new()
             .with_connect_timeout(opts.dial_timeout)
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
-            .with_keep_alive_while_idle(true);
+            .with_keep_alive_while_idle(true)
+            .with_require_leader(true);
         if let Some(tls) = &opts.tls {
             let mut t = ec::TlsOptions::new();
             if let Some(ca) = &tls.ca_pem {
@@ -187,26 +502,51 @@ impl EtcdStore {
             }
             co = co.with_tls(t);
         }
-        let endpoints: Vec<String> = opts
-            .endpoints
-            .iter()
-            .map(|e| e.trim().trim_end_matches('/').to_string())
-            .collect();
-        let client = tokio::time::timeout(
-            opts.request_timeout,
-            ec::Client::connect(&endpoints, Some(co)),
-        )
-        .await
-        .map_err(|_| Error::Timeout(format!("connecting to etcd at {}", endpoints.join(","))))?
-        .map_err(map_err)?;
-        let store = Arc::new(EtcdStore {
-            client,
-            prefix: opts.prefix.trim_end_matches('/').to_string(),
+        let mut endpoints: Vec<String> = Vec::new();
+        for e in &opts.endpoints {
+            let e = normalize(e);
+            if !endpoints.contains(&e) {
+                endpoints.push(e);
+            }
+        }
+        let mut conns = Vec::new();
+        for url in &endpoints {
+            let client = tokio::time::timeout(opts.request_timeout, Members::connect_one(url, &co))
+                .await
+                .map_err(|_| Error::Timeout(format!("connecting to etcd at {url}")))??;
+            conns.push(Arc::new(Conn {
+                url: url.clone(),
+                client,
+                listed: true,
+                failed_at: Mutex::new(None),
+            }));
+        }
+        let members = Arc::new(Members {
+            pool: Mutex::new(Pool { conns, pinned: 0 }),
+            options: co,
+            scheme: scheme_of(&endpoints[0]).to_string(),
             timeout: opts.request_timeout,
+        });
+        let store = Arc::new(EtcdStore {
+            members,
+            prefix: opts.prefix.trim_end_matches('/').to_string(),
             watchers: Default::default(),
         });
         store.current_revision().await?;
+        if let Some(interval) = opts.member_sync_interval {
+            if let Err(e) = store.members.sync().await {
+                tracing::debug!(error = %e, "reading etcd's member list");
+            }
+            Members::keep_synced(Arc::downgrade(&store.members), interval);
+        }
         Ok(store)
+    }
+
+    /// The client URLs requests may go to: the listed endpoints and the
+    /// members etcd reported.
+    pub fn endpoints(&self) -> Vec<String> {
+        let p = self.members.pool.lock().unwrap_or_else(|e| e.into_inner());
+        p.conns.iter().map(|c| c.url.clone()).collect()
     }
 
     /// The etcd key of a store key.
@@ -225,24 +565,29 @@ impl EtcdStore {
         store_kv(&self.prefix, kv)
     }
 
-    /// Runs one request with the request timeout.
-    async fn call<T, F>(&self, f: F) -> std::result::Result<T, ec::Error>
+    /// A read on the pinned member, failing over to the others.
+    async fn read<T, F, Fut>(&self, f: F) -> std::result::Result<T, ec::Error>
     where
-        F: std::future::Future<Output = std::result::Result<T, ec::Error>>,
+        F: Fn(ec::KvClient) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, ec::Error>>,
     {
-        match tokio::time::timeout(self.timeout, f).await {
-            Ok(r) => r,
-            Err(_) => Err(ec::Error::GRpcStatus(tonic::Status::deadline_exceeded(
-                format!("etcd did not answer within {:?}", self.timeout),
-            ))),
-        }
+        Ok(self.members.run(Kind::Read, |c| f(c.kv_client())).await?.0)
+    }
+
+    /// A write on the pinned member, sent to another only when the first
+    /// never took it.
+    async fn write<T, F, Fut>(&self, f: F) -> std::result::Result<T, ec::Error>
+    where
+        F: Fn(ec::KvClient) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, ec::Error>>,
+    {
+        Ok(self.members.run(Kind::Write, |c| f(c.kv_client())).await?.0)
     }
 
     /// The recorded compaction: (revision, version of the record).
     async fn compaction_record(&self) -> Result<(i64, i64, i64)> {
-        let mut kv = self.client.kv_client();
         let r = self
-            .call(kv.get(COMPACT_REV_KEY, None))
+            .read(|mut kv| async move { kv.get(COMPACT_REV_KEY, None).await })
             .await
             .map_err(map_err)?;
         let header = revision_of(r.header());
@@ -290,9 +635,9 @@ impl EtcdStore {
 #[async_trait]
 impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
-        let mut kv = self.client.kv_client();
+        let k = &self.etcd_key(key);
         let r = self
-            .call(kv.get(self.etcd_key(key), None))
+            .read(|mut kv| async move { kv.get(k.clone(), None).await })
             .await
             .map_err(map_err)?;
         Ok(r.kvs().first().map(|kv| self.kv(kv)))
@@ -314,8 +659,11 @@ impl Store for EtcdStore {
             .with_range(end)
             .with_limit(opts.limit.max(0))
             .with_revision(at);
-        let mut kv = self.client.kv_client();
-        let r = match self.call(kv.get(start, Some(o))).await {
+        let (start, o) = (&start, &o);
+        let r = match self
+            .read(|mut kv| async move { kv.get(start.clone(), Some(o.clone())).await })
+            .await
+        {
             Ok(r) => r,
             Err(e) => return Err(self.read_error(e, at).await),
         };
@@ -339,8 +687,11 @@ impl Store for EtcdStore {
         let o = ec::GetOptions::new()
             .with_range(prefix_end(&p))
             .with_count_only();
-        let mut kv = self.client.kv_client();
-        let r = self.call(kv.get(p, Some(o))).await.map_err(map_err)?;
+        let (p, o) = (&p, &o);
+        let r = self
+            .read(|mut kv| async move { kv.get(p.clone(), Some(o.clone())).await })
+            .await
+            .map_err(map_err)?;
         Ok(r.count())
     }
 
@@ -353,8 +704,11 @@ impl Store for EtcdStore {
                 0,
             )])
             .and_then([ec::TxnOp::put(k, value.to_vec(), None)]);
-        let mut kv = self.client.kv_client();
-        let r = self.call(kv.txn(txn)).await.map_err(map_err)?;
+        let txn = &txn;
+        let r = self
+            .write(|mut kv| async move { kv.txn(txn.clone()).await })
+            .await
+            .map_err(map_err)?;
         if !r.succeeded() {
             return Err(Error::AlreadyExists(key.to_string()));
         }
@@ -380,8 +734,11 @@ impl Store for EtcdStore {
                 Some(ec::PutOptions::new().with_prev_key()),
             )])
             .or_else([ec::TxnOp::get(k, None)]);
-        let mut kv = self.client.kv_client();
-        let r = self.call(kv.txn(txn)).await.map_err(map_err)?;
+        let txn = &txn;
+        let r = self
+            .write(|mut kv| async move { kv.txn(txn.clone()).await })
+            .await
+            .map_err(map_err)?;
         if !r.succeeded() {
             return Err(match self.current_from(&r) {
                 None => Error::NotFound(key.to_string()),
@@ -411,7 +768,6 @@ impl Store for EtcdStore {
 
     async fn delete(&self, key: &str, expected_revision: Option<i64>) -> Result<(KeyValue, i64)> {
         let k = self.etcd_key(key);
-        let mut kv = self.client.kv_client();
         let del = Some(ec::DeleteOptions::new().with_prev_key());
         let (prev, header) = match expected_revision {
             Some(expected) => {
@@ -422,7 +778,11 @@ impl Store for EtcdStore {
                     ])
                     .and_then([ec::TxnOp::delete(k.clone(), del)])
                     .or_else([ec::TxnOp::get(k, None)]);
-                let r = self.call(kv.txn(txn)).await.map_err(map_err)?;
+                let txn = &txn;
+                let r = self
+                    .write(|mut kv| async move { kv.txn(txn.clone()).await })
+                    .await
+                    .map_err(map_err)?;
                 if !r.succeeded() {
                     return Err(match self.current_from(&r) {
                         None => Error::NotFound(key.to_string()),
@@ -440,7 +800,11 @@ impl Store for EtcdStore {
                 (prev, revision_of(r.header()))
             }
             None => {
-                let r = self.call(kv.delete(k, del)).await.map_err(map_err)?;
+                let (k, del) = (&k, &del);
+                let r = self
+                    .write(|mut kv| async move { kv.delete(k.clone(), del.clone()).await })
+                    .await
+                    .map_err(map_err)?;
                 (
                     r.prev_kvs().first().map(|kv| self.kv(kv)),
                     revision_of(r.header()),
@@ -471,9 +835,10 @@ impl Store for EtcdStore {
         }
         let key = self.etcd_key(prefix);
         let end = prefix_end(&key);
-        let client = self.client.clone();
-        let first = self
-            .call(open_watch(client.clone(), &key, &end, after))
+        let (k, e) = (&key, &end);
+        let (first, conn) = self
+            .members
+            .run(Kind::Read, |c| open_watch(c, k, e, after))
             .await
             .map_err(map_err)?;
         let (tx, out) = mpsc::channel::<Result<Event>>(1024);
@@ -485,7 +850,8 @@ impl Store for EtcdStore {
         }
         let prefix = self.prefix.clone();
         let follower = Follower {
-            client,
+            members: self.members.clone(),
+            conn,
             key,
             end,
             prefix,
@@ -500,12 +866,14 @@ impl Store for EtcdStore {
     }
 
     async fn current_revision(&self) -> Result<i64> {
-        let mut kv = self.client.kv_client();
         let r = self
-            .call(kv.get(
-                COMPACT_REV_KEY,
-                Some(ec::GetOptions::new().with_count_only()),
-            ))
+            .read(|mut kv| async move {
+                kv.get(
+                    COMPACT_REV_KEY,
+                    Some(ec::GetOptions::new().with_count_only()),
+                )
+                .await
+            })
             .await
             .map_err(map_err)?;
         Ok(revision_of(r.header()))
@@ -539,13 +907,20 @@ impl Store for EtcdStore {
                     version,
                 )])
                 .and_then([ec::TxnOp::put(COMPACT_REV_KEY, revision.to_string(), None)]);
-            let mut kv = self.client.kv_client();
-            let r = self.call(kv.txn(txn)).await.map_err(map_err)?;
+            let txn = &txn;
+            let r = self
+                .write(|mut kv| async move { kv.txn(txn.clone()).await })
+                .await
+                .map_err(map_err)?;
             if !r.succeeded() {
                 continue;
             }
             let o = ec::CompactionOptions::new().with_physical();
-            return match self.call(kv.compact(revision, Some(o))).await {
+            let o = &o;
+            let compacted = self
+                .write(|mut kv| async move { kv.compact(revision, Some(o.clone())).await })
+                .await;
+            return match compacted {
                 Ok(_) => Ok(()),
                 Err(e) if is_compacted(&e) => Ok(()),
                 Err(e) => Err(map_err(e)),
@@ -591,7 +966,9 @@ async fn open_watch(
 /// (or when idle for the interval), and re-establishes the etcd watch after
 /// the last delivered revision when it breaks.
 struct Follower {
-    client: ec::Client,
+    members: Arc<Members>,
+    /// The member the etcd watch is on.
+    conn: Arc<Conn>,
     key: Vec<u8>,
     end: Vec<u8>,
     prefix: String,
@@ -648,21 +1025,26 @@ impl Follower {
             match self.follow(&mut stream).await {
                 Flow::Stop => return,
                 Flow::Reconnect => {}
+                Flow::MemberFailed => self.members.failed(&self.conn),
             }
-            // Re-establish from the last revision delivered.
+            // Re-establish from the last revision delivered, on the pinned
+            // member (another one when this one failed).
             loop {
                 if self.tx.is_closed() {
                     return;
                 }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
+                let conn = self.members.pick();
                 let opened = tokio::time::timeout(
                     Duration::from_secs(5),
-                    open_watch(self.client.clone(), &self.key, &self.end, self.resume_after),
+                    open_watch(conn.client.clone(), &self.key, &self.end, self.resume_after),
                 )
                 .await;
                 match opened {
                     Ok(Ok((s, _))) => {
+                        self.members.answered(&conn);
+                        self.conn = conn;
                         stream = s;
                         backoff = Duration::from_millis(100);
                         break;
@@ -677,8 +1059,16 @@ impl Follower {
                             .await;
                         return;
                     }
-                    Ok(Err(e)) => tracing::debug!(error = %e, "re-establishing an etcd watch"),
-                    Err(_) => tracing::debug!("re-establishing an etcd watch timed out"),
+                    Ok(Err(e)) => {
+                        if failure(&e) != Failure::Final {
+                            self.members.failed(&conn);
+                        }
+                        tracing::debug!(error = %e, "re-establishing an etcd watch")
+                    }
+                    Err(_) => {
+                        self.members.failed(&conn);
+                        tracing::debug!("re-establishing an etcd watch timed out")
+                    }
                 }
             }
         }
@@ -698,7 +1088,7 @@ impl Follower {
                 }
                 _ = tokio::time::sleep(idle), if self.progress_interval.is_some() => {
                     if stream.request_progress().await.is_err() {
-                        return Flow::Reconnect;
+                        return Flow::MemberFailed;
                     }
                     continue;
                 }
@@ -706,10 +1096,14 @@ impl Follower {
             };
             let resp = match msg {
                 Ok(Some(r)) => r,
-                Ok(None) => return Flow::Reconnect,
+                Ok(None) => return Flow::MemberFailed,
                 Err(e) => {
                     tracing::debug!(error = %e, "etcd watch broke");
-                    return Flow::Reconnect;
+                    return if failure(&e) == Failure::Final {
+                        Flow::Reconnect
+                    } else {
+                        Flow::MemberFailed
+                    };
                 }
             };
             if resp.compact_revision() > 0 {
@@ -724,7 +1118,12 @@ impl Follower {
             }
             if resp.canceled() {
                 tracing::debug!(reason = resp.cancel_reason(), "etcd canceled a watch");
-                return Flow::Reconnect;
+                // A member that lost its leader cancels its watches.
+                return if resp.cancel_reason().contains("leader") {
+                    Flow::MemberFailed
+                } else {
+                    Flow::Reconnect
+                };
             }
             if resp.created() {
                 continue;
@@ -764,7 +1163,10 @@ impl Follower {
 
 enum Flow {
     Stop,
+    /// The etcd watch ended; open it again.
     Reconnect,
+    /// The member under the etcd watch failed: open it on another.
+    MemberFailed,
 }
 
 #[cfg(test)]

@@ -598,4 +598,4 @@ macro_rules! conformance_tests {
 }
 
 mod etcd_server;
-pub use etcd_server::EtcdServer;
+pub use etcd_server::{EtcdCluster, EtcdServer};

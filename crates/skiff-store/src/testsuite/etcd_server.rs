@@ -2,7 +2,7 @@
 //! on free loopback client and peer ports with its own data dir, killed by
 //! the PID it was started with when dropped. [`EtcdServer::start_tls`] serves
 //! clients over TLS and requires a client certificate, all from a CA it
-//! makes.
+//! makes. [`EtcdCluster`] is several members forming one cluster.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -207,6 +207,7 @@ impl EtcdServer {
             }
             let opts = EtcdOptions {
                 request_timeout: Duration::from_secs(1),
+                member_sync_interval: None,
                 ..self.options()
             };
             if EtcdStore::connect(opts).await.is_ok() {
@@ -243,5 +244,198 @@ impl EtcdServer {
 impl Drop for EtcdServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// One member of an [`EtcdCluster`].
+struct ClusterMember {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+/// Several etcd members on loopback forming one cluster (a quorum of them
+/// serves), each killed by the PID it was started with when the test says
+/// so or when dropped, and restartable on its ports and data.
+pub struct EtcdCluster {
+    dir: tempfile::TempDir,
+    members: Vec<ClusterMember>,
+    initial: String,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until each answers.
+    pub async fn start(n: usize) -> EtcdCluster {
+        let members: Vec<ClusterMember> = (0..n)
+            .map(|i| ClusterMember {
+                name: format!("m{i}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                child: None,
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = EtcdCluster {
+            dir: tempfile::tempdir().expect("a temp dir for etcd"),
+            members,
+            initial,
+        };
+        for i in 0..n {
+            c.spawn(i);
+        }
+        for i in 0..n {
+            c.wait_ready(i).await;
+        }
+        c
+    }
+
+    /// The client URL of member `i`.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// Every member's client URL, in order.
+    pub fn endpoints(&self) -> Vec<String> {
+        (0..self.members.len()).map(|i| self.endpoint(i)).collect()
+    }
+
+    /// Options listing every member (default prefix).
+    pub fn options(&self) -> EtcdOptions {
+        EtcdOptions {
+            endpoints: self.endpoints(),
+            ..Default::default()
+        }
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let m = &self.members[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{}.log", m.name)))
+            .expect("the etcd log file");
+        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let token = format!(
+            "skiff-test-{}",
+            self.dir
+                .path()
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+        );
+        let child = Command::new(etcd_binary())
+            .arg(format!("--name={}", m.name))
+            .arg(format!(
+                "--data-dir={}",
+                self.dir.path().join(&m.name).display()
+            ))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster={}", self.initial))
+            .arg(format!("--initial-cluster-token={token}"))
+            .arg("--initial-cluster-state=new")
+            .arg("--logger=zap")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("starting etcd (apt-get install etcd-server)");
+        self.members[i].child = Some(child);
+    }
+
+    /// Waits until member `i` answers a linearizable read (it has a leader).
+    async fn wait_ready(&mut self, i: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(c) = self.members[i].child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    panic!("etcd member {i} exited ({status}): {}", self.log(i));
+                }
+            }
+            let opts = EtcdOptions {
+                endpoints: vec![self.endpoint(i)],
+                request_timeout: Duration::from_secs(1),
+                member_sync_interval: None,
+                ..Default::default()
+            };
+            if EtcdStore::connect(opts).await.is_ok() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("etcd member {i} did not answer within 60s: {}", self.log(i));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// What member `i` logged.
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(
+            self.dir
+                .path()
+                .join(format!("{}.log", self.members[i].name)),
+        )
+        .unwrap_or_default()
+    }
+
+    /// Kills member `i` (SIGKILL to the PID it was started with) and waits
+    /// for it.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts killed member `i` again on its ports and data, and waits
+    /// until it answers.
+    pub async fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.spawn(i);
+        self.wait_ready(i).await;
+    }
+
+    /// The index of the member the running members agree is the leader.
+    pub async fn leader(&self) -> Option<usize> {
+        let mut ids = Vec::new();
+        let mut leader = None;
+        for i in 0..self.members.len() {
+            if self.members[i].child.is_none() {
+                ids.push(None);
+                continue;
+            }
+            let status = async {
+                let mut c = etcd_client::Client::connect([self.endpoint(i)], None).await?;
+                c.status().await
+            };
+            match tokio::time::timeout(Duration::from_secs(2), status).await {
+                Ok(Ok(s)) => {
+                    let id = s.header().map(|h| h.member_id());
+                    ids.push(id);
+                    if s.leader() != 0 {
+                        leader = Some(s.leader());
+                    }
+                }
+                _ => ids.push(None),
+            }
+        }
+        let leader = leader?;
+        ids.iter().position(|id| *id == Some(leader))
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
     }
 }
