@@ -152,6 +152,8 @@ pub async fn run(client: kube::Client, options: HollowOptions) -> Result<()> {
             resync: options.resync,
             // Hollow nodes serve no DNS (their pods run nothing).
             dns: Default::default(),
+            // Nor set containers' environments.
+            services: crate::svcenv::Services::fixed(Default::default()),
         });
         // Each node's pod watch starts as the node registers (kubelets do
         // not all start at once) and runs as its own task: started all

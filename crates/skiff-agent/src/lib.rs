@@ -29,6 +29,7 @@ pub mod sim;
 pub mod spec;
 pub mod stats;
 pub mod storage;
+pub mod svcenv;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -285,6 +286,7 @@ pub async fn run(
         ));
     }
     let dns = dns::start(&client, &options, &mut tasks).await;
+    let services = svcenv::Services::watched(client.clone(), &mut tasks);
     let mut allocatable = BTreeMap::new();
     allocatable.insert("cpu".to_string(), facts.cpu.parse().unwrap_or(1.0));
     let ctx = Arc::new(NodeContext {
@@ -297,6 +299,7 @@ pub async fn run(
         events: true,
         resync: Duration::from_secs(1),
         dns,
+        services,
     });
     let r = manage_pods(ctx).await;
     tasks.abort_all();
