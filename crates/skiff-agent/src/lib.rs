@@ -220,7 +220,14 @@ pub async fn run(
     facts.labels = options.labels.clone();
     facts.pod_cidr = options.pod_cidr.clone();
     let t = std::time::Instant::now();
-    let node = node::register(&client, &facts).await?;
+    let node = match node::register(&client, &facts).await {
+        Ok(n) => n,
+        // Asking again as the same identity gets the same answer.
+        Err(e) if node::is_refusal(&e) => {
+            return Err(node::refusal(&client, &options.node_name, e).await)
+        }
+        Err(e) => return Err(e),
+    };
     progress(&format!(
         "node {} registered ({} ms)",
         options.node_name,
