@@ -1031,41 +1031,41 @@ async fn run_hollow_joined(args: &AgentArgs, server: &str, token: &str) -> Resul
         let (server, token, ca, lb) = (server.clone(), token.clone(), ca.clone(), lb.clone());
         let following = following.clone();
         let ndir = skiff_agent::hollow::node_dir(&dir, &node);
-        let joined: futures::future::BoxFuture<'static, Result<kube::Client>> =
-            Box::pin(async move {
-                let kc =
-                    skiff_agent::join::join_with_ca(&server, &token, &node, &ndir, &ca).await?;
-                let client = match &lb {
-                    Some(lb) => lb.client_for(&kc).await?,
-                    None => skiff_kube::client_from_kubeconfig(&kc).await?,
-                };
-                let rotating = skiff_agent::join::Rotating::new(client);
-                let renew_lb = lb.clone();
-                tokio::spawn(skiff_agent::join::keep_renewed(
-                    rotating.clone(),
-                    server,
-                    node,
-                    ndir,
-                    move |kc| {
-                        let lb = renew_lb.clone();
-                        async move {
-                            match lb {
-                                Some(lb) => lb.client_for(&kc).await,
-                                None => skiff_kube::client_from_kubeconfig(&kc).await,
-                            }
+        let joined: std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<kube::Client>> + Send>,
+        > = Box::pin(async move {
+            let kc = skiff_agent::join::join_with_ca(&server, &token, &node, &ndir, &ca).await?;
+            let client = match &lb {
+                Some(lb) => lb.client_for(&kc).await?,
+                None => skiff_kube::client_from_kubeconfig(&kc).await?,
+            };
+            let rotating = skiff_agent::join::Rotating::new(client);
+            let renew_lb = lb.clone();
+            tokio::spawn(skiff_agent::join::keep_renewed(
+                rotating.clone(),
+                server,
+                node,
+                ndir,
+                move |kc| {
+                    let lb = renew_lb.clone();
+                    async move {
+                        match lb {
+                            Some(lb) => lb.client_for(&kc).await,
+                            None => skiff_kube::client_from_kubeconfig(&kc).await,
                         }
-                    },
-                ));
-                let client = rotating.client();
-                // The first node's client keeps the balancer's servers current.
-                if let Some(lb) = lb {
-                    if !following.swap(true, Ordering::SeqCst) {
-                        let follow = client.clone();
-                        tokio::spawn(async move { lb.follow_endpoints(follow).await });
                     }
+                },
+            ));
+            let client = rotating.client();
+            // The first node's client keeps the balancer's servers current.
+            if let Some(lb) = lb {
+                if !following.swap(true, Ordering::SeqCst) {
+                    let follow = client.clone();
+                    tokio::spawn(async move { lb.follow_endpoints(follow).await });
                 }
-                Ok(client)
-            });
+            }
+            Ok(client)
+        });
         joined
     });
     let options = hollow_options(args);
