@@ -289,8 +289,16 @@ pub async fn refusal(client: &kube::Client, node: &str, error: anyhow::Error) ->
          register the Node"
             .to_string()
     };
+    // The server's own words, without the client's wrapping.
+    let said = error
+        .chain()
+        .find_map(|c| match c.downcast_ref::<kube::Error>() {
+            Some(kube::Error::Api(s)) => Some(format!("{} ({})", s.message, s.code)),
+            _ => None,
+        })
+        .unwrap_or_else(|| format!("{error:#}"));
     anyhow::anyhow!(
-        "the API server refuses to let this agent register node {node:?}: it is authenticated as {who}, and {hint}; not retrying: {error:#}"
+        "the API server refuses to let this agent register node {node:?}: {said}. It is authenticated as {who}, and {hint}. Not retrying: asking again as the same identity gets the same answer"
     )
 }
 
