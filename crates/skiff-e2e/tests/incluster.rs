@@ -64,7 +64,7 @@ kind: Service
 metadata: {name: redis-master}
 spec:
   ports:
-  - {port: 6379, targetPort: 6379}
+  - {name: redis, port: 6379, targetPort: 6379}
   - {name: metrics-http, port: 9121, protocol: TCP}
 ---
 apiVersion: v1
@@ -111,6 +111,7 @@ spec:
     let want: BTreeMap<&str, &str> = [
         ("REDIS_MASTER_SERVICE_HOST", redis_ip.as_str()),
         ("REDIS_MASTER_SERVICE_PORT", "6379"),
+        ("REDIS_MASTER_SERVICE_PORT_REDIS", "6379"),
         ("REDIS_MASTER_SERVICE_PORT_METRICS_HTTP", "9121"),
         ("REDIS_MASTER_PORT", url.as_str()),
         ("REDIS_MASTER_PORT_6379_TCP", url.as_str()),
@@ -269,14 +270,15 @@ spec:
         }
     });
     let logs = text(&s.kubectl(&["-n", "ops", "logs", "job/operator"]).stdout);
+    // kube-rs's URL of the `kubernetes` Service (443 is https' default
+    // port, which the URL leaves out).
     let api = format!(
-        "https://{}:{}",
-        jsonpath(&s, "svc", "kubernetes", "{.spec.clusterIP}"),
-        jsonpath(&s, "svc", "kubernetes", "{.spec.ports[0].port}")
+        "https://{}",
+        jsonpath(&s, "svc", "kubernetes", "{.spec.clusterIP}")
     );
     assert!(outcome, "the in-cluster client failed: {logs}");
     assert!(
-        logs.contains(&format!("in-cluster client ok: {api} is Kubernetes 1."))
+        logs.contains(&format!("in-cluster client ok: {api}/ is Kubernetes 1."))
             && logs.contains("pod(s) in namespace ops"),
         "{logs}"
     );
