@@ -159,21 +159,28 @@ pub async fn client_for_kubeconfig(
 ) -> anyhow::Result<(kube::Client, Arc<ApiBalancer>)> {
     use anyhow::Context;
     let config = load(kubeconfig).await?;
-    let uri = config.cluster_url.clone();
-    let host = uri.host().context("the kubeconfig's server has no host")?;
-    let port = uri.port_u16().unwrap_or(443);
+    let lb = for_server(&config.cluster_url)
+        .await
+        .context("the kubeconfig's server")?;
+    let client = lb.client_for(kubeconfig).await?;
+    Ok((client, lb))
+}
+
+/// A new balancer that starts with the server at `url`.
+pub async fn for_server(url: &http::Uri) -> anyhow::Result<Arc<ApiBalancer>> {
+    use anyhow::Context;
+    let host = url.host().context("the server's URL has no host")?;
+    let port = url.port_u16().unwrap_or(443);
     let default = if host.contains(':') && !host.starts_with('[') {
         format!("[{host}]:{port}")
     } else {
         format!("{host}:{port}")
     };
-    let lb = Arc::new(
+    Ok(Arc::new(
         ApiBalancer::start(&default)
             .await
             .context("starting the API server load balancer")?,
-    );
-    let client = lb.client_for(kubeconfig).await?;
-    Ok((client, lb))
+    ))
 }
 
 async fn load(kubeconfig: &std::path::Path) -> anyhow::Result<kube::Config> {

@@ -59,8 +59,13 @@ pub const MAX_IN_FLIGHT: usize = 512;
 /// `client` with at most `limit` requests in flight, watches apart (they
 /// last as long as the watch, and each node holds one).
 pub fn limited(client: kube::Client, limit: usize) -> kube::Client {
+    limited_by(client, Arc::new(tokio::sync::Semaphore::new(limit)))
+}
+
+/// `client` taking one of `seats` for each request but watches: clients of
+/// several nodes share one bound this way.
+pub fn limited_by(client: kube::Client, seats: Arc<tokio::sync::Semaphore>) -> kube::Client {
     let namespace = client.default_namespace().to_string();
-    let seats = Arc::new(tokio::sync::Semaphore::new(limit));
     let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
         let client = client.clone();
         let seats = seats.clone();
@@ -82,27 +87,92 @@ pub fn limited(client: kube::Client, limit: usize) -> kube::Client {
     kube::Client::new(svc, namespace)
 }
 
+/// Makes the API client of the hollow node it is given the name of.
+pub type Connect =
+    Box<dyn Fn(String) -> futures::future::BoxFuture<'static, Result<kube::Client>> + Send + Sync>;
+
+/// Who the hollow nodes are to the API server.
+pub enum Identities {
+    /// One client for every node: a kubeconfig whose user may act for all
+    /// of them (the admin's, as kubemark's scale tests use).
+    Shared(kube::Client),
+    /// A client per node with its own credentials (joined with a token,
+    /// each through its own CertificateSigningRequest, as each hollow
+    /// kubelet of kubemark has its own), so the Node authorizer and
+    /// NodeRestriction see each node as itself.
+    PerNode(Connect),
+}
+
+/// How many nodes obtain their credentials at once.
+const JOINS_AT_ONCE: usize = 16;
+
+/// The directory of hollow node `node`'s credentials under the agent's
+/// data dir.
+pub fn node_dir(data_dir: &std::path::Path, node: &str) -> std::path::PathBuf {
+    data_dir.join("hollow").join(node)
+}
+
 /// Registers the nodes `PREFIX-0` … `PREFIX-(N-1)` and runs them until an
 /// unrecoverable error.
 pub async fn run(client: kube::Client, options: HollowOptions) -> Result<()> {
+    run_as(Identities::Shared(client), options).await
+}
+
+/// [`run`] with the nodes' identities given.
+pub async fn run_as(identities: Identities, options: HollowOptions) -> Result<()> {
+    use futures::StreamExt;
     // Heartbeats (registration, Leases, node status) have their own bound,
     // as kubelet has its own heartbeat client: with one shared bound, a
     // server slowed by the pod churn queued the Leases behind thousands of
     // pod status writes until they expired and the nodes went Unknown.
-    let heartbeats = limited(client.clone(), MAX_IN_FLIGHT / 2);
-    let client = limited(client, MAX_IN_FLIGHT);
+    let heartbeat_seats = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT / 2));
+    let seats = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    let names: Vec<String> = (0..options.nodes)
+        .map(|i| format!("{}-{i}", options.prefix))
+        .collect();
+    // Each node's client, in order; per-node credentials are obtained a
+    // few at a time ahead of the registrations.
+    let mut clients = match identities {
+        Identities::Shared(client) => futures::stream::iter(
+            names
+                .clone()
+                .into_iter()
+                .map(move |_| Ok::<_, anyhow::Error>(client.clone())),
+        )
+        .boxed(),
+        Identities::PerNode(connect) => futures::stream::iter(names.clone())
+            .map(move |name| {
+                let joined = connect(name.clone());
+                async move {
+                    joined
+                        .await
+                        .map_err(|e| e.context(format!("hollow node {name} joining the cluster")))
+                }
+            })
+            .buffered(JOINS_AT_ONCE)
+            .boxed(),
+    };
     let mut loops = tokio::task::JoinSet::new();
     let mut pods = tokio::task::JoinSet::new();
-    for i in 0..options.nodes {
-        let name = format!("{}-{i}", options.prefix);
+    for (i, name) in names.into_iter().enumerate() {
+        let own = match clients.next().await {
+            Some(c) => c?,
+            None => break,
+        };
+        let heartbeats = limited_by(own.clone(), heartbeat_seats.clone());
+        let client = limited_by(own, seats.clone());
         let facts = NodeFacts::hollow(&name, 0);
         // Registration is retried, as kubelet retries it: one refused
         // request (a server busy with 10,000 nodes' first heartbeats) must
-        // not stop the other nodes.
+        // not stop the other nodes. A refusal of this identity is not
+        // retried: it will not change, and the user must hear why.
         let mut failures = 0u32;
         let n = loop {
             match node::register(&heartbeats, &facts).await {
                 Ok(n) => break n,
+                Err(e) if node::is_refusal(&e) => {
+                    return Err(node::refusal(&heartbeats, &name, e).await);
+                }
                 Err(e) if failures < 30 => {
                     failures += 1;
                     tracing::warn!(node = name, error = %e, "registering the node failed; retrying");
@@ -143,7 +213,7 @@ pub async fn run(client: kube::Client, options: HollowOptions) -> Result<()> {
         allocatable.insert("cpu".to_string(), 4.0);
         let ctx = Arc::new(NodeContext {
             client: client.clone(),
-            runtime: Arc::new(Sim::new(i, options.start_delay)),
+            runtime: Arc::new(Sim::new(i as u32, options.start_delay)),
             node_name: name,
             host_ip: "127.0.0.1".into(),
             data_dir: std::env::temp_dir(),
@@ -152,6 +222,8 @@ pub async fn run(client: kube::Client, options: HollowOptions) -> Result<()> {
             resync: options.resync,
             // Hollow nodes serve no DNS (their pods run nothing).
             dns: Default::default(),
+            // Nor set containers' environments.
+            services: crate::svcenv::Services::fixed(Default::default()),
         });
         // Each node's pod watch starts as the node registers (kubelets do
         // not all start at once) and runs as its own task: started all

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
 use kube::api::Api;
 
 use crate::runtime::cri;
-use crate::spec::{expand, name, namespace, quantity, uid};
+use crate::spec::{expand_with, name, namespace, quantity, uid};
 
 /// Reads ConfigMaps and Secrets once per sync.
 pub struct Fetcher {
@@ -221,7 +221,9 @@ pub fn resource_value(
 }
 
 /// The environment of a container, in Kubernetes' order: envFrom first,
-/// then env (later entries win; `$(VAR)` in values refers to earlier ones).
+/// then env (later entries win; `$(VAR)` in values refers to earlier ones
+/// and to the service variables), then the service variables
+/// (`services`, see [`crate::svcenv`]) the container did not set itself.
 pub async fn container_env(
     f: &mut Fetcher,
     pod: &Pod,
@@ -229,6 +231,7 @@ pub async fn container_env(
     host_ip: &str,
     pod_ip: &str,
     node_alloc: &BTreeMap<String, f64>,
+    services: &BTreeMap<String, String>,
 ) -> Result<Vec<(String, String)>, ConfigError> {
     let ns = namespace(pod).to_string();
     let mut order: Vec<String> = vec![];
@@ -275,9 +278,14 @@ pub async fn container_env(
         }
     }
     for e in c.env.iter().flatten() {
-        let value = if let Some(v) = &e.value {
-            let current: BTreeMap<String, String> = vals.clone();
-            expand(v, &current)
+        let value = if let Some(v) = e.value.as_deref().filter(|v| !v.is_empty()) {
+            // kubelet's mapping: the container's variables so far, then
+            // the service variables.
+            expand_with(v, |name| {
+                vals.get(name)
+                    .or_else(|| services.get(name))
+                    .map(String::as_str)
+            })
         } else if let Some(from) = &e.value_from {
             if let Some(fr) = &from.field_ref {
                 field_value(pod, fr, host_ip, pod_ip)?
@@ -324,6 +332,11 @@ pub async fn container_env(
             String::new()
         };
         set(&mut vals, e.name.clone(), value, &mut order);
+    }
+    for (k, v) in services {
+        if !vals.contains_key(k) {
+            set(&mut vals, k.clone(), v.clone(), &mut order);
+        }
     }
     Ok(order
         .into_iter()
@@ -654,5 +667,63 @@ mod tests {
             mode: None,
         }];
         assert!(project(data, Some(&bad), 0o644, "cm").is_err());
+    }
+
+    /// A client for tests that read nothing: every request fails.
+    fn no_api() -> kube::Client {
+        let svc = tower::service_fn(|_req: http::Request<kube::client::Body>| async {
+            Err::<http::Response<kube::client::Body>, _>(std::io::Error::other("no API"))
+        });
+        kube::Client::new(svc, "default")
+    }
+
+    #[tokio::test]
+    async fn service_variables_follow_the_containers_own_and_its_values_can_name_them() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "web", "uid": "u"},
+            "spec": {"containers": [{
+                "name": "c",
+                "env": [
+                    {"name": "API", "value": "https://$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"},
+                    // The container's own value wins over the service's,
+                    // and later references see it.
+                    {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"},
+                    {"name": "AGAIN", "value": "$(KUBERNETES_SERVICE_PORT)/$(NOPE)"},
+                ],
+            }]},
+        }))
+        .unwrap();
+        let c = pod.spec.as_ref().unwrap().containers[0].clone();
+        let services: BTreeMap<String, String> = [
+            ("KUBERNETES_SERVICE_HOST", "10.43.0.1"),
+            ("KUBERNETES_SERVICE_PORT", "443"),
+            ("KUBERNETES_PORT", "tcp://10.43.0.1:443"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let mut f = Fetcher::new(no_api());
+        let env = container_env(
+            &mut f,
+            &pod,
+            &c,
+            "192.0.2.1",
+            "10.42.0.5",
+            &BTreeMap::new(),
+            &services,
+        )
+        .await
+        .unwrap();
+        let env: Vec<String> = env.into_iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert_eq!(
+            env,
+            [
+                "API=https://10.43.0.1:443",
+                "KUBERNETES_SERVICE_PORT=6443",
+                "AGAIN=6443/$(NOPE)",
+                "KUBERNETES_PORT=tcp://10.43.0.1:443",
+                "KUBERNETES_SERVICE_HOST=10.43.0.1",
+            ]
+        );
     }
 }

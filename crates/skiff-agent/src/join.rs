@@ -194,7 +194,9 @@ pub(crate) async fn request(
     api.create(&PostParams::default(), &csr)
         .await
         .context("creating the node's CertificateSigningRequest")?;
-    eprintln!("skiff: requested a certificate from {signer} ({name}); waiting for it to be issued");
+    eprintln!(
+        "skiff: requested a certificate for system:node:{node} from {signer} ({name}); waiting for it to be issued"
+    );
     let deadline = std::time::Instant::now() + wait;
     loop {
         let c = api.get(&name).await?;
@@ -218,22 +220,54 @@ pub(crate) async fn request(
     }
 }
 
-/// Joins (or rejoins) the cluster at `server` as node `node`, keeping its
-/// credentials under `dir`; returns the node's kubeconfig.
-pub async fn join(server: &str, token: &str, node: &str, dir: &Path) -> Result<PathBuf> {
-    let Some((hash, cred)) = split_token(token) else {
-        bail!("the join token is not of the form K10<sha256>::<id>.<secret> (see DATA/token on the server)");
-    };
-    let kc_path = dir.join("kubelet.kubeconfig");
-    let crt_path = dir.join("pki/kubelet-client.crt");
+fn parse_token(token: &str) -> Result<(&str, &str)> {
+    match split_token(token) {
+        Some(t) => Ok(t),
+        None => bail!(
+            "the join token is not of the form K10<sha256>::<id>.<secret> (see DATA/token on the server)"
+        ),
+    }
+}
+
+/// The cluster CA the token names: the one kept under `dir` if its hash is
+/// the token's, else read from the server's `cluster-info` and checked
+/// against the token (and then kept under `dir`).
+pub async fn trusted_ca(server: &str, token: &str, dir: &Path) -> Result<Vec<u8>> {
+    let (hash, _) = parse_token(token)?;
     let ca_path = dir.join("pki/ca.crt");
-    let current = std::fs::read(&crt_path).ok();
-    let left = current.as_deref().and_then(life_left);
     let ca = match std::fs::read(&ca_path) {
         Ok(ca) if ca_hash(&ca).as_deref() == Some(hash) => ca,
         _ => discover_ca(server, hash).await?,
     };
     write_private(&ca_path, &ca)?;
+    Ok(ca)
+}
+
+/// Joins (or rejoins) the cluster at `server` as node `node`, keeping its
+/// credentials under `dir`; returns the node's kubeconfig.
+pub async fn join(server: &str, token: &str, node: &str, dir: &Path) -> Result<PathBuf> {
+    let ca = trusted_ca(server, token, dir).await?;
+    join_with_ca(server, token, node, dir, &ca).await
+}
+
+/// [`join`] with the cluster CA already known and checked (`trusted_ca`):
+/// hollow nodes join one by one, each with its own key and certificate.
+pub async fn join_with_ca(
+    server: &str,
+    token: &str,
+    node: &str,
+    dir: &Path,
+    ca: &[u8],
+) -> Result<PathBuf> {
+    let (hash, cred) = parse_token(token)?;
+    if ca_hash(ca).as_deref() != Some(hash) {
+        bail!("the cluster CA given is not the one the join token names");
+    }
+    let kc_path = dir.join("kubelet.kubeconfig");
+    let crt_path = dir.join("pki/kubelet-client.crt");
+    write_private(&dir.join("pki/ca.crt"), ca)?;
+    let current = std::fs::read(&crt_path).ok();
+    let left = current.as_deref().and_then(life_left);
     if left.is_some_and(|l| l > 0.2) && kc_path.exists() {
         return Ok(kc_path);
     }
@@ -244,14 +278,14 @@ pub async fn join(server: &str, token: &str, node: &str, dir: &Path) -> Result<P
     } else {
         write_private(
             &bootstrap_kc,
-            kubeconfig(server, &ca, &format!("    token: {cred}\n")).as_bytes(),
+            kubeconfig(server, ca, &format!("    token: {cred}\n")).as_bytes(),
         )?;
         bootstrap_kc.clone()
     };
     let client = skiff_kube::client_from_kubeconfig(&client_kc).await?;
     let (key_pem, cert_pem) = request_certificate(client, node).await?;
     let _ = std::fs::remove_file(&bootstrap_kc);
-    write_credentials(dir, server, &ca, &key_pem, &cert_pem)
+    write_credentials(dir, server, ca, &key_pem, &cert_pem)
 }
 
 /// Keeps a new key and certificate and the kubeconfig using them.

@@ -30,6 +30,7 @@ pub mod spec;
 pub mod stats;
 pub mod storage;
 pub mod streams;
+pub mod svcenv;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -220,7 +221,14 @@ pub async fn run(
     facts.labels = options.labels.clone();
     facts.pod_cidr = options.pod_cidr.clone();
     let t = std::time::Instant::now();
-    let node = node::register(&client, &facts).await?;
+    let node = match node::register(&client, &facts).await {
+        Ok(n) => n,
+        // Asking again as the same identity gets the same answer.
+        Err(e) if node::is_refusal(&e) => {
+            return Err(node::refusal(&client, &options.node_name, e).await)
+        }
+        Err(e) => return Err(e),
+    };
     progress(&format!(
         "node {} registered ({} ms)",
         options.node_name,
@@ -286,6 +294,7 @@ pub async fn run(
         ));
     }
     let dns = dns::start(&client, &options, &mut tasks).await;
+    let services = svcenv::Services::watched(client.clone(), &mut tasks);
     let mut allocatable = BTreeMap::new();
     allocatable.insert("cpu".to_string(), facts.cpu.parse().unwrap_or(1.0));
     let ctx = Arc::new(NodeContext {
@@ -298,6 +307,7 @@ pub async fn run(
         events: true,
         resync: Duration::from_secs(1),
         dns,
+        services,
     });
     let r = manage_pods(ctx).await;
     tasks.abort_all();

@@ -240,6 +240,68 @@ pub async fn register(client: &kube::Client, facts: &NodeFacts) -> anyhow::Resul
     Ok(node)
 }
 
+/// Whether `e` is the API server refusing this agent (401 or 403): asking
+/// again with the same credentials gets the same answer.
+pub fn is_refusal(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(c.downcast_ref::<kube::Error>(),
+            Some(kube::Error::Api(s)) if s.code == 401 || s.code == 403)
+    })
+}
+
+/// Who the API server takes `client` for ("system:node:a (groups
+/// system:nodes, system:authenticated)"), from a SelfSubjectReview.
+pub async fn whoami(client: &kube::Client) -> Option<String> {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let api: Api<SelfSubjectReview> = Api::all(client.clone());
+    let review = api
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .ok()?;
+    let user = review.status?.user_info?;
+    let name = user.username?;
+    let groups = user.groups.unwrap_or_default();
+    Some(if groups.is_empty() {
+        name
+    } else {
+        format!("{name} (groups {})", groups.join(", "))
+    })
+}
+
+/// What to tell the user when the server refuses to let `client` register
+/// `node` (`error`): which identity was refused, and what would work.
+pub async fn refusal(client: &kube::Client, node: &str, error: anyhow::Error) -> anyhow::Error {
+    let who = whoami(client)
+        .await
+        .unwrap_or_else(|| "an identity the server would not name".into());
+    let hint = if who.starts_with(&format!("system:node:{node} "))
+        || who == format!("system:node:{node}")
+    {
+        "its credentials do not allow what a node needs".to_string()
+    } else if who.starts_with("system:node:") {
+        format!(
+            "a node's identity may register only its own Node (the Node authorizer and NodeRestriction), \
+             and this agent is not system:node:{node}; hollow nodes need --server and --token (each then \
+             joins with its own identity) or a kubeconfig whose user may register every Node"
+        )
+    } else {
+        "give the agent --server and --token to join as the node, or a kubeconfig whose user may \
+         register the Node"
+            .to_string()
+    };
+    // The server's own words, without the client's wrapping.
+    let said = error
+        .chain()
+        .find_map(|c| match c.downcast_ref::<kube::Error>() {
+            Some(kube::Error::Api(s)) => Some(format!("{} ({})", s.message, s.code)),
+            _ => None,
+        })
+        .unwrap_or_else(|| format!("{error:#}"));
+    anyhow::anyhow!(
+        "the API server refuses to let this agent register node {node:?}: {said}. It is authenticated as {who}, and {hint}. Not retrying: asking again as the same identity gets the same answer"
+    )
+}
+
 /// Renews the node's Lease every `every` (Kubernetes: 10 s, duration 40 s).
 pub async fn renew_lease_forever(client: kube::Client, node: String, uid: String, every: Duration) {
     let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");

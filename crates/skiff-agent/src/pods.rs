@@ -36,6 +36,8 @@ pub struct NodeContext {
     pub resync: Duration,
     /// Cluster DNS settings for pods' resolv.conf.
     pub dns: crate::dns::ClusterDns,
+    /// The Services whose variables containers get.
+    pub services: crate::svcenv::Services,
 }
 
 impl NodeContext {
@@ -758,16 +760,32 @@ impl PodWorker {
             );
         }
         let env = if rt.is_real() {
-            match inputs::container_env(
-                fetcher,
-                pod,
-                c,
-                &self.ctx.host_ip,
-                pod_ip,
-                &self.ctx.allocatable,
-            )
-            .await
-            {
+            let links = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.enable_service_links)
+                .unwrap_or(true);
+            let services = self
+                .ctx
+                .services
+                .variables(spec::namespace(pod), links, Duration::from_secs(10))
+                .await;
+            let env = match services {
+                Ok(services) => {
+                    inputs::container_env(
+                        fetcher,
+                        pod,
+                        c,
+                        &self.ctx.host_ip,
+                        pod_ip,
+                        &self.ctx.allocatable,
+                        &services,
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            };
+            match env {
                 Ok(e) => e,
                 Err(msg) => {
                     self.ctx

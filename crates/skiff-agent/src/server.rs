@@ -93,6 +93,7 @@ const DENIED_TTL: Duration = Duration::from_secs(30);
 
 /// A bound, not yet serving, endpoint.
 pub struct Endpoint {
+    ctx: Arc<Ctx>,
     listener: tokio::net::TcpListener,
     tls: Arc<rustls::ServerConfig>,
     serving: Arc<crate::serving::ServingCert>,
@@ -271,8 +272,10 @@ impl Endpoint {
             })?;
         let (tls, serving) = tls_config(options)?;
         let stats = crate::stats::Collector::new(&options.node_name, options.data_dir.clone());
-        let router = router(Arc::new(Ctx { runtime, stats }));
+        let ctx = Arc::new(Ctx { runtime, stats });
+        let router = router(ctx.clone());
         Ok(Endpoint {
+            ctx,
             listener,
             tls: Arc::new(tls),
             serving,
@@ -300,6 +303,14 @@ impl Endpoint {
     }
 
     pub async fn serve(self) {
+        // The stats' own sampling lives as long as the endpoint.
+        let mut housekeeping = tokio::task::JoinSet::new();
+        let ctx = self.ctx.clone();
+        housekeeping.spawn(async move {
+            ctx.stats
+                .housekeep_forever(ctx.runtime.as_ref(), crate::stats::HOUSEKEEPING)
+                .await
+        });
         let acceptor = tokio_rustls::TlsAcceptor::from(self.tls.clone());
         let guard = self.authorizer.clone().map(|client| {
             Arc::new(Guard {

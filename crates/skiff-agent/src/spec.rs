@@ -153,6 +153,11 @@ pub fn resources(c: &Container) -> cri::LinuxContainerResources {
 /// Expands `$(VAR)` references as Kubernetes does: `$$` escapes, unknown
 /// references stay as written.
 pub fn expand(s: &str, env: &BTreeMap<String, String>) -> String {
+    expand_with(s, |name| env.get(name).map(String::as_str))
+}
+
+/// [`expand`] with the variables looked up by `lookup`.
+pub fn expand_with<'a>(s: &str, lookup: impl Fn(&str) -> Option<&'a str>) -> String {
     let b = s.as_bytes();
     let mut out = String::with_capacity(s.len());
     let mut i = 0;
@@ -166,7 +171,7 @@ pub fn expand(s: &str, env: &BTreeMap<String, String>) -> String {
             if b[i + 1] == b'(' {
                 if let Some(end) = s[i + 2..].find(')') {
                     let name = &s[i + 2..i + 2 + end];
-                    if let Some(v) = env.get(name) {
+                    if let Some(v) = lookup(name) {
                         out.push_str(v);
                     } else {
                         out.push_str(&s[i..i + 3 + end]);

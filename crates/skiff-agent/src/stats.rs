@@ -20,10 +20,14 @@
 //! usageNanoCores is a rate and needs two samples. Like cadvisor, the
 //! collector keeps the previous cumulative CPU sample of the node and of
 //! every container and reports the rate between it and the current one
-//! (for containers only when the runtime gives no rate itself). The first
-//! request after the agent starts has no rate yet; a request less than a
-//! second after the kept sample reports the rate last computed, so close
-//! requests do not produce noisy rates.
+//! (for containers only when the runtime gives no rate itself). It also
+//! samples by itself every [`HOUSEKEEPING`] (kubelet's housekeeping
+//! interval, [`Collector::housekeep_forever`]), so a request has rates
+//! without an earlier request: a tool that reads the Summary once gets
+//! usageNanoCores for the node and for every container that has run
+//! through a housekeeping. A request less than a second after the kept
+//! sample reports the rate last computed, so close requests do not
+//! produce noisy rates.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -619,6 +623,10 @@ pub fn render_resource_metrics(summary: &Summary, scrape_error: bool) -> String 
     out
 }
 
+/// How often the collector samples without a request (kubelet's
+/// housekeeping interval).
+pub const HOUSEKEEPING: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Collects the node's and the runtime's numbers, keeping the previous CPU
 /// samples between requests.
 pub struct Collector {
@@ -691,6 +699,18 @@ impl Collector {
             &stats,
             &mut self.lock(),
         ))
+    }
+
+    /// Samples the node and the runtime every `every` (the first at once),
+    /// as kubelet's housekeeping does, so that the rates are there when a
+    /// request comes. Runs until dropped.
+    pub async fn housekeep_forever(&self, runtime: &dyn Runtime, every: std::time::Duration) {
+        loop {
+            if let Err(e) = self.summary(runtime).await {
+                tracing::debug!("stats housekeeping: the runtime's stats: {e:#}");
+            }
+            tokio::time::sleep(every).await;
+        }
     }
 
     /// kubelet's resource metrics; when the runtime fails, the node's

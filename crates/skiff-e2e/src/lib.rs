@@ -32,71 +32,7 @@ pub fn skiff_binary() -> PathBuf {
             assert!(bin.exists(), "SKIFF_BIN={} does not exist", bin.display());
             return bin;
         }
-        // This test executable is TARGET/PROFILE/deps/NAME-HASH; the binary
-        // of the same build is TARGET/PROFILE/skiff.
-        let exe = std::env::current_exe().expect("test executable");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test executable under TARGET/PROFILE/deps")
-            .to_path_buf();
-        let profile = profile_dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("debug")
-            .to_string();
-        let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut build = Command::new(cargo);
-        // `cargo test` gives this process the variables of the crate under
-        // test (CARGO_MANIFEST_DIR, CARGO_PKG_*, …). Build scripts that watch
-        // them (ring's does) would see a change and rebuild half the tree,
-        // and the next plain `cargo build` would rebuild it back: the inner
-        // build must see the same environment as a build from the shell.
-        for (name, _) in std::env::vars_os() {
-            let n = name.to_string_lossy();
-            if n.starts_with("CARGO_PKG_")
-                || n.starts_with("CARGO_BIN_EXE_")
-                || n.starts_with("CARGO_CFG_")
-                || matches!(
-                    n.as_ref(),
-                    "CARGO_MANIFEST_DIR"
-                        | "CARGO_MANIFEST_PATH"
-                        | "CARGO_MANIFEST_LINKS"
-                        | "CARGO_CRATE_NAME"
-                        | "CARGO_BIN_NAME"
-                        | "CARGO_PRIMARY_PACKAGE"
-                        | "CARGO_TARGET_TMPDIR"
-                        | "CARGO_RUSTC_CURRENT_DIR"
-                        | "OUT_DIR"
-                )
-            {
-                build.env_remove(&name);
-            }
-        }
-        build
-            .current_dir(repo_root())
-            .args(["build", "--quiet", "-p", "skiff", "--bin", "skiff"])
-            .arg("--target-dir")
-            .arg(&target_dir);
-        match profile.as_str() {
-            "debug" => {}
-            "release" => {
-                build.arg("--release");
-            }
-            other => {
-                build.args(["--profile", other]);
-            }
-        }
-        let out = build
-            .stdin(Stdio::null())
-            .output()
-            .expect("run cargo build -p skiff");
-        assert!(
-            out.status.success(),
-            "cargo build -p skiff failed:\n{}",
-            text(&out.stderr)
-        );
+        let profile_dir = cargo_build(&["-p", "skiff", "--bin", "skiff"]);
         let bin = profile_dir.join("skiff");
         assert!(
             bin.exists(),
@@ -106,6 +42,90 @@ pub fn skiff_binary() -> PathBuf {
         bin
     })
     .clone()
+}
+
+/// An example of this crate (`examples/NAME.rs`), built like
+/// [`skiff_binary`] into this build's target directory.
+pub fn example_binary(name: &str) -> PathBuf {
+    let profile_dir = cargo_build(&["-p", "skiff-e2e", "--example", name]);
+    let bin = profile_dir.join("examples").join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing after cargo build",
+        bin.display()
+    );
+    bin
+}
+
+/// Runs `cargo build ARGS` for the target directory and profile of this
+/// test executable and returns that profile's directory (TARGET/PROFILE).
+fn cargo_build(args: &[&str]) -> PathBuf {
+    // This test executable is TARGET/PROFILE/deps/NAME-HASH.
+    let exe = std::env::current_exe().expect("test executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable under TARGET/PROFILE/deps")
+        .to_path_buf();
+    let profile = profile_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("debug")
+        .to_string();
+    let target_dir = profile_dir.parent().expect("target dir").to_path_buf();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    // `cargo test` gives this process the variables of the crate under
+    // test (CARGO_MANIFEST_DIR, CARGO_PKG_*, …). Build scripts that watch
+    // them (ring's does) would see a change and rebuild half the tree,
+    // and the next plain `cargo build` would rebuild it back: the inner
+    // build must see the same environment as a build from the shell.
+    for (name, _) in std::env::vars_os() {
+        let n = name.to_string_lossy();
+        if n.starts_with("CARGO_PKG_")
+            || n.starts_with("CARGO_BIN_EXE_")
+            || n.starts_with("CARGO_CFG_")
+            || matches!(
+                n.as_ref(),
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_MANIFEST_LINKS"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_BIN_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "CARGO_RUSTC_CURRENT_DIR"
+                    | "OUT_DIR"
+            )
+        {
+            build.env_remove(&name);
+        }
+    }
+    build
+        .current_dir(repo_root())
+        .args(["build", "--quiet"])
+        .args(args)
+        .arg("--target-dir")
+        .arg(&target_dir);
+    match profile.as_str() {
+        "debug" => {}
+        "release" => {
+            build.arg("--release");
+        }
+        other => {
+            build.args(["--profile", other]);
+        }
+    }
+    let out = build
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cargo build");
+    assert!(
+        out.status.success(),
+        "cargo build {args:?} failed:\n{}",
+        text(&out.stderr)
+    );
+    profile_dir
 }
 
 /// The python with the `kubernetes` client: `$SKIFF_PYTHON`, the virtualenv

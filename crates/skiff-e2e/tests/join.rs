@@ -260,3 +260,150 @@ fn an_agent_joined_with_the_token_runs_pods_and_is_only_its_node() {
     ]);
     assert!(out.contains("token"), "{out}");
 }
+
+/// `skiff agent --simulate` (hollow nodes) with `args`, its log in its
+/// own temp dir; stopped by its PID when dropped.
+fn start_hollow(args: &[&str]) -> Agent {
+    let dir = tempfile::Builder::new()
+        .prefix("skfh")
+        .tempdir_in("/tmp")
+        .expect("temp dir");
+    let log = std::fs::File::create(dir.path().join("agent.log")).expect("agent log");
+    let child = Command::new(skiff_binary())
+        .args(["agent", "--simulate"])
+        .arg("--data-dir")
+        .arg(dir.path().join("agent"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("agent log"))
+        .stderr(log)
+        .spawn()
+        .expect("start skiff agent --simulate");
+    Agent { child, dir }
+}
+
+#[test]
+fn hollow_nodes_joined_with_the_token_each_register_as_themselves() {
+    let s = Server::start();
+    let token = std::fs::read_to_string(s.dir.path().join("data/token")).expect("DATA/token");
+    let server = format!("https://127.0.0.1:{}", s.port);
+    let agent = start_hollow(&[
+        "--nodes",
+        "2",
+        "--server",
+        &server,
+        "--token",
+        token.trim(),
+        "--node-name",
+        "na",
+    ]);
+    for node in ["na-0", "na-1"] {
+        wait_until(&format!("hollow node {node} Ready"), 120, || {
+            let ready = jsonpath(
+                &s,
+                "node",
+                node,
+                "{.status.conditions[?(@.type==\"Ready\")].status}",
+            );
+            (ready == "True").then_some(())
+        });
+        // Each is its own node to the API server.
+        let kubeconfig = agent
+            .data()
+            .join(format!("hollow/{node}/kubelet.kubeconfig"));
+        let out = kubectl_as(
+            &s,
+            &kubeconfig,
+            &[
+                "auth",
+                "whoami",
+                "-o",
+                "jsonpath={.status.userInfo.username}",
+            ],
+        );
+        assert_eq!(
+            text(&out.stdout),
+            format!("system:node:{node}"),
+            "{}{}",
+            text(&out.stderr),
+            agent.log()
+        );
+    }
+    // Through a request of its own, approved and issued.
+    let csrs = s.ok(&["get", "csr", "--no-headers"]);
+    let issued = csrs
+        .lines()
+        .filter(|l| {
+            l.starts_with("node-csr-")
+                && l.contains("system:bootstrap:")
+                && l.trim_end().ends_with("Approved,Issued")
+        })
+        .count();
+    assert_eq!(issued, 2, "{csrs}");
+    // No node of the agent's own name, and nothing refused on the way.
+    assert!(!s.kubectl(&["get", "node", "na"]).status.success());
+    let log = agent.log();
+    assert!(
+        !log.contains("refuses") && !log.contains("failed; retrying"),
+        "{log}"
+    );
+
+    // Each runs its pods, writing their status as itself (NodeRestriction
+    // lets a node write only its own pods').
+    for node in ["na-0", "na-1"] {
+        s.ok_stdin(
+            &["apply", "-f", "-"],
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: on-{node}}}\nspec:\n  nodeName: {node}\n  containers:\n  - {{name: c, image: {BUSYBOX}}}\n"
+            ),
+        );
+    }
+    for node in ["na-0", "na-1"] {
+        wait_until(&format!("the pod on {node} Running"), 60, || {
+            (jsonpath(&s, "pod", &format!("on-{node}"), "{.status.phase}") == "Running")
+                .then_some(())
+        });
+    }
+}
+
+#[test]
+fn a_hollow_agent_refused_registration_says_why_once_and_stops() {
+    let s = Server::start();
+    // A node's credentials: the Node authorizer lets them register only
+    // the node `na`, never `na-0` or `na-1`.
+    let out = Command::new(skiff_binary())
+        .args([
+            "kubeconfig",
+            "--user",
+            "system:node:na",
+            "--group",
+            "system:nodes",
+        ])
+        .arg("--data-dir")
+        .arg(s.dir.path().join("data"))
+        .args(["--server", &format!("https://127.0.0.1:{}", s.port)])
+        .output()
+        .expect("run skiff kubeconfig");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let kubeconfig = s.dir.path().join("na.kubeconfig");
+    std::fs::write(&kubeconfig, &out.stdout).expect("write the node's kubeconfig");
+    let kc = kubeconfig.to_string_lossy().into_owned();
+    let mut agent = start_hollow(&["--nodes", "2", "--kubeconfig", &kc, "--node-name", "na"]);
+    let status = wait_until("the refused hollow agent to stop", 60, || {
+        agent.child.try_wait().ok().flatten()
+    });
+    assert!(!status.success());
+    let log = agent.log();
+    let said = log
+        .matches("refuses to let this agent register node \"na-0\"")
+        .count();
+    assert_eq!(said, 1, "{log}");
+    assert!(
+        log.contains("authenticated as system:node:na (groups system:nodes")
+            && log.contains("may register only its own Node")
+            && log.contains("--token"),
+        "{log}"
+    );
+    assert!(!log.contains("failed; retrying"), "{log}");
+    assert!(!s.kubectl(&["get", "node", "na-0"]).status.success());
+}

@@ -544,6 +544,50 @@ fn a_busy_pods_usage_shows_in_the_nodes_stats_and_in_kubectl_top() {
         );
         skiff_e2e::text(&out.stdout)
     };
+    // A tool that reads the Summary once, with no request before it, gets
+    // the rates kubelet gives (usageNanoCores of the node, the pod and its
+    // container): the agent samples by itself every 10 s, as kubelet's
+    // housekeeping does. Once the container has run through two of those
+    // samplings, one request.
+    let started = jsonpath(
+        &s,
+        "busy",
+        "{.status.containerStatuses[0].state.running.startedAt}",
+    );
+    let started: k8s_openapi::jiff::Timestamp = started.parse().expect("startedAt");
+    wait_until(
+        "the container to run through two stats samplings",
+        60,
+        || {
+            let ran = k8s_openapi::jiff::Timestamp::now().duration_since(started);
+            (ran.as_secs() > 25).then_some(())
+        },
+    );
+    let once: serde_json::Value = serde_json::from_str(&raw("/stats/summary")).unwrap();
+    let busy = once["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["podRef"]["name"] == "busy")
+        .unwrap_or_else(|| panic!("no busy pod in {once}"));
+    assert!(
+        once["node"]["cpu"]["usageNanoCores"].as_u64().unwrap_or(0) > 0,
+        "{}",
+        once["node"]
+    );
+    // A busy loop takes well over a tenth of a core.
+    assert!(
+        busy["cpu"]["usageNanoCores"].as_u64().unwrap_or(0) > 100_000_000,
+        "{busy}"
+    );
+    assert!(
+        busy["containers"][0]["cpu"]["usageNanoCores"]
+            .as_u64()
+            .unwrap_or(0)
+            > 100_000_000,
+        "{busy}"
+    );
+
     let (summary, pod) = wait_until("the busy pod in the node's Summary", 60, || {
         let v: serde_json::Value = serde_json::from_str(&raw("/stats/summary")).ok()?;
         let pod = v["pods"]

@@ -974,9 +974,8 @@ fn ca_from_kubeconfig(path: &std::path::Path) -> Result<Option<String>> {
     Ok(None)
 }
 
-/// Runs `--nodes` hollow nodes (`agent --simulate`).
-async fn run_hollow(args: &AgentArgs, client: kube::Client) -> Result<()> {
-    let options = skiff_agent::hollow::HollowOptions {
+fn hollow_options(args: &AgentArgs) -> skiff_agent::hollow::HollowOptions {
+    skiff_agent::hollow::HollowOptions {
         nodes: args.nodes,
         prefix: args
             .node
@@ -985,7 +984,12 @@ async fn run_hollow(args: &AgentArgs, client: kube::Client) -> Result<()> {
             .unwrap_or_else(|| "hollow".into()),
         start_delay: Duration::from_millis(args.start_delay_ms),
         ..Default::default()
-    };
+    }
+}
+
+/// Runs `--nodes` hollow nodes (`agent --simulate`).
+async fn run_hollow(args: &AgentArgs, client: kube::Client) -> Result<()> {
+    let options = hollow_options(args);
     eprintln!(
         "skiff: running {} hollow node(s) {}-0…",
         options.nodes, options.prefix
@@ -996,7 +1000,91 @@ async fn run_hollow(args: &AgentArgs, client: kube::Client) -> Result<()> {
     }
 }
 
+/// Hollow nodes joined with a token (`agent --simulate --server --token`):
+/// each node obtains its own credentials through its own
+/// CertificateSigningRequest (kept under DATA/hollow/NODE and renewed like a
+/// real node's), as each hollow kubelet of kubemark has its own, so the
+/// Node authorizer and NodeRestriction treat each as the node it is.
+async fn run_hollow_joined(args: &AgentArgs, server: &str, token: &str) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| default_data_dir().join("agent"));
+    let ca = Arc::new(skiff_agent::join::trusted_ca(server, token, &dir).await?);
+    // One balancer for all the nodes, unless --api-balancer=false.
+    let lb = match args.api_balancer {
+        true => Some(
+            skiff_agent::apilb::for_server(
+                &server
+                    .parse::<http::Uri>()
+                    .context("--server is not a URL")?,
+            )
+            .await?,
+        ),
+        false => None,
+    };
+    let following = Arc::new(AtomicBool::new(false));
+    let (server, token) = (server.to_string(), token.to_string());
+    let connect: skiff_agent::hollow::Connect = Box::new(move |node: String| {
+        let (server, token, ca, lb) = (server.clone(), token.clone(), ca.clone(), lb.clone());
+        let following = following.clone();
+        let ndir = skiff_agent::hollow::node_dir(&dir, &node);
+        let joined: std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<kube::Client>> + Send>,
+        > = Box::pin(async move {
+            let kc = skiff_agent::join::join_with_ca(&server, &token, &node, &ndir, &ca).await?;
+            let client = match &lb {
+                Some(lb) => lb.client_for(&kc).await?,
+                None => skiff_kube::client_from_kubeconfig(&kc).await?,
+            };
+            let rotating = skiff_agent::join::Rotating::new(client);
+            let renew_lb = lb.clone();
+            tokio::spawn(skiff_agent::join::keep_renewed(
+                rotating.clone(),
+                server,
+                node,
+                ndir,
+                move |kc| {
+                    let lb = renew_lb.clone();
+                    async move {
+                        match lb {
+                            Some(lb) => lb.client_for(&kc).await,
+                            None => skiff_kube::client_from_kubeconfig(&kc).await,
+                        }
+                    }
+                },
+            ));
+            let client = rotating.client();
+            // The first node's client keeps the balancer's servers current.
+            if let Some(lb) = lb {
+                if !following.swap(true, Ordering::SeqCst) {
+                    let follow = client.clone();
+                    tokio::spawn(async move { lb.follow_endpoints(follow).await });
+                }
+            }
+            Ok(client)
+        });
+        joined
+    });
+    let options = hollow_options(args);
+    eprintln!(
+        "skiff: running {} hollow node(s) {}-0…, each joining with its own identity",
+        options.nodes, options.prefix
+    );
+    tokio::select! {
+        r = skiff_agent::hollow::run_as(skiff_agent::hollow::Identities::PerNode(connect), options) => r,
+        _ = shutdown_signal() => Ok(()),
+    }
+}
+
 async fn agent(args: AgentArgs) -> Result<()> {
+    if args.simulate {
+        if let (Some(server), Some(token)) = (&args.server, &args.token) {
+            return run_hollow_joined(&args, server, token).await;
+        }
+    }
     let mut joined = None;
     let kubeconfig = match (&args.kubeconfig, &args.server, &args.token) {
         (Some(k), _, _) => k.clone(),
