@@ -173,8 +173,7 @@ fn kube_rs_exec(s: &Server, command: &[&str], input: &str) -> Option<(String, St
         let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "default");
         let ap = AttachParams::default().stdin(true).stderr(false);
         // Which protocol the server agrees to for this client.
-        let mut req = pods
-            .request
+        let mut req = kube::core::Request::new("/api/v1/namespaces/default/pods")
             .exec("app", command.iter().copied(), &ap)
             .unwrap();
         req.extensions_mut().insert("exec");
@@ -213,6 +212,7 @@ fn kube_rs_exec(s: &Server, command: &[&str], input: &str) -> Option<(String, St
 }
 
 #[test]
+#[ignore = "v5.channel.k8s.io is not served yet: its translation to containerd's SPDY v4 broke kubectl's WebSocket exec and attach and was taken out (issue 24 item 8)"]
 fn a_client_offering_v5_then_v4_closes_stdin_and_the_command_ends() {
     let s = Server::up();
     run_sleeper(&s, "app");
