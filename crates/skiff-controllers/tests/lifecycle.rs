@@ -353,13 +353,26 @@ async fn endpoints_and_slices_follow_pod_readiness() {
     })
     .await;
     let slices = Api::<EndpointSlice>::namespaced(c.clone(), "default");
-    let l = eventually("a slice", 20, || async {
+    // One slice with both pods, one ready and one not: the slice may be
+    // written before the second pod's readiness reaches it, so wait for
+    // what a user would see once the controller caught up.
+    let ready_of = |s: &EndpointSlice| -> Vec<bool> {
+        s.endpoints
+            .iter()
+            .map(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false))
+            .collect()
+    };
+    let l = eventually("a slice with a ready and an unready endpoint", 20, || async {
         let l = slices
             .list(&ListParams::default().labels("kubernetes.io/service-name=web"))
             .await
             .ok()?
             .items;
-        (l.len() == 1 && l[0].endpoints.len() == 2).then_some(l)
+        let mixed = l.len() == 1 && {
+            let r = ready_of(&l[0]);
+            r.len() == 2 && r.contains(&true) && r.contains(&false)
+        };
+        mixed.then_some(l)
     })
     .await;
     assert_eq!(
