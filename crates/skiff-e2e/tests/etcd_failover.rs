@@ -169,7 +169,7 @@ fn writes_continue_while_each_etcd_member_is_killed_in_turn() {
                 "-o",
                 "name",
             ]);
-            assert_eq!(got, "configmap/made-while-a-member-was-down");
+            assert_eq!(got.trim(), "configmap/made-while-a-member-was-down");
         }
         wait_until(&format!("30 writes after killing {what}"), 120, || {
             (successes_since(&log, killed) >= 30).then_some(())
