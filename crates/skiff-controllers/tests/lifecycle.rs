@@ -362,18 +362,22 @@ async fn endpoints_and_slices_follow_pod_readiness() {
             .map(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false))
             .collect()
     };
-    let l = eventually("a slice with a ready and an unready endpoint", 20, || async {
-        let l = slices
-            .list(&ListParams::default().labels("kubernetes.io/service-name=web"))
-            .await
-            .ok()?
-            .items;
-        let mixed = l.len() == 1 && {
-            let r = ready_of(&l[0]);
-            r.len() == 2 && r.contains(&true) && r.contains(&false)
-        };
-        mixed.then_some(l)
-    })
+    let l = eventually(
+        "a slice with a ready and an unready endpoint",
+        20,
+        || async {
+            let l = slices
+                .list(&ListParams::default().labels("kubernetes.io/service-name=web"))
+                .await
+                .ok()?
+                .items;
+            let mixed = l.len() == 1 && {
+                let r = ready_of(&l[0]);
+                r.len() == 2 && r.contains(&true) && r.contains(&false)
+            };
+            mixed.then_some(l)
+        },
+    )
     .await;
     assert_eq!(
         l[0].labels()
