@@ -16,6 +16,7 @@ pub mod hollow;
 pub mod image;
 pub mod inputs;
 pub mod join;
+pub mod mirror;
 pub mod net;
 pub mod node;
 pub mod pods;

@@ -18,15 +18,11 @@
 //! The agent keeps a compact copy of the cluster's Services ([`Services`],
 //! fed by its own watch) so a container start costs no request.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::Api;
-use kube::runtime::watcher;
-use kube::ResourceExt;
 
 /// The namespace and name of the Services every pod gets variables for,
 /// links or not (kubelet's "master services").
@@ -222,56 +218,45 @@ impl Services {
     }
 }
 
-/// Keeps `index` equal to the cluster's Services; `synced` turns true after
-/// the first complete list.
+/// The service index as a copy of the cluster's Services; `synced` turns
+/// true after the first complete list.
+struct ServiceCopy {
+    index: Arc<RwLock<Index>>,
+    synced: tokio::sync::watch::Sender<bool>,
+}
+
+impl crate::mirror::Copy<Service> for ServiceCopy {
+    fn set(&mut self, namespace: &str, name: &str, object: &Service) {
+        self.index
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .set(namespace, name, object);
+    }
+
+    fn delete(&mut self, namespace: &str, name: &str) {
+        self.index
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .delete(namespace, name);
+    }
+
+    fn listed(&mut self) {
+        self.synced.send_replace(true);
+    }
+}
+
+/// Keeps `index` equal to the cluster's Services.
 async fn mirror(
     client: kube::Client,
     index: Arc<RwLock<Index>>,
     synced: tokio::sync::watch::Sender<bool>,
 ) {
-    let api: Api<Service> = Api::all(client);
-    let mut stream = watcher(api, watcher::Config::default()).boxed();
-    let mut known: HashSet<(String, String)> = HashSet::new();
-    let mut listing: Option<HashSet<(String, String)>> = None;
-    while let Some(ev) = stream.next().await {
-        let ev = match ev {
-            Ok(ev) => ev,
-            Err(e) => {
-                tracing::debug!(error = %e, "service environment: watch error");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-        };
-        let key = |s: &Service| (s.namespace().unwrap_or_default(), s.name_any());
-        let ix = || index.write().unwrap_or_else(|e| e.into_inner());
-        match ev {
-            watcher::Event::Init => listing = Some(HashSet::new()),
-            watcher::Event::InitApply(s) | watcher::Event::Apply(s) => {
-                let k = key(&s);
-                ix().set(&k.0, &k.1, &s);
-                if let Some(l) = listing.as_mut() {
-                    l.insert(k.clone());
-                }
-                known.insert(k);
-            }
-            watcher::Event::Delete(s) => {
-                let k = key(&s);
-                ix().delete(&k.0, &k.1);
-                known.remove(&k);
-            }
-            watcher::Event::InitDone => {
-                let seen = listing.take().unwrap_or_default();
-                {
-                    let mut ix = ix();
-                    for k in known.difference(&seen) {
-                        ix.delete(&k.0, &k.1);
-                    }
-                }
-                known = seen;
-                synced.send_replace(true);
-            }
-        }
-    }
+    crate::mirror::mirror(
+        client,
+        "service environment: service",
+        ServiceCopy { index, synced },
+    )
+    .await
 }
 
 #[cfg(test)]

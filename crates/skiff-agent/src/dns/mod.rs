@@ -18,18 +18,14 @@ pub mod records;
 pub mod resolvconf;
 pub mod server;
 
-use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
-use kube::runtime::watcher;
-use kube::ResourceExt;
 
 pub use resolvconf::ClusterDns;
 
@@ -59,91 +55,43 @@ pub async fn discover(client: &kube::Client) -> Option<IpAddr> {
     None
 }
 
+/// The DNS index as a copy of one kind: `set` and `delete` are that kind's.
+struct Records<K> {
+    index: Arc<RwLock<Index>>,
+    set: fn(&mut Index, &str, &str, &K),
+    delete: fn(&mut Index, &str, &str),
+}
+
+impl<K: Send> crate::mirror::Copy<K> for Records<K> {
+    fn set(&mut self, namespace: &str, name: &str, object: &K) {
+        let mut ix = self.index.write().unwrap_or_else(|e| e.into_inner());
+        (self.set)(&mut ix, namespace, name, object);
+    }
+
+    fn delete(&mut self, namespace: &str, name: &str) {
+        let mut ix = self.index.write().unwrap_or_else(|e| e.into_inner());
+        (self.delete)(&mut ix, namespace, name);
+    }
+}
+
 /// Keeps `index` equal to the cluster's Services.
 pub async fn watch_services(client: kube::Client, index: Arc<RwLock<Index>>) {
-    mirror::<Service>(
-        client,
+    let records = Records::<Service> {
         index,
-        "service",
-        |ix, ns, name, s| ix.set_service(ns, name, ServiceRecord::from_service(s)),
-        Index::delete_service,
-    )
-    .await
+        set: |ix, ns, name, s| ix.set_service(ns, name, ServiceRecord::from_service(s)),
+        delete: Index::delete_service,
+    };
+    crate::mirror::mirror(client, "dns: service", records).await
 }
 
 /// Keeps `index` equal to the cluster's EndpointSlices.
 pub async fn watch_slices(client: kube::Client, index: Arc<RwLock<Index>>) {
-    mirror::<EndpointSlice>(
-        client,
+    let records = Records::<EndpointSlice> {
         index,
-        "endpointslice",
-        |ix, ns, name, s| ix.set_slice(ns, name, SliceRecord::from_slice(s)),
-        Index::delete_slice,
-    )
-    .await
-}
-
-/// Keeps the part of `index` that `set` and `delete` write equal to the
-/// cluster's objects of kind `K`: each added or changed object is set, each
-/// deleted one removed, and after a relist whatever it no longer has.
-async fn mirror<K>(
-    client: kube::Client,
-    index: Arc<RwLock<Index>>,
-    what: &str,
-    set: fn(&mut Index, &str, &str, &K),
-    delete: fn(&mut Index, &str, &str),
-) where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static,
-{
-    let api: Api<K> = Api::all(client);
-    let mut stream = watcher(api, watcher::Config::default()).boxed();
-    let mut known: HashSet<(String, String)> = HashSet::new();
-    let mut listing: Option<HashSet<(String, String)>> = None;
-    while let Some(ev) = stream.next().await {
-        let ev = match ev {
-            Ok(ev) => ev,
-            Err(e) => {
-                tracing::debug!(error = %e, "dns: {what} watch error");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-        };
-        let key = |o: &K| (o.namespace().unwrap_or_default(), o.name_any());
-        match ev {
-            watcher::Event::Init => listing = Some(HashSet::new()),
-            watcher::Event::InitApply(o) | watcher::Event::Apply(o) => {
-                let k = key(&o);
-                if let Ok(mut ix) = index.write() {
-                    set(&mut ix, &k.0, &k.1, &o);
-                }
-                if let Some(l) = listing.as_mut() {
-                    l.insert(k.clone());
-                }
-                known.insert(k);
-            }
-            watcher::Event::Delete(o) => {
-                let k = key(&o);
-                if let Ok(mut ix) = index.write() {
-                    delete(&mut ix, &k.0, &k.1);
-                }
-                known.remove(&k);
-            }
-            watcher::Event::InitDone => {
-                let seen = listing.take().unwrap_or_default();
-                if let Ok(mut ix) = index.write() {
-                    for k in known.difference(&seen) {
-                        delete(&mut ix, &k.0, &k.1);
-                    }
-                }
-                known = seen;
-            }
-        }
-    }
+        set: |ix, ns, name, s| ix.set_slice(ns, name, SliceRecord::from_slice(s)),
+        delete: Index::delete_slice,
+    };
+    crate::mirror::mirror(client, "dns: endpointslice", records).await
 }
 
 /// A responder for `dns`'s zone with the host's upstreams.
