@@ -30,6 +30,7 @@ pub mod sim;
 pub mod spec;
 pub mod stats;
 pub mod storage;
+pub mod streams;
 pub mod svcenv;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -719,16 +719,17 @@ async fn exec(
         .filter(|(k, _)| k == "command")
         .map(|(_, v)| v.clone())
         .collect();
+    let streams = streams_of(&q);
     let r = cri::ExecRequest {
         container_id: c.id.clone(),
         cmd,
-        tty: flag_of(&q, "tty"),
-        stdin: flag_of(&q, "stdin") || flag_of(&q, "input"),
-        stdout: flag_of(&q, "stdout") || flag_of(&q, "output"),
-        stderr: flag_of(&q, "stderr") || flag_of(&q, "error"),
+        tty: streams.tty,
+        stdin: streams.stdin,
+        stdout: streams.stdout,
+        stderr: streams.stderr,
     };
     match ctx.runtime.exec(r).await {
-        Ok(url) => relay(url, req).await,
+        Ok(url) => stream_session(url, req, streams).await,
         Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
@@ -749,15 +750,16 @@ async fn attach(
             format!("container {container} not found in pod {pod}"),
         );
     };
+    let streams = streams_of(&q);
     let r = cri::AttachRequest {
         container_id: c.id.clone(),
-        tty: flag_of(&q, "tty"),
-        stdin: flag_of(&q, "stdin") || flag_of(&q, "input"),
-        stdout: flag_of(&q, "stdout") || flag_of(&q, "output"),
-        stderr: flag_of(&q, "stderr") || flag_of(&q, "error"),
+        tty: streams.tty,
+        stdin: streams.stdin,
+        stdout: streams.stdout,
+        stderr: streams.stderr,
     };
     match ctx.runtime.attach(r).await {
-        Ok(url) => relay(url, req).await,
+        Ok(url) => stream_session(url, req, streams).await,
         Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }
@@ -795,6 +797,26 @@ async fn port_forward(
         Ok(url) => relay(url, req).await,
         Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+/// The streams an exec or attach asks for.
+fn streams_of(q: &[(String, String)]) -> crate::streams::Streams {
+    crate::streams::Streams {
+        tty: flag_of(q, "tty"),
+        stdin: flag_of(q, "stdin") || flag_of(q, "input"),
+        stdout: flag_of(q, "stdout") || flag_of(q, "output"),
+        stderr: flag_of(q, "stderr") || flag_of(q, "error"),
+    }
+}
+
+/// An exec or attach session: a WebSocket client offering v5 is answered
+/// here (the runtime speaks at most v4, see [`crate::streams`]); any other
+/// upgrade is relayed to the runtime as it is.
+async fn stream_session(url: String, req: Request, streams: crate::streams::Streams) -> Response {
+    if crate::streams::offers_v5(req.headers()) {
+        return crate::streams::serve_v5(url, req, streams).await;
+    }
+    relay(url, req).await
 }
 
 /// Sends the client's (upgrade) request to the runtime's streaming URL; on
