@@ -9,6 +9,7 @@
 
 pub mod qos;
 pub mod quantity;
+pub mod resources;
 pub mod scheduling;
 pub mod workloads;
 
