@@ -30,6 +30,9 @@ pub struct HollowOptions {
     /// Record Events for pods (kubelet does; off by default at scale).
     pub events: bool,
     pub pod_cidr_base: Option<String>,
+    /// Reservations from pods' `skiff.io/simulated-usage` and the
+    /// reclaimable capacity published (None: not published).
+    pub reclaim: Option<crate::reclaim::Config>,
 }
 
 impl Default for HollowOptions {
@@ -43,6 +46,10 @@ impl Default for HollowOptions {
             lease_every: Duration::from_secs(10),
             events: false,
             pod_cidr_base: None,
+            reclaim: Some(crate::reclaim::Config {
+                tick: Duration::from_secs(10),
+                ..Default::default()
+            }),
         }
     }
 }
@@ -230,7 +237,18 @@ pub async fn run_as(identities: Identities, options: HollowOptions) -> Result<()
         // together after the last registration, 10,000 nodes' lists and
         // watches arrived in one burst of new connections, and as one
         // joined future they were all driven by a single thread.
-        pods.spawn(crate::manage_pods(ctx));
+        let index = crate::reclaim::PodIndex::default();
+        if let Some(config) = options.reclaim.clone() {
+            loops.spawn(crate::reclaim::run(
+                client.clone(),
+                ctx.node_name.clone(),
+                crate::reclaim::Amount::new(4000.0, 32.0 * 1024.0 * 1024.0 * 1024.0),
+                index.clone(),
+                crate::reclaim::UsageSource::Simulated,
+                config,
+            ));
+        }
+        pods.spawn(crate::manage_pods_indexed(ctx, index));
     }
     // Dropping this future (cancellation) drops the loops with it.
     let outcome = match pods.join_next().await {

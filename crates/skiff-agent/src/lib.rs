@@ -22,6 +22,7 @@ pub mod node;
 pub mod pods;
 pub mod probes;
 pub mod proxy;
+pub mod reclaim;
 pub mod runtime;
 pub mod satoken;
 pub mod server;
@@ -77,6 +78,8 @@ pub struct AgentOptions {
     /// Pod routing between nodes and masquerading (`net`); None leaves
     /// the pods of a lone node masqueraded by the CNI bridge.
     pub network: Option<net::Settings>,
+    /// Reservations and the reclaimable capacity published for batch pods.
+    pub reclaim: reclaim::Config,
 }
 
 /// The IPv4 address of the interface holding the default route, else
@@ -283,6 +286,7 @@ pub async fn run(
             address_tx,
         ));
     }
+    let usage = endpoint.usage_feed();
     tasks.spawn(endpoint.serve());
     if let Some(mut p) = options.proxy.clone() {
         p.address = Some(address_rx.clone());
@@ -310,13 +314,33 @@ pub async fn run(
         dns,
         services,
     });
-    let r = manage_pods(ctx).await;
+    let index = reclaim::PodIndex::default();
+    tasks.spawn(reclaim::run(
+        client.clone(),
+        options.node_name.clone(),
+        reclaim::Amount::new(
+            facts.cpu.parse::<f64>().unwrap_or(1.0) * 1000.0,
+            skiff_helpers::quantity::units(&facts.memory).unwrap_or(0) as f64,
+        ),
+        index.clone(),
+        reclaim::UsageSource::Stats(usage),
+        options.reclaim.clone(),
+    ));
+    let r = manage_pods_indexed(ctx, index).await;
     tasks.abort_all();
     r
 }
 
 /// Watches the pods bound to the node and keeps one worker per pod.
 pub async fn manage_pods(ctx: Arc<NodeContext>) -> Result<()> {
+    manage_pods_indexed(ctx, reclaim::PodIndex::default()).await
+}
+
+/// [`manage_pods`], keeping `index` current with the node's pods.
+pub async fn manage_pods_indexed(ctx: Arc<NodeContext>, index: reclaim::PodIndex) -> Result<()> {
+    let indexed = |f: &mut dyn FnMut(&mut HashMap<String, Arc<Pod>>)| {
+        f(&mut index.write().unwrap_or_else(|e| e.into_inner()))
+    };
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node_name));
     let mut stream = watcher(pods, config).boxed();
@@ -346,6 +370,9 @@ pub async fn manage_pods(ctx: Arc<NodeContext>) -> Result<()> {
                     l.insert(uid.clone());
                 }
                 let pod = Arc::new(pod);
+                indexed(&mut |m| {
+                    m.insert(uid.clone(), pod.clone());
+                });
                 match workers.get(&uid) {
                     Some(tx) if !tx.is_closed() => {
                         let _ = tx.send(Some(pod));
@@ -359,12 +386,16 @@ pub async fn manage_pods(ctx: Arc<NodeContext>) -> Result<()> {
             }
             watcher::Event::Delete(pod) => {
                 let uid = spec::uid(&pod).to_string();
+                indexed(&mut |m| {
+                    m.remove(&uid);
+                });
                 if let Some(tx) = workers.remove(&uid) {
                     let _ = tx.send(None);
                 }
             }
             watcher::Event::InitDone => {
                 let seen = listing.take().unwrap_or_default();
+                indexed(&mut |m| m.retain(|uid, _| seen.contains(uid)));
                 workers.retain(|uid, tx| {
                     if seen.contains(uid) {
                         true

@@ -298,6 +298,12 @@ impl Endpoint {
         self.serving.clone()
     }
 
+    /// The stats' latest summary, as the endpoint's housekeeping samples
+    /// it (for the reservations of [`crate::reclaim`]).
+    pub fn usage_feed(&self) -> tokio::sync::watch::Receiver<Option<Arc<crate::stats::Summary>>> {
+        self.ctx.stats.subscribe()
+    }
+
     pub fn port(&self) -> u16 {
         self.listener.local_addr().map(|a| a.port()).unwrap_or(0)
     }

@@ -633,6 +633,7 @@ pub struct Collector {
     node_name: String,
     data_dir: PathBuf,
     rates: Mutex<Rates>,
+    latest: tokio::sync::watch::Sender<Option<std::sync::Arc<Summary>>>,
 }
 
 impl Collector {
@@ -641,7 +642,13 @@ impl Collector {
             node_name: node_name.to_string(),
             data_dir,
             rates: Mutex::new(Rates::default()),
+            latest: tokio::sync::watch::channel(None).0,
         }
+    }
+
+    /// The latest summary taken, and each one after it.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Option<std::sync::Arc<Summary>>> {
+        self.latest.subscribe()
     }
 
     /// The node's numbers now.
@@ -691,14 +698,17 @@ impl Collector {
             runtime.list_container_stats(None),
         )?;
         let node = self.node_sample();
-        Ok(build_summary(
+        let summary = build_summary(
             &self.node_name,
             &node,
             &sandboxes,
             &containers,
             &stats,
             &mut self.lock(),
-        ))
+        );
+        self.latest
+            .send_replace(Some(std::sync::Arc::new(summary.clone())));
+        Ok(summary)
     }
 
     /// Samples the node and the runtime every `every` (the first at once),

@@ -66,6 +66,7 @@ impl Node {
             // Concurrent test agents would fight over the DNS address.
             serve_dns: false,
             network: None,
+            reclaim: Default::default(),
         };
         let mut node = Node {
             _cluster: cluster,

@@ -359,6 +359,40 @@ pub fn validate_ephemeral_containers_update(
     c
 }
 
+/// The extended resources of reclaimed capacity (see the agent's `reclaim`).
+pub const BATCH_CPU: &str = "skiff.io/batch-cpu";
+pub const BATCH_MEMORY: &str = "skiff.io/batch-memory";
+
+/// Kubernetes' native resources: unprefixed, or in the kubernetes.io domain.
+fn is_native_resource(name: &str) -> bool {
+    match name.split_once('/') {
+        None => true,
+        Some((domain, _)) => domain == "kubernetes.io" || domain.ends_with(".kubernetes.io"),
+    }
+}
+
+/// Resources counted in whole units: extended resources and object counts.
+fn is_integer_resource(name: &str) -> bool {
+    (!is_native_resource(name) && !name.starts_with("requests."))
+        || matches!(
+            name,
+            "pods"
+                | "services"
+                | "replicationcontrollers"
+                | "resourcequotas"
+                | "configmaps"
+                | "secrets"
+                | "persistentvolumeclaims"
+                | "services.nodeports"
+                | "services.loadbalancers"
+        )
+}
+
+/// Whether requests of `name` may be below its limit.
+fn overcommit_allowed(name: &str) -> bool {
+    is_native_resource(name) && !name.starts_with("hugepages-")
+}
+
 pub(crate) fn resources(r: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
     let Some(r) = r else { return };
     let mut parsed = std::collections::HashMap::new();
@@ -387,6 +421,64 @@ pub(crate) fn resources(r: Option<&Value>, path: &str, c: &mut Vec<Cause>) {
                         &e.to_string(),
                     )),
                 }
+            }
+        }
+    }
+    let shown = |part: &str, k: &str| {
+        r.pointer(&format!(
+            "/{part}/{}",
+            k.replace('~', "~0").replace('/', "~1")
+        ))
+        .map(|v| v.as_str().map(str::to_string).unwrap_or(v.to_string()))
+        .unwrap_or_default()
+    };
+    let mut keys: Vec<_> = parsed.keys().cloned().collect();
+    keys.sort();
+    for (part, k) in &keys {
+        let q = &parsed[&(*part, k.clone())];
+        // Extended resources (and counts) come in whole units.
+        if is_integer_resource(k) && q.nano() % 1_000_000_000 != 0 {
+            c.push(Cause::invalid(
+                format!("{path}.{part}[{k}]"),
+                &json!(shown(part, k)),
+                "must be an integer",
+            ));
+        }
+        // Only native resources may be overcommitted: an extended
+        // resource's request must be its limit.
+        if *part == "requests" && !overcommit_allowed(k) {
+            match parsed.get(&("limits", k.clone())) {
+                None => c.push(Cause::invalid(
+                    format!("{path}.requests[{k}]"),
+                    &json!(shown("requests", k)),
+                    "Limit must be set for non overcommitable resources",
+                )),
+                Some(l) if l != q => c.push(Cause::invalid(
+                    format!("{path}.requests[{k}]"),
+                    &json!(shown("requests", k)),
+                    &format!("must be equal to {k} limit of {}", shown("limits", k)),
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    // A container in reclaimed capacity (skiff.io/batch-*) reserves none.
+    let has = |part: &str, k: &str| parsed.contains_key(&(part, k.to_string()));
+    let batch = ["requests", "limits"]
+        .iter()
+        .any(|p| has(p, BATCH_CPU) || has(p, BATCH_MEMORY));
+    if batch {
+        for k in ["cpu", "memory"] {
+            if has("requests", k) {
+                c.push(Cause::invalid(
+                    format!("{path}.requests[{k}]"),
+                    &json!(shown("requests", k)),
+                    &format!(
+                        "may not be requested by a container that asks for {BATCH_CPU} or \
+                         {BATCH_MEMORY}: it runs in capacity reclaimed from other pods and \
+                         reserves none (a {k} limit is also its request)"
+                    ),
+                ));
             }
         }
     }
@@ -620,6 +712,72 @@ mod tests {
         assert_eq!(Quantity::parse("1Gi").unwrap().value_ceil(), 1 << 30);
         assert_eq!(Quantity::parse("2").unwrap().milli_ceil(), 2000);
         assert!(Quantity::parse("12x").is_err());
+    }
+
+    fn container_causes(resources: Value) -> Vec<(String, String)> {
+        let pods = lookup("", "v1", "pods").unwrap();
+        let p = json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i", "resources": resources}]}});
+        validate_create(pods, &p)
+            .into_iter()
+            .map(|c| (c.field, c.message))
+            .collect()
+    }
+
+    #[test]
+    fn extended_resources_are_whole_and_requested_as_limited() {
+        let f = "spec.containers[0].resources";
+        assert!(container_causes(
+            json!({"requests": {BATCH_CPU: "500"}, "limits": {BATCH_CPU: "500"}})
+        )
+        .is_empty());
+        let c = container_causes(
+            json!({"requests": {BATCH_CPU: "1500m"}, "limits": {BATCH_CPU: "1500m"}}),
+        );
+        assert!(
+            c.iter()
+                .any(|(k, m)| k == &format!("{f}.requests[{BATCH_CPU}]")
+                    && m.ends_with("must be an integer")),
+            "{c:?}"
+        );
+        let c = container_causes(json!({"requests": {"example.com/gpu": "1"}}));
+        assert!(
+            c.iter()
+                .any(|(k, m)| k == &format!("{f}.requests[example.com/gpu]")
+                    && m.ends_with("Limit must be set for non overcommitable resources")),
+            "{c:?}"
+        );
+        let c = container_causes(
+            json!({"requests": {"example.com/gpu": "1"}, "limits": {"example.com/gpu": "2"}}),
+        );
+        assert!(
+            c.iter()
+                .any(|(_, m)| m.ends_with("must be equal to example.com/gpu limit of 2")),
+            "{c:?}"
+        );
+        let c = container_causes(
+            json!({"requests": {BATCH_MEMORY: "-1"}, "limits": {BATCH_MEMORY: "-1"}}),
+        );
+        assert!(
+            c.iter()
+                .any(|(_, m)| m.ends_with("must be greater than or equal to 0")),
+            "{c:?}"
+        );
+        // Native resources may be overcommitted and be fractions.
+        assert!(
+            container_causes(json!({"requests": {"cpu": "250m"}, "limits": {"cpu": "1"}}))
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_batch_container_may_not_also_request_cpu_or_memory() {
+        let c = container_causes(
+            json!({"requests": {BATCH_CPU: "500", "cpu": "100m"}, "limits": {BATCH_CPU: "500"}}),
+        );
+        assert_eq!(c.len(), 1, "{c:?}");
+        assert_eq!(c[0].0, "spec.containers[0].resources.requests[cpu]");
+        assert!(c[0].1.contains("reclaimed"), "{c:?}");
+        assert!(container_causes(json!({"requests": {BATCH_CPU: "500", BATCH_MEMORY: "1048576"}, "limits": {BATCH_CPU: "500", BATCH_MEMORY: "1048576"}})).is_empty());
     }
 
     #[test]

@@ -255,6 +255,7 @@ async fn main() -> anyhow::Result<()> {
         cluster_domain: "cluster.local".into(),
         serve_dns: false,
         network: None,
+        reclaim: Default::default(),
     };
     let client = skiff_kube::in_process(&api, "node:bench-node");
     let agent_client = client.clone();

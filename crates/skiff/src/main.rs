@@ -259,6 +259,60 @@ struct NodeArgs {
     proxy: ProxyArgs,
     #[command(flatten)]
     network: NetworkArgs,
+    #[command(flatten)]
+    reclaim: ReclaimArgs,
+}
+
+/// Reclaiming what prod pods reserve but do not use, for batch pods
+/// (`skiff.io/batch-cpu`, `skiff.io/batch-memory` on the Node).
+#[derive(Args, Clone)]
+struct ReclaimArgs {
+    /// Safety margin of a pod's reservation above its peak usage, as a
+    /// fraction of the peak (at least 50m cpu and 64Mi memory).
+    #[arg(long, default_value_t = 0.1)]
+    reservation_margin: f64,
+    /// Seconds an idle pod's reservation takes to fall from its request
+    /// to its usage plus margin (also the window of the peak usage).
+    #[arg(long, default_value_t = 120)]
+    reservation_decay_seconds: u64,
+    /// Fraction of the node's allocatable cpu shared by prod reservations
+    /// and batch pods.
+    #[arg(long, default_value_t = 0.60)]
+    batch_cpu_threshold: f64,
+    /// Fraction of the node's allocatable memory shared by prod
+    /// reservations and batch pods.
+    #[arg(long, default_value_t = 0.65)]
+    batch_memory_threshold: f64,
+}
+
+impl ReclaimArgs {
+    fn config(&self) -> Result<skiff_agent::reclaim::Config> {
+        let fraction = |name: &str, v: f64| {
+            if (0.0..=1.0).contains(&v) {
+                Ok(v)
+            } else {
+                Err(anyhow::anyhow!("--{name} must be between 0 and 1, not {v}"))
+            }
+        };
+        if self.reservation_decay_seconds == 0 {
+            anyhow::bail!("--reservation-decay-seconds must be at least 1");
+        }
+        if !(self.reservation_margin >= 0.0 && self.reservation_margin.is_finite()) {
+            anyhow::bail!(
+                "--reservation-margin must be 0 or more, not {}",
+                self.reservation_margin
+            );
+        }
+        Ok(skiff_agent::reclaim::Config {
+            margin: self.reservation_margin,
+            decay: Duration::from_secs(self.reservation_decay_seconds),
+            threshold: skiff_agent::reclaim::Amount::new(
+                fraction("batch-cpu-threshold", self.batch_cpu_threshold)?,
+                fraction("batch-memory-threshold", self.batch_memory_threshold)?,
+            ),
+            ..Default::default()
+        })
+    }
 }
 
 /// Pod routing between nodes (skiff's flannel).
@@ -955,6 +1009,7 @@ fn agent_options(
             cluster_cidr: skiff_agent::net::plan::Cidr::parse(cluster_cidr)
                 .with_context(|| format!("--cluster-cidr {cluster_cidr:?} is not an IPv4 CIDR"))?,
         }),
+        reclaim: node.reclaim.config()?,
     })
 }
 
@@ -974,8 +1029,8 @@ fn ca_from_kubeconfig(path: &std::path::Path) -> Result<Option<String>> {
     Ok(None)
 }
 
-fn hollow_options(args: &AgentArgs) -> skiff_agent::hollow::HollowOptions {
-    skiff_agent::hollow::HollowOptions {
+fn hollow_options(args: &AgentArgs) -> Result<skiff_agent::hollow::HollowOptions> {
+    Ok(skiff_agent::hollow::HollowOptions {
         nodes: args.nodes,
         prefix: args
             .node
@@ -983,13 +1038,18 @@ fn hollow_options(args: &AgentArgs) -> skiff_agent::hollow::HollowOptions {
             .clone()
             .unwrap_or_else(|| "hollow".into()),
         start_delay: Duration::from_millis(args.start_delay_ms),
+        // Hollow nodes sample every 10 s: 10,000 of them share a process.
+        reclaim: Some(skiff_agent::reclaim::Config {
+            tick: Duration::from_secs(10),
+            ..args.node.reclaim.config()?
+        }),
         ..Default::default()
-    }
+    })
 }
 
 /// Runs `--nodes` hollow nodes (`agent --simulate`).
 async fn run_hollow(args: &AgentArgs, client: kube::Client) -> Result<()> {
-    let options = hollow_options(args);
+    let options = hollow_options(args)?;
     eprintln!(
         "skiff: running {} hollow node(s) {}-0…",
         options.nodes, options.prefix
@@ -1068,7 +1128,7 @@ async fn run_hollow_joined(args: &AgentArgs, server: &str, token: &str) -> Resul
         });
         joined
     });
-    let options = hollow_options(args);
+    let options = hollow_options(args)?;
     eprintln!(
         "skiff: running {} hollow node(s) {}-0…, each joining with its own identity",
         options.nodes, options.prefix

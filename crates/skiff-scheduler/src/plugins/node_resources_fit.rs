@@ -39,8 +39,16 @@ impl Default for NodeResourcesFit {
     }
 }
 
+/// Kubernetes' cpu and memory, and skiff's reclaimed capacity (only pods
+/// that request it are scored by it: it spreads batch pods over the nodes
+/// with the most of it left).
 pub fn default_resources() -> Vec<(String, i64)> {
-    vec![("cpu".into(), 1), ("memory".into(), 1)]
+    vec![
+        ("cpu".into(), 1),
+        ("memory".into(), 1),
+        ("skiff.io/batch-cpu".into(), 1),
+        ("skiff.io/batch-memory".into(), 1),
+    ]
 }
 
 /// `[{name, weight}]` as in the plugins' args.
@@ -397,6 +405,36 @@ mod tests {
             .iter()
             .map(|n| plugin.score(&CycleState::default(), pod, n, &Snapshot::default()))
             .collect()
+    }
+
+    #[test]
+    fn batch_pods_fit_and_score_by_the_reclaimed_capacity_plain_pods_ignore_it() {
+        let with_batch = |cpu: &str| {
+            node("4", "8Gi", "110")
+                .allocatable("skiff.io/batch-cpu", cpu)
+                .build()
+        };
+        let nodes = vec![
+            node_info(with_batch("1000"), &[]),
+            node_info(with_batch("3000"), &[]),
+        ];
+        let batch = pod_info(
+            PodBuilder::new("b")
+                .request("skiff.io/batch-cpu", "1500")
+                .build(),
+        );
+        let fit = NodeResourcesFit::default();
+        assert_eq!(
+            insufficient(&fit, &batch, &nodes[0]),
+            vec!["Insufficient skiff.io/batch-cpu".to_string()]
+        );
+        assert!(insufficient(&fit, &batch, &nodes[1]).is_empty());
+        let s = scores(&fit, &batch, &nodes);
+        assert!(s[1] > s[0], "{s:?}");
+        // A plain pod scores the same on both: it asks for no batch-cpu.
+        let plain = pod_info(PodBuilder::new("p").request("cpu", "1").build());
+        let s = scores(&fit, &plain, &nodes);
+        assert_eq!(s[0], s[1]);
     }
 
     #[test]

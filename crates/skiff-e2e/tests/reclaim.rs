@@ -1,0 +1,146 @@
+//! Reclaimed capacity on a real node (`skiff up` over a private
+//! containerd), driven with the real kubectl: a prod Deployment that
+//! requests most of the node's cpu and uses almost none leaves its unused
+//! part to batch pods, published on the Node as `skiff.io/batch-cpu`; a
+//! batch Job asking for it runs while a plain pod asking for cpu stays
+//! Pending; bad batch requests are refused with Kubernetes' wording.
+
+use skiff_e2e::{text, wait_until, Server, BUSYBOX};
+
+fn node_field(s: &Server, path: &str) -> String {
+    text(&s.kubectl(&["get", "nodes", "-o", &format!("jsonpath={{.items[0]{path}}}")]).stdout)
+}
+
+fn batch_cpu(s: &Server) -> Option<i64> {
+    node_field(s, ".status.allocatable.skiff\\.io/batch-cpu")
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[test]
+fn unused_requests_become_batch_capacity_that_batch_pods_run_in() {
+    // A short decay so the test does not wait out the two-minute default;
+    // the whole allocatable shared, so the machine's own load (other
+    // tests) leaves something over.
+    let s = Server::up_with(&[
+        "--reservation-decay-seconds",
+        "20",
+        "--batch-cpu-threshold",
+        "1",
+    ]);
+    let cpus: f64 = node_field(&s, ".status.allocatable.cpu")
+        .parse()
+        .expect("the node's allocatable cpu");
+    let prod_milli = (cpus * 1000.0 * 0.9) as i64;
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            r#"{{"apiVersion": "apps/v1", "kind": "Deployment",
+  "metadata": {{"name": "prod"}},
+  "spec": {{"replicas": 1, "selector": {{"matchLabels": {{"app": "prod"}}}},
+    "template": {{"metadata": {{"labels": {{"app": "prod"}}}},
+      "spec": {{"terminationGracePeriodSeconds": 1, "containers": [{{"name": "idle", "image": "{BUSYBOX}",
+        "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"],
+        "resources": {{"requests": {{"cpu": "{prod_milli}m", "memory": "32Mi"}}}}}}]}}}}}}}}"#
+        ),
+    );
+    wait_until("the prod pod Running", 120, || {
+        let out = s.kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "app=prod",
+            "-o",
+            "jsonpath={.items[*].status.phase}",
+        ]);
+        (text(&out.stdout) == "Running").then_some(())
+    });
+
+    // Its reservation falls from 90% of the node to its usage plus the
+    // margin, and the rest is published.
+    let published = wait_until("skiff.io/batch-cpu above 200 on the Node", 120, || {
+        batch_cpu(&s).filter(|v| *v > 200)
+    });
+    assert!(
+        node_field(&s, ".status.capacity.skiff\\.io/batch-cpu")
+            .parse::<i64>()
+            .is_ok(),
+        "capacity carries it too"
+    );
+    assert!(published <= (cpus * 1000.0) as i64, "{published}");
+
+    // A plain pod asking for a third of the node's cpu does not fit: the
+    // prod pod's request still holds for the scheduler.
+    let plain = (cpus * 1000.0 / 3.0) as i64;
+    s.ok(&[
+        "run",
+        "plain",
+        "--image",
+        BUSYBOX,
+        "--image-pull-policy=IfNotPresent",
+        &format!(
+            r#"--overrides={{"spec": {{"containers": [{{"name": "plain", "image": "{BUSYBOX}", "command": ["sleep", "60"], "resources": {{"requests": {{"cpu": "{plain}m"}}}}}}]}}}}"#
+        ),
+    ]);
+    let why = wait_until("the plain pod refused by the scheduler", 60, || {
+        let out = s.kubectl(&[
+            "get",
+            "pod",
+            "plain",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].message}",
+        ]);
+        let m = text(&out.stdout);
+        (!m.is_empty()).then_some(m)
+    });
+    assert!(why.contains("Insufficient cpu"), "{why}");
+
+    // A batch Job asking for reclaimed cpu runs to completion.
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            r#"{{"apiVersion": "batch/v1", "kind": "Job", "metadata": {{"name": "crunch"}},
+  "spec": {{"backoffLimit": 2, "template": {{"spec": {{"restartPolicy": "Never",
+    "containers": [{{"name": "crunch", "image": "{BUSYBOX}", "imagePullPolicy": "IfNotPresent",
+      "command": ["sh", "-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; echo crunched $i"],
+      "resources": {{"requests": {{"skiff.io/batch-cpu": "200"}}, "limits": {{"skiff.io/batch-cpu": "200"}}}}}}]}}}}}}}}"#
+        ),
+    );
+    wait_until("the batch Job complete", 180, || {
+        let out = s.kubectl(&["get", "job", "crunch", "-o", "jsonpath={.status.succeeded}"]);
+        (text(&out.stdout) == "1").then_some(())
+    });
+    let logs = s.ok(&["logs", "job/crunch"]);
+    assert!(logs.contains("crunched 20000"), "{logs}");
+    // The plain pod is still waiting.
+    let phase = text(
+        &s.kubectl(&["get", "pod", "plain", "-o", "jsonpath={.status.phase}"])
+            .stdout,
+    );
+    assert_eq!(phase, "Pending");
+
+    // Bad batch requests: a fraction, and batch mixed with cpu.
+    let bad = |resources: &str| {
+        s.fails(&[
+            "run",
+            "bad",
+            "--image",
+            BUSYBOX,
+            &format!(
+                r#"--overrides={{"spec": {{"containers": [{{"name": "bad", "image": "{BUSYBOX}", "resources": {resources}}}]}}}}"#
+            ),
+        ])
+    };
+    let err = bad(r#"{"requests": {"skiff.io/batch-cpu": "1500m"}, "limits": {"skiff.io/batch-cpu": "1500m"}}"#);
+    assert!(err.contains("must be an integer"), "{err}");
+    let err = bad(r#"{"requests": {"skiff.io/batch-cpu": "-1"}, "limits": {"skiff.io/batch-cpu": "-1"}}"#);
+    assert!(err.contains("must be greater than or equal to 0"), "{err}");
+    let err = bad(r#"{"requests": {"skiff.io/batch-cpu": "100", "cpu": "100m"}, "limits": {"skiff.io/batch-cpu": "100"}}"#);
+    assert!(
+        err.contains("spec.containers[0].resources.requests[cpu]") && err.contains("reclaimed"),
+        "{err}"
+    );
+    let err = bad(r#"{"requests": {"skiff.io/batch-cpu": "100"}, "limits": {"skiff.io/batch-cpu": "200"}}"#);
+    assert!(err.contains("must be equal to skiff.io/batch-cpu limit of 200"), "{err}");
+}
