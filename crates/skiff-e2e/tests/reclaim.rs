@@ -8,7 +8,15 @@
 use skiff_e2e::{text, wait_until, Server, BUSYBOX};
 
 fn node_field(s: &Server, path: &str) -> String {
-    text(&s.kubectl(&["get", "nodes", "-o", &format!("jsonpath={{.items[0]{path}}}")]).stdout)
+    text(
+        &s.kubectl(&[
+            "get",
+            "nodes",
+            "-o",
+            &format!("jsonpath={{.items[0]{path}}}"),
+        ])
+        .stdout,
+    )
 }
 
 fn batch_cpu(s: &Server) -> Option<i64> {
@@ -132,15 +140,26 @@ fn unused_requests_become_batch_capacity_that_batch_pods_run_in() {
             ),
         ])
     };
-    let err = bad(r#"{"requests": {"skiff.io/batch-cpu": "1500m"}, "limits": {"skiff.io/batch-cpu": "1500m"}}"#);
+    let err = bad(
+        r#"{"requests": {"skiff.io/batch-cpu": "1500m"}, "limits": {"skiff.io/batch-cpu": "1500m"}}"#,
+    );
     assert!(err.contains("must be an integer"), "{err}");
-    let err = bad(r#"{"requests": {"skiff.io/batch-cpu": "-1"}, "limits": {"skiff.io/batch-cpu": "-1"}}"#);
+    let err = bad(
+        r#"{"requests": {"skiff.io/batch-cpu": "-1"}, "limits": {"skiff.io/batch-cpu": "-1"}}"#,
+    );
     assert!(err.contains("must be greater than or equal to 0"), "{err}");
-    let err = bad(r#"{"requests": {"skiff.io/batch-cpu": "100", "cpu": "100m"}, "limits": {"skiff.io/batch-cpu": "100"}}"#);
+    let err = bad(
+        r#"{"requests": {"skiff.io/batch-cpu": "100", "cpu": "100m"}, "limits": {"skiff.io/batch-cpu": "100"}}"#,
+    );
     assert!(
         err.contains("spec.containers[0].resources.requests[cpu]") && err.contains("reclaimed"),
         "{err}"
     );
-    let err = bad(r#"{"requests": {"skiff.io/batch-cpu": "100"}, "limits": {"skiff.io/batch-cpu": "200"}}"#);
-    assert!(err.contains("must be equal to skiff.io/batch-cpu limit of 200"), "{err}");
+    let err = bad(
+        r#"{"requests": {"skiff.io/batch-cpu": "100"}, "limits": {"skiff.io/batch-cpu": "200"}}"#,
+    );
+    assert!(
+        err.contains("must be equal to skiff.io/batch-cpu limit of 200"),
+        "{err}"
+    );
 }
