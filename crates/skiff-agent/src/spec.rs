@@ -125,11 +125,35 @@ pub fn quantity(q: &Quantity) -> Option<f64> {
 }
 
 /// A container's resource settings for CRI: cpu shares from the request,
-/// CFS quota from the limit, the memory limit.
+/// CFS quota from the limit, the memory limit. A batch container (one
+/// asking for `skiff.io/batch-cpu` or `skiff.io/batch-memory`) gets the
+/// least cpu weight (2 shares, cgroup v2's cpu.weight 1), so any prod
+/// container wins the cpu at once, and its quota and memory limit from its
+/// batch limits.
 pub fn resources(c: &Container) -> cri::LinuxContainerResources {
     let res = c.resources.clone().unwrap_or_default();
     let req = res.requests.unwrap_or_default();
     let lim = res.limits.unwrap_or_default();
+    let batch_cpu = lim
+        .get(crate::reclaim::BATCH_CPU)
+        .or(req.get(crate::reclaim::BATCH_CPU))
+        .and_then(quantity);
+    let batch_mem = lim
+        .get(crate::reclaim::BATCH_MEMORY)
+        .or(req.get(crate::reclaim::BATCH_MEMORY))
+        .and_then(quantity);
+    if batch_cpu.is_some() || batch_mem.is_some() {
+        return cri::LinuxContainerResources {
+            cpu_shares: 2,
+            // Millicores: 100 µs of each 100 ms period per millicore.
+            cpu_quota: batch_cpu
+                .map(|m| ((m * 100.0).round() as i64).max(1000))
+                .unwrap_or(0),
+            cpu_period: if batch_cpu.is_some() { 100_000 } else { 0 },
+            memory_limit_in_bytes: batch_mem.map(|b| b as i64).unwrap_or(0),
+            ..Default::default()
+        };
+    }
     let cpu_req = req.get("cpu").or(lim.get("cpu")).and_then(quantity);
     let cpu_lim = lim.get("cpu").and_then(quantity);
     let mem_lim = lim.get("memory").and_then(quantity);
@@ -498,6 +522,43 @@ mod tests {
         let ns = ns_of(&pod(true));
         assert_eq!(ns.pid, cri::NamespaceMode::Pod as i32);
         assert_eq!(ns.target_id, "");
+    }
+
+    #[test]
+    fn a_batch_container_gets_the_least_weight_and_its_batch_limits() {
+        let c: Container = serde_json::from_value(serde_json::json!({
+            "name": "c",
+            "resources": {
+                "requests": {"skiff.io/batch-cpu": "250", "skiff.io/batch-memory": "67108864"},
+                "limits": {"skiff.io/batch-cpu": "250", "skiff.io/batch-memory": "67108864"},
+            }
+        }))
+        .unwrap();
+        let r = resources(&c);
+        assert_eq!(
+            (
+                r.cpu_shares,
+                r.cpu_quota,
+                r.cpu_period,
+                r.memory_limit_in_bytes
+            ),
+            (2, 25_000, 100_000, 64 << 20)
+        );
+        let mem_only: Container = serde_json::from_value(serde_json::json!({
+            "name": "c",
+            "resources": {"limits": {"skiff.io/batch-memory": "1048576"}}
+        }))
+        .unwrap();
+        let r = resources(&mem_only);
+        assert_eq!(
+            (
+                r.cpu_shares,
+                r.cpu_quota,
+                r.cpu_period,
+                r.memory_limit_in_bytes
+            ),
+            (2, 0, 0, 1 << 20)
+        );
     }
 
     #[test]

@@ -128,6 +128,43 @@ fn unused_requests_become_batch_capacity_that_batch_pods_run_in() {
     );
     assert_eq!(phase, "Pending");
 
+    // A running batch container has the least cpu weight and its batch
+    // limit as its CFS quota (cgroup v2 or v1, as the machine has).
+    s.ok(&[
+        "run",
+        "spin",
+        "--image",
+        BUSYBOX,
+        &format!(
+            r#"--overrides={{"spec": {{"containers": [{{"name": "spin", "image": "{BUSYBOX}", "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"], "resources": {{"requests": {{"skiff.io/batch-cpu": "200"}}, "limits": {{"skiff.io/batch-cpu": "200"}}}}}}]}}}}"#
+        ),
+    ]);
+    wait_until("the batch pod Running", 120, || {
+        let out = s.kubectl(&["get", "pod", "spin", "-o", "jsonpath={.status.phase}"]);
+        (text(&out.stdout) == "Running").then_some(())
+    });
+    let cg = s.ok(&[
+        "exec",
+        "spin",
+        "--",
+        "sh",
+        "-c",
+        "if [ -f /sys/fs/cgroup/cpu.weight ]; then cat /sys/fs/cgroup/cpu.weight /sys/fs/cgroup/cpu.max; \
+         else cat /sys/fs/cgroup/cpu/cpu.shares /sys/fs/cgroup/cpu/cpu.cfs_quota_us; fi",
+    ]);
+    let lines: Vec<&str> = cg.lines().collect();
+    assert!(
+        lines == ["1", "20000 100000"] || lines == ["2", "20000"],
+        "the batch container's cgroup: {cg:?}"
+    );
+    // QoS: it reserves nothing, so it is BestEffort (first to go under
+    // memory pressure).
+    let qos = text(
+        &s.kubectl(&["get", "pod", "spin", "-o", "jsonpath={.status.qosClass}"])
+            .stdout,
+    );
+    assert_eq!(qos, "BestEffort");
+
     // Bad batch requests: a fraction, and batch mixed with cpu.
     let bad = |resources: &str| {
         s.fails(&[
