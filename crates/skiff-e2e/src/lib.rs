@@ -576,16 +576,30 @@ pub(crate) fn output_with_stdin(mut cmd: Command, stdin: &str) -> Output {
     child.wait_with_output().expect("output")
 }
 
-/// The busybox image archive, built once per test process from Debian's
-/// busybox-static.
+/// The busybox image archive, built from Debian's busybox-static into
+/// this build's target directory (TARGET/PROFILE/e2e-busybox.tar) and
+/// shared by every test process; built again when the `skiff` binary that
+/// builds it is newer. Written under a temporary name and renamed, so
+/// processes building it at once never read half an archive.
 pub fn busybox_archive() -> PathBuf {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(|| {
-        let path =
-            std::env::temp_dir().join(format!("skiff-e2e-busybox-{}.tar", std::process::id()));
-        let out = Command::new(skiff_binary())
+        let bin = skiff_binary();
+        let exe = std::env::current_exe().expect("test executable");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .unwrap_or_else(std::env::temp_dir);
+        let path = dir.join("e2e-busybox.tar");
+        let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        if matches!((modified(&path), modified(&bin)), (Some(a), Some(b)) if a >= b) {
+            return path;
+        }
+        let partial = dir.join(format!("e2e-busybox.tar.{}", std::process::id()));
+        let out = Command::new(&bin)
             .args(["image", "build-busybox", "--output"])
-            .arg(&path)
+            .arg(&partial)
             .output()
             .expect("run skiff image build-busybox");
         assert!(
@@ -593,6 +607,7 @@ pub fn busybox_archive() -> PathBuf {
             "building the busybox image (apt-get install busybox-static): {}",
             text(&out.stderr)
         );
+        std::fs::rename(&partial, &path).expect("move the busybox archive into place");
         path
     })
     .clone()
