@@ -370,7 +370,10 @@ pub type PodIndex = Arc<RwLock<HashMap<String, Arc<Pod>>>>;
 pub enum UsageSource {
     /// The stats collector's latest summary (real nodes).
     Stats(tokio::sync::watch::Receiver<Option<Arc<Summary>>>),
-    /// Pods' [`SIMULATED_USAGE`] annotations (hollow nodes; no system usage).
+    /// Pods' [`SIMULATED_USAGE`] annotations (hollow nodes; no system
+    /// usage). A pod without one is not measured and keeps its request as
+    /// its reservation, so hollow pods of benchmarks that do not simulate
+    /// usage cause no decay and no extra Node writes.
     Simulated,
 }
 
@@ -387,12 +390,9 @@ impl UsageSource {
                     .filter(|p| {
                         p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
                     })
-                    .filter_map(|p| {
-                        Some((
-                            p.metadata.uid.clone()?,
-                            simulated_usage(p).unwrap_or_default(),
-                        ))
-                    })
+                    // A pod without the annotation has no measured usage:
+                    // its reservation stays its request.
+                    .filter_map(|p| Some((p.metadata.uid.clone()?, simulated_usage(p)?)))
                     .collect();
                 (pods, None)
             }
