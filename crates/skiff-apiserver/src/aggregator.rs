@@ -32,8 +32,9 @@ use serde_json::{json, Value};
 use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::ApiError;
 
+use crate::options::WriteOptions;
 use crate::outbound::{self, ClientIdentity, OutboundError};
-use crate::registry::{Registry, WriteOptions};
+use crate::registry::Registry;
 use crate::request::Subresource;
 use crate::tls::CertPair;
 use crate::watchcache::Filter;
@@ -259,7 +260,7 @@ fn group_doc(group: &str, versions: &[String]) -> Value {
 
 /// Serves an aggregated path: the group document itself, or the proxy.
 pub async fn serve(
-    state: &crate::handlers::AppState,
+    state: &crate::state::AppState,
     req: Request<Body>,
     target: Target,
 ) -> Result<Response<Body>, ApiError> {
@@ -272,7 +273,7 @@ pub async fn serve(
             let mut doc = group_doc(&group, &versions);
             doc["kind"] = json!("APIGroup");
             doc["apiVersion"] = json!("v1");
-            Ok(crate::handlers::json_response(200, &doc))
+            Ok(crate::response::json_response(200, &doc))
         }
         Target::Proxy(b) => proxy(state, req, &b).await,
     }
@@ -313,7 +314,7 @@ fn dropped(name: &HeaderName) -> bool {
 }
 
 async fn proxy(
-    state: &crate::handlers::AppState,
+    state: &crate::state::AppState,
     req: Request<Body>,
     b: &Backend,
 ) -> Result<Response<Body>, ApiError> {
@@ -659,7 +660,7 @@ async fn set_available(reg: &Registry, name: &str, ok: bool, reason: &str, messa
     if same {
         return;
     }
-    crate::registry::set_condition(&mut obj, "Available", status, Some(reason), Some(message));
+    crate::object::set_condition(&mut obj, "Available", status, Some(reason), Some(message));
     if let Err(e) = reg
         .update(res, None, name, obj, Subresource::Status, &server_opts())
         .await

@@ -44,9 +44,9 @@ use serde_json::{json, Map, Value};
 use skiff_core::error::ApiError;
 use skiff_core::resources;
 
-use crate::handlers::AppState;
 use crate::negotiate::{self, Output};
 use crate::request::{Query, ResourceRequest};
+use crate::state::AppState;
 
 pub const GROUP: &str = "metrics.k8s.io";
 pub const VERSION: &str = "v1beta1";
@@ -204,7 +204,7 @@ async fn select(
         sub: crate::request::Subresource::Main,
         watch_path: false,
     };
-    let filter = crate::handlers::filter_from_query(&rr, query)?;
+    let filter = crate::request::filter_from_query(rr.res, rr.namespace.clone(), query)?;
     let out = state
         .registry
         .list(res, &filter, 0, None, None, false)

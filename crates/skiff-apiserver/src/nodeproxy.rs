@@ -20,7 +20,7 @@ use serde_json::Value;
 use skiff_core::error::ApiError;
 use skiff_core::resources;
 
-use crate::handlers::AppState;
+use crate::state::AppState;
 
 /// Which pod subresource a path names, if it is one this module serves:
 /// (namespace, pod, subresource).
