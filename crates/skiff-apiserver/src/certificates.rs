@@ -84,7 +84,7 @@ pub async fn approve(
             )
         };
         if !may(&signer) && !may(&format!("{domain}/*")) {
-            return Err(crate::admission::forbidden(
+            return Err(crate::admission::plugin::forbidden(
                 res,
                 name,
                 &format!("user not permitted to approve requests with signerName {signer:?}"),

@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::ApiResult;
 
-use crate::admission::{AdmissionCtx, AdmissionPlugin, Attributes, Operation};
+use crate::admission::context::AdmissionCtx;
+use crate::admission::plugin::{AdmissionPlugin, Attributes, Operation};
 
 /// One of the two plugins: `classes` is the plural of the class resource
 /// it defaults from.

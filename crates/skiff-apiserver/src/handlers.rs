@@ -153,7 +153,7 @@ async fn authorize_and_serve(
         Err(req) => req,
     };
     if let Some(t) = crate::aggregator::target(&state.registry, &path) {
-        return match crate::aggregator::serve(&state, req, t).await {
+        return match crate::aggregator::serve(&state.registry, &state.aggregator, req, t).await {
             Ok(r) => r,
             Err(e) => error_response(&e),
         };

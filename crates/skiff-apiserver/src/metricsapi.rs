@@ -34,7 +34,7 @@
 //! interval, so the window is then an upper bound.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -97,11 +97,6 @@ pub fn parse(path: &str) -> Option<Target> {
         _ => None,
     }
 }
-
-/// When this server last read each node's Summary, and the window it
-/// reported for it then.
-#[derive(Default)]
-pub struct Windows(Mutex<HashMap<String, (Instant, Duration)>>);
 
 /// A GET (or list) of NodeMetrics or PodMetrics.
 pub async fn serve(

@@ -243,10 +243,18 @@ mod tests {
     fn special_bodies_decode_through_the_one_decoder() {
         let e = decode_body(Some("application/json"), b"{", BodyKind::EVICTION).unwrap_err();
         assert_eq!(e.code, 400);
-        assert!(e.message.starts_with("error decoding Eviction: "), "{}", e.message);
+        assert!(
+            e.message.starts_with("error decoding Eviction: "),
+            "{}",
+            e.message
+        );
         let cm = skiff_core::resources::lookup("", "v1", "configmaps").unwrap();
         let e = decode_body(None, b"{", BodyKind::of(cm)).unwrap_err();
-        assert!(e.message.starts_with("error decoding request body: "), "{}", e.message);
+        assert!(
+            e.message.starts_with("error decoding request body: "),
+            "{}",
+            e.message
+        );
         let v = decode_body(
             Some("application/yaml"),
             b"apiVersion: policy/v1\nkind: Eviction\nmetadata: {name: p}\n",

@@ -12,8 +12,8 @@ use skiff_core::rbac::Attributes;
 use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::ApiResult;
 
-use crate::admission::forbidden;
-use crate::admission::{AdmissionCtx, AdmissionPlugin, Attributes as Admitted, Operation};
+use crate::admission::context::AdmissionCtx;
+use crate::admission::plugin::{forbidden, AdmissionPlugin, Attributes as Admitted, Operation};
 use crate::auth::Identity;
 use crate::authz::node::{node_identity, pod_refs, Ref};
 use crate::object::meta_str;

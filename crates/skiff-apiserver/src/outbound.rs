@@ -352,7 +352,7 @@ pub fn insecure_tls_config(
         .with_safe_default_protocol_versions()
         .map_err(|e| OutboundError::Config(e.to_string()))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(crate::nodeproxy::AnyServer(provider)))
+        .with_custom_certificate_verifier(Arc::new(crate::tls::AnyServer(provider)))
         .with_client_auth_cert(certs, key)
         .map_err(|e| OutboundError::Config(format!("client certificate: {e}")))?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];

@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 use skiff_core::resources;
 use skiff_core::ApiResult;
 
-use crate::admission::{forbidden, AdmissionCtx, AdmissionPlugin, Attributes};
+use crate::admission::context::AdmissionCtx;
+use crate::admission::plugin::{forbidden, AdmissionPlugin, Attributes};
 use crate::object::{meta_str, object_key};
 
 /// Where containers find the token, CA and namespace.

@@ -310,3 +310,17 @@ pub fn render_list(
         }
     }
 }
+
+/// A backend's response as the client gets it: its status, headers but
+/// the hop-by-hop ones, and its body streamed through.
+pub fn relayed(resp: Response<hyper::body::Incoming>) -> Result<Response<Body>, axum::http::Error> {
+    let (parts, body) = resp.into_parts();
+    let mut builder = Response::builder().status(parts.status);
+    for (k, v) in &parts.headers {
+        if k == header::CONNECTION || k == header::TRANSFER_ENCODING {
+            continue;
+        }
+        builder = builder.header(k, v);
+    }
+    builder.body(Body::new(body))
+}

@@ -3,7 +3,9 @@
 //! flow control, node agents' TLS). A leaf the handlers and the modules
 //! that serve their own paths read, so none of them imports the handlers.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::registry::Registry;
 
@@ -18,7 +20,7 @@ pub struct AppState {
     /// What `/metrics` serves, if anything.
     pub metrics: Option<fn() -> String>,
     /// The metrics API's record of when it last read each node's stats.
-    pub metrics_windows: crate::metricsapi::Windows,
+    pub metrics_windows: MetricsWindows,
     /// The ServiceAccount token issuer and verifier, if the server has keys.
     pub tokens: Option<Arc<crate::tokens::Tokens>>,
     /// APIServices: the front-proxy identity and aggregated discovery.
@@ -33,3 +35,8 @@ impl AppState {
         self.registry.cache().catalog()
     }
 }
+
+/// The metrics API's record: when this server last read each node's
+/// Summary, and the window it reported for it then.
+#[derive(Default)]
+pub struct MetricsWindows(pub(crate) Mutex<HashMap<String, (Instant, Duration)>>);

@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 use skiff_core::resources::ResourceInfo;
 use skiff_core::ApiResult;
 
-use crate::admission::{AdmissionCtx, AdmissionPlugin, Attributes};
+use crate::admission::context::AdmissionCtx;
+use crate::admission::plugin::{AdmissionPlugin, Attributes};
 
 pub const PVC_FINALIZER: &str = "kubernetes.io/pvc-protection";
 pub const PV_FINALIZER: &str = "kubernetes.io/pv-protection";

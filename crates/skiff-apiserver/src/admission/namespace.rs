@@ -7,7 +7,8 @@ use serde_json::Value;
 use skiff_core::resources;
 use skiff_core::{ApiError, ApiResult, Cause};
 
-use super::{AdmissionCtx, AdmissionPlugin, Attributes, Operation};
+use super::context::AdmissionCtx;
+use super::plugin::{AdmissionPlugin, Attributes, Operation};
 use crate::object::meta_str;
 
 pub struct NamespaceLifecycle;

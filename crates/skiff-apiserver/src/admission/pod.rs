@@ -10,7 +10,8 @@ use skiff_core::admission as core;
 use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::ApiResult;
 
-use super::{forbidden, AdmissionCtx, AdmissionPlugin, Attributes};
+use super::context::AdmissionCtx;
+use super::plugin::{forbidden, AdmissionPlugin, Attributes};
 use crate::object::{meta_str, metadata_mut};
 
 fn lookup(group: &str, version: &str, plural: &str) -> &'static ResourceInfo {

@@ -12,7 +12,8 @@ use skiff_core::admission as core;
 use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::ApiResult;
 
-use super::{forbidden, AdmissionCtx, AdmissionPlugin, Attributes, Operation};
+use super::context::AdmissionCtx;
+use super::plugin::{forbidden, AdmissionPlugin, Attributes, Operation};
 use crate::object::meta_str;
 
 fn lookup(group: &str, version: &str, plural: &str) -> &'static ResourceInfo {

@@ -10,7 +10,7 @@ use serde_json::Value;
 use skiff_core::resources::ResourceInfo;
 use skiff_core::ApiResult;
 
-pub use crate::admission::AdmissionCtx;
+pub use crate::admission::context::AdmissionCtx;
 use crate::auth::Identity;
 use crate::options::DeleteOptions;
 use crate::request::Subresource;

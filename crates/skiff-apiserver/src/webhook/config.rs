@@ -10,7 +10,7 @@ use serde_json::Value;
 use skiff_core::selector::LabelSelector;
 
 use super::rules::{self, Rule};
-use crate::admission::AdmissionCtx;
+use crate::admission::context::AdmissionCtx;
 use crate::outbound::ClientConfig;
 use crate::watchcache::Filter;
 

@@ -35,7 +35,8 @@ use crate::auth::Identity;
 use crate::options::{DeleteOptions, WriteOptions};
 use async_trait::async_trait;
 
-use crate::admission::{self, AdmissionCtx, AdmissionPlugin, Options};
+use crate::admission::context::AdmissionCtx;
+use crate::admission::plugin::{self as admission, AdmissionPlugin, Options};
 pub use rules::Operation;
 
 pub use crate::options::Admission;

@@ -19,7 +19,7 @@ use skiff_core::{ApiError, ApiResult};
 
 use super::rules::{self, MatchCondition, Rule};
 use super::{equivalents, Attributes};
-use crate::admission::AdmissionCtx;
+use crate::admission::context::AdmissionCtx;
 use crate::watchcache::{CachedObject, Filter};
 
 type Compiled = Result<Program, String>;

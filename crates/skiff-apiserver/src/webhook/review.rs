@@ -12,7 +12,7 @@ use skiff_core::{ApiError, ApiResult};
 
 use super::config::{webhooks, Webhook};
 use super::{equivalents, no_dry_run, rules, Attributes};
-use crate::admission::AdmissionCtx;
+use crate::admission::context::AdmissionCtx;
 
 /// Why a call did not produce an answer (subject to failurePolicy).
 #[derive(Debug)]
