@@ -32,8 +32,9 @@ use serde_json::{json, Value};
 use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::ApiError;
 
+use crate::options::WriteOptions;
 use crate::outbound::{self, ClientIdentity, OutboundError};
-use crate::registry::{Registry, WriteOptions};
+use crate::registry::Registry;
 use crate::request::Subresource;
 use crate::tls::CertPair;
 use crate::watchcache::Filter;
@@ -259,22 +260,23 @@ fn group_doc(group: &str, versions: &[String]) -> Value {
 
 /// Serves an aggregated path: the group document itself, or the proxy.
 pub async fn serve(
-    state: &crate::handlers::AppState,
+    reg: &Registry,
+    agg: &Aggregator,
     req: Request<Body>,
     target: Target,
 ) -> Result<Response<Body>, ApiError> {
     match target {
         Target::Group(group) => {
-            let versions = group_versions(&state.registry, &group);
+            let versions = group_versions(reg, &group);
             if versions.is_empty() {
                 return Err(crate::request::not_found_path(req.uri().path()));
             }
             let mut doc = group_doc(&group, &versions);
             doc["kind"] = json!("APIGroup");
             doc["apiVersion"] = json!("v1");
-            Ok(crate::handlers::json_response(200, &doc))
+            Ok(crate::response::json_response(200, &doc))
         }
-        Target::Proxy(b) => proxy(state, req, &b).await,
+        Target::Proxy(b) => proxy(reg, agg, req, &b).await,
     }
 }
 
@@ -313,7 +315,8 @@ fn dropped(name: &HeaderName) -> bool {
 }
 
 async fn proxy(
-    state: &crate::handlers::AppState,
+    reg: &Registry,
+    agg: &Aggregator,
     req: Request<Body>,
     b: &Backend,
 ) -> Result<Response<Body>, ApiError> {
@@ -322,9 +325,8 @@ async fn proxy(
         .get::<crate::auth::Identity>()
         .cloned()
         .unwrap_or_else(crate::auth::Identity::anonymous);
-    let agg = &state.aggregator;
     let tls = tls_for(agg, b).map_err(unavailable)?;
-    let ep = outbound::endpoint(&b.client, state.registry.as_ref())
+    let ep = outbound::endpoint(&b.client, reg)
         .await
         .map_err(unavailable)?;
     let url = format!("https://{}{}", ep.host, req.uri().path());
@@ -366,7 +368,7 @@ async fn proxy(
         .send_request(out)
         .await
         .map_err(|e| unavailable(e.to_string()))?;
-    crate::nodeproxy::relayed(resp).map_err(|e| unavailable(e.to_string()))
+    crate::response::relayed(resp).map_err(|e| unavailable(e.to_string()))
 }
 
 /// An extra's key in a header name: percent-encoded as kube-apiserver
@@ -659,7 +661,7 @@ async fn set_available(reg: &Registry, name: &str, ok: bool, reason: &str, messa
     if same {
         return;
     }
-    crate::registry::set_condition(&mut obj, "Available", status, Some(reason), Some(message));
+    crate::object::set_condition(&mut obj, "Available", status, Some(reason), Some(message));
     if let Err(e) = reg
         .update(res, None, name, obj, Subresource::Status, &server_opts())
         .await

@@ -714,7 +714,7 @@ fn request_json(content_type: Option<&str>, body: &Bytes, a: &Attributes) -> Opt
     if !a.subresource.is_empty() {
         return None;
     }
-    crate::negotiate::decode_body(content_type, body, res).ok()
+    crate::negotiate::decode_body(content_type, body, crate::negotiate::BodyKind::of(res)).ok()
 }
 
 /// Sends `ResponseComplete` when a streamed response ends (or is dropped).
@@ -763,6 +763,89 @@ fn insert_before_timestamps(ev: &mut Value, key: &str, value: Value) {
     for (k, v) in ts {
         m.insert(k, v);
     }
+}
+
+/// The fields of a request's audit event known before it is served:
+/// its ID, URI, verb, source IPs, user agent, object reference (a create
+/// names its object in the body) and when it was received.
+fn request_event(
+    parts: &http::request::Parts,
+    attrs: &skiff_core::rbac::Attributes,
+    audit_id: &str,
+    request_object: Option<&Value>,
+    received: chrono::DateTime<chrono::Utc>,
+) -> Map<String, Value> {
+    let mut event = Map::new();
+    event.insert("auditID".into(), json!(audit_id));
+    let uri = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| parts.uri.path().to_string());
+    event.insert("requestURI".into(), json!(uri));
+    event.insert("verb".into(), json!(attrs.verb));
+    let mut ips: Vec<String> = Vec::new();
+    if let Some(xff) = parts
+        .headers
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok())
+    {
+        ips.extend(
+            xff.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty()),
+        );
+    }
+    if let Some(real) = parts.headers.get("x-real-ip").and_then(|v| v.to_str().ok()) {
+        ips.push(real.trim().to_string());
+    }
+    if let Some(peer) = parts.extensions.get::<PeerAddr>() {
+        ips.push(peer.0.ip().to_string());
+    }
+    let mut seen = std::collections::HashSet::new();
+    ips.retain(|ip| seen.insert(ip.clone()));
+    event.insert("sourceIPs".into(), json!(ips));
+    if let Some(ua) = parts
+        .headers
+        .get(http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+    {
+        event.insert("userAgent".into(), json!(ua));
+    }
+    if attrs.resource_request {
+        let mut r = Map::new();
+        r.insert("resource".into(), json!(attrs.resource));
+        if !attrs.namespace.is_empty() {
+            r.insert("namespace".into(), json!(attrs.namespace));
+        }
+        let name = if attrs.name.is_empty() {
+            // A create names its object in the body.
+            request_object
+                .filter(|_| attrs.verb == "create" && attrs.subresource.is_empty())
+                .and_then(|o| o.pointer("/metadata/name"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        } else {
+            attrs.name.clone()
+        };
+        if !name.is_empty() {
+            r.insert("name".into(), json!(name));
+        }
+        if !attrs.api_group.is_empty() {
+            r.insert("apiGroup".into(), json!(attrs.api_group));
+        }
+        r.insert("apiVersion".into(), json!(attrs.api_version));
+        if !attrs.subresource.is_empty() {
+            r.insert("subresource".into(), json!(attrs.subresource));
+        }
+        event.insert("objectRef".into(), Value::Object(r));
+    }
+    event.insert(
+        "requestReceivedTimestamp".into(),
+        json!(micro_time(received)),
+    );
+    event
 }
 
 /// The middleware (`axum::middleware::from_fn_with_state`).
@@ -816,50 +899,13 @@ pub async fn layer(State(auditor): State<Arc<Auditor>>, req: Request, next: Next
                 } else {
                     skiff_core::ApiError::bad_request(format!("reading the request body: {e}"))
                 };
-                return crate::handlers::error_response(&err);
+                return crate::response::error_response(&err);
             }
         }
     } else {
         (body, None)
     };
 
-    let mut event = Map::new();
-    event.insert("auditID".into(), json!(audit_id));
-    let uri = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_else(|| parts.uri.path().to_string());
-    event.insert("requestURI".into(), json!(uri));
-    event.insert("verb".into(), json!(attrs.verb));
-    let mut ips: Vec<String> = Vec::new();
-    if let Some(xff) = parts
-        .headers
-        .get("x-forwarded-for")
-        .and_then(|v| v.to_str().ok())
-    {
-        ips.extend(
-            xff.split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty()),
-        );
-    }
-    if let Some(real) = parts.headers.get("x-real-ip").and_then(|v| v.to_str().ok()) {
-        ips.push(real.trim().to_string());
-    }
-    if let Some(peer) = parts.extensions.get::<PeerAddr>() {
-        ips.push(peer.0.ip().to_string());
-    }
-    let mut seen = std::collections::HashSet::new();
-    ips.retain(|ip| seen.insert(ip.clone()));
-    event.insert("sourceIPs".into(), json!(ips));
-    if let Some(ua) = parts
-        .headers
-        .get(http::header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-    {
-        event.insert("userAgent".into(), json!(ua));
-    }
     let content_type = parts
         .headers
         .get(http::header::CONTENT_TYPE)
@@ -868,40 +914,7 @@ pub async fn layer(State(auditor): State<Arc<Auditor>>, req: Request, next: Next
     let request_object = request_bytes
         .as_ref()
         .and_then(|b| request_json(content_type.as_deref(), b, &attrs));
-    if attrs.resource_request {
-        let mut r = Map::new();
-        r.insert("resource".into(), json!(attrs.resource));
-        if !attrs.namespace.is_empty() {
-            r.insert("namespace".into(), json!(attrs.namespace));
-        }
-        let name = if attrs.name.is_empty() {
-            // A create names its object in the body.
-            request_object
-                .as_ref()
-                .filter(|_| attrs.verb == "create" && attrs.subresource.is_empty())
-                .and_then(|o| o.pointer("/metadata/name"))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string()
-        } else {
-            attrs.name.clone()
-        };
-        if !name.is_empty() {
-            r.insert("name".into(), json!(name));
-        }
-        if !attrs.api_group.is_empty() {
-            r.insert("apiGroup".into(), json!(attrs.api_group));
-        }
-        r.insert("apiVersion".into(), json!(attrs.api_version));
-        if !attrs.subresource.is_empty() {
-            r.insert("subresource".into(), json!(attrs.subresource));
-        }
-        event.insert("objectRef".into(), Value::Object(r));
-    }
-    event.insert(
-        "requestReceivedTimestamp".into(),
-        json!(micro_time(received)),
-    );
+    let event = request_event(&parts, &attrs, &audit_id, request_object.as_ref(), received);
     let streaming = long_running(&attrs);
     let slot = Slot(Arc::new(Mutex::new(SlotState {
         auditor: auditor.clone(),
@@ -930,7 +943,7 @@ pub async fn layer(State(auditor): State<Arc<Auditor>>, req: Request, next: Next
                 s.auditor.send(ev);
             }
             drop(s);
-            let mut r = crate::handlers::error_response(&skiff_core::ApiError::internal(
+            let mut r = crate::response::error_response(&skiff_core::ApiError::internal(
                 "the server panicked while handling the request".to_string(),
             ));
             if let Some(h) = header_id {

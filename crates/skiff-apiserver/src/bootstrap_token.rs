@@ -21,7 +21,8 @@ use skiff_core::ApiError;
 
 use crate::auth::Identity;
 use crate::object::object_key;
-use crate::registry::{Registry, WriteOptions};
+use crate::options::WriteOptions;
+use crate::registry::Registry;
 
 /// The Secret type of bootstrap tokens.
 pub const SECRET_TYPE: &str = "bootstrap.kubernetes.io/token";

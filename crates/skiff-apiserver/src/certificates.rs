@@ -25,7 +25,8 @@ use skiff_core::{ApiError, ApiResult};
 
 use crate::authz::resource_attributes;
 use crate::object::meta_str;
-use crate::registry::{Registry, WriteOptions};
+use crate::options::WriteOptions;
+use crate::registry::Registry;
 use crate::watchcache::Filter;
 
 pub const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
@@ -83,7 +84,7 @@ pub async fn approve(
             )
         };
         if !may(&signer) && !may(&format!("{domain}/*")) {
-            return Err(crate::admission::forbidden(
+            return Err(crate::admission::plugin::forbidden(
                 res,
                 name,
                 &format!("user not permitted to approve requests with signerName {signer:?}"),
@@ -169,7 +170,7 @@ pub async fn approve(
 pub async fn patch_approval(
     reg: &Registry,
     name: &str,
-    pt: crate::registry::PatchType,
+    pt: crate::options::PatchType,
     patch: &Value,
     opts: &WriteOptions,
 ) -> ApiResult<Value> {

@@ -22,9 +22,9 @@ use serde_json::{json, Value};
 use skiff_core::error::ApiError;
 use skiff_core::resources;
 
-use crate::handlers::AppState;
 use crate::negotiate::{self, Output};
 use crate::request::Query;
+use crate::state::AppState;
 
 const WARNING: &str = "v1 ComponentStatus is deprecated in v1.19+";
 const COMPONENTS: [&str; 3] = ["scheduler", "controller-manager", "etcd-0"];
@@ -82,7 +82,7 @@ pub async fn serve(
         }
     };
     let body = match (output, &name) {
-        (Output::Table { v1beta1 }, _) => crate::handlers::table_of(
+        (Output::Table { v1beta1 }, _) => crate::response::table_of(
             &skiff_core::table::COMPONENT_STATUS_PRINTER,
             &items,
             v1beta1,

@@ -11,11 +11,53 @@ use serde_json::{json, Value};
 use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::ApiResult;
 
-use crate::registry::Registry;
-use crate::watchcache::Filter;
+use crate::admission::context::AdmissionCtx;
+use crate::admission::plugin::{AdmissionPlugin, Attributes, Operation};
 
-/// The registry's create hook.
-pub async fn admit_create(reg: &Registry, res: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
+/// One of the two plugins: `classes` is the plural of the class resource
+/// it defaults from.
+pub struct DefaultClass {
+    name: &'static str,
+    classes: &'static str,
+}
+
+/// DefaultStorageClass (PersistentVolumeClaims).
+pub static DEFAULT_STORAGE_CLASS: DefaultClass = DefaultClass {
+    name: "DefaultStorageClass",
+    classes: "storageclasses",
+};
+
+/// DefaultIngressClass (Ingresses).
+pub static DEFAULT_INGRESS_CLASS: DefaultClass = DefaultClass {
+    name: "DefaultIngressClass",
+    classes: "ingressclasses",
+};
+
+#[async_trait::async_trait]
+impl AdmissionPlugin for DefaultClass {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn handles(&self, a: &Attributes<'_>) -> bool {
+        a.op == Operation::Create
+            && a.res
+                .rules
+                .default_class()
+                .is_some_and(|dc| dc.classes.2 == self.classes)
+    }
+
+    async fn mutate(
+        &self,
+        cx: &dyn AdmissionCtx,
+        a: &Attributes<'_>,
+        obj: &mut Value,
+    ) -> ApiResult<()> {
+        admit_create(cx, a.res, obj).await
+    }
+}
+
+async fn admit_create(cx: &dyn AdmissionCtx, res: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
     let Some(dc) = res.rules.default_class() else {
         return Ok(());
     };
@@ -28,14 +70,7 @@ pub async fn admit_create(reg: &Registry, res: &ResourceInfo, obj: &mut Value) -
     }
     let (group, version, plural) = dc.classes;
     let class_res = resources::lookup(group, version, plural).expect("class resource is served");
-    let list = reg
-        .list(class_res, &Filter::default(), 0, None, None, false)
-        .await?;
-    let classes: Vec<Value> = list
-        .items
-        .iter()
-        .filter_map(|b| serde_json::from_slice(b).ok())
-        .collect();
+    let classes = cx.consistent_list(class_res, None, false).await?;
     let Some(name) = newest_default(&classes, dc.marks) else {
         return Ok(());
     };
@@ -49,9 +84,10 @@ pub async fn admit_create(reg: &Registry, res: &ResourceInfo, obj: &mut Value) -
 }
 
 /// The name of the newest class marked default by any of `marks`.
-fn newest_default(classes: &[Value], marks: &[&str]) -> Option<String> {
+fn newest_default(classes: &[impl std::borrow::Borrow<Value>], marks: &[&str]) -> Option<String> {
     let mut defaults: Vec<(&str, &str)> = classes
         .iter()
+        .map(std::borrow::Borrow::<Value>::borrow)
         .filter(|c| {
             marks.iter().any(|m| {
                 c.pointer("/metadata/annotations")

@@ -24,7 +24,8 @@ use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::selector::LabelSelector;
 use skiff_core::ApiError;
 
-use crate::registry::{DeleteOptions, Registry, WriteOptions};
+use crate::options::{DeleteOptions, WriteOptions};
+use crate::registry::Registry;
 use crate::watchcache::Filter;
 
 /// How long a server's entry stays after its last renewal (kube-apiserver's

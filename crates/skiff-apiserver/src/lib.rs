@@ -21,6 +21,7 @@ pub mod componentstatus;
 pub mod crd;
 pub mod defaultclass;
 pub mod encryption;
+pub mod endpoints;
 pub mod fieldmanager;
 pub mod flowcontrol;
 pub mod handlers;
@@ -31,13 +32,16 @@ pub mod negotiate;
 pub mod nodeproxy;
 pub mod noderestriction;
 pub mod object;
+pub mod options;
 pub mod outbound;
 pub mod podtoken;
 pub mod rawjson;
 pub mod registry;
 pub mod request;
+pub mod response;
 pub mod serve;
 pub mod slowlog;
+pub mod state;
 pub mod storageprotection;
 pub mod strategy;
 pub mod testing;
@@ -54,8 +58,9 @@ use std::time::Duration;
 use axum::Router;
 use skiff_store::Store;
 
-use crate::handlers::AppState;
-use crate::registry::{Registry, RegistryConfig};
+use crate::options::RegistryConfig;
+use crate::registry::Registry;
+use crate::state::AppState;
 use crate::watchcache::WatchCache;
 
 /// Settings of an API server.
@@ -152,7 +157,9 @@ impl ApiServer {
         }
         tokio::spawn(lifecycle::namespace_finalizer(registry.clone()));
         tokio::spawn(crd::run(Arc::downgrade(&registry)));
-        tokio::spawn(strategy::service::repair_forever(Arc::downgrade(&registry)));
+        let weak = Arc::downgrade(&registry);
+        let ranges: std::sync::Weak<dyn admission::AdmissionCtx> = weak;
+        tokio::spawn(strategy::service::repair_forever(ranges));
         if let Some((cert, key)) = config.cluster_signing.clone() {
             tokio::spawn(certificates::run(registry.clone(), cert, key));
         }

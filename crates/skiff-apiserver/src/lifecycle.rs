@@ -11,7 +11,8 @@ use skiff_core::resources::{self, RESOURCES};
 use skiff_core::ApiError;
 
 use crate::object::{decode, meta_str};
-use crate::registry::{DeleteOptions, Registry, WriteOptions};
+use crate::options::{DeleteOptions, WriteOptions};
+use crate::registry::Registry;
 use crate::watchcache::Filter;
 
 /// Namespaces that exist from the first start.
@@ -105,7 +106,7 @@ async fn ensure_local_storage_class(reg: &Registry, opts: &WriteOptions) {
 
 /// The cluster DNS address: `--cluster-dns`, else the 10th address of the
 /// service CIDR (10.43.0.10 by default), as kubeadm and k3s choose it.
-pub fn cluster_dns_ip(config: &crate::registry::RegistryConfig) -> std::net::Ipv4Addr {
+pub fn cluster_dns_ip(config: &crate::options::RegistryConfig) -> std::net::Ipv4Addr {
     config.cluster_dns.unwrap_or_else(|| {
         let (base, _) = config.service_cidr;
         std::net::Ipv4Addr::from(u32::from(base) + 10)

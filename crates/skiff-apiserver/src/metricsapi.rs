@@ -34,7 +34,7 @@
 //! interval, so the window is then an upper bound.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -44,9 +44,9 @@ use serde_json::{json, Map, Value};
 use skiff_core::error::ApiError;
 use skiff_core::resources;
 
-use crate::handlers::AppState;
 use crate::negotiate::{self, Output};
 use crate::request::{Query, ResourceRequest};
+use crate::state::AppState;
 
 pub const GROUP: &str = "metrics.k8s.io";
 pub const VERSION: &str = "v1beta1";
@@ -97,11 +97,6 @@ pub fn parse(path: &str) -> Option<Target> {
         _ => None,
     }
 }
-
-/// When this server last read each node's Summary, and the window it
-/// reported for it then.
-#[derive(Default)]
-pub struct Windows(Mutex<HashMap<String, (Instant, Duration)>>);
 
 /// A GET (or list) of NodeMetrics or PodMetrics.
 pub async fn serve(
@@ -204,7 +199,7 @@ async fn select(
         sub: crate::request::Subresource::Main,
         watch_path: false,
     };
-    let filter = crate::handlers::filter_from_query(&rr, query)?;
+    let filter = crate::request::filter_from_query(rr.res, rr.namespace.clone(), query)?;
     let out = state
         .registry
         .list(res, &filter, 0, None, None, false)

@@ -6,7 +6,7 @@ use serde_json::Value;
 use skiff_core::resources::ResourceInfo;
 use skiff_core::ApiError;
 
-use crate::registry::PatchType;
+use crate::options::PatchType;
 
 /// The largest request body accepted (Kubernetes' limit is 3 MiB).
 pub const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -93,21 +93,84 @@ fn media_type(content_type: Option<&str>) -> String {
         .to_ascii_lowercase()
 }
 
-/// Decodes a create/update body of `res` by its Content-Type.
+/// What a request body holds: the kind whose schema decodes it from
+/// protobuf, and how a JSON error names it.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyKind {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    /// How a decoding error names the body (`error decoding <what>: ...`).
+    pub what: &'static str,
+    /// Reviews: the top-level `status` is the server's answer, never read.
+    pub skip_status: bool,
+}
+
+impl BodyKind {
+    /// An object of the resource `res` (created, replaced, or reviewed).
+    pub fn of(res: &ResourceInfo) -> BodyKind {
+        BodyKind {
+            group: res.group,
+            version: res.version,
+            kind: res.kind,
+            what: "request body",
+            skip_status: res.is_review(),
+        }
+    }
+
+    /// A special body: a subresource's own kind (Binding, Eviction,
+    /// TokenRequest) or DeleteOptions.
+    pub const fn special(
+        group: &'static str,
+        version: &'static str,
+        kind: &'static str,
+    ) -> BodyKind {
+        BodyKind {
+            group,
+            version,
+            kind,
+            what: kind,
+            skip_status: false,
+        }
+    }
+
+    pub const BINDING: BodyKind = BodyKind::special("", "v1", "Binding");
+    pub const EVICTION: BodyKind = BodyKind::special("policy", "v1", "Eviction");
+    pub const TOKEN_REQUEST: BodyKind =
+        BodyKind::special("authentication.k8s.io", "v1", "TokenRequest");
+    pub const DELETE_OPTIONS: BodyKind = BodyKind::special("meta.k8s.io", "v1", "DeleteOptions");
+
+    fn api_version(&self) -> String {
+        match self.group {
+            "" => self.version.to_string(),
+            g => format!("{g}/{}", self.version),
+        }
+    }
+}
+
+/// The one body decoder: JSON, YAML or Kubernetes protobuf by the
+/// Content-Type (none: JSON), for every verb and every special body.
 pub fn decode_body(
     content_type: Option<&str>,
-    body: &Bytes,
-    res: &ResourceInfo,
+    body: &[u8],
+    kind: BodyKind,
 ) -> Result<Value, ApiError> {
     match media_type(content_type).as_str() {
-        "application/json" | "" | "*/*" => parse_json(body),
+        "application/json" | "" | "*/*" => serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding {}: {e}", kind.what))),
         "application/yaml" | "application/x-yaml" | "text/yaml" => parse_yaml(body),
         "application/vnd.kubernetes.protobuf" => {
             let t =
-                skiff_core::schema::root(res.group, res.version, res.kind).ok_or_else(|| {
+                skiff_core::schema::root(kind.group, kind.version, kind.kind).ok_or_else(|| {
                     ApiError::unsupported_media_type("application/vnd.kubernetes.protobuf")
                 })?;
-            skiff_core::protobuf::decode(body, t, &res.api_version(), res.kind)
+            skiff_core::protobuf::decode_with(
+                body,
+                t,
+                &kind.api_version(),
+                kind.kind,
+                kind.skip_status,
+            )
         }
         other => Err(ApiError::unsupported_media_type(other)),
     }
@@ -139,7 +202,7 @@ fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("error decoding request body: {e}")))
 }
 
-fn parse_yaml(body: &Bytes) -> Result<Value, ApiError> {
+fn parse_yaml(body: &[u8]) -> Result<Value, ApiError> {
     // YAML is a superset of JSON; serde_yaml accepts both.
     let v: serde_yaml::Value = serde_yaml::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
@@ -177,10 +240,41 @@ mod tests {
     }
 
     #[test]
+    fn special_bodies_decode_through_the_one_decoder() {
+        let e = decode_body(Some("application/json"), b"{", BodyKind::EVICTION).unwrap_err();
+        assert_eq!(e.code, 400);
+        assert!(
+            e.message.starts_with("error decoding Eviction: "),
+            "{}",
+            e.message
+        );
+        let cm = skiff_core::resources::lookup("", "v1", "configmaps").unwrap();
+        let e = decode_body(None, b"{", BodyKind::of(cm)).unwrap_err();
+        assert!(
+            e.message.starts_with("error decoding request body: "),
+            "{}",
+            e.message
+        );
+        let v = decode_body(
+            Some("application/yaml"),
+            b"apiVersion: policy/v1\nkind: Eviction\nmetadata: {name: p}\n",
+            BodyKind::EVICTION,
+        )
+        .unwrap();
+        assert_eq!(v["metadata"]["name"], "p");
+        assert_eq!(
+            decode_body(Some("text/plain"), b"{}", BodyKind::DELETE_OPTIONS)
+                .unwrap_err()
+                .code,
+            415
+        );
+    }
+
+    #[test]
     fn unknown_content_types_are_unsupported() {
         let cm = skiff_core::resources::lookup("", "v1", "configmaps").unwrap();
         assert_eq!(
-            decode_body(Some("text/plain"), &Bytes::from_static(b"{}"), cm)
+            decode_body(Some("text/plain"), b"{}", BodyKind::of(cm))
                 .unwrap_err()
                 .code,
             415

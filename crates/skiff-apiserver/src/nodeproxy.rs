@@ -20,7 +20,7 @@ use serde_json::Value;
 use skiff_core::error::ApiError;
 use skiff_core::resources;
 
-use crate::handlers::AppState;
+use crate::state::AppState;
 
 /// Which pod subresource a path names, if it is one this module serves:
 /// (namespace, pod, subresource).
@@ -103,57 +103,10 @@ pub fn client_config(
         }
         None => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
+            .with_custom_certificate_verifier(Arc::new(crate::tls::AnyServer(provider)))
             .with_client_auth_cert(certs, key)?,
     };
     Ok(config)
-}
-
-/// Accepts any server certificate (its signatures still checked): for
-/// peers the configuration says not to verify.
-#[derive(Debug)]
-pub(crate) struct AnyServer(pub(crate) Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &rustls_pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls_pki_types::CertificateDer<'_>],
-        _server_name: &rustls_pki_types::ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls_pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls_pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls_pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 fn s<'a>(v: &'a Value, ptr: &str) -> &'a str {
@@ -330,23 +283,7 @@ pub async fn proxy_node(
         .send_request(out)
         .await
         .map_err(|e| unreachable(e.to_string()))?;
-    relayed(resp).map_err(|e| unreachable(e.to_string()))
-}
-
-/// A backend's response as the client gets it: its status, headers but
-/// the hop-by-hop ones, and its body streamed through.
-pub(crate) fn relayed(
-    resp: Response<hyper::body::Incoming>,
-) -> Result<Response<Body>, http::Error> {
-    let (parts, body) = resp.into_parts();
-    let mut builder = Response::builder().status(parts.status);
-    for (k, v) in &parts.headers {
-        if k == header::CONNECTION || k == header::TRANSFER_ENCODING {
-            continue;
-        }
-        builder = builder.header(k, v);
-    }
-    builder.body(Body::new(body))
+    crate::response::relayed(resp).map_err(|e| unreachable(e.to_string()))
 }
 
 /// GETs `path` from the agent of `node_name` and returns the body of a 200

@@ -12,11 +12,11 @@ use skiff_core::rbac::Attributes;
 use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::ApiResult;
 
-use crate::admission::forbidden;
+use crate::admission::context::AdmissionCtx;
+use crate::admission::plugin::{forbidden, AdmissionPlugin, Attributes as Admitted, Operation};
 use crate::auth::Identity;
 use crate::authz::node::{node_identity, pod_refs, Ref};
 use crate::object::meta_str;
-use crate::registry::Registry;
 
 const MIRROR: &str = "kubernetes.io/config.mirror";
 
@@ -132,9 +132,35 @@ fn check_node_object(
     Ok(())
 }
 
-/// Admission of an object a node creates (before mutating admission).
-pub async fn admit_create(
-    reg: &Registry,
+/// The plugin in the admission chain: creates and updates by nodes.
+pub struct NodeRestriction;
+
+#[async_trait::async_trait]
+impl AdmissionPlugin for NodeRestriction {
+    fn name(&self) -> &'static str {
+        "NodeRestriction"
+    }
+
+    fn handles(&self, a: &Admitted<'_>) -> bool {
+        matches!(a.op, Operation::Create | Operation::Update) && node_of(a.user()).is_some()
+    }
+
+    async fn mutate(
+        &self,
+        cx: &dyn AdmissionCtx,
+        a: &Admitted<'_>,
+        obj: &mut Value,
+    ) -> ApiResult<()> {
+        match a.old {
+            None => admit_create(cx, a.res, obj, a.user()).await,
+            Some(old) => admit_update(a.res, a.sub.as_str(), old, obj, a.user()),
+        }
+    }
+}
+
+/// Admission of an object a node creates.
+async fn admit_create(
+    cx: &dyn AdmissionCtx,
     res: &'static ResourceInfo,
     obj: &Value,
     who: Option<&Identity>,
@@ -145,7 +171,7 @@ pub async fn admit_create(
     let name = meta_str(obj, "name");
     match (res.group, res.plural) {
         ("", "nodes") => check_node_object(res, node, None, obj),
-        ("", "pods") => admit_mirror_pod(reg, res, node, obj).await,
+        ("", "pods") => admit_mirror_pod(cx, res, node, obj).await,
         ("coordination.k8s.io", "leases") => check_lease(res, node, obj),
         ("storage.k8s.io", "csinodes") if name != node => Err(forbidden(
             res,
@@ -185,7 +211,7 @@ fn check_lease(res: &ResourceInfo, node: &str, lease: &Value) -> ApiResult<()> {
 }
 
 async fn admit_mirror_pod(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     res: &'static ResourceInfo,
     node: &str,
     pod: &Value,
@@ -237,7 +263,7 @@ async fn admit_mirror_pod(
             "node {node:?} must not set blockOwnerDeletion on an owner reference"
         ));
     }
-    let current = reg.get(lookup("", "nodes"), None, node).await?;
+    let current = cx.get(lookup("", "nodes"), None, node).await?;
     if meta_str(&current, "uid") != s("uid") {
         return deny(format!(
             "the UID in the owner reference ({}) does not match the current node ({})",
@@ -270,7 +296,7 @@ async fn admit_mirror_pod(
 }
 
 /// Admission of an update a node makes (`sub`: the subresource).
-pub fn admit_update(
+fn admit_update(
     res: &ResourceInfo,
     sub: Option<&str>,
     old: &Value,
@@ -301,7 +327,7 @@ pub fn admit_update(
 
 /// Admission of requests a node makes that carry no object to inspect:
 /// deleting pods or Nodes, evicting pods (run after authorization).
-pub async fn admit_request(reg: &Registry, a: &Attributes) -> ApiResult<()> {
+pub async fn admit_request(cx: &dyn AdmissionCtx, a: &Attributes) -> ApiResult<()> {
     let Some(node) = node_identity(&a.user, &a.groups).filter(|n| !n.is_empty()) else {
         return Ok(());
     };
@@ -316,7 +342,7 @@ pub async fn admit_request(reg: &Registry, a: &Attributes) -> ApiResult<()> {
         )),
         ("delete", "pods", "") | ("create", "pods", "eviction") if !a.name.is_empty() => {
             let res = lookup("", "pods");
-            let pod = reg.get(res, Some(&a.namespace), &a.name).await?;
+            let pod = cx.get(res, Some(&a.namespace), &a.name).await?;
             if pod.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node) {
                 return Ok(());
             }
@@ -337,7 +363,7 @@ pub async fn admit_request(reg: &Registry, a: &Attributes) -> ApiResult<()> {
 
 /// A TokenRequest by a node must bind the token to a pod on that node.
 pub async fn admit_token_request(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     sa: &str,
     ns: &str,
     tr: &Value,
@@ -356,7 +382,7 @@ pub async fn admit_token_request(
     }
     let pname = r.get("name").and_then(Value::as_str).unwrap_or("");
     let uid = r.get("uid").and_then(Value::as_str).unwrap_or("");
-    let pod = reg.get(lookup("", "pods"), Some(ns), pname).await?;
+    let pod = cx.get(lookup("", "pods"), Some(ns), pname).await?;
     if pod.pointer("/spec/nodeName").and_then(Value::as_str) != Some(node) {
         return deny("node requested token bound to a pod scheduled on a different node");
     }

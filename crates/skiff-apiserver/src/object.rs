@@ -5,7 +5,7 @@
 //! mod revision is the resourceVersion and is written into the object on read.
 
 use bytes::Bytes;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 use skiff_core::resources::ResourceInfo;
 use skiff_core::ApiError;
 use skiff_store::KeyValue;
@@ -359,6 +359,52 @@ pub fn rfc3339_in(secs: i64) -> String {
     (chrono::Utc::now() + chrono::Duration::seconds(secs))
         .format("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
+}
+
+/// Sets or updates a condition of `status.conditions`.
+pub fn set_condition(
+    obj: &mut Value,
+    ty: &str,
+    status: &str,
+    reason: Option<&str>,
+    message: Option<&str>,
+) {
+    if !obj.get("status").map(Value::is_object).unwrap_or(false) {
+        obj["status"] = json!({});
+    }
+    let now = now_rfc3339();
+    let conds = obj["status"]
+        .as_object_mut()
+        .expect("status object")
+        .entry("conditions")
+        .or_insert_with(|| json!([]));
+    if !conds.is_array() {
+        *conds = json!([]);
+    }
+    let arr = conds.as_array_mut().expect("array");
+    let mut cond =
+        json!({"type": ty, "status": status, "lastProbeTime": null, "lastTransitionTime": now});
+    if let Some(r) = reason {
+        cond["reason"] = json!(r);
+    }
+    if let Some(m) = message {
+        cond["message"] = json!(m);
+    }
+    match arr
+        .iter_mut()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
+    {
+        Some(existing) => {
+            if existing.get("status").and_then(Value::as_str) == Some(status) {
+                cond["lastTransitionTime"] = existing
+                    .get("lastTransitionTime")
+                    .cloned()
+                    .unwrap_or(json!(now));
+            }
+            *existing = cond;
+        }
+        None => arr.push(cond),
+    }
 }
 
 #[cfg(test)]

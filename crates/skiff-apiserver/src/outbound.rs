@@ -179,13 +179,12 @@ pub trait ServiceResolver: Send + Sync {
 /// Resolves Services from the watch cache: a ready address of the
 /// Service's Endpoints for the service port's name (as kube-apiserver's
 /// endpoint routing), else the ClusterIP and the port itself.
-impl ServiceResolver for crate::registry::Registry {
+impl ServiceResolver for crate::watchcache::WatchCache {
     fn resolve(&self, namespace: &str, name: &str, port: u16) -> Result<SocketAddr, String> {
         let services = skiff_core::resources::lookup("", "v1", "services").expect("services");
         let endpoints = skiff_core::resources::lookup("", "v1", "endpoints").expect("endpoints");
         let cached = |res| {
-            self.cache()
-                .resource(res)
+            self.resource(res)
                 .get(&crate::object::object_key(res, Some(namespace), name))
                 .and_then(|o| o.value())
         };
@@ -353,7 +352,7 @@ pub fn insecure_tls_config(
         .with_safe_default_protocol_versions()
         .map_err(|e| OutboundError::Config(e.to_string()))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(crate::nodeproxy::AnyServer(provider)))
+        .with_custom_certificate_verifier(Arc::new(crate::tls::AnyServer(provider)))
         .with_client_auth_cert(certs, key)
         .map_err(|e| OutboundError::Config(format!("client certificate: {e}")))?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];

@@ -13,8 +13,9 @@ use serde_json::{json, Value};
 use skiff_core::resources;
 use skiff_core::ApiResult;
 
+use crate::admission::context::AdmissionCtx;
+use crate::admission::plugin::{forbidden, AdmissionPlugin, Attributes};
 use crate::object::{meta_str, object_key};
-use crate::registry::Registry;
 
 /// Where containers find the token, CA and namespace.
 pub const MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -133,8 +134,8 @@ pub fn mount_token(obj: &mut Value, sa: Option<&Value>, suffix: &str) {
 /// its ServiceAccount must exist (mirror pods aside), and its token is
 /// mounted. A namespace's `default` account that the controller has not
 /// made yet is waited for briefly, as the namespace was just created.
-pub async fn admit(reg: &Registry, ns: &str, obj: &mut Value) -> ApiResult<()> {
-    if !reg.config.service_account_tokens {
+pub async fn admit(cx: &dyn AdmissionCtx, ns: &str, obj: &mut Value) -> ApiResult<()> {
+    if !cx.config().service_account_tokens {
         // Nothing could issue the token, nor makes the accounts.
         return Ok(());
     }
@@ -145,7 +146,7 @@ pub async fn admit(reg: &Registry, ns: &str, obj: &mut Value) -> ApiResult<()> {
         .to_string();
     let res = resources::lookup("", "v1", "serviceaccounts").expect("serviceaccounts");
     let lookup = || async {
-        let cached = reg
+        let cached = cx
             .cache()
             .resource(res)
             .get(&object_key(res, Some(ns), &sa_name))
@@ -153,7 +154,7 @@ pub async fn admit(reg: &Registry, ns: &str, obj: &mut Value) -> ApiResult<()> {
             .map(|v| (*v).clone());
         match cached {
             Some(v) => Some(v),
-            None => reg.get(res, Some(ns), &sa_name).await.ok(),
+            None => cx.get(res, Some(ns), &sa_name).await.ok(),
         }
     };
     let mut sa = lookup().await;
@@ -174,7 +175,7 @@ pub async fn admit(reg: &Registry, ns: &str, obj: &mut Value) -> ApiResult<()> {
             "" => meta_str(obj, "generateName"),
             n => n,
         };
-        return Err(crate::admission::forbidden(
+        return Err(forbidden(
             pods,
             name,
             &format!(
@@ -218,17 +219,41 @@ pub fn copy_pull_secrets(obj: &mut Value, sa: &Value) {
     }
 }
 
-/// The registry's create hook (after the pod strategy's admission): pods only.
-pub async fn admit_create(
-    reg: &Registry,
-    res: &skiff_core::resources::ResourceInfo,
-    ns: Option<&str>,
-    obj: &mut Value,
-) -> ApiResult<()> {
-    if res.storage == "/pods" {
-        admit(reg, ns.unwrap_or(""), obj).await?;
+/// Kubernetes' ServiceAccount admission plugin for new pods: the default
+/// account named, the account required to exist, its token mounted and
+/// its pull secrets copied. Mirror pods are left as they are (the node
+/// that made them compares their spec with its own).
+pub struct ServiceAccount;
+
+#[async_trait::async_trait]
+impl AdmissionPlugin for ServiceAccount {
+    fn name(&self) -> &'static str {
+        "ServiceAccount"
     }
-    Ok(())
+
+    fn handles(&self, a: &Attributes<'_>) -> bool {
+        a.creates("", "pods")
+    }
+
+    async fn mutate(
+        &self,
+        cx: &dyn AdmissionCtx,
+        a: &Attributes<'_>,
+        obj: &mut Value,
+    ) -> ApiResult<()> {
+        let mirror = obj
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(MIRROR_ANNOTATION))
+            .is_some();
+        if mirror {
+            return Ok(());
+        }
+        let Some(spec) = obj.get_mut("spec").filter(|s| s.is_object()) else {
+            return Ok(());
+        };
+        skiff_core::admission::default_service_account(spec);
+        admit(cx, a.namespace.unwrap_or(""), obj).await
+    }
 }
 
 #[cfg(test)]

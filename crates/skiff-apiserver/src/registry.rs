@@ -4,128 +4,42 @@
 //! `skiff_core::kinds`) and its server-side hooks ([`strategy_for`]).
 //!
 //! Create is one fixed pipeline, in Kubernetes' order: type checks, the
-//! strategy's `prepare_for_create`, the kind's defaults, mutating
-//! admission, validation, validating admission (quota), allocation, the
-//! field manager, the store. Update follows the same order.
+//! strategy's `prepare_for_create`, the kind's defaults, the admission
+//! chain's mutating phase ([`crate::admission::mutate`]), validation, its
+//! validating phase ([`crate::admission::validate`]), allocation, the
+//! field manager, the store. Update follows the same order; a delete runs
+//! the validating phase on the object it removes.
 //!
 //! Every read-modify-write goes through [`Registry::guaranteed_update`]:
 //! read the current object, compute the new one, and store it guarded by
 //! the revision that was read, retrying when another writer got there
 //! first. The store and the watch cache are private: nothing else writes.
 
-use std::net::Ipv4Addr;
+mod context;
+mod list;
+mod prepare;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
-use skiff_core::resources::{self, ResourceInfo};
-use skiff_core::{ApiError, ApiResult, Cause};
-use skiff_store::{KeyValue, ListOptions, Store};
+use serde_json::{json, Value};
+use skiff_core::resources::ResourceInfo;
+use skiff_core::{ApiError, ApiResult};
+use skiff_store::{KeyValue, Store};
 
+pub use crate::options::{
+    DeleteOptions, Deleted, FieldValidation, ListOutput, PatchType, RegistryConfig, WriteOptions,
+};
+pub(crate) use prepare::prepare_namespace;
+pub use prepare::{apply_patch, check_type_meta, gc_finalizers};
+
+use crate::admission::{self, Attributes, Operation, Options};
+use crate::crd::conversion;
 use crate::object::{self, decode, encode, meta_str, metadata_mut, now_rfc3339};
 use crate::request::Subresource;
-use crate::strategy::{strategy_for, AdmissionCtx, DeletePlan};
+use crate::strategy::{strategy_for, DeletePlan};
 use crate::watchcache::{CachedObject, Filter, WatchCache};
-
-/// How strictly unknown and duplicate fields are treated (`fieldValidation`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FieldValidation {
-    Ignore,
-    Warn,
-    Strict,
-}
-
-/// Options every write carries.
-#[derive(Debug, Clone)]
-pub struct WriteOptions {
-    pub dry_run: bool,
-    pub field_manager: String,
-    pub field_validation: FieldValidation,
-    /// `force` for server-side apply.
-    pub force: bool,
-    /// Who writes (for escalation checks on RBAC objects); `None` for the
-    /// server's own writes.
-    pub user: Option<crate::auth::Identity>,
-    /// Warnings and audit annotations admission webhooks hand back.
-    pub admission: crate::webhook::Admission,
-}
-
-impl Default for WriteOptions {
-    fn default() -> Self {
-        WriteOptions {
-            dry_run: false,
-            field_manager: "unknown".into(),
-            field_validation: FieldValidation::Warn,
-            force: false,
-            user: None,
-            admission: Default::default(),
-        }
-    }
-}
-
-/// A patch's format, from its Content-Type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PatchType {
-    Json,
-    Merge,
-    Strategic,
-    Apply,
-}
-
-/// DeleteOptions the registry honours.
-#[derive(Debug, Clone, Default)]
-pub struct DeleteOptions {
-    pub grace_period_seconds: Option<i64>,
-    pub precondition_uid: Option<String>,
-    pub precondition_resource_version: Option<String>,
-    pub propagation_policy: Option<String>,
-    /// The deprecated `orphanDependents`; it wins over `propagationPolicy`.
-    pub orphan_dependents: Option<bool>,
-    pub dry_run: bool,
-    /// Who deletes (admission webhooks see it); `None` for the server's own.
-    pub user: Option<crate::auth::Identity>,
-    pub admission: crate::webhook::Admission,
-}
-
-/// What a delete did.
-pub enum Deleted {
-    /// The object is gone; this was its last state.
-    Gone(Value),
-    /// Deletion started (finalizers or graceful termination); the object remains.
-    Pending(Value),
-}
-
-/// The result of a list.
-pub struct ListOutput {
-    /// Items as JSON (resourceVersion included).
-    pub items: Vec<bytes::Bytes>,
-    pub resource_version: i64,
-    pub continue_token: Option<String>,
-    pub remaining: Option<i64>,
-}
-
-/// Settings that shape admission.
-#[derive(Debug, Clone)]
-pub struct RegistryConfig {
-    /// ClusterIPs are allocated from this IPv4 range.
-    pub service_cidr: (Ipv4Addr, u8),
-    /// The `kube-dns` Service's ClusterIP (`--cluster-dns`); None: the 10th
-    /// address of the service CIDR.
-    pub cluster_dns: Option<Ipv4Addr>,
-    /// Whether the server issues ServiceAccount tokens (set by
-    /// `ApiServer::start`): only then do pods get the token volume.
-    pub service_account_tokens: bool,
-}
-
-impl Default for RegistryConfig {
-    fn default() -> Self {
-        RegistryConfig {
-            service_cidr: (Ipv4Addr::new(10, 43, 0, 0), 16),
-            cluster_dns: None,
-            service_account_tokens: false,
-        }
-    }
-}
+use prepare::{check_types, prepare_for_update, spec_part};
 
 /// The registry all handlers and in-server loops go through.
 pub struct Registry {
@@ -156,20 +70,6 @@ fn store_err(res: &ResourceInfo, name: &str, e: skiff_store::Error) -> ApiError 
         E::Timeout(msg) => ApiError::timeout(format!("storage request timed out: {msg}")),
         other => ApiError::internal(other.to_string()),
     }
-}
-
-/// Fields outside `metadata` and `status`: a change in them is a spec change.
-fn spec_part(obj: &Value) -> Map<String, Value> {
-    obj.as_object()
-        .map(|m| {
-            m.iter()
-                .filter(|(k, _)| {
-                    !matches!(k.as_str(), "metadata" | "status" | "apiVersion" | "kind")
-                })
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn random_u64() -> u64 {
@@ -232,7 +132,7 @@ impl Registry {
         }
     }
 
-    async fn get_kv(
+    pub(crate) async fn get_kv(
         &self,
         res: &ResourceInfo,
         ns: Option<&str>,
@@ -243,25 +143,6 @@ impl Registry {
             .get(&key)
             .await
             .map_err(|e| store_err(res, name, e))
-    }
-
-    /// Escalation prevention for RBAC writes by users other than
-    /// `system:masters`, on rules read after the cache has caught up (so a
-    /// role created just before its binding is seen).
-    async fn check_escalation(
-        &self,
-        res: &ResourceInfo,
-        ns: Option<&str>,
-        obj: &Value,
-        opts: &WriteOptions,
-    ) -> ApiResult<()> {
-        match &opts.user {
-            Some(who) if res.group == "rbac.authorization.k8s.io" && !who.is_master() => {
-                self.cache_is_current(res).await?;
-                crate::authz::escalation::check(&self.authz, Some(who), res, ns.unwrap_or(""), obj)
-            }
-            _ => Ok(()),
-        }
     }
 
     /// Waits (up to 3 s) until the watch cache has seen every write the
@@ -288,182 +169,6 @@ impl Registry {
             return Ok(None);
         }
         Ok(Some(self.cache.resource(res).snapshot(filter)))
-    }
-
-    /// Lists objects: from the watch cache unless paging or an exact old
-    /// revision is asked for, which the store serves from one snapshot.
-    pub async fn list(
-        &self,
-        res: &'static ResourceInfo,
-        filter: &Filter,
-        limit: i64,
-        continue_token: Option<&str>,
-        resource_version: Option<&str>,
-        exact: bool,
-    ) -> ApiResult<ListOutput> {
-        let rv =
-            match resource_version {
-                None | Some("") => None,
-                Some(s) => Some(s.parse::<i64>().map_err(|_| {
-                    ApiError::bad_request(format!("invalid resource version: {s:?}"))
-                })?),
-            };
-        if limit > 0 || continue_token.is_some() || (exact && rv.unwrap_or(0) > 0) {
-            return self
-                .list_from_store(
-                    res,
-                    filter,
-                    limit,
-                    continue_token,
-                    if exact { rv } else { None },
-                )
-                .await;
-        }
-        match rv {
-            // Consistent read: whatever the store has now.
-            None => {
-                if !self.cache_is_current(res).await? {
-                    return self.list_from_store(res, filter, 0, None, None).await;
-                }
-            }
-            Some(0) => {}
-            Some(n) => {
-                if !self.cache.wait_for(n, Duration::from_secs(3)).await {
-                    return Err(ApiError::timeout(format!(
-                        "Too large resource version: {n}, current: {}",
-                        self.cache.revision()
-                    )));
-                }
-            }
-        }
-        // Every change at or below the global revision read first is in the
-        // snapshot taken after it; a change applied in between makes the
-        // snapshot newer, and its own revision says so. Either way, a watch
-        // from the list's resourceVersion gets exactly the later changes.
-        let applied = self.cache.revision();
-        let (objs, snapshot_rev) = self.cache.resource(res).snapshot_with_revision(filter);
-        let revision = applied.max(snapshot_rev);
-        let items = objs.into_iter().map(|o| o.bytes()).collect();
-        Ok(ListOutput {
-            items,
-            resource_version: revision,
-            continue_token: None,
-            remaining: None,
-        })
-    }
-
-    pub(crate) async fn list_from_store(
-        &self,
-        res: &'static ResourceInfo,
-        filter: &Filter,
-        limit: i64,
-        continue_token: Option<&str>,
-        at: Option<i64>,
-    ) -> ApiResult<ListOutput> {
-        let prefix = object::list_prefix(res, filter.namespace.as_deref());
-        let (mut revision, mut start_after) = match continue_token {
-            Some(t) => {
-                let (rev, start) = decode_continue(t)?;
-                (Some(rev), Some(format!("{prefix}{start}")))
-            }
-            None => (at, None),
-        };
-        let selecting = filter
-            .labels
-            .as_ref()
-            .map(|l| !l.is_empty())
-            .unwrap_or(false)
-            || filter.fields.is_some();
-        // Without selectors the page's items are the next `limit` keys, so
-        // what follows it is what followed the last page minus them.
-        let known_remaining = if selecting {
-            None
-        } else {
-            continue_token.and_then(continue_remaining)
-        };
-        let mut items = Vec::new();
-        loop {
-            let want = if limit > 0 {
-                (limit - items.len() as i64).max(1)
-            } else {
-                0
-            };
-            let page = self
-                .store
-                .list(
-                    &prefix,
-                    ListOptions {
-                        revision,
-                        limit: want,
-                        start_after: start_after.clone(),
-                        // Selected lists report no count; a known one is carried.
-                        skip_count: selecting || known_remaining.is_some(),
-                    },
-                )
-                .await
-                .map_err(|e| match e {
-                    skiff_store::Error::Compacted { .. } if continue_token.is_some() => ApiError::gone(
-                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
-                    ),
-                    e => store_err(res, "", e),
-                })?;
-            revision = Some(page.revision);
-            let mut last_key = None;
-            for kv in &page.items {
-                last_key = Some(kv.key.clone());
-                let obj = decode(kv)?;
-                if !filter
-                    .namespace
-                    .as_ref()
-                    .map(|ns| meta_str(&obj, "namespace") == ns)
-                    .unwrap_or(true)
-                {
-                    continue;
-                }
-                if let Some(l) = &filter.labels {
-                    if !l.matches(&object::labels(&obj)) {
-                        continue;
-                    }
-                }
-                if let Some(f) = &filter.fields {
-                    if !f.matches(|field| skiff_core::fields::field_value(res, &obj, field)) {
-                        continue;
-                    }
-                }
-                items.push(bytes::Bytes::from(
-                    serde_json::to_vec(&obj).map_err(|e| ApiError::internal(e.to_string()))?,
-                ));
-            }
-            let full = limit > 0 && items.len() as i64 >= limit;
-            if !page.more || full {
-                let remaining = if page.more && !selecting {
-                    Some(match known_remaining {
-                        Some(r) => (r - items.len() as i64).max(1),
-                        None => page.remaining,
-                    })
-                } else {
-                    None
-                };
-                let continue_token = if page.more {
-                    last_key.map(|k| {
-                        encode_continue(
-                            page.revision,
-                            k.strip_prefix(&prefix).unwrap_or(&k),
-                            remaining,
-                        )
-                    })
-                } else {
-                    None
-                };
-                return Ok(ListOutput {
-                    items,
-                    resource_version: page.revision,
-                    continue_token,
-                    remaining,
-                });
-            }
-            start_after = last_key;
-        }
     }
 
     // ---- writes --------------------------------------------------------------
@@ -496,9 +201,6 @@ impl Registry {
         check_types(res, &obj)?;
         prepare_namespace(res, ns, &mut obj)?;
         let strategy = strategy_for(res);
-        if res.namespaced {
-            self.check_namespace_open(ns.unwrap_or("")).await?;
-        }
         let generate =
             meta_str(&obj, "name").is_empty() && !meta_str(&obj, "generateName").is_empty();
         {
@@ -520,15 +222,21 @@ impl Registry {
             }
         }
         strategy.prepare_for_create(res, &mut obj);
-        crate::noderestriction::admit_create(self, res, &obj, opts.user.as_ref()).await?;
         strategy.record_requestor(&mut obj, opts.user.as_ref());
         skiff_core::defaults::apply_defaults(res, &mut obj);
+        let a = Attributes {
+            res,
+            op: Operation::Create,
+            sub: Subresource::Main,
+            namespace: ns,
+            old: None,
+            options: Options::Write(opts),
+        };
+        admission::mutate(self, &a, &mut obj).await?;
         strategy.admit_create(self, res, ns, &mut obj).await?;
-        crate::podtoken::admit_create(self, res, ns, &mut obj).await?;
-        crate::defaultclass::admit_create(self, res, &mut obj).await?;
-        crate::storageprotection::admit_create(res, &mut obj);
-        crate::webhook::admit_create(self, res, &mut obj, opts).await?;
-        self.check_escalation(res, ns, &obj, opts).await?;
+        strategy
+            .authorize_write(self, res, ns, &obj, opts.user.as_ref())
+            .await?;
         for attempt in 0..8 {
             if generate {
                 let prefix = meta_str(&obj, "generateName").to_string();
@@ -541,14 +249,13 @@ impl Registry {
             if !causes.is_empty() {
                 return Err(ApiError::invalid(res.group, res.kind, &name, causes));
             }
-            crate::webhook::validate_create(self, res, &obj, opts).await?;
+            admission::validate(self, &a, Some(&obj)).await?;
             // Only a generated name may be retried, so only then is a copy kept.
             let mut obj = if generate {
                 obj.clone()
             } else {
                 std::mem::take(&mut obj)
             };
-            let charges = crate::admission::check_quota(self, res, ns, &obj).await?;
             strategy.allocate(self, &mut obj, opts.dry_run).await?;
             crate::fieldmanager::record(res, None, &mut obj, &opts.field_manager, None);
             if opts.dry_run {
@@ -560,9 +267,6 @@ impl Registry {
                 Ok(kv) => {
                     // The stored object is exactly `obj`; no need to decode it again.
                     object::set_resource_version(&mut obj, kv.mod_revision);
-                    if !charges.is_empty() {
-                        self.record_charges(ns, charges).await;
-                    }
                     let answer = meta_close.map(|close| {
                         object::answer_with_resource_version(&stored, close, kv.mod_revision)
                     });
@@ -596,16 +300,7 @@ impl Registry {
         sub: Subresource,
         opts: &WriteOptions,
     ) -> ApiResult<(Value, bool)> {
-        check_type_meta(res, &mut body)?;
-        prepare_namespace(res, ns, &mut body)?;
-        let body_name = meta_str(&body, "name");
-        if body_name.is_empty() {
-            metadata_mut(&mut body).insert("name".into(), json!(name));
-        } else if body_name != name {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({body_name}) does not match the name on the URL ({name})"
-            )));
-        }
+        check_update_body(res, ns, name, &mut body)?;
         let wanted_rv = meta_str(&body, "resourceVersion").to_string();
         let stale = || ApiError::conflict(res.group, res.plural, name, ApiError::STALE);
         let (body, wanted_rv) = (&body, &wanted_rv);
@@ -621,7 +316,7 @@ impl Registry {
             }
             let old = decode(&cur)?;
             match self
-                .write(res, ns, name, &cur, old, body.clone(), sub, opts)
+                .write_update(res, ns, name, &cur, old, body.clone(), sub, opts, true)
                 .await
             {
                 // A named resourceVersion is a precondition: no retry.
@@ -632,11 +327,14 @@ impl Registry {
         .await
     }
 
-    /// Patches an object; an apply patch may create it.
+    /// Patches an object as the version `api_res` shows it; an apply patch
+    /// may create it. A version other than the stored one (or any version
+    /// of a resource converted by a webhook, whose stored objects may be of
+    /// an old storage version) is converted to, patched, and converted back.
     #[allow(clippy::too_many_arguments)]
     pub async fn patch(
         &self,
-        res: &'static ResourceInfo,
+        api_res: &'static ResourceInfo,
         ns: Option<&str>,
         name: &str,
         patch_type: PatchType,
@@ -644,14 +342,17 @@ impl Registry {
         sub: Subresource,
         opts: &WriteOptions,
     ) -> ApiResult<(Value, bool)> {
-        let schema = skiff_core::schema::root(res.group, res.version, res.kind)
-            .or_else(|| res.rules.custom().and_then(|c| c.type_ref()));
-        let scale = sub == Subresource::Scale;
+        let res = skiff_core::convert::storage_resource(api_res);
+        let converted = skiff_core::convert::needed(api_res) || conversion::uses_webhook(api_res);
+        let schema = skiff_core::schema::root(api_res.group, api_res.version, api_res.kind)
+            .or_else(|| api_res.rules.custom().and_then(|c| c.type_ref()));
         self.guaranteed_update(res, ns, name, None, |cur| async move {
             let Some(cur) = cur else {
                 if patch_type == PatchType::Apply && sub == Subresource::Main {
-                    let mut obj = apply_patch(res, None, patch_type, patch, schema, opts)?;
+                    // Applied in the request's version, stored in the storage version.
+                    let mut obj = apply_patch(api_res, None, patch_type, patch, schema, opts)?;
                     metadata_mut(&mut obj).insert("name".into(), json!(name));
+                    let obj = conversion::to_storage(self, api_res, obj).await?;
                     return match self.create_applied(res, ns, obj, opts).await {
                         Err(e) if e.reason == "AlreadyExists" => Err(WriteError::Retry),
                         other => Ok((other?, true)),
@@ -660,45 +361,27 @@ impl Registry {
                 return Err(ApiError::not_found(res.group, res.plural, name).into());
             };
             let old = decode(&cur)?;
-            let current_view = if scale {
-                to_scale(res, &old)?
+            let (patched, track) = if converted {
+                let view = conversion::from_storage(self, api_res, old.clone()).await?;
+                let patched = apply_patch(api_res, Some(&view), patch_type, patch, schema, opts)?;
+                let mut stored = conversion::to_storage(self, api_res, patched).await?;
+                check_update_body(res, ns, name, &mut stored)?;
+                (stored, true)
             } else {
-                old.clone()
+                let patched = apply_patch(res, Some(&old), patch_type, patch, schema, opts)?;
+                (patched, patch_type != PatchType::Apply)
             };
-            let t = if scale { None } else { schema };
-            let mut patched = apply_patch(res, Some(&current_view), patch_type, patch, t, opts)?;
             // A patch that names a resourceVersion is a precondition on it.
-            let patched_rv = meta_str(&patched, "resourceVersion").to_string();
+            let patched_rv = meta_str(&patched, "resourceVersion");
             if !patched_rv.is_empty() && patched_rv != cur.mod_revision.to_string() {
                 return Err(
                     ApiError::conflict(res.group, res.plural, name, ApiError::STALE).into(),
                 );
             }
-            let scale_opts;
-            let opts = if scale {
-                scale_opts =
-                    crate::webhook::admit_scale(self, res, &old, &mut patched, opts).await?;
-                patched = from_scale(res, &old, &patched)?;
-                &scale_opts
-            } else {
-                opts
-            };
-            let sub_for_write = if scale { Subresource::Main } else { sub };
-            let track = patch_type != PatchType::Apply;
             let v = self
-                .write_inner(
-                    res,
-                    ns,
-                    name,
-                    &cur,
-                    old,
-                    patched,
-                    sub_for_write,
-                    opts,
-                    track,
-                )
+                .write_update(res, ns, name, &cur, old, patched, sub, opts, track)
                 .await?;
-            Ok((if scale { to_scale(res, &v)? } else { v }, false))
+            Ok((v, false))
         })
         .await
     }
@@ -740,34 +423,11 @@ impl Registry {
         }
     }
 
-    /// Writes `new` over `old` (read at `cur`), applying the update strategy.
+    /// Writes `new` over `old` (read at `cur`), applying the update
+    /// strategy and the admission chain (`pods/binding` and `scale` write
+    /// through here from their strategies).
     #[allow(clippy::too_many_arguments)]
-    async fn write(
-        &self,
-        res: &'static ResourceInfo,
-        ns: Option<&str>,
-        name: &str,
-        cur: &KeyValue,
-        old: Value,
-        new: Value,
-        sub: Subresource,
-        opts: &WriteOptions,
-    ) -> Result<Value, WriteError> {
-        if sub == Subresource::Scale {
-            let mut new = new;
-            let opts = &crate::webhook::admit_scale(self, res, &old, &mut new, opts).await?;
-            let new = from_scale(res, &old, &new)?;
-            let v = self
-                .write_inner(res, ns, name, cur, old, new, Subresource::Main, opts, true)
-                .await?;
-            return Ok(to_scale(res, &v)?);
-        }
-        self.write_inner(res, ns, name, cur, old, new, sub, opts, true)
-            .await
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn write_inner(
+    pub(crate) async fn write_update(
         &self,
         res: &'static ResourceInfo,
         ns: Option<&str>,
@@ -784,17 +444,24 @@ impl Registry {
         check_types(res, &new)?;
         new = prepare_for_update(res, &old, new, sub);
         strategy.prepare_for_update(&old, &mut new, sub);
-        crate::noderestriction::admit_update(res, sub.as_str(), &old, &new, opts.user.as_ref())?;
-        crate::webhook::admit_update(self, res, sub.as_str(), &old, &mut new, opts).await?;
-        self.check_escalation(res, ns, &new, opts).await?;
+        let a = Attributes {
+            res,
+            op: Operation::Update,
+            sub,
+            namespace: ns,
+            old: Some(&old),
+            options: Options::Write(opts),
+        };
+        admission::mutate(self, &a, &mut new).await?;
+        strategy
+            .authorize_write(self, res, ns, &new, opts.user.as_ref())
+            .await?;
         // Allocations an update leaves out are carried over before validation
         // (as Kubernetes' service registry does).
         let fresh = strategy
             .allocate_update(self, &old, &mut new, opts.dry_run)
             .await?;
-        let result = self
-            .write_admitted(res, name, cur, &old, new, sub, opts, track_fields)
-            .await;
+        let result = self.write_admitted(&a, name, cur, new, track_fields).await;
         if !opts.dry_run {
             let written = result.as_ref().ok();
             strategy.finish_update(self, &old, written, fresh).await;
@@ -806,15 +473,16 @@ impl Registry {
     #[allow(clippy::too_many_arguments)]
     async fn write_admitted(
         &self,
-        res: &'static ResourceInfo,
+        a: &Attributes<'_>,
         name: &str,
         cur: &KeyValue,
-        old: &Value,
         mut new: Value,
-        sub: Subresource,
-        opts: &WriteOptions,
         track_fields: bool,
     ) -> Result<Value, WriteError> {
+        let (res, sub) = (a.res, a.sub);
+        let (Some(old), Options::Write(opts)) = (a.old, a.options) else {
+            return Err(ApiError::internal("an update without the object it replaces").into());
+        };
         let strategy = strategy_for(res);
         skiff_core::defaults::apply_defaults(res, &mut new);
         let mut causes = if sub == Subresource::EphemeralContainers {
@@ -829,7 +497,7 @@ impl Registry {
         if !causes.is_empty() {
             return Err(ApiError::invalid(res.group, res.kind, name, causes).into());
         }
-        crate::webhook::validate_update(self, res, sub.as_str(), old, &new, opts).await?;
+        admission::validate(self, a, Some(&new)).await?;
         if track_fields {
             crate::fieldmanager::record(
                 res,
@@ -940,7 +608,15 @@ impl Registry {
                     .into());
                 }
             }
-            crate::webhook::validate_delete(self, res, &obj, opts).await?;
+            let a = Attributes {
+                res,
+                op: Operation::Delete,
+                sub: Subresource::Main,
+                namespace: ns,
+                old: Some(&obj),
+                options: Options::Delete(opts),
+            };
+            admission::validate(self, &a, None).await?;
             let plan = strategy.delete_plan(&obj, opts);
             let grace = match plan {
                 DeletePlan::Graceful(g) => g,
@@ -999,83 +675,6 @@ impl Registry {
             strategy.release(self, &obj).await;
             object::set_resource_version(&mut obj, rev);
             Ok(Deleted::Gone(obj))
-        })
-        .await
-    }
-
-    /// Binds a pod to a node (`pods/binding`), as the scheduler does.
-    pub async fn bind(
-        &self,
-        ns: &str,
-        name: &str,
-        binding: &Value,
-        opts: &WriteOptions,
-    ) -> ApiResult<()> {
-        let res = resources::lookup("", "v1", "pods").expect("pods");
-        crate::strategy::pod::check_binding(name, binding)?;
-        let wanted_uid = binding
-            .pointer("/metadata/uid")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        // The first try starts from the watch cache's copy (no store read);
-        // the write is conditional on its revision, so a stale copy only
-        // costs a conflict and a retry from the store.
-        let cached = self
-            .cache
-            .resource(res)
-            .get(&object::object_key(res, Some(ns), name))
-            .map(|o| KeyValue {
-                key: o.key.clone(),
-                value: o.bytes(),
-                create_revision: 0,
-                mod_revision: o.revision,
-            });
-        let wanted_uid = &wanted_uid;
-        let node = binding
-            .pointer("/target/name")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let has_annotations = binding
-            .pointer("/metadata/annotations")
-            .and_then(Value::as_object)
-            .is_some_and(|a| !a.is_empty());
-        self.guaranteed_update(res, Some(ns), name, cached, |cur| async move {
-            let Some(cur) = cur else {
-                return Err(ApiError::not_found("", "pods", name).into());
-            };
-            let from_cache = cur.create_revision == 0;
-            // A binding without annotations edits the stored bytes (the
-            // pod's managedFields and spec are not decoded and encoded).
-            if !opts.dry_run && !has_annotations {
-                match crate::strategy::pod::bind_stored(&cur.value, name, wanted_uid, node) {
-                    Ok(Some(bytes)) if bytes.len() <= object::MAX_OBJECT => {
-                        return self
-                            .write_bytes_at(res, &cur, bytes.into())
-                            .await
-                            .map(|_| ());
-                    }
-                    Ok(_) => {}
-                    Err(_) if from_cache => return Err(WriteError::Retry),
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            let mut pod = decode(&cur)?;
-            if let Err(e) = crate::strategy::pod::bindable(&pod, name, wanted_uid) {
-                // A cached copy may be of an older pod of that name.
-                if from_cache {
-                    return Err(WriteError::Retry);
-                }
-                return Err(e.into());
-            }
-            crate::strategy::pod::bind_to(&mut pod, binding);
-            // As Kubernetes' binding storage, which updates the stored pod
-            // directly: managed fields stay as they were (the binder owns
-            // nothing, and the creator keeps what it owned).
-            if opts.dry_run {
-                return Ok(());
-            }
-            self.write_at(res, &cur, &pod).await.map(|_| ())
         })
         .await
     }
@@ -1195,119 +794,27 @@ impl Registry {
             Err(e) => Err(store_err(res, cur.key.rsplit('/').next().unwrap_or(""), e).into()),
         }
     }
-
-    /// Records the usage admitted objects brought in the quotas' status
-    /// (best effort: admission recomputes usage from the objects themselves).
-    async fn record_charges(&self, ns: Option<&str>, charges: Vec<crate::admission::QuotaCharge>) {
-        let quota_res = resources::lookup("", "v1", "resourcequotas").expect("resourcequotas");
-        for c in charges {
-            let r = self
-                .update_object(quota_res, ns, &c.name, |mut q| {
-                    q["status"] = json!({"hard": c.hard, "used": c.used});
-                    Ok(Some(q))
-                })
-                .await;
-            if let Err(e) = r {
-                tracing::debug!("recording quota usage in {}: {}", c.name, e.message);
-            }
-        }
-    }
-
-    /// NamespaceLifecycle: a live read of the namespace (cheap on the
-    /// embedded store, and never stale).
-    async fn check_namespace_open(&self, ns: &str) -> ApiResult<()> {
-        let nsres = crate::strategy::namespace::namespaces();
-        let found = match self.get_kv(nsres, None, ns).await? {
-            // Only whether it is being deleted matters: read that one field
-            // from the stored bytes rather than decoding the namespace.
-            Some(kv) => match crate::strategy::namespace::terminating_in_stored(&kv.value) {
-                Some(false) => return Ok(()),
-                _ => Some(decode(&kv)?),
-            },
-            None => None,
-        };
-        crate::strategy::namespace::check_open(ns, found.as_ref())
-    }
 }
 
-#[async_trait::async_trait]
-impl AdmissionCtx for Registry {
-    async fn consistent_list(
-        &self,
-        res: &'static ResourceInfo,
-        ns: Option<&str>,
-        shared: bool,
-    ) -> ApiResult<Vec<Arc<Value>>> {
-        let filter = Filter {
-            namespace: ns.map(str::to_string),
-            ..Default::default()
-        };
-        if let Some(objs) = self.consistent_snapshot(res, &filter).await? {
-            return Ok(objs
-                .iter()
-                .filter_map(|o| match shared {
-                    true => o.value(),
-                    false => serde_json::from_slice(&o.bytes()).ok().map(Arc::new),
-                })
-                .collect());
-        }
-        // The cache is behind (it already waited): read the store.
-        let out = self.list_from_store(res, &filter, 0, None, None).await?;
-        Ok(out
-            .items
-            .iter()
-            .filter_map(|b| serde_json::from_slice(b).ok().map(Arc::new))
-            .collect())
-    }
-
-    fn store(&self) -> &dyn Store {
-        &*self.store
-    }
-
-    fn config(&self) -> &RegistryConfig {
-        &self.config
-    }
-}
-
-/// Applies a patch to an object as version `res` shows it (`None`: the
-/// object does not exist yet, which only an apply patch may create). `t` is
-/// the schema that guides strategic merges and apply; without one (the
-/// `scale` view) an apply patch merges like a merge patch.
-pub fn apply_patch(
+/// A replacement's type, namespace and name, checked against the request
+/// (the name filled in when the body has none).
+fn check_update_body(
     res: &ResourceInfo,
-    current: Option<&Value>,
-    patch_type: PatchType,
-    patch: &Value,
-    t: Option<skiff_core::schema::TypeRef>,
-    opts: &WriteOptions,
-) -> ApiResult<Value> {
-    let empty = json!({});
-    let cur = current.unwrap_or(&empty);
-    match patch_type {
-        PatchType::Json => skiff_core::patch::apply_json_patch(cur, patch),
-        PatchType::Merge => skiff_core::patch::apply_merge_patch(cur, patch),
-        // Custom resources have no strategic merge keys: 415 as Kubernetes.
-        PatchType::Strategic if res.rules.custom().is_some() => Err(ApiError::new(
-            415,
-            "UnsupportedMediaType",
-            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
-        )),
-        PatchType::Strategic => skiff_core::patch::apply_strategic_merge_patch(cur, patch, t),
-        PatchType::Apply if t.is_none() => skiff_core::patch::apply_merge_patch(cur, patch),
-        PatchType::Apply => {
-            let mut applied = patch.clone();
-            check_type_meta(res, &mut applied)?;
-            skiff_core::patch::apply::server_side_apply(
-                current,
-                &applied,
-                &opts.field_manager,
-                opts.force,
-                t,
-                &now_rfc3339(),
-                &res.api_version(),
-            )
-        }
+    ns: Option<&str>,
+    name: &str,
+    body: &mut Value,
+) -> ApiResult<()> {
+    check_type_meta(res, body)?;
+    prepare_namespace(res, ns, body)?;
+    let body_name = meta_str(body, "name");
+    if body_name.is_empty() {
+        metadata_mut(body).insert("name".into(), json!(name));
+    } else if body_name != name {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({name})"
+        )));
     }
+    Ok(())
 }
 
 /// Why a guarded write did not happen.
@@ -1321,401 +828,4 @@ impl From<ApiError> for WriteError {
     fn from(e: ApiError) -> Self {
         WriteError::Api(e)
     }
-}
-
-/// The finalizers an object has after a delete with `opts`, as Kubernetes'
-/// generic store sets them for the garbage collector: `orphan` and
-/// `foregroundDeletion` follow the options first, then the finalizers the
-/// object already has, then the kind's default; other finalizers stay.
-pub fn gc_finalizers(res: &ResourceInfo, current: &[String], opts: &DeleteOptions) -> Vec<String> {
-    const ORPHAN: &str = "orphan";
-    const FOREGROUND: &str = "foregroundDeletion";
-    let from_finalizers = || {
-        current.iter().find_map(|f| match f.as_str() {
-            ORPHAN => Some(true),
-            FOREGROUND => Some(false),
-            _ => None,
-        })
-    };
-    let policy = opts.propagation_policy.as_deref();
-    let orphan = match (opts.orphan_dependents, policy) {
-        (Some(o), _) => o,
-        (None, Some("Orphan")) => true,
-        (None, Some("Background" | "Foreground")) => false,
-        _ => from_finalizers().unwrap_or_else(|| res.rules.orphans_by_default()),
-    };
-    let foreground = match (opts.orphan_dependents, policy) {
-        (Some(_), _) => false,
-        (None, Some("Foreground")) => true,
-        (None, Some("Background" | "Orphan")) => false,
-        _ => from_finalizers() == Some(false),
-    };
-    let mut out: Vec<String> = current
-        .iter()
-        .filter(|f| *f != ORPHAN && *f != FOREGROUND)
-        .cloned()
-        .collect();
-    if orphan {
-        out.push(ORPHAN.into());
-    }
-    if foreground {
-        out.push(FOREGROUND.into());
-    }
-    // The same set in another order is no change.
-    let mut a = out.clone();
-    let mut b = current.to_vec();
-    a.sort();
-    b.sort();
-    if a == b {
-        current.to_vec()
-    } else {
-        out
-    }
-}
-
-/// Sets or updates a condition of `status.conditions`.
-pub fn set_condition(
-    obj: &mut Value,
-    ty: &str,
-    status: &str,
-    reason: Option<&str>,
-    message: Option<&str>,
-) {
-    if !obj.get("status").map(Value::is_object).unwrap_or(false) {
-        obj["status"] = json!({});
-    }
-    let now = now_rfc3339();
-    let conds = obj["status"]
-        .as_object_mut()
-        .expect("status object")
-        .entry("conditions")
-        .or_insert_with(|| json!([]));
-    if !conds.is_array() {
-        *conds = json!([]);
-    }
-    let arr = conds.as_array_mut().expect("array");
-    let mut cond =
-        json!({"type": ty, "status": status, "lastProbeTime": null, "lastTransitionTime": now});
-    if let Some(r) = reason {
-        cond["reason"] = json!(r);
-    }
-    if let Some(m) = message {
-        cond["message"] = json!(m);
-    }
-    match arr
-        .iter_mut()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
-    {
-        Some(existing) => {
-            if existing.get("status").and_then(Value::as_str) == Some(status) {
-                cond["lastTransitionTime"] = existing
-                    .get("lastTransitionTime")
-                    .cloned()
-                    .unwrap_or(json!(now));
-            }
-            *existing = cond;
-        }
-        None => arr.push(cond),
-    }
-}
-
-/// 400 when a value has the wrong JSON type for its field, as Kubernetes'
-/// decoder refuses it.
-fn check_types(res: &ResourceInfo, obj: &Value) -> ApiResult<()> {
-    let Some(t) = skiff_core::schema::root(res.group, res.version, res.kind) else {
-        return Ok(());
-    };
-    match skiff_core::patch::type_errors(t, obj).into_iter().next() {
-        None => Ok(()),
-        Some(e) => Err(ApiError::bad_request(format!(
-            "{kind} in version \"{v}\" cannot be handled as a {kind}: {e}",
-            kind = res.kind,
-            v = res.version
-        ))),
-    }
-}
-
-/// Checks and fills `apiVersion` and `kind` against the resource.
-pub fn check_type_meta(res: &ResourceInfo, obj: &mut Value) -> ApiResult<()> {
-    let Some(m) = obj.as_object_mut() else {
-        return Err(ApiError::bad_request(
-            "the body of the request must be a JSON object",
-        ));
-    };
-    let expected = res.api_version();
-    match m.get("apiVersion").and_then(Value::as_str) {
-        None | Some("") => {
-            m.insert("apiVersion".into(), json!(expected));
-        }
-        Some(v) if v == expected => {}
-        Some(v) => {
-            return Err(ApiError::bad_request(format!(
-                "the API version in the data ({v}) does not match the expected API version ({expected})"
-            )))
-        }
-    }
-    match m.get("kind").and_then(Value::as_str) {
-        None | Some("") => {
-            m.insert("kind".into(), json!(res.kind));
-        }
-        Some(k) if k == res.kind => {}
-        Some(k) => {
-            return Err(ApiError::bad_request(format!(
-                "the kind in the data ({k}) does not match the expected kind ({})",
-                res.kind
-            )))
-        }
-    }
-    Ok(())
-}
-
-fn prepare_namespace(res: &ResourceInfo, ns: Option<&str>, obj: &mut Value) -> ApiResult<()> {
-    let body_ns = meta_str(obj, "namespace").to_string();
-    let m = metadata_mut(obj);
-    if res.namespaced {
-        let ns = ns.unwrap_or("");
-        if ns.is_empty() {
-            return Err(ApiError::bad_request(
-                "namespace is required for a namespaced resource",
-            ));
-        }
-        if !body_ns.is_empty() && body_ns != ns {
-            return Err(ApiError::bad_request(
-                "the namespace of the provided object does not match the namespace sent on the request",
-            ));
-        }
-        m.insert("namespace".into(), json!(ns));
-    } else {
-        m.remove("namespace");
-    }
-    Ok(())
-}
-
-/// The update strategy: what of the new object is kept, what comes from the old.
-fn prepare_for_update(res: &ResourceInfo, old: &Value, new: Value, sub: Subresource) -> Value {
-    let mut out = match sub {
-        Subresource::Status | Subresource::Approval => {
-            // Only status changes through the status subresource.
-            let mut o = old.clone();
-            match new.get("status") {
-                Some(s) => o["status"] = s.clone(),
-                None => {
-                    if let Some(m) = o.as_object_mut() {
-                        m.remove("status");
-                    }
-                }
-            }
-            // Metadata the status writer may carry along (managedFields are recomputed).
-            o
-        }
-        Subresource::EphemeralContainers => {
-            // `pods/<n>/ephemeralcontainers` changes `spec.ephemeralContainers`
-            // and nothing else (Kubernetes' ephemeral containers strategy).
-            let mut o = old.clone();
-            if !o.get("spec").map(Value::is_object).unwrap_or(false) {
-                o["spec"] = json!({});
-            }
-            match new.pointer("/spec/ephemeralContainers") {
-                Some(e) if !e.is_null() => o["spec"]["ephemeralContainers"] = e.clone(),
-                _ => {
-                    if let Some(m) = o["spec"].as_object_mut() {
-                        m.remove("ephemeralContainers");
-                    }
-                }
-            }
-            o
-        }
-        Subresource::Finalize => {
-            // `namespaces/<n>/finalize` changes `spec.finalizers` and nothing else.
-            let mut o = old.clone();
-            let finalizers = new
-                .pointer("/spec/finalizers")
-                .cloned()
-                .unwrap_or(json!([]));
-            if !o.get("spec").map(Value::is_object).unwrap_or(false) {
-                o["spec"] = json!({});
-            }
-            o["spec"]["finalizers"] = finalizers;
-            o
-        }
-        _ => {
-            let mut n = new;
-            if res.has_subresource("status") {
-                match old.get("status") {
-                    Some(s) => n["status"] = s.clone(),
-                    None => {
-                        if let Some(m) = n.as_object_mut() {
-                            m.remove("status");
-                        }
-                    }
-                }
-            }
-            n
-        }
-    };
-    // Metadata the system owns.
-    let keep = [
-        "uid",
-        "creationTimestamp",
-        "deletionTimestamp",
-        "deletionGracePeriodSeconds",
-        "generation",
-        "namespace",
-        "name",
-    ];
-    let old_meta = old
-        .get("metadata")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    let m = metadata_mut(&mut out);
-    for k in keep {
-        match old_meta.get(k) {
-            Some(v) => {
-                m.insert(k.to_string(), v.clone());
-            }
-            None => {
-                m.remove(k);
-            }
-        }
-    }
-    out
-}
-
-/// The `Scale` view (autoscaling/v1) of a scalable object.
-pub fn to_scale(res: &ResourceInfo, obj: &Value) -> ApiResult<Value> {
-    let md = obj.get("metadata").cloned().unwrap_or(json!({}));
-    // A custom resource's scale paths (`subresources.scale`).
-    let paths = res.rules.custom().and_then(|c| c.scale.as_ref());
-    let replicas = obj
-        .pointer(paths.map_or("/spec/replicas", |p| p.spec_replicas.as_str()))
-        .and_then(Value::as_i64)
-        .unwrap_or(0);
-    let status_replicas = obj
-        .pointer(paths.map_or("/status/replicas", |p| p.status_replicas.as_str()))
-        .and_then(Value::as_i64)
-        .unwrap_or(0);
-    let selector = match paths {
-        Some(p) => p
-            .label_selector
-            .as_deref()
-            .and_then(|l| obj.pointer(l))
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
-        None => skiff_core::selector::selector_string(obj.pointer("/spec/selector")),
-    };
-    let mut meta = json!({});
-    for k in [
-        "name",
-        "namespace",
-        "uid",
-        "resourceVersion",
-        "creationTimestamp",
-    ] {
-        if let Some(v) = md.get(k) {
-            meta[k] = v.clone();
-        }
-    }
-    Ok(json!({
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": meta,
-        "spec": {"replicas": replicas},
-        "status": {"replicas": status_replicas, "selector": selector},
-    }))
-}
-
-/// Applies a written `Scale` to the object it scales.
-fn from_scale(res: &ResourceInfo, old: &Value, scale: &Value) -> ApiResult<Value> {
-    let name = meta_str(old, "name");
-    let replicas = match scale.pointer("/spec/replicas") {
-        None | Some(Value::Null) => 0,
-        Some(v) => v.as_i64().ok_or_else(|| {
-            ApiError::invalid(
-                "autoscaling",
-                "Scale",
-                name,
-                vec![Cause::invalid("spec.replicas", v, "must be an integer")],
-            )
-        })?,
-    };
-    if replicas < 0 {
-        return Err(ApiError::invalid(
-            "autoscaling",
-            "Scale",
-            name,
-            vec![Cause::invalid(
-                "spec.replicas",
-                &json!(replicas),
-                "must be greater than or equal to 0",
-            )],
-        ));
-    }
-    let mut new = old.clone();
-    match res.rules.custom().and_then(|c| c.scale.as_ref()) {
-        Some(p) => set_pointer(&mut new, &p.spec_replicas, json!(replicas)),
-        None => new["spec"]["replicas"] = json!(replicas),
-    }
-    Ok(new)
-}
-
-/// Sets the value at a JSON pointer, creating the objects on the way.
-fn set_pointer(obj: &mut Value, pointer: &str, v: Value) {
-    let mut cur = obj;
-    let parts: Vec<&str> = pointer.split('/').skip(1).collect();
-    for (i, p) in parts.iter().enumerate() {
-        let key = p.replace("~1", "/").replace("~0", "~");
-        if !cur.is_object() {
-            *cur = json!({});
-        }
-        let m = cur.as_object_mut().expect("object");
-        if i + 1 == parts.len() {
-            m.insert(key, v);
-            return;
-        }
-        cur = m.entry(key).or_insert_with(|| json!({}));
-    }
-}
-
-/// A continue token: Kubernetes' fields (`v`, `rv`, `start`) and, for a
-/// list without selectors, `rem`: how many items followed the page in the
-/// token's snapshot, so the next page need not count them again (counting
-/// scans the rest of the range: 300 pages of 150,000 pods took 34 s).
-fn encode_continue(rev: i64, start: &str, remaining: Option<i64>) -> String {
-    use base64::Engine;
-    let mut token = json!({"v": "meta.k8s.io/v1", "rv": rev, "start": start});
-    if let Some(r) = remaining {
-        token["rem"] = json!(r);
-    }
-    base64::engine::general_purpose::URL_SAFE.encode(token.to_string())
-}
-
-/// The remaining count a continue token carries (see [`encode_continue`]).
-fn continue_remaining(t: &str) -> Option<i64> {
-    use base64::Engine;
-    let raw = base64::engine::general_purpose::URL_SAFE.decode(t).ok()?;
-    let v: Value = serde_json::from_slice(&raw).ok()?;
-    v.get("rem").and_then(Value::as_i64).filter(|r| *r >= 0)
-}
-
-fn decode_continue(t: &str) -> ApiResult<(i64, String)> {
-    use base64::Engine;
-    let bad = || {
-        ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)")
-    };
-    let raw = base64::engine::general_purpose::URL_SAFE
-        .decode(t)
-        .map_err(|_| bad())?;
-    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
-    let rev = v
-        .get("rv")
-        .and_then(Value::as_i64)
-        .filter(|r| *r > 0)
-        .ok_or_else(bad)?;
-    let start = v.get("start").and_then(Value::as_str).ok_or_else(bad)?;
-    if start.contains("..") || start.starts_with('/') {
-        return Err(bad());
-    }
-    Ok((rev, start.to_string()))
 }

@@ -4,7 +4,10 @@
 use std::collections::HashMap;
 
 use skiff_core::resources::{self, ResourceInfo};
+use skiff_core::selector::{FieldSelector, LabelSelector};
 use skiff_core::ApiError;
+
+use crate::watchcache::Filter;
 
 /// The subresource a request addresses, parsed once from the path. The
 /// registry's writes know five (`Main`, `Status`, `Scale`, `Finalize`,
@@ -198,6 +201,38 @@ impl Query {
             ))),
         }
     }
+}
+
+/// The watch cache filter of a list or watch: its namespace, label and
+/// field selectors (fields named as the stored version names them).
+pub fn filter_from_query(
+    res: &'static ResourceInfo,
+    namespace: Option<String>,
+    q: &Query,
+) -> Result<Filter, ApiError> {
+    let labels = match q.get("labelSelector") {
+        Some(s) if !s.trim().is_empty() => Some(
+            LabelSelector::parse(s)
+                .map_err(|e| ApiError::bad_request(format!("unable to parse requirement: {e}")))?,
+        ),
+        _ => None,
+    };
+    let fields = match q.get("fieldSelector") {
+        Some(s) if !s.trim().is_empty() => {
+            let f = FieldSelector::parse(s).map_err(ApiError::bad_request)?;
+            for (field, _, _) in f.requirements() {
+                skiff_core::fields::check_supported(res, field)?;
+            }
+            // The cache indexes fields as the stored version names them.
+            Some(f.map_fields(|field| skiff_core::convert::storage_field(res, field)))
+        }
+        _ => None,
+    };
+    Ok(Filter {
+        namespace,
+        labels,
+        fields,
+    })
 }
 
 #[cfg(test)]

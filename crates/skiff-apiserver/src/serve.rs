@@ -98,7 +98,7 @@ async fn serve(
                     rejected && !req.headers().contains_key(http::header::AUTHORIZATION);
                 async move {
                     if unauthorized {
-                        return Ok(crate::handlers::error_response(
+                        return Ok(crate::response::error_response(
                             &skiff_core::ApiError::unauthorized(),
                         ));
                     }

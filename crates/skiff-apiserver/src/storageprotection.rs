@@ -6,12 +6,39 @@
 
 use serde_json::{json, Value};
 use skiff_core::resources::ResourceInfo;
+use skiff_core::ApiResult;
+
+use crate::admission::context::AdmissionCtx;
+use crate::admission::plugin::{AdmissionPlugin, Attributes};
 
 pub const PVC_FINALIZER: &str = "kubernetes.io/pvc-protection";
 pub const PV_FINALIZER: &str = "kubernetes.io/pv-protection";
 
-/// The registry's create hook.
-pub fn admit_create(res: &ResourceInfo, obj: &mut Value) {
+/// The plugin.
+pub struct StorageObjectInUseProtection;
+
+#[async_trait::async_trait]
+impl AdmissionPlugin for StorageObjectInUseProtection {
+    fn name(&self) -> &'static str {
+        "StorageObjectInUseProtection"
+    }
+
+    fn handles(&self, a: &Attributes<'_>) -> bool {
+        a.creates("", "persistentvolumeclaims") || a.creates("", "persistentvolumes")
+    }
+
+    async fn mutate(
+        &self,
+        _cx: &dyn AdmissionCtx,
+        a: &Attributes<'_>,
+        obj: &mut Value,
+    ) -> ApiResult<()> {
+        admit_create(a.res, obj);
+        Ok(())
+    }
+}
+
+fn admit_create(res: &ResourceInfo, obj: &mut Value) {
     let finalizer = match (res.group, res.plural) {
         ("", "persistentvolumeclaims") => PVC_FINALIZER,
         ("", "persistentvolumes") => PV_FINALIZER,

@@ -13,9 +13,10 @@ use serde_json::{json, Value};
 use skiff_core::resources::ResourceInfo;
 use skiff_core::ApiError;
 
-use crate::handlers::{self, AppState};
 use crate::negotiate::Output;
 use crate::request::Query;
+use crate::response;
+use crate::state::AppState;
 use crate::watchcache::{
     CacheEvent, CachedObject, EventType, Filter, ResourceCache, Since, Subscription,
 };
@@ -127,7 +128,7 @@ pub async fn serve(
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::CACHE_CONTROL, "no-cache, private")
         .body(Body::from_stream(stream))
-        .unwrap_or_else(|_| handlers::json_response(500, &json!({}))))
+        .unwrap_or_else(|_| response::json_response(500, &json!({}))))
 }
 
 /// Events written into one chunk of the response at most (more wait for
@@ -407,12 +408,12 @@ impl Encoder {
                 let first = self.first.swap(false, std::sync::atomic::Ordering::Relaxed);
                 let v: Value = serde_json::from_slice(obj).unwrap_or(Value::Null);
                 let t =
-                    handlers::table(self.res, &[v], v1beta1, None, None, None, first, "Metadata");
+                    response::table(self.res, &[v], v1beta1, None, None, None, first, "Metadata");
                 Bytes::from(format!("{{\"type\":\"{ty}\",\"object\":{t}}}\n"))
             }
             Output::PartialMetadata { v1beta1 } => {
                 let v: Value = serde_json::from_slice(obj).unwrap_or(Value::Null);
-                let p = handlers::partial_metadata(&v, v1beta1);
+                let p = response::partial_metadata(&v, v1beta1);
                 Bytes::from(format!("{{\"type\":\"{ty}\",\"object\":{p}}}\n"))
             }
             _ => {

@@ -1540,6 +1540,33 @@ async fn configmaps_and_secrets_hold_at_most_1_mib() {
 }
 
 #[tokio::test]
+async fn a_scale_is_replaced_with_an_autoscaling_v1_scale_and_a_stale_one_conflicts() {
+    let a = api().await;
+    let deps = "/apis/apps/v1/namespaces/default/deployments";
+    let mut d = deployment("web");
+    d["spec"]["replicas"] = json!(1);
+    assert_eq!(a.post(deps, d).await.status, StatusCode::CREATED);
+    let scale = a.get(&format!("{deps}/web/scale")).await.body;
+    let mut want = scale.clone();
+    want["spec"]["replicas"] = json!(3);
+    let r = a.put(&format!("{deps}/web/scale"), want).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["kind"], "Scale");
+    assert_eq!(r.body["spec"]["replicas"], 3);
+    let d = a.get(&format!("{deps}/web")).await.body;
+    assert_eq!(d["spec"]["replicas"], 3);
+    // The Scale read before the write names an old resourceVersion.
+    let mut stale = scale;
+    stale["spec"]["replicas"] = json!(5);
+    let r = a.put(&format!("{deps}/web/scale"), stale).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
+    let mut wrong = json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": 2}});
+    wrong["metadata"] = json!({"name": "web"});
+    let r = a.put(&format!("{deps}/web/scale"), wrong).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.body);
+}
+
+#[tokio::test]
 async fn the_scale_subresource_answers_a_table_request() {
     let a = api().await;
     let deps = "/apis/apps/v1/namespaces/default/deployments";

@@ -111,8 +111,8 @@ impl Cluster {
     /// each kind: the dispatcher reads them from there.
     async fn wait_configurations(&self, mutating: usize, validating: usize) {
         for _ in 0..200 {
-            let m = skiff_apiserver::webhook::config::webhooks(&self.server.state.registry, true);
-            let v = skiff_apiserver::webhook::config::webhooks(&self.server.state.registry, false);
+            let m = skiff_apiserver::webhook::config::webhooks(&*self.server.state.registry, true);
+            let v = skiff_apiserver::webhook::config::webhooks(&*self.server.state.registry, false);
             if m.len() == mutating && v.len() == validating {
                 return;
             }

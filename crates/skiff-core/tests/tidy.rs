@@ -2,7 +2,8 @@
 //! in its module under `skiff-core/src/kinds/` (pure rules) or
 //! `skiff-apiserver/src/strategy/` (server-side hooks). Anywhere else in
 //! the API machinery, dispatching on a resource's kind name is a bug: ask
-//! `res.rules` or `strategy_for(res)` instead.
+//! `res.rules` or `strategy_for(res)` instead. In the API server, the same
+//! holds for storage paths, with the admission plugins as their other home.
 
 use std::path::{Path, PathBuf};
 
@@ -88,6 +89,71 @@ fn the_tidy_check_catches_what_it_is_for() {
     assert!(FORBIDDEN.iter().any(|p| line.contains(p)));
     let line = "    match (res.group, res.kind) {";
     assert!(FORBIDDEN.iter().any(|p| line.contains(p)));
+}
+
+/// Ways of dispatching on a resource's storage path.
+const STORAGE_DISPATCH: &[&str] = &[".storage == \"", ".storage != \"", "match res.storage"];
+
+/// Where the API server may dispatch on a storage path: the strategies
+/// (`strategy_for` is the one map from resources to strategies) and the
+/// admission plugins, whose `handles` names what each plugin is about.
+const STORAGE_HOMES: &[&str] = &[
+    "skiff-apiserver/src/strategy/",
+    "skiff-apiserver/src/admission/",
+    "skiff-apiserver/src/webhook/",
+    "skiff-apiserver/src/noderestriction.rs",
+    "skiff-apiserver/src/podtoken.rs",
+    "skiff-apiserver/src/defaultclass.rs",
+    "skiff-apiserver/src/storageprotection.rs",
+];
+
+#[test]
+fn no_storage_path_dispatch_outside_the_strategies_and_admission_plugins() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("crates dir");
+    let mut files = Vec::new();
+    rust_files(&crates.join("skiff-apiserver").join("src"), &mut files);
+    assert!(files.len() > 20, "found only {} files", files.len());
+    let mut offences = Vec::new();
+    for path in &files {
+        let shown = path
+            .strip_prefix(crates)
+            .unwrap_or(path)
+            .to_string_lossy()
+            .replace('\\', "/");
+        if STORAGE_HOMES.iter().any(|h| shown.starts_with(h)) {
+            continue;
+        }
+        let text = std::fs::read_to_string(path).expect("read source");
+        for (i, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            if let Some(p) = STORAGE_DISPATCH.iter().find(|p| line.contains(*p)) {
+                offences.push(format!("{shown}:{}: `{p}`: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "storage-path dispatch outside strategy/ and the admission plugins (use strategy_for, or an admission plugin's handles):\n{}",
+        offences.join("\n")
+    );
+}
+
+#[test]
+fn the_storage_rule_catches_what_it_is_for() {
+    for line in [
+        "    if api_res.storage == \"authentication.k8s.io/tokenreviews\" {",
+        "    if res.storage != \"/pods\" {",
+        "    match res.storage {",
+    ] {
+        assert!(STORAGE_DISPATCH.iter().any(|p| line.contains(p)), "{line}");
+    }
+    // Comparing two resources' storage is no dispatch.
+    let line = "        .filter(move |r| r.storage == res.storage && *r != res),";
+    assert!(!STORAGE_DISPATCH.iter().any(|p| line.contains(p)));
 }
 
 /// Kubernetes' shared semantics and where their one definition lives.

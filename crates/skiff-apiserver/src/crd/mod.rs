@@ -18,59 +18,19 @@ use skiff_core::kinds::custom;
 use skiff_core::resources::{self, ResourceInfo};
 use skiff_core::ApiError;
 
+use crate::object::set_condition;
 use crate::object::{meta_str, metadata_mut};
-use crate::registry::{set_condition, DeleteOptions, Registry, WriteOptions};
+use crate::options::{DeleteOptions, WriteOptions};
+use crate::registry::Registry;
 use crate::request::Subresource;
-use crate::strategy::{DeletePlan, Strategy};
 use crate::watchcache::Filter;
 
-/// The finalizer a definition being deleted carries until its objects are gone.
-pub const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
+pub use crate::strategy::crd::{strip_probe_time, CLEANUP_FINALIZER};
 
 /// The CustomResourceDefinitions resource.
 pub fn crd_resource() -> &'static ResourceInfo {
     resources::lookup("apiextensions.k8s.io", "v1", "customresourcedefinitions")
         .expect("CustomResourceDefinitions are served")
-}
-
-/// A definition's delete: marked `Terminating` with the cleanup finalizer;
-/// the loop below empties it and removes the finalizer.
-pub struct CrdStrategy;
-
-impl Strategy for CrdStrategy {
-    fn delete_plan(&self, _obj: &Value, _opts: &DeleteOptions) -> DeletePlan {
-        DeletePlan::Finalize
-    }
-
-    fn prepare_for_delete(&self, obj: &mut Value) {
-        let mut f = crate::object::finalizers(obj);
-        if !f.iter().any(|x| x == CLEANUP_FINALIZER) {
-            f.push(CLEANUP_FINALIZER.to_string());
-            metadata_mut(obj).insert("finalizers".into(), json!(f));
-        }
-        set_condition(
-            obj,
-            "Terminating",
-            "True",
-            Some("InstanceDeletionPending"),
-            Some("CustomResourceDefinition marked for deletion; CustomResource deletion will begin soon"),
-        );
-        strip_probe_time(obj);
-    }
-}
-
-/// CRD conditions carry no `lastProbeTime`.
-fn strip_probe_time(obj: &mut Value) {
-    if let Some(cs) = obj
-        .pointer_mut("/status/conditions")
-        .and_then(Value::as_array_mut)
-    {
-        for c in cs {
-            if let Some(m) = c.as_object_mut() {
-                m.remove("lastProbeTime");
-            }
-        }
-    }
 }
 
 /// Runs until the registry is dropped: establishes new and changed

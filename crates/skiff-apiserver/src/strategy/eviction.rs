@@ -11,7 +11,8 @@ use skiff_core::selector::{selector_string, LabelSelector};
 use skiff_core::{ApiError, ApiResult, Cause};
 
 use crate::object::{self, decode, meta_str};
-use crate::registry::{DeleteOptions, Registry};
+use crate::options::DeleteOptions;
+use crate::registry::Registry;
 use crate::watchcache::Filter;
 
 fn pods() -> &'static ResourceInfo {
@@ -192,7 +193,7 @@ async fn take_disruption(
                     st["disruptedPods"][name] = json!(now);
                 }
                 if left == 0 {
-                    crate::registry::set_condition(
+                    crate::object::set_condition(
                         &mut current,
                         "DisruptionAllowed",
                         "False",

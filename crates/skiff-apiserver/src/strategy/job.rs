@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::Strategy;
 use crate::object::meta_str;
-use crate::registry::DeleteOptions;
+use crate::options::DeleteOptions;
 
 pub struct JobStrategy;
 

@@ -5,46 +5,28 @@
 //! kind's `skiff_core::kinds` rules; the registry itself is generic and
 //! asks [`strategy_for`], the one place that maps resources to strategies.
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
 use serde_json::Value;
 use skiff_core::resources::ResourceInfo;
 use skiff_core::ApiResult;
-use skiff_store::Store;
 
-use crate::registry::{DeleteOptions, RegistryConfig};
+pub use crate::admission::context::AdmissionCtx;
+use crate::auth::Identity;
+use crate::options::DeleteOptions;
 use crate::request::Subresource;
 
+pub mod binding;
 pub mod certificates;
+pub mod crd;
 pub mod eviction;
 pub mod job;
 pub mod namespace;
 pub mod node;
 pub mod pod;
 pub mod policy;
+pub mod rbac;
+pub mod scale;
 pub mod service;
-
-/// What strategies may read (and, for the allocation ranges they keep in
-/// the store under their own keys, write). The registry implements it;
-/// strategies never see the registry itself.
-#[async_trait]
-pub trait AdmissionCtx: Send + Sync {
-    /// The current objects of a resource (in a namespace), read
-    /// consistently. `shared`: parsed once per version and kept (policy
-    /// objects read on every create); otherwise parsed per call.
-    async fn consistent_list(
-        &self,
-        res: &'static ResourceInfo,
-        ns: Option<&str>,
-        shared: bool,
-    ) -> ApiResult<Vec<Arc<Value>>>;
-
-    /// The store, for keys outside any resource (the allocation ranges).
-    fn store(&self) -> &dyn Store;
-
-    fn config(&self) -> &RegistryConfig;
-}
 
 /// What a delete does to an object that has no finalizers left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +57,7 @@ pub trait Strategy: Send + Sync {
     /// On create, after [`Strategy::prepare_for_create`]: fields the server
     /// sets from who is asking, whatever the body said (a
     /// CertificateSigningRequest's requestor).
-    fn record_requestor(&self, _obj: &mut Value, _who: Option<&crate::auth::Identity>) {}
+    fn record_requestor(&self, _obj: &mut Value, _who: Option<&Identity>) {}
 
     /// After the generic update preparation (status and system metadata
     /// kept from the old object).
@@ -85,13 +67,28 @@ pub trait Strategy: Send + Sync {
     /// Defaults that need the final name and uid (on create).
     fn named_defaults(&self, _obj: &mut Value) {}
 
-    /// Mutating admission that reads other objects, before validation.
+    /// After mutating admission on create: what the kind sets from the
+    /// admitted object and other objects (a pod's QoS class, a new
+    /// quota's status).
     async fn admit_create(
         &self,
         _cx: &dyn AdmissionCtx,
         _res: &'static ResourceInfo,
         _ns: Option<&str>,
         _obj: &mut Value,
+    ) -> ApiResult<()> {
+        Ok(())
+    }
+
+    /// Whether `who` may write this object (after mutating admission, on
+    /// create and update): RBAC's escalation prevention.
+    async fn authorize_write(
+        &self,
+        _cx: &dyn AdmissionCtx,
+        _res: &ResourceInfo,
+        _ns: Option<&str>,
+        _obj: &Value,
+        _who: Option<&Identity>,
     ) -> ApiResult<()> {
         Ok(())
     }
@@ -172,10 +169,13 @@ pub fn strategy_for(res: &ResourceInfo) -> &'static dyn Strategy {
         "/namespaces" => &namespace::NamespaceStrategy,
         "/nodes" => &node::NodeStrategy,
         "batch/jobs" => &job::JobStrategy,
-        "scheduling.k8s.io/priorityclasses" => &policy::PriorityClassStrategy,
         "/resourcequotas" => &policy::ResourceQuotaStrategy,
         "certificates.k8s.io/certificatesigningrequests" => &certificates::CsrStrategy,
-        "apiextensions.k8s.io/customresourcedefinitions" => &crate::crd::CrdStrategy,
+        "apiextensions.k8s.io/customresourcedefinitions" => &crd::CrdStrategy,
+        "rbac.authorization.k8s.io/roles"
+        | "rbac.authorization.k8s.io/rolebindings"
+        | "rbac.authorization.k8s.io/clusterroles"
+        | "rbac.authorization.k8s.io/clusterrolebindings" => &rbac::RbacStrategy,
         _ => &Generic,
     }
 }
@@ -195,9 +195,13 @@ mod tests {
             "/namespaces",
             "/nodes",
             "batch/jobs",
-            "scheduling.k8s.io/priorityclasses",
             "/resourcequotas",
             "certificates.k8s.io/certificatesigningrequests",
+            "apiextensions.k8s.io/customresourcedefinitions",
+            "rbac.authorization.k8s.io/roles",
+            "rbac.authorization.k8s.io/rolebindings",
+            "rbac.authorization.k8s.io/clusterroles",
+            "rbac.authorization.k8s.io/clusterrolebindings",
         ] {
             assert!(
                 skiff_core::resources::RESOURCES

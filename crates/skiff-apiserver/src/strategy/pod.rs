@@ -1,63 +1,32 @@
-//! Pods' server-side hooks: the admission plugins that read other objects
-//! (ServiceAccount, DefaultTolerationSeconds, Priority, LimitRanger),
-//! graceful deletion confirmed by the node, and binding. Eviction is
-//! [`super::eviction`].
+//! Pods' server-side hooks: the QoS class at create, graceful deletion
+//! confirmed by the node, and binding (`pods/binding`, [`bind`]).
+//! Eviction is [`super::eviction`]; the admission plugins of pods are
+//! `crate::admission::pod` and `crate::podtoken`.
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
-use skiff_core::admission as core;
-use skiff_core::resources::{self, ResourceInfo};
+use skiff_core::resources::ResourceInfo;
 use skiff_core::{ApiError, ApiResult, Cause};
 
 use super::{AdmissionCtx, DeletePlan, Strategy};
-use crate::admission::forbidden;
 use crate::object::{meta_str, metadata_mut};
-use crate::registry::DeleteOptions;
+use crate::options::DeleteOptions;
 
 pub struct PodStrategy;
 
-fn lookup(group: &str, version: &str, plural: &str) -> &'static ResourceInfo {
-    resources::lookup(group, version, plural).expect("built-in resource")
-}
-
 #[async_trait]
 impl Strategy for PodStrategy {
+    /// The QoS class follows the resources admission settled on.
     async fn admit_create(
         &self,
-        cx: &dyn AdmissionCtx,
-        res: &'static ResourceInfo,
-        ns: Option<&str>,
+        _cx: &dyn AdmissionCtx,
+        _res: &'static ResourceInfo,
+        _ns: Option<&str>,
         obj: &mut Value,
     ) -> ApiResult<()> {
-        let name = meta_str(obj, "name").to_string();
-        let ns = ns.unwrap_or("");
-        let Some(spec) = obj.get_mut("spec").filter(|s| s.is_object()) else {
+        if !obj.get("spec").is_some_and(Value::is_object) {
             return Ok(());
-        };
-        core::default_service_account(spec);
-        core::default_tolerations(spec);
-        let classes = cx
-            .consistent_list(
-                lookup("scheduling.k8s.io", "v1", "priorityclasses"),
-                None,
-                true,
-            )
-            .await?;
-        core::resolve_priority(spec, &classes).map_err(|m| forbidden(res, &name, &m))?;
-        let ranges = cx
-            .consistent_list(lookup("", "v1", "limitranges"), Some(ns), true)
-            .await?;
-        if !ranges.is_empty() {
-            if let Some(note) = core::apply_limit_range_defaults(obj, &ranges) {
-                let m = metadata_mut(obj);
-                let ann = m.entry("annotations").or_insert_with(|| json!({}));
-                if let Some(a) = ann.as_object_mut() {
-                    a.insert("kubernetes.io/limit-ranger".into(), json!(note));
-                }
-            }
-            core::validate_limit_ranges(obj, &ranges).map_err(|m| forbidden(res, &name, &m))?;
         }
-        // The QoS class follows the resources admission settled on.
         let qos = obj
             .get("spec")
             .map(skiff_core::defaults::qos_class)
@@ -165,7 +134,7 @@ pub(crate) fn bind_to(pod: &mut Value, binding: &Value) {
             }
         }
     }
-    crate::registry::set_condition(pod, "PodScheduled", "True", None, None);
+    crate::object::set_condition(pod, "PodScheduled", "True", None, None);
 }
 
 /// [`bindable`] and [`bind_to`] on a stored pod's bytes, for a binding
@@ -249,7 +218,7 @@ pub(crate) fn bind_stored(
             Err(_) => return Ok(None),
         }
     }
-    crate::registry::set_condition(&mut pod, "PodScheduled", "True", None, None);
+    crate::object::set_condition(&mut pod, "PodScheduled", "True", None, None);
     let status = serde_json::to_vec(&pod["status"]).unwrap_or_default();
     match status_field {
         Some(f) => edits.replace(f.value.clone(), status),

@@ -1,5 +1,6 @@
-//! Admission of policy kinds that reads other objects: one default
-//! PriorityClass at most; a new ResourceQuota's status computed at once.
+//! A new ResourceQuota's status, computed at once from the objects of its
+//! namespace (the one default PriorityClass is the Priority admission
+//! plugin's, `crate::admission::pod`).
 
 use async_trait::async_trait;
 use serde_json::{json, Value};
@@ -7,41 +8,7 @@ use skiff_core::resources::ResourceInfo;
 use skiff_core::ApiResult;
 
 use super::{AdmissionCtx, Strategy};
-use crate::admission::{forbidden, usage_in_namespace};
-use crate::object::meta_str;
-
-pub struct PriorityClassStrategy;
-
-#[async_trait]
-impl Strategy for PriorityClassStrategy {
-    async fn admit_create(
-        &self,
-        cx: &dyn AdmissionCtx,
-        res: &'static ResourceInfo,
-        _ns: Option<&str>,
-        obj: &mut Value,
-    ) -> ApiResult<()> {
-        if obj.get("globalDefault").and_then(Value::as_bool) != Some(true) {
-            return Ok(());
-        }
-        let name = meta_str(obj, "name").to_string();
-        let classes = cx.consistent_list(res, None, true).await?;
-        if let Some(other) = classes.iter().find(|c| {
-            c.get("globalDefault").and_then(Value::as_bool) == Some(true)
-                && meta_str(c, "name") != name
-        }) {
-            return Err(forbidden(
-                res,
-                &name,
-                &format!(
-                    "PriorityClass {} is already marked as default. Only one default can exist",
-                    meta_str(other, "name")
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
+use crate::admission::quota::usage_in_namespace;
 
 pub struct ResourceQuotaStrategy;
 

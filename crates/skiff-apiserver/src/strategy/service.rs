@@ -161,10 +161,6 @@ fn services() -> &'static ResourceInfo {
     resources::lookup("", "v1", "services").expect("services")
 }
 
-fn store_error(e: skiff_store::Error) -> ApiError {
-    ApiError::internal(format!("allocation range: {e}"))
-}
-
 /// The range's bitmap as every Service holds it.
 async fn from_services(cx: &dyn AdmissionCtx, range: Range) -> ApiResult<Bitmap> {
     let mut bm = Bitmap::new(range.size());
@@ -179,11 +175,10 @@ async fn from_services(cx: &dyn AdmissionCtx, range: Range) -> ApiResult<Bitmap>
 /// Reads a range: its bitmap and the revision it was read at (`None`: not
 /// stored yet, or stored for another range; rebuilt from the Services).
 async fn read(cx: &dyn AdmissionCtx, range: Range) -> ApiResult<(Bitmap, Option<i64>)> {
-    let kv = cx.store().get(range.key()).await.map_err(store_error)?;
-    let Some(kv) = kv else {
+    let Some((value, revision)) = cx.read_range(range.key()).await? else {
         return Ok((from_services(cx, range).await?, None));
     };
-    let stored: Value = serde_json::from_slice(&kv.value)
+    let stored: Value = serde_json::from_slice(&value)
         .map_err(|e| ApiError::internal(format!("allocation range {}: {e}", range.key())))?;
     let data = stored
         .get("data")
@@ -195,14 +190,14 @@ async fn read(cx: &dyn AdmissionCtx, range: Range) -> ApiResult<(Bitmap, Option<
             if stored.get("range").and_then(Value::as_str) == Some(&range.name())
                 && bits.len() == size.div_ceil(8) as usize =>
         {
-            Ok((Bitmap { bits, size }, Some(kv.mod_revision)))
+            Ok((Bitmap { bits, size }, Some(revision)))
         }
         // Another range (the flag changed) or unreadable: rebuild, and
         // overwrite what is there at the revision read.
         _ => {
             let mut bm = from_services(cx, range).await?;
             bm.size = size;
-            Ok((bm, Some(kv.mod_revision)))
+            Ok((bm, Some(revision)))
         }
     }
 }
@@ -252,16 +247,8 @@ async fn modify<T: Send>(
             "data": base64::engine::general_purpose::STANDARD.encode(&bm.bits),
         });
         let bytes = bytes::Bytes::from(serde_json::to_vec(&body).expect("json"));
-        let written = match rev {
-            Some(rev) => cx.store().update(range.key(), bytes, rev).await,
-            None => cx.store().create(range.key(), bytes).await,
-        };
-        match written {
-            Ok(_) => return Ok(out),
-            Err(skiff_store::Error::Conflict { .. })
-            | Err(skiff_store::Error::AlreadyExists(_))
-            | Err(skiff_store::Error::NotFound(_)) => continue,
-            Err(e) => return Err(store_error(e)),
+        if cx.write_range(range.key(), bytes, rev).await? {
+            return Ok(out);
         }
     }
     Err(ApiError::internal(format!(
@@ -726,7 +713,7 @@ impl LeakRepair {
 
 /// Runs [`LeakRepair`] passes every [`REPAIR_INTERVAL`] until the server
 /// is gone.
-pub async fn repair_forever(reg: std::sync::Weak<crate::registry::Registry>) {
+pub async fn repair_forever(reg: std::sync::Weak<dyn AdmissionCtx>) {
     let mut repair = LeakRepair::default();
     loop {
         tokio::time::sleep(REPAIR_INTERVAL).await;

@@ -10,8 +10,8 @@ use serde_json::Value;
 use skiff_core::selector::LabelSelector;
 
 use super::rules::{self, Rule};
+use crate::admission::context::AdmissionCtx;
 use crate::outbound::ClientConfig;
-use crate::registry::Registry;
 use crate::watchcache::Filter;
 
 /// One webhook of a configuration.
@@ -92,7 +92,7 @@ fn parsed_cache() -> &'static Mutex<HashMap<(String, i64), Parsed>> {
 
 /// The webhooks of every configuration of one kind (`mutating` or not), in
 /// order of configuration name then webhook order.
-pub fn webhooks(reg: &Registry, mutating: bool) -> Vec<Arc<Webhook>> {
+pub fn webhooks(cx: &dyn AdmissionCtx, mutating: bool) -> Vec<Arc<Webhook>> {
     let plural = if mutating {
         "mutatingwebhookconfigurations"
     } else {
@@ -101,7 +101,7 @@ pub fn webhooks(reg: &Registry, mutating: bool) -> Vec<Arc<Webhook>> {
     let res = skiff_core::resources::lookup("admissionregistration.k8s.io", "v1", plural)
         .expect("webhook configurations are served");
     // Keys are the names here (cluster-scoped), so this is name order.
-    let objects = reg.cache().resource(res).snapshot(&Filter::default());
+    let objects = cx.cache().resource(res).snapshot(&Filter::default());
     let mut out = Vec::new();
     for o in objects {
         let Some(v) = o.value() else { continue };

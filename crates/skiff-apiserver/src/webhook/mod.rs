@@ -1,10 +1,12 @@
 //! Dynamic admission: MutatingWebhookConfigurations and
 //! ValidatingWebhookConfigurations (`admissionregistration.k8s.io/v1`).
 //!
-//! The registry calls [`mutate`] after the built-in mutating admission and
-//! [`validate`] after validation, at Kubernetes' points of its create,
-//! update and delete pipelines. Configurations come from the watch cache,
-//! parsed once per version ([`config`]); which webhooks apply is
+//! Three plugins of the admission chain ([`crate::admission::CHAIN`]):
+//! [`MutatingAdmissionWebhook`] after the built-in mutating plugins,
+//! [`ValidatingAdmissionPolicy`] and [`ValidatingAdmissionWebhook`] after
+//! validation, at Kubernetes' points of its create, update and delete
+//! pipelines; they read through [`AdmissionCtx`], never the registry.
+//! Configurations come from the watch cache, parsed once per version ([`config`]); which webhooks apply is
 //! [`rules`]; each call is an AdmissionReview v1 over HTTPS
 //! ([`crate::outbound`], [`review`]). Mutating webhooks run one after the
 //! other in order of configuration name then webhook order, with one
@@ -25,84 +27,19 @@ pub mod policy;
 pub mod review;
 pub mod rules;
 
-use std::sync::{Arc, Mutex};
-
 use serde_json::{json, Value};
 use skiff_core::resources::{ResourceInfo, RESOURCES};
 use skiff_core::{ApiError, ApiResult};
 
 use crate::auth::Identity;
-use crate::registry::{DeleteOptions, Registry, WriteOptions};
+use crate::options::{DeleteOptions, WriteOptions};
+use async_trait::async_trait;
+
+use crate::admission::context::AdmissionCtx;
+use crate::admission::plugin::{self as admission, AdmissionPlugin, Options};
 pub use rules::Operation;
 
-/// What admission hands back to the request beyond its result: warnings
-/// (sent as `Warning` headers) and audit annotations. Shared by the clones
-/// of a request's options.
-#[derive(Debug, Clone, Default)]
-pub struct Admission {
-    out: Arc<Mutex<Output>>,
-    /// The request's own dryRun when the registry runs a step as a dry run
-    /// for itself (server-side apply creating an object).
-    pub dry_run: Option<bool>,
-    /// Dynamic admission already ran on another form of the request (the
-    /// Scale of a `scale` update): the update of the object skips it.
-    pub done: bool,
-    /// The resource at the version the client asked for (`requestKind`,
-    /// `requestResource`, and what matchPolicy Exact matches); `None`:
-    /// the stored version.
-    pub request: Option<&'static ResourceInfo>,
-}
-
-#[derive(Debug, Default)]
-struct Output {
-    warnings: Vec<String>,
-    audit_annotations: Vec<(String, String)>,
-}
-
-impl Admission {
-    pub fn warn(&self, w: impl Into<String>) {
-        let w = w.into();
-        let mut o = self.out.lock().unwrap_or_else(|e| e.into_inner());
-        if !o.warnings.contains(&w) {
-            o.warnings.push(w);
-        }
-    }
-
-    /// The warnings collected so far (each once).
-    pub fn take_warnings(&self) -> Vec<String> {
-        std::mem::take(&mut self.out.lock().unwrap_or_else(|e| e.into_inner()).warnings)
-    }
-
-    pub fn annotate(&self, key: String, value: String) {
-        self.out
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .audit_annotations
-            .push((key, value));
-    }
-
-    /// At the end of a request: its audit event gets the annotations, the
-    /// caller the warnings.
-    pub fn finish(&self, audit: Option<&crate::audit::Slot>) -> Vec<String> {
-        let annotations = self.take_audit_annotations();
-        if let Some(slot) = audit {
-            for (k, v) in annotations {
-                slot.annotate(k, v);
-            }
-        }
-        self.take_warnings()
-    }
-
-    pub fn take_audit_annotations(&self) -> Vec<(String, String)> {
-        std::mem::take(
-            &mut self
-                .out
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .audit_annotations,
-        )
-    }
-}
+pub use crate::options::Admission;
 
 /// One admission request, as the webhooks see it.
 #[derive(Debug, Clone)]
@@ -204,67 +141,116 @@ fn write_attributes<'a>(
     })
 }
 
-/// Mutating webhooks for a create (after the built-in mutating admission).
-pub async fn admit_create(
-    reg: &Registry,
-    res: &'static ResourceInfo,
-    obj: &mut Value,
-    opts: &WriteOptions,
-) -> ApiResult<()> {
-    // Owned: the object changes under the webhooks.
-    let (ns, name) = ns_name(obj);
-    let (ns, name) = (ns.to_string(), name.to_string());
-    let Some(a) = write_attributes(res, Operation::Create, "", (&ns, &name), opts) else {
-        return Ok(());
-    };
-    review::mutate(reg, &a, obj, None).await
+/// MutatingAdmissionWebhook: the mutating webhooks (after the built-in
+/// mutating plugins), on creates and updates.
+pub struct MutatingAdmissionWebhook;
+
+#[async_trait]
+impl AdmissionPlugin for MutatingAdmissionWebhook {
+    fn name(&self) -> &'static str {
+        "MutatingAdmissionWebhook"
+    }
+
+    fn handles(&self, a: &admission::Attributes<'_>) -> bool {
+        matches!(a.options, Options::Write(_))
+            && matches!(a.op, Operation::Create | Operation::Update)
+    }
+
+    async fn mutate(
+        &self,
+        cx: &dyn AdmissionCtx,
+        a: &admission::Attributes<'_>,
+        obj: &mut Value,
+    ) -> ApiResult<()> {
+        let Options::Write(opts) = a.options else {
+            return Ok(());
+        };
+        let sub = a.sub.as_str().unwrap_or("");
+        let old = a.old;
+        // Owned: the object changes under the webhooks.
+        let (ns, name) = ns_name(old.unwrap_or(obj));
+        let (ns, name) = (ns.to_string(), name.to_string());
+        let Some(w) = write_attributes(a.res, a.op, sub, (&ns, &name), opts) else {
+            return Ok(());
+        };
+        review::mutate(cx, &w, obj, old).await
+    }
 }
 
-/// Validating webhooks for a create (after validation).
-pub async fn validate_create(
-    reg: &Registry,
-    res: &'static ResourceInfo,
-    obj: &Value,
-    opts: &WriteOptions,
-) -> ApiResult<()> {
-    let Some(a) = write_attributes(res, Operation::Create, "", ns_name(obj), opts) else {
-        return Ok(());
-    };
-    policy::validate(reg, &a, Some(obj), None).await?;
-    review::validate(reg, &a, Some(obj), None).await
+/// The attributes policies and validating webhooks see, if any.
+fn validating_attributes<'a>(
+    a: &admission::Attributes<'a>,
+    obj: Option<&'a Value>,
+) -> Option<Attributes<'a>> {
+    let sub = a.sub.as_str().unwrap_or("");
+    match a.options {
+        Options::Write(opts) => {
+            let named = a.old.or(obj)?;
+            write_attributes(a.res, a.op, sub, ns_name(named), opts)
+        }
+        Options::Delete(opts) => {
+            let user = opts.user.as_ref()?;
+            let (ns, name) = ns_name(a.old?);
+            if exempt(a.res, ns) {
+                return None;
+            }
+            Some(delete_attributes(a.res, ns, name, user, opts))
+        }
+    }
 }
 
-/// Mutating webhooks for an update of the object or a subresource.
-pub async fn admit_update(
-    reg: &Registry,
-    res: &'static ResourceInfo,
-    sub: Option<&str>,
-    old: &Value,
-    new: &mut Value,
-    opts: &WriteOptions,
-) -> ApiResult<()> {
-    let sub = sub.unwrap_or("");
-    let Some(a) = write_attributes(res, Operation::Update, sub, ns_name(old), opts) else {
-        return Ok(());
-    };
-    review::mutate(reg, &a, new, Some(old)).await
+/// ValidatingAdmissionPolicy: the policies bound to the request, on
+/// creates, updates and deletes.
+pub struct ValidatingAdmissionPolicy;
+
+#[async_trait]
+impl AdmissionPlugin for ValidatingAdmissionPolicy {
+    fn name(&self) -> &'static str {
+        "ValidatingAdmissionPolicy"
+    }
+
+    fn handles(&self, a: &admission::Attributes<'_>) -> bool {
+        a.user().is_some()
+    }
+
+    async fn validate(
+        &self,
+        cx: &dyn AdmissionCtx,
+        a: &admission::Attributes<'_>,
+        obj: Option<&Value>,
+    ) -> ApiResult<()> {
+        match validating_attributes(a, obj) {
+            Some(w) => policy::validate(cx, &w, obj, a.old).await,
+            None => Ok(()),
+        }
+    }
 }
 
-/// Validating webhooks for an update.
-pub async fn validate_update(
-    reg: &Registry,
-    res: &'static ResourceInfo,
-    sub: Option<&str>,
-    old: &Value,
-    new: &Value,
-    opts: &WriteOptions,
-) -> ApiResult<()> {
-    let sub = sub.unwrap_or("");
-    let Some(a) = write_attributes(res, Operation::Update, sub, ns_name(old), opts) else {
-        return Ok(());
-    };
-    policy::validate(reg, &a, Some(new), Some(old)).await?;
-    review::validate(reg, &a, Some(new), Some(old)).await
+/// ValidatingAdmissionWebhook: the validating webhooks (in parallel), on
+/// creates, updates and deletes.
+pub struct ValidatingAdmissionWebhook;
+
+#[async_trait]
+impl AdmissionPlugin for ValidatingAdmissionWebhook {
+    fn name(&self) -> &'static str {
+        "ValidatingAdmissionWebhook"
+    }
+
+    fn handles(&self, a: &admission::Attributes<'_>) -> bool {
+        a.user().is_some()
+    }
+
+    async fn validate(
+        &self,
+        cx: &dyn AdmissionCtx,
+        a: &admission::Attributes<'_>,
+        obj: Option<&Value>,
+    ) -> ApiResult<()> {
+        match validating_attributes(a, obj) {
+            Some(w) => review::validate(cx, &w, obj, a.old).await,
+            None => Ok(()),
+        }
+    }
 }
 
 /// Mutating then validating admission of a `scale` update, on the Scale
@@ -272,9 +258,10 @@ pub async fn validate_update(
 /// `scale`, kind autoscaling/v1 Scale). Returns the options for the
 /// object's own update, which then skips dynamic admission.
 pub async fn admit_scale(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     res: &'static ResourceInfo,
     old: &Value,
+    old_scale: &Value,
     scale: &mut Value,
     opts: &WriteOptions,
 ) -> ApiResult<WriteOptions> {
@@ -287,7 +274,6 @@ pub async fn admit_scale(
     if exempt(res, ns) {
         return Ok(inner);
     }
-    let old_scale = crate::registry::to_scale(res, old)?;
     let a = Attributes {
         res,
         request_res: opts.admission.request.unwrap_or(res),
@@ -301,9 +287,9 @@ pub async fn admit_scale(
         kind: Some(("autoscaling", "v1", "Scale")),
         admission: &opts.admission,
     };
-    review::mutate(reg, &a, scale, Some(&old_scale)).await?;
-    policy::validate(reg, &a, Some(scale), Some(&old_scale)).await?;
-    review::validate(reg, &a, Some(scale), Some(&old_scale)).await?;
+    review::mutate(cx, &a, scale, Some(old_scale)).await?;
+    policy::validate(cx, &a, Some(scale), Some(old_scale)).await?;
+    review::validate(cx, &a, Some(scale), Some(old_scale)).await?;
     Ok(inner)
 }
 
@@ -366,7 +352,7 @@ fn percent_decode(s: &str) -> String {
 /// webhooks are called (their patches do not apply to a connection),
 /// then policies and validating webhooks, with the options object.
 pub async fn admit_connect(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     namespace: &str,
     pod: &str,
     sub: &str,
@@ -392,10 +378,10 @@ pub async fn admit_connect(
         admission: &admission,
     };
     let before = object.clone();
-    review::mutate(reg, &a, &mut object, None).await?;
+    review::mutate(cx, &a, &mut object, None).await?;
     let object = before;
-    policy::validate(reg, &a, Some(&object), None).await?;
-    review::validate(reg, &a, Some(&object), None).await
+    policy::validate(cx, &a, Some(&object), None).await?;
+    review::validate(cx, &a, Some(&object), None).await
 }
 
 /// The DeleteOptions object a delete's admission request carries.
@@ -439,7 +425,7 @@ fn delete_attributes<'a>(
 /// kube-apiserver's handler calls them before it reads anything: with
 /// neither object nor oldObject. They may deny; there is nothing to patch.
 pub async fn admit_delete(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     res: &'static ResourceInfo,
     ns: Option<&str>,
     name: &str,
@@ -452,26 +438,7 @@ pub async fn admit_delete(
     if exempt(res, ns) {
         return Ok(());
     }
-    review::mutate_delete(reg, &delete_attributes(res, ns, name, user, opts)).await
-}
-
-/// Validating webhooks for a delete (the object as it is, as oldObject).
-pub async fn validate_delete(
-    reg: &Registry,
-    res: &'static ResourceInfo,
-    old: &Value,
-    opts: &DeleteOptions,
-) -> ApiResult<()> {
-    let Some(user) = opts.user.as_ref() else {
-        return Ok(());
-    };
-    let (ns, name) = ns_name(old);
-    if exempt(res, ns) {
-        return Ok(());
-    }
-    let a = delete_attributes(res, ns, name, user, opts);
-    policy::validate(reg, &a, None, Some(old)).await?;
-    review::validate(reg, &a, None, Some(old)).await
+    review::mutate_delete(cx, &delete_attributes(res, ns, name, user, opts)).await
 }
 
 /// The 400 a dry-run request gets from a webhook with side effects.

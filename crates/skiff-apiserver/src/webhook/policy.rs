@@ -19,7 +19,7 @@ use skiff_core::{ApiError, ApiResult};
 
 use super::rules::{self, MatchCondition, Rule};
 use super::{equivalents, Attributes};
-use crate::registry::Registry;
+use crate::admission::context::AdmissionCtx;
 use crate::watchcache::{CachedObject, Filter};
 
 type Compiled = Result<Program, String>;
@@ -284,19 +284,19 @@ fn parsed(o: &CachedObject, make: impl FnOnce(&Value) -> Parsed) -> Option<Arc<P
     Some(p)
 }
 
-fn all(reg: &Registry, plural: &str) -> Vec<Arc<CachedObject>> {
+fn all(cx: &dyn AdmissionCtx, plural: &str) -> Vec<Arc<CachedObject>> {
     let res = resources::lookup("admissionregistration.k8s.io", "v1", plural).expect("served");
-    reg.cache().resource(res).snapshot(&Filter::default())
+    cx.cache().resource(res).snapshot(&Filter::default())
 }
 
 /// The bindings in name order with their policies.
-fn bindings(reg: &Registry) -> Vec<(Arc<Binding>, Option<Arc<Policy>>)> {
-    let raw = all(reg, "validatingadmissionpolicybindings");
+fn bindings(cx: &dyn AdmissionCtx) -> Vec<(Arc<Binding>, Option<Arc<Policy>>)> {
+    let raw = all(cx, "validatingadmissionpolicybindings");
     if raw.is_empty() {
         return Vec::new();
     }
     let mut policies: HashMap<String, Arc<Policy>> = HashMap::new();
-    for o in all(reg, "validatingadmissionpolicies") {
+    for o in all(cx, "validatingadmissionpolicies") {
         if let Some(p) = parsed(&o, |v| Parsed::Policy(Arc::new(Policy::from_json(v)))) {
             if let Parsed::Policy(p) = &*p {
                 policies.insert(p.name.clone(), p.clone());
@@ -334,7 +334,7 @@ fn denial(p: &Policy, b: &Binding, message: &str, reason: &str) -> ApiError {
 
 /// The parameter objects a binding names (`None`: no params used).
 fn params(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     a: &Attributes<'_>,
     p: &Policy,
     b: &Binding,
@@ -366,7 +366,7 @@ fn params(
         "" => None,
         ns => Some(ns.to_string()),
     };
-    let cache = reg.cache().resource(res);
+    let cache = cx.cache().resource(res);
     let name = str_at(r, "/name");
     let found: Vec<Value> = if !name.is_empty() {
         cache
@@ -477,12 +477,12 @@ fn evaluate(
 
 /// Runs every binding's policy that selects the request.
 pub async fn validate(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     a: &Attributes<'_>,
     obj: Option<&Value>,
     old: Option<&Value>,
 ) -> ApiResult<()> {
-    let bs = bindings(reg);
+    let bs = bindings(cx);
     if bs.is_empty() {
         return Ok(());
     }
@@ -490,7 +490,7 @@ pub async fn validate(
     let namespace_obj: Value = if a.namespace.is_empty() {
         Value::Null
     } else {
-        reg.cache()
+        cx.cache()
             .resource(ns_res)
             .get(&crate::object::object_key(ns_res, None, a.namespace))
             .and_then(|o| o.value())
@@ -533,15 +533,15 @@ pub async fn validate(
                 }
             }
         }
-        let params = match params(reg, a, &p, &b) {
+        let params = match params(cx, a, &p, &b) {
             Ok(ps) => ps,
             Err(EvalError(e)) => {
                 fail_or_skip(e)?;
                 continue;
             }
         };
-        let object = super::review::in_version(reg, a, version, obj).await?;
-        let old_object = super::review::in_version(reg, a, version, old).await?;
+        let object = super::review::in_version(cx, a, version, obj).await?;
+        let old_object = super::review::in_version(cx, a, version, old).await?;
         let request = super::review::request(a, version, "v1", "", Value::Null, Value::Null)
             ["request"]
             .clone();

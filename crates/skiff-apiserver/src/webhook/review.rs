@@ -12,7 +12,7 @@ use skiff_core::{ApiError, ApiResult};
 
 use super::config::{webhooks, Webhook};
 use super::{equivalents, no_dry_run, rules, Attributes};
-use crate::registry::Registry;
+use crate::admission::context::AdmissionCtx;
 
 /// Why a call did not produce an answer (subject to failurePolicy).
 #[derive(Debug)]
@@ -32,7 +32,7 @@ pub struct Answer {
 /// object's own for a Namespace, the namespace's for namespaced objects,
 /// `None` (always matches) for other cluster-scoped objects.
 fn namespace_labels(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     a: &Attributes<'_>,
     obj: Option<&Value>,
     old: Option<&Value>,
@@ -44,7 +44,7 @@ fn namespace_labels(
         return None;
     }
     let ns_res = skiff_core::resources::lookup("", "v1", "namespaces").expect("namespaces");
-    let labels = reg
+    let labels = cx
         .cache()
         .resource(ns_res)
         .get(&crate::object::object_key(ns_res, None, a.namespace))
@@ -125,14 +125,14 @@ fn group_version_resource(r: &ResourceInfo) -> Value {
 /// `version` sees it: in that version (a custom resource whose definition
 /// converts by webhook through its conversion webhook), `null` for none.
 pub async fn in_version(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     a: &Attributes<'_>,
     version: &'static ResourceInfo,
     v: Option<&Value>,
 ) -> ApiResult<Value> {
     Ok(match (v, a.kind) {
         (Some(v), None) if crate::crd::conversion::uses_webhook(version) => {
-            crate::crd::conversion::from_storage(reg, version, v.clone()).await?
+            crate::crd::conversion::from_storage(cx.resolver(), version, v.clone()).await?
         }
         (Some(v), None) => skiff_core::convert::from_storage(version, v.clone()),
         (Some(v), Some(_)) => v.clone(),
@@ -289,7 +289,7 @@ pub fn denied(name: &str, status: Option<&Value>) -> ApiError {
 /// Calls one webhook with the objects [`in_version`]. `Err(CallError)` is
 /// subject to failurePolicy.
 async fn call(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     h: &Webhook,
     a: &Attributes<'_>,
     version: &'static ResourceInfo,
@@ -299,7 +299,7 @@ async fn call(
     let client = h.client.as_ref().map_err(|e| CallError(e.clone()))?;
     let uid = uuid::Uuid::new_v4().to_string();
     let body = request(a, version, h.review_version, &uid, object, old_object);
-    let out = crate::outbound::post_json(client, reg, &body, h.timeout)
+    let out = crate::outbound::post_json(client, cx.resolver(), &body, h.timeout)
         .await
         .map_err(|e| CallError(format!("failed to call webhook: {e}")))?;
     answer(&out, &uid, h.review_version)
@@ -334,20 +334,20 @@ fn record(a: &Attributes<'_>, h: &Webhook, ans: &Answer) {
 /// Runs the mutating webhooks on `obj` in order, then once more those with
 /// reinvocationPolicy IfNeeded that ran before a later webhook changed it.
 pub async fn mutate(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     a: &Attributes<'_>,
     obj: &mut Value,
     old: Option<&Value>,
 ) -> ApiResult<()> {
-    let hooks = webhooks(reg, true);
+    let hooks = webhooks(cx, true);
     if hooks.is_empty() {
         return Ok(());
     }
-    let ns_labels = namespace_labels(reg, a, Some(obj), old);
+    let ns_labels = namespace_labels(cx, a, Some(obj), old);
     let mut last_change: Option<usize> = None;
     let mut called: Vec<usize> = Vec::new();
     for (i, h) in hooks.iter().enumerate() {
-        if let Some(changed) = mutate_one(reg, a, h, obj, old, &ns_labels).await? {
+        if let Some(changed) = mutate_one(cx, a, h, obj, old, &ns_labels).await? {
             called.push(i);
             if changed {
                 last_change = Some(i);
@@ -359,7 +359,7 @@ pub async fn mutate(
     };
     for i in called {
         if i < last && hooks[i].reinvoke {
-            mutate_one(reg, a, &hooks[i], obj, old, &ns_labels).await?;
+            mutate_one(cx, a, &hooks[i], obj, old, &ns_labels).await?;
         }
     }
     Ok(())
@@ -388,17 +388,17 @@ fn called_at(
 
 /// The mutating webhooks of a DELETE (no object, no oldObject): called in
 /// order, each may deny; a patch has nothing to apply to.
-pub async fn mutate_delete(reg: &Registry, a: &Attributes<'_>) -> ApiResult<()> {
-    let hooks = webhooks(reg, true);
+pub async fn mutate_delete(cx: &dyn AdmissionCtx, a: &Attributes<'_>) -> ApiResult<()> {
+    let hooks = webhooks(cx, true);
     if hooks.is_empty() {
         return Ok(());
     }
-    let ns_labels = namespace_labels(reg, a, None, None);
+    let ns_labels = namespace_labels(cx, a, None, None);
     for h in hooks.iter() {
         let Some(version) = called_at(h, a, &ns_labels, None, None)? else {
             continue;
         };
-        let ans = match call(reg, h, a, version, Value::Null, Value::Null).await {
+        let ans = match call(cx, h, a, version, Value::Null, Value::Null).await {
             Ok(ans) => ans,
             Err(e) => {
                 failed(h, e)?;
@@ -416,7 +416,7 @@ pub async fn mutate_delete(reg: &Registry, a: &Attributes<'_>) -> ApiResult<()> 
 /// Calls one mutating webhook if it applies: `None` when it does not,
 /// else whether it changed the object.
 async fn mutate_one(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     a: &Attributes<'_>,
     h: &Arc<Webhook>,
     obj: &mut Value,
@@ -427,9 +427,9 @@ async fn mutate_one(
         return Ok(None);
     };
     // Conversion failing is the request's error, whatever the policy.
-    let view = in_version(reg, a, version, Some(obj)).await?;
-    let old_view = in_version(reg, a, version, old).await?;
-    let ans = match call(reg, h, a, version, view.clone(), old_view).await {
+    let view = in_version(cx, a, version, Some(obj)).await?;
+    let old_view = in_version(cx, a, version, old).await?;
+    let ans = match call(cx, h, a, version, view.clone(), old_view).await {
         Ok(ans) => ans,
         Err(e) => return failed(h, e).map(|_| Some(false)),
     };
@@ -448,7 +448,7 @@ async fn mutate_one(
         ))
     })?;
     let mut patched = if own_kind && crate::crd::conversion::uses_webhook(version) {
-        crate::crd::conversion::to_storage(reg, version, patched).await?
+        crate::crd::conversion::to_storage(cx.resolver(), version, patched).await?
     } else if own_kind {
         skiff_core::convert::to_storage(version, patched)
     } else {
@@ -481,25 +481,25 @@ async fn mutate_one(
 /// Runs the validating webhooks that apply, in parallel; the first denial
 /// or failure (in webhook order) is the request's error.
 pub async fn validate(
-    reg: &Registry,
+    cx: &dyn AdmissionCtx,
     a: &Attributes<'_>,
     obj: Option<&Value>,
     old: Option<&Value>,
 ) -> ApiResult<()> {
-    let hooks = webhooks(reg, false);
+    let hooks = webhooks(cx, false);
     if hooks.is_empty() {
         return Ok(());
     }
-    let ns_labels = namespace_labels(reg, a, obj, old);
+    let ns_labels = namespace_labels(cx, a, obj, old);
     let mut calls = Vec::new();
     for h in &hooks {
         let Some(version) = called_at(h, a, &ns_labels, obj, old)? else {
             continue;
         };
         calls.push(async move {
-            let view = in_version(reg, a, version, obj).await?;
-            let old_view = in_version(reg, a, version, old).await?;
-            match call(reg, h, a, version, view, old_view).await {
+            let view = in_version(cx, a, version, obj).await?;
+            let old_view = in_version(cx, a, version, old).await?;
+            match call(cx, h, a, version, view, old_view).await {
                 Ok(ans) => {
                     record(a, h, &ans);
                     if ans.allowed {

@@ -1,33 +1,20 @@
-//! ResourceQuota admission on create, generic over kinds: the usage an
-//! object brings (its kind's rules say) checked against every quota of
-//! its namespace. The decisions are in `skiff_core::admission`; the
-//! plugins that belong to one kind (ServiceAccount, Priority, LimitRanger,
-//! ...) are that kind's strategy's `admit_create`.
+//! Kubernetes' ResourceQuota admission plugin, generic over kinds: the
+//! usage a new object brings (its kind's rules say) checked against every
+//! quota of its namespace, and the quotas' `status.used` charged at once
+//! (as Kubernetes' quota evaluator does; the quota controller reconciles
+//! it later). The decisions are in `skiff_core::admission`.
 
 use std::collections::BTreeMap;
 
+use async_trait::async_trait;
 use serde_json::{Map, Value};
 use skiff_core::admission as core;
-use skiff_core::error::group_resource;
 use skiff_core::resources::{self, ResourceInfo};
-use skiff_core::{ApiError, ApiResult};
+use skiff_core::ApiResult;
 
+use super::context::AdmissionCtx;
+use super::plugin::{forbidden, AdmissionPlugin, Attributes, Operation};
 use crate::object::meta_str;
-use crate::strategy::AdmissionCtx;
-
-/// 403 as an admission plugin answers it: `pods "x" is forbidden: ...`.
-pub fn forbidden(res: &ResourceInfo, name: &str, msg: &str) -> ApiError {
-    let mut e = ApiError::forbidden(format!(
-        "{} {name:?} is forbidden: {msg}",
-        group_resource(res.group, res.plural)
-    ));
-    e.name = Some(name.to_string());
-    e.kind = Some(res.plural.to_string());
-    if !res.group.is_empty() {
-        e.group = Some(res.group.to_string());
-    }
-    e
-}
 
 fn lookup(group: &str, version: &str, plural: &str) -> &'static ResourceInfo {
     resources::lookup(group, version, plural).expect("built-in resource")
@@ -82,15 +69,15 @@ pub(crate) async fn usage_in_namespace(
 }
 
 /// A quota whose status the create will update: (name, new status.used).
-pub struct QuotaCharge {
-    pub name: String,
-    pub used: Value,
-    pub hard: Map<String, Value>,
+struct QuotaCharge {
+    name: String,
+    used: Value,
+    hard: Map<String, Value>,
 }
 
 /// ResourceQuota admission of a new object: every quota of the namespace
 /// that limits what the object consumes must leave room for it.
-pub async fn check_quota(
+async fn check_quota(
     cx: &dyn AdmissionCtx,
     res: &'static ResourceInfo,
     ns: Option<&str>,
@@ -144,4 +131,50 @@ pub async fn check_quota(
         });
     }
     Ok(charges)
+}
+
+/// ResourceQuota: a create must fit every quota of its namespace that
+/// tracks what it consumes; the quotas' usage is charged when it does.
+pub struct ResourceQuota;
+
+#[async_trait]
+impl AdmissionPlugin for ResourceQuota {
+    fn name(&self) -> &'static str {
+        "ResourceQuota"
+    }
+
+    fn handles(&self, a: &Attributes<'_>) -> bool {
+        a.op == Operation::Create && a.res.namespaced
+    }
+
+    async fn validate(
+        &self,
+        cx: &dyn AdmissionCtx,
+        a: &Attributes<'_>,
+        obj: Option<&Value>,
+    ) -> ApiResult<()> {
+        let Some(obj) = obj else {
+            return Ok(());
+        };
+        let charges = check_quota(cx, a.res, a.namespace, obj).await?;
+        if a.dry_run() {
+            return Ok(());
+        }
+        let quotas = lookup("", "v1", "resourcequotas");
+        for c in charges {
+            let status = serde_json::json!({"hard": c.hard, "used": c.used});
+            let mut change = |mut q: Value| {
+                q["status"] = status.clone();
+                Ok(Some(q))
+            };
+            // Best effort: admission recomputes usage from the objects.
+            if let Err(e) = cx
+                .update_object(quotas, a.namespace, &c.name, &mut change)
+                .await
+            {
+                tracing::debug!("recording quota usage in {}: {}", c.name, e.message);
+            }
+        }
+        Ok(())
+    }
 }
