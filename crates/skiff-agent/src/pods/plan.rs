@@ -293,7 +293,8 @@ pub enum Step {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct StartContainer {
-    pub container: Container,
+    /// Boxed: a container spec is a few KB, the other steps a few words.
+    pub container: Box<Container>,
     pub role: Role,
     /// The restart count: one more than the previous instance's.
     pub attempt: u32,
@@ -440,7 +441,7 @@ pub fn compute_pod_actions(
     let mut waiting = vec![];
     let start = |c: &Container, role, attempt, backoff| {
         Step::Start(StartContainer {
-            container: c.clone(),
+            container: Box::new(c.clone()),
             role,
             attempt,
             backoff,
@@ -559,7 +560,7 @@ pub fn compute_pod_actions(
                     },
                 };
                 steps.push(Step::Start(StartContainer {
-                    container: spec::ephemeral_as_container(ec),
+                    container: Box::new(spec::ephemeral_as_container(ec)),
                     role: Role::Ephemeral,
                     attempt: 0,
                     backoff: None,
