@@ -231,6 +231,8 @@ pub async fn run_as(identities: Identities, options: HollowOptions) -> Result<()
             dns: Default::default(),
             // Nor set containers' environments.
             services: crate::svcenv::Services::fixed(Default::default()),
+            host: Arc::new(crate::host::RealHost),
+            clock: Arc::new(crate::clock::SystemClock),
         });
         // Each node's pod watch starts as the node registers (kubelets do
         // not all start at once) and runs as its own task: started all

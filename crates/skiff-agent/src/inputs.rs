@@ -426,6 +426,7 @@ fn project(
 /// Secret volumes follow their objects.
 pub async fn prepare_volumes(
     f: &mut Fetcher,
+    host: &dyn crate::host::Host,
     pod: &Pod,
     dir: &Path,
     host_ip: &str,
@@ -440,20 +441,11 @@ pub async fn prepare_volumes(
         let vdir = dir.join(&v.name);
         let io = |e: std::io::Error| format!("volume {:?}: {e}", v.name);
         if let Some(ed) = &v.empty_dir {
-            std::fs::create_dir_all(&vdir).map_err(io)?;
-            if ed.medium.as_deref() == Some("Memory") && !is_mountpoint(&vdir) {
-                let mut opts = String::from("mode=0777");
-                if let Some(limit) = ed.size_limit.as_ref().and_then(quantity) {
-                    opts.push_str(&format!(",size={}", limit as u64));
-                }
-                let st = std::process::Command::new("mount")
-                    .args(["-t", "tmpfs", "-o", &opts, "tmpfs"])
-                    .arg(&vdir)
-                    .status()
-                    .map_err(|e| format!("mounting tmpfs for {:?}: {e}", v.name))?;
-                if !st.success() {
-                    return Err(format!("mounting tmpfs for volume {:?} failed", v.name));
-                }
+            host.create_dir_all(&vdir).map_err(io)?;
+            if ed.medium.as_deref() == Some("Memory") && !host.is_mountpoint(&vdir) {
+                let size = ed.size_limit.as_ref().and_then(quantity).map(|l| l as u64);
+                host.mount_tmpfs(&vdir, size)
+                    .map_err(|e| format!("mounting tmpfs for volume {:?} failed: {e}", v.name))?;
             } else {
                 use std::os::unix::fs::PermissionsExt;
                 let _ = std::fs::set_permissions(&vdir, std::fs::Permissions::from_mode(0o777));
@@ -576,27 +568,10 @@ pub async fn prepare_volumes(
     Ok(out)
 }
 
-fn is_mountpoint(p: &Path) -> bool {
-    let target = p.to_string_lossy().to_string();
-    std::fs::read_to_string("/proc/self/mounts")
-        .map(|m| {
-            m.lines()
-                .any(|l| l.split_whitespace().nth(1) == Some(target.as_str()))
-        })
-        .unwrap_or(false)
-}
-
-/// Unmounts tmpfs volumes of a pod directory before it is removed.
+/// Unmounts the tmpfs volumes of a pod directory before it is removed.
 pub fn unmount_all(dir: &Path) {
-    let prefix = dir.to_string_lossy().to_string();
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    for l in mounts.lines() {
-        if let Some(target) = l.split_whitespace().nth(1) {
-            if target.starts_with(&prefix) {
-                let _ = std::process::Command::new("umount").arg(target).status();
-            }
-        }
-    }
+    use crate::host::Host;
+    crate::host::RealHost.unmount_all(dir);
 }
 
 /// The CRI mounts of a container from its volumeMounts.

@@ -8,11 +8,13 @@
 //! complete, successful list of the node's pods.
 
 pub mod apilb;
+pub mod clock;
 pub mod containerd;
 pub mod credentials;
 pub mod cri;
 pub mod dns;
 pub mod hollow;
+pub mod host;
 pub mod image;
 pub mod inputs;
 pub mod join;
@@ -313,6 +315,8 @@ pub async fn run(
         resync: Duration::from_secs(1),
         dns,
         services,
+        host: Arc::new(host::RealHost),
+        clock: Arc::new(clock::SystemClock),
     });
     let index = reclaim::PodIndex::default();
     tasks.spawn(reclaim::run(

@@ -1,24 +1,36 @@
-//! Driving one pod to its spec. Each pod bound to the node has a worker
-//! that, on every change of the pod and every few seconds, observes what the
-//! runtime has for the pod (by the pod-uid label, so an agent restart adopts
-//! what is running), acts (sandbox, init containers in order, containers,
-//! restarts with back-off, probes, graceful termination) and writes the
-//! pod's status when it changed.
+//! Driving one pod to its spec, after kubelet's `SyncPod`. Each pod bound
+//! to the node has a worker that, on every change of the pod and every few
+//! seconds, observes what the runtime has for the pod (by the pod-uid
+//! label, so an agent restart adopts what is running), runs the probes that
+//! are due, asks [`plan::compute_pod_actions`] what to do (sandbox, init
+//! containers in order, containers, restarts with back-off, kills by
+//! probes, graceful termination), executes that, and writes the status
+//! [`plan::pod_status`] computes when it changed. Deciding is pure; the
+//! runtime, the host ([`Host`]), the clock ([`Clock`]) and the API are
+//! touched only here.
 
-use std::collections::{BTreeMap, HashMap};
+pub mod plan;
+
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use serde_json::{json, Value};
+use serde_json::json;
 
+use crate::clock::Clock;
 use crate::credentials;
+use crate::host::Host;
 use crate::inputs::{self, Fetcher};
 use crate::probes::{self, Kind, ProbeState};
 use crate::runtime::{cri, Runtime, ANNOTATION_SPEC_HASH};
 use crate::spec::{self, name, namespace, uid};
+use plan::{
+    KillContainer, KillReason, Observed, PodActions, ProbeRecord, Role, SandboxAction, SandboxSeen,
+    Seen, StartContainer, StatusInput, Step, SyncActions, Termination, Waiting,
+};
 
 /// What every pod worker of a node shares.
 pub struct NodeContext {
@@ -38,6 +50,10 @@ pub struct NodeContext {
     pub dns: crate::dns::ClusterDns,
     /// The Services whose variables containers get.
     pub services: crate::svcenv::Services,
+    /// The node's filesystem and mounts.
+    pub host: Arc<dyn Host>,
+    /// The time of back-off, probes and grace periods.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl NodeContext {
@@ -83,80 +99,136 @@ impl NodeContext {
     }
 }
 
-/// Restart back-off of one container name.
-#[derive(Debug, Clone)]
-struct Backoff {
-    delay: Duration,
-    restarted_at: Instant,
+/// Why a sync of a pod failed; each is retried at the next sync.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("observing the pod's sandboxes and containers: {0:#}")]
+    ObserveFailed(anyhow::Error),
+    #[error("creating the pod's log directory {path:?}: {source}")]
+    LogDirectoryFailed {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("reading the status of sandbox {id}: {error:#}")]
+    SandboxStatusFailed { id: String, error: anyhow::Error },
+    #[error("writing the pod's status: {0}")]
+    WriteStatusFailed(#[source] kube::Error),
+    #[error("deleting the terminated pod: {0}")]
+    DeleteFailed(#[source] kube::Error),
 }
 
-const BACKOFF_START: Duration = Duration::from_secs(10);
-const BACKOFF_MAX: Duration = Duration::from_secs(300);
-const BACKOFF_RESET_AFTER: i64 = 600;
-
-/// A container of the pod as the runtime reports it.
-#[derive(Debug, Clone)]
-struct Seen {
-    id: String,
-    name: String,
-    attempt: u32,
-    state: i32,
-    created_at: i64,
-    started_at: i64,
-    finished_at: i64,
-    exit_code: i32,
-    reason: String,
-    message: String,
-    image_ref: String,
-    hash: String,
+/// Why a container could not be started. Each is the waiting reason its
+/// status shows (kubelet's words) and is retried at a later sync; an image
+/// pull failure after a pull back-off.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    ImageNeverPull(String),
+    #[error("{0}")]
+    ImagePull(String),
+    #[error("{0}")]
+    ImagePullBackOff(String),
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Create(String),
+    #[error("{0}")]
+    Run(String),
 }
 
-fn is_running(s: &Seen) -> bool {
-    s.state == cri::ContainerState::ContainerRunning as i32
-}
-fn is_exited(s: &Seen) -> bool {
-    s.state == cri::ContainerState::ContainerExited as i32
-        || s.state == cri::ContainerState::ContainerUnknown as i32
+impl StartError {
+    /// The container's waiting reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            StartError::ImageNeverPull(_) => "ErrImageNeverPull",
+            StartError::ImagePull(_) => "ErrImagePull",
+            StartError::ImagePullBackOff(_) => "ImagePullBackOff",
+            StartError::Config(_) => "CreateContainerConfigError",
+            StartError::Create(_) => "CreateContainerError",
+            StartError::Run(_) => "RunContainerError",
+        }
+    }
+
+    /// The reason and message of the Warning event about it.
+    fn event(&self) -> (&'static str, String) {
+        match self {
+            StartError::ImageNeverPull(m) => ("ErrImageNeverPull", m.clone()),
+            StartError::ImagePull(m) => ("Failed", m.clone()),
+            StartError::ImagePullBackOff(m) => ("BackOff", m.clone()),
+            StartError::Config(m) | StartError::Create(m) | StartError::Run(m) => {
+                ("Failed", format!("Error: {m}"))
+            }
+        }
+    }
+
+    fn pulling(&self) -> bool {
+        matches!(
+            self,
+            StartError::ImagePull(_) | StartError::ImagePullBackOff(_)
+        )
+    }
 }
 
-fn rfc3339(nanos: i64) -> String {
-    k8s_openapi::jiff::Timestamp::from_nanosecond(nanos as i128)
-        .map(|t| {
-            t.round(k8s_openapi::jiff::Unit::Second)
-                .unwrap_or(t)
-                .to_string()
-        })
-        .unwrap_or_default()
-}
-
-fn now_rfc3339() -> String {
-    let t = k8s_openapi::jiff::Timestamp::now();
-    t.round(k8s_openapi::jiff::Unit::Second)
-        .unwrap_or(t)
-        .to_string()
+/// What a sync prepared for containers that read from the node.
+struct PodInputs {
+    fetcher: Fetcher,
+    volumes: std::collections::HashMap<String, PathBuf>,
 }
 
 /// The worker of one pod.
 pub struct PodWorker {
     ctx: Arc<NodeContext>,
-    backoff: HashMap<String, Backoff>,
-    probes: HashMap<(String, &'static str), (ProbeState, Instant)>,
-    /// Why a container could not be started (reason, message).
-    waiting: HashMap<String, (String, String)>,
-    pull_backoff: HashMap<String, Instant>,
+    memory: plan::Memory,
     /// A hash of the status last written (the status itself, as a JSON
     /// tree, was a few KB per pod kept only for this comparison).
     last_status: Option<u64>,
-    terminating: bool,
     /// The pod's ServiceAccount tokens (projected volumes).
     tokens: crate::satoken::TokenCache,
 }
 
-fn kind_key(k: Kind) -> &'static str {
-    match k {
-        Kind::Liveness => "liveness",
-        Kind::Readiness => "readiness",
-        Kind::Startup => "startup",
+fn seen_of(c: &cri::Container, st: cri::ContainerStatus) -> Seen {
+    let meta = st.metadata.unwrap_or_default();
+    Seen {
+        id: c.id.clone(),
+        name: meta.name,
+        attempt: meta.attempt,
+        state: plan::State::from_cri(st.state),
+        created_at: st.created_at,
+        started_at: st.started_at,
+        finished_at: st.finished_at,
+        exit_code: st.exit_code,
+        reason: st.reason,
+        message: st.message,
+        image_ref: st.image_ref,
+        hash: c
+            .annotations
+            .get(ANNOTATION_SPEC_HASH)
+            .cloned()
+            .unwrap_or_default(),
+    }
+}
+
+/// The pod's IP: its sandbox's, else the node's with host networking.
+fn pod_ip(pod: &Pod, sandbox_ip: &str, host_ip: &str) -> String {
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    if !sandbox_ip.is_empty() {
+        sandbox_ip.to_string()
+    } else if host_network {
+        host_ip.to_string()
+    } else {
+        String::new()
+    }
+}
+
+fn probe_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Liveness => "Liveness",
+        Kind::Readiness => "Readiness",
+        Kind::Startup => "Startup",
     }
 }
 
@@ -164,47 +236,67 @@ impl PodWorker {
     pub fn new(ctx: Arc<NodeContext>) -> PodWorker {
         PodWorker {
             ctx,
-            backoff: HashMap::new(),
-            probes: HashMap::new(),
-            waiting: HashMap::new(),
-            pull_backoff: HashMap::new(),
+            memory: Default::default(),
             last_status: None,
-            terminating: false,
             tokens: Default::default(),
         }
     }
 
-    async fn observe(&self, pod_uid: &str) -> anyhow::Result<(Vec<cri::PodSandbox>, Vec<Seen>)> {
+    async fn observe_containers(&self, pod_uid: &str) -> Result<Vec<Seen>, Error> {
         let rt = &self.ctx.runtime;
-        let sandboxes = rt.list_sandboxes(Some(pod_uid)).await?;
-        let listed = rt.list_containers(Some(pod_uid)).await?;
+        let listed = rt
+            .list_containers(Some(pod_uid))
+            .await
+            .map_err(Error::ObserveFailed)?;
         let mut seen = Vec::with_capacity(listed.len());
         for c in listed {
-            let Some(st) = rt.container_status(&c.id).await? else {
-                continue;
-            };
-            let meta = st.metadata.clone().unwrap_or_default();
-            seen.push(Seen {
-                id: c.id.clone(),
-                name: meta.name,
-                attempt: meta.attempt,
-                state: st.state,
-                created_at: st.created_at,
-                started_at: st.started_at,
-                finished_at: st.finished_at,
-                exit_code: st.exit_code,
-                reason: st.reason,
-                message: st.message,
-                image_ref: st.image_ref,
-                hash: c
-                    .annotations
-                    .get(ANNOTATION_SPEC_HASH)
-                    .cloned()
-                    .unwrap_or_default(),
-            });
-            let _ = &c.pod_sandbox_id;
+            let st = rt
+                .container_status(&c.id)
+                .await
+                .map_err(Error::ObserveFailed)?;
+            if let Some(st) = st {
+                seen.push(seen_of(&c, st));
+            }
         }
-        Ok((sandboxes, seen))
+        Ok(seen)
+    }
+
+    async fn observe(&self, pod_uid: &str) -> Result<Observed, Error> {
+        let rt = &self.ctx.runtime;
+        let sandboxes = rt
+            .list_sandboxes(Some(pod_uid))
+            .await
+            .map_err(Error::ObserveFailed)?
+            .into_iter()
+            .map(|sb| SandboxSeen {
+                ready: sb.state == cri::PodSandboxState::SandboxReady as i32,
+                created_at: sb.created_at,
+                attempt: sb.metadata.as_ref().map(|m| m.attempt).unwrap_or(0),
+                id: sb.id,
+            })
+            .collect();
+        let mut observed = Observed {
+            sandboxes,
+            containers: self.observe_containers(pod_uid).await?,
+            sandbox_ip: None,
+        };
+        if let Some(id) = observed.ready_sandbox().map(|s| s.id.clone()) {
+            observed.sandbox_ip = Some(self.sandbox_ip(&id).await?);
+        }
+        Ok(observed)
+    }
+
+    async fn sandbox_ip(&self, id: &str) -> Result<String, Error> {
+        let status = self.ctx.runtime.sandbox_status(id).await.map_err(|error| {
+            Error::SandboxStatusFailed {
+                id: id.to_string(),
+                error,
+            }
+        })?;
+        Ok(status
+            .and_then(|s| s.network)
+            .map(|n| n.ip)
+            .unwrap_or_default())
     }
 
     /// Tears down everything the runtime has for a pod that is gone from the
@@ -223,16 +315,18 @@ impl PodWorker {
                 let _ = rt.remove_sandbox(&s.id).await;
             }
         }
-        if rt.is_real() {
+        if rt.capabilities().reads_pod_inputs {
             let dir = self.ctx.pod_dir(pod_uid);
-            inputs::unmount_all(&dir);
-            let _ = std::fs::remove_dir_all(&dir);
+            self.ctx.host.unmount_all(&dir);
+            if let Err(e) = self.ctx.host.remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "removing a pod's directory failed");
+            }
         }
     }
 
     /// One pass over the pod; returns when to look again.
     pub async fn sync(&mut self, pod: &Pod) -> Duration {
-        match self.sync_inner(pod).await {
+        match self.sync_pod(pod).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(pod = %format!("{}/{}", namespace(pod), name(pod)), error = %e, "syncing pod failed");
@@ -241,572 +335,345 @@ impl PodWorker {
         }
     }
 
-    async fn sync_inner(&mut self, pod: &Pod) -> anyhow::Result<Duration> {
-        let pod_uid = uid(pod).to_string();
-        let spec = pod.spec.clone().unwrap_or_default();
-        if pod.metadata.deletion_timestamp.is_some() {
-            if !self.terminating {
-                self.terminating = true;
-                self.terminate(pod).await;
-                let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), namespace(pod));
-                let dp = DeleteParams {
-                    grace_period_seconds: Some(0),
-                    preconditions: Some(Preconditions {
-                        uid: Some(pod_uid.clone()),
-                        resource_version: None,
-                    }),
-                    ..Default::default()
-                };
-                match api.delete(name(pod), &dp).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                    Err(e) => {
-                        self.terminating = false;
-                        return Err(e.into());
-                    }
-                }
+    async fn sync_pod(&mut self, pod: &Pod) -> Result<Duration, Error> {
+        let deleting = pod.metadata.deletion_timestamp.is_some();
+        let observed = match self.observe(uid(pod)).await {
+            Ok(o) => o,
+            // A pod being deleted is deleted even when the runtime does not
+            // answer; what it had is swept up later.
+            Err(e) if deleting => {
+                tracing::debug!(error = %e, "terminating a pod the runtime does not list");
+                Observed::default()
             }
-            return Ok(Duration::from_secs(1));
+            Err(e) => return Err(e),
+        };
+        self.memory.probes.retain(|(id, _), _| {
+            observed
+                .containers
+                .iter()
+                .any(|s| s.running() && &s.id == id)
+        });
+        let probed = self.run_probes(pod, &observed).await;
+        let now = self.ctx.clock.now();
+        let caps = self.ctx.runtime.capabilities();
+        match plan::compute_pod_actions(pod, &observed, now, &self.memory, caps) {
+            PodActions::Terminate(t) => {
+                self.memory.terminating = true;
+                self.terminate(pod, &t).await;
+                if let Err(e) = self.delete(pod).await {
+                    self.memory.terminating = false;
+                    return Err(e);
+                }
+                Ok(Duration::from_secs(1))
+            }
+            PodActions::AwaitDeletion => Ok(Duration::from_secs(1)),
+            PodActions::StopFinished {
+                containers,
+                sandboxes,
+            } => {
+                for id in containers {
+                    let _ = self.ctx.runtime.stop_container(&id, 0).await;
+                }
+                for id in sandboxes {
+                    let _ = self.ctx.runtime.stop_sandbox(&id).await;
+                }
+                Ok(Duration::from_secs(30))
+            }
+            PodActions::Sync(actions) => self.execute(pod, observed, actions, probed).await,
         }
-        let phase = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.clone())
-            .unwrap_or_default();
-        let (sandboxes, seen) = self.observe(&pod_uid).await?;
-        if phase == "Succeeded" || phase == "Failed" {
-            // A finished pod keeps its status; its sandbox is stopped.
-            for s in &seen {
-                if is_running(s) {
-                    let _ = self.ctx.runtime.stop_container(&s.id, 0).await;
-                }
-            }
-            for sb in &sandboxes {
-                if sb.state == cri::PodSandboxState::SandboxReady as i32 {
-                    let _ = self.ctx.runtime.stop_sandbox(&sb.id).await;
-                }
-            }
-            return Ok(Duration::from_secs(30));
-        }
+    }
 
-        // The sandbox.
-        let ready = sandboxes
+    /// Every container of the pod waits for the same reason.
+    fn wait_all(&mut self, pod: &Pod, message: &str) {
+        let Some(spec) = pod.spec.as_ref() else {
+            return;
+        };
+        for c in spec
+            .containers
             .iter()
-            .filter(|s| s.state == cri::PodSandboxState::SandboxReady as i32)
-            .max_by_key(|s| s.created_at)
-            .cloned();
+            .chain(spec.init_containers.iter().flatten())
+        {
+            self.memory
+                .waiting
+                .insert(c.name.clone(), Waiting::new("ContainerCreating", message));
+        }
+    }
+
+    async fn execute(
+        &mut self,
+        pod: &Pod,
+        observed: Observed,
+        actions: SyncActions,
+        probed: bool,
+    ) -> Result<Duration, Error> {
+        let rt = self.ctx.runtime.clone();
         let logs_root = self.ctx.logs_root();
-        let (sandbox_id, sandbox_cfg) = match ready {
-            Some(sb) => {
-                let attempt = sb.metadata.as_ref().map(|m| m.attempt).unwrap_or(0);
-                (
-                    sb.id.clone(),
-                    spec::sandbox_config(pod, attempt, &logs_root, &self.ctx.dns),
-                )
-            }
-            None => {
-                // A sandbox that died takes its containers with it.
-                for s in &seen {
-                    let _ = self.ctx.runtime.remove_container(&s.id).await;
+        let (sandbox_id, sandbox_cfg, sandbox_ip) = match &actions.sandbox {
+            SandboxAction::Keep { id, attempt } => (
+                id.clone(),
+                spec::sandbox_config(pod, *attempt, &logs_root, &self.ctx.dns),
+                observed.sandbox_ip.clone().unwrap_or_default(),
+            ),
+            SandboxAction::Create {
+                attempt,
+                remove_containers,
+                remove_sandboxes,
+            } => {
+                for id in remove_containers {
+                    let _ = rt.remove_container(id).await;
                 }
-                for sb in &sandboxes {
-                    let _ = self.ctx.runtime.stop_sandbox(&sb.id).await;
-                    let _ = self.ctx.runtime.remove_sandbox(&sb.id).await;
+                for id in remove_sandboxes {
+                    let _ = rt.stop_sandbox(id).await;
+                    let _ = rt.remove_sandbox(id).await;
                 }
-                let cfg =
-                    spec::sandbox_config(pod, sandboxes.len() as u32, &logs_root, &self.ctx.dns);
-                if self.ctx.runtime.is_real() {
-                    std::fs::create_dir_all(&cfg.log_directory)?;
+                let cfg = spec::sandbox_config(pod, *attempt, &logs_root, &self.ctx.dns);
+                if actions.prepare_inputs {
+                    let path = PathBuf::from(&cfg.log_directory);
+                    self.ctx
+                        .host
+                        .create_dir_all(&path)
+                        .map_err(|source| Error::LogDirectoryFailed { path, source })?;
                 }
-                match self.ctx.runtime.run_sandbox(&cfg).await {
-                    Ok(id) => (id, cfg),
+                match rt.run_sandbox(&cfg).await {
+                    Ok(id) => {
+                        let ip = self.sandbox_ip(&id).await?;
+                        (id, cfg, ip)
+                    }
                     Err(e) => {
                         let msg = format!("Failed to create pod sandbox: {e}");
                         self.ctx
                             .event(pod, "Warning", "FailedCreatePodSandBox", msg.clone());
-                        for c in spec
-                            .containers
-                            .iter()
-                            .chain(spec.init_containers.iter().flatten())
-                        {
-                            self.waiting
-                                .insert(c.name.clone(), ("ContainerCreating".into(), msg.clone()));
-                        }
+                        self.wait_all(pod, &msg);
                         self.write_status(pod, None, &[], false).await?;
                         return Ok(Duration::from_secs(5));
                     }
                 }
             }
         };
-        let sb_status = self.ctx.runtime.sandbox_status(&sandbox_id).await?;
-        let pod_ip = sb_status
-            .as_ref()
-            .and_then(|s| s.network.as_ref())
-            .map(|n| n.ip.clone())
-            .filter(|ip| !ip.is_empty())
-            .unwrap_or_else(|| {
-                if spec.host_network.unwrap_or(false) {
-                    self.ctx.host_ip.clone()
-                } else {
-                    String::new()
-                }
-            });
-        let seen: Vec<Seen> = seen;
-        let mut fetcher =
-            Fetcher::with_tokens(self.ctx.client.clone(), std::mem::take(&mut self.tokens));
-        fetcher.node = self.ctx.node_name.clone();
-        let volumes = if self.ctx.runtime.is_real() {
+        let pod_ip = pod_ip(pod, &sandbox_ip, &self.ctx.host_ip);
+        for (name, w) in &actions.waiting {
+            self.memory.waiting.insert(name.clone(), w.clone());
+        }
+        let mut inputs = if actions.prepare_inputs {
+            let mut fetcher =
+                Fetcher::with_tokens(self.ctx.client.clone(), std::mem::take(&mut self.tokens));
+            fetcher.node = self.ctx.node_name.clone();
             let prepared = inputs::prepare_volumes(
                 &mut fetcher,
+                self.ctx.host.as_ref(),
                 pod,
-                &self.ctx.pod_dir(&pod_uid).join("volumes"),
+                &self.ctx.pod_dir(uid(pod)).join("volumes"),
                 &self.ctx.host_ip,
                 &pod_ip,
             )
             .await;
             self.tokens = std::mem::take(&mut fetcher.tokens);
             match prepared {
-                Ok(v) => v,
+                Ok(volumes) => Some(PodInputs { fetcher, volumes }),
                 Err(msg) => {
                     self.ctx.event(pod, "Warning", "FailedMount", msg.clone());
-                    for c in spec
-                        .containers
-                        .iter()
-                        .chain(spec.init_containers.iter().flatten())
-                    {
-                        self.waiting
-                            .insert(c.name.clone(), ("ContainerCreating".into(), msg.clone()));
-                    }
-                    self.write_status(pod, Some(&pod_ip), &seen, true).await?;
+                    self.wait_all(pod, &msg);
+                    self.write_status(pod, Some(&pod_ip), &observed.containers, true)
+                        .await?;
                     return Ok(Duration::from_secs(3));
                 }
             }
         } else {
-            HashMap::new()
+            None
         };
-        let restart_policy = spec
-            .restart_policy
-            .clone()
-            .unwrap_or_else(|| "Always".into());
-        let mut acted = false;
-
-        // Init containers, in order.
-        let mut initialized = true;
-        for ic in spec.init_containers.iter().flatten() {
-            let latest = latest(&seen, &ic.name);
-            match latest {
-                None => {
+        for step in &actions.steps {
+            match step {
+                Step::Start(start) => {
+                    if let Some(b) = start.backoff {
+                        self.memory.backoff.insert(start.container.name.clone(), b);
+                    }
                     self.start(
                         pod,
-                        ic,
-                        0,
-                        true,
-                        &sandbox_id,
-                        &sandbox_cfg,
-                        &volumes,
+                        start,
+                        (sandbox_id.as_str(), &sandbox_cfg),
                         &pod_ip,
-                        &mut fetcher,
-                        None,
+                        inputs.as_mut(),
                     )
                     .await;
-                    acted = true;
-                    initialized = false;
-                    break;
                 }
-                Some(s) if is_exited(s) && s.exit_code == 0 => continue,
-                Some(s) if is_exited(s) => {
-                    initialized = false;
-                    if restart_policy != "Never" && self.may_restart(&ic.name, s) {
-                        self.start(
-                            pod,
-                            ic,
-                            s.attempt + 1,
-                            true,
-                            &sandbox_id,
-                            &sandbox_cfg,
-                            &volumes,
-                            &pod_ip,
-                            &mut fetcher,
-                            None,
-                        )
-                        .await;
-                        acted = true;
-                    }
-                    break;
+                Step::StartCreated { id, .. } => {
+                    let _ = rt.start_container(id).await;
                 }
-                Some(s) if s.state == cri::ContainerState::ContainerCreated as i32 => {
-                    let _ = self.ctx.runtime.start_container(&s.id).await;
-                    acted = true;
-                    initialized = false;
-                    break;
-                }
-                Some(_) => {
-                    initialized = false;
-                    break;
-                }
+                Step::Kill(kill) => self.kill(pod, kill).await,
             }
         }
-
-        // Containers.
-        if initialized {
-            for c in &spec.containers {
-                match latest(&seen, &c.name) {
-                    None => {
-                        if self.waiting_on_pull(&c.name) {
-                            continue;
-                        }
-                        self.start(
-                            pod,
-                            c,
-                            0,
-                            false,
-                            &sandbox_id,
-                            &sandbox_cfg,
-                            &volumes,
-                            &pod_ip,
-                            &mut fetcher,
-                            None,
-                        )
-                        .await;
-                        acted = true;
-                    }
-                    Some(s) if s.state == cri::ContainerState::ContainerCreated as i32 => {
-                        let _ = self.ctx.runtime.start_container(&s.id).await;
-                        acted = true;
-                    }
-                    Some(s)
-                        if is_running(s) && !s.hash.is_empty() && s.hash != spec::spec_hash(c) =>
-                    {
-                        // The spec changed (an image update): replace it.
-                        self.ctx.event(
-                            pod,
-                            "Normal",
-                            "Killing",
-                            format!("Container {} definition changed, will be restarted", c.name),
-                        );
-                        let grace = spec.termination_grace_period_seconds.unwrap_or(30);
-                        let _ = self
-                            .ctx
-                            .runtime
-                            .stop_container(&s.id, grace.max(MIN_STOP_SECONDS))
-                            .await;
-                        self.backoff.remove(&c.name);
-                        acted = true;
-                    }
-                    Some(s) if is_running(s) => {
-                        let s = s.clone();
-                        if self.check_probes(pod, c, &s, &pod_ip).await {
-                            acted = true;
-                        }
-                    }
-                    Some(s) => {
-                        let restart = match restart_policy.as_str() {
-                            "Never" => false,
-                            "OnFailure" => s.exit_code != 0,
-                            _ => true,
-                        };
-                        if restart && self.may_restart(&c.name, s) {
-                            let next = s.attempt + 1;
-                            self.start(
-                                pod,
-                                c,
-                                next,
-                                false,
-                                &sandbox_id,
-                                &sandbox_cfg,
-                                &volumes,
-                                &pod_ip,
-                                &mut fetcher,
-                                None,
-                            )
-                            .await;
-                            acted = true;
-                        }
-                    }
-                }
-            }
-        }
-
-        // Ephemeral containers: each started once, even before the pod is
-        // initialized (as kubelet does), and never restarted. One with a
-        // `targetContainerName` waits until that container runs, to join
-        // its PID namespace.
-        for ec in spec.ephemeral_containers.iter().flatten() {
-            match latest(&seen, &ec.name) {
-                None => {
-                    if self.waiting_on_pull(&ec.name) {
-                        continue;
-                    }
-                    let target = match ec.target_container_name.as_deref() {
-                        None | Some("") => None,
-                        Some(t) => match latest(&seen, t).filter(|s| is_running(s)) {
-                            Some(s) => Some(s.id.clone()),
-                            None => {
-                                self.waiting.insert(
-                                    ec.name.clone(),
-                                    (
-                                        "CreateContainerConfigError".into(),
-                                        format!("unable to find target container {t}"),
-                                    ),
-                                );
-                                continue;
-                            }
-                        },
-                    };
-                    let c = spec::ephemeral_as_container(ec);
-                    self.start(
-                        pod,
-                        &c,
-                        0,
-                        false,
-                        &sandbox_id,
-                        &sandbox_cfg,
-                        &volumes,
-                        &pod_ip,
-                        &mut fetcher,
-                        target,
-                    )
-                    .await;
-                    acted = true;
-                }
-                Some(s) if s.state == cri::ContainerState::ContainerCreated as i32 => {
-                    let _ = self.ctx.runtime.start_container(&s.id).await;
-                    acted = true;
-                }
-                Some(_) => {}
-            }
-        }
-
-        let seen = if acted {
-            self.observe(&pod_uid).await?.1
+        let acted = actions.acts() || probed;
+        let containers = if acted {
+            self.observe_containers(uid(pod)).await?
         } else {
-            seen
+            observed.containers
         };
-        self.gc_dead(&seen).await;
-        self.write_status(pod, Some(&pod_ip), &seen, initialized)
+        for id in plan::dead_to_remove(&containers) {
+            let _ = rt.remove_container(&id).await;
+        }
+        self.write_status(pod, Some(&pod_ip), &containers, actions.initialized)
             .await?;
-        Ok(if acted {
-            Duration::from_millis(500)
-        } else {
-            self.idle_wait(&spec, &pod_uid).await
-        })
+        if acted {
+            return Ok(Duration::from_millis(500));
+        }
+        let quiet = rt.quiet_for(uid(pod)).await;
+        let spec = pod.spec.clone().unwrap_or_default();
+        Ok(plan::idle_wait(&spec, self.ctx.resync, quiet))
     }
 
-    /// How long a pod with nothing to do waits before it is looked at
-    /// again (a watch event wakes it sooner). A runtime that can say when
-    /// the pod's containers will next change (the simulated one) is
-    /// believed, so hollow nodes wake only for events and scheduled exits;
-    /// probes are due at least every second; otherwise `resync`.
-    async fn idle_wait(
-        &self,
-        spec: &k8s_openapi::api::core::v1::PodSpec,
-        pod_uid: &str,
-    ) -> Duration {
-        let probed = spec.containers.iter().any(|c| {
-            c.liveness_probe.is_some() || c.readiness_probe.is_some() || c.startup_probe.is_some()
-        });
-        let idle = if probed {
-            self.ctx.resync.min(Duration::from_secs(1))
-        } else {
-            self.ctx.resync
+    /// Runs the probes that are due and records their results; returns
+    /// whether a verdict changed.
+    async fn run_probes(&mut self, pod: &Pod, observed: &Observed) -> bool {
+        let now = self.ctx.clock.now();
+        let due = plan::due_probes(pod, observed, now, &self.memory);
+        if due.is_empty() {
+            return false;
+        }
+        let ip = pod_ip(
+            pod,
+            observed.sandbox_ip.as_deref().unwrap_or_default(),
+            &self.ctx.host_ip,
+        );
+        let mut changed = false;
+        for d in due {
+            let Some(c) = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().find(|c| c.name == d.container))
+            else {
+                continue;
+            };
+            let Some(probe) = probes::probe_of(c, d.kind) else {
+                continue;
+            };
+            let key = (d.container_id.clone(), d.kind);
+            self.memory
+                .probes
+                .entry(key.clone())
+                .or_insert_with(|| ProbeRecord {
+                    state: ProbeState::new(),
+                    started: d.started,
+                })
+                .state
+                .last_run = Some(now.at);
+            let (ok, msg) =
+                probes::run(self.ctx.runtime.as_ref(), &d.container_id, c, probe, &ip).await;
+            if !ok {
+                self.ctx.event(
+                    pod,
+                    "Warning",
+                    "Unhealthy",
+                    format!("{} probe failed: {msg}", probe_name(d.kind)),
+                );
+            }
+            if let Some(record) = self.memory.probes.get_mut(&key) {
+                let before = record.state.ok;
+                record.state.record(probe, ok, msg);
+                changed |= before != record.state.ok;
+            }
+        }
+        changed
+    }
+
+    async fn kill(&mut self, pod: &Pod, kill: &KillContainer) {
+        self.ctx
+            .event(pod, "Normal", "Killing", kill.reason.message(&kill.name));
+        let _ = self
+            .ctx
+            .runtime
+            .stop_container(&kill.id, kill.grace_seconds)
+            .await;
+        match kill.reason {
+            // A new spec starts without the old one's back-off.
+            KillReason::SpecChanged => {
+                self.memory.backoff.remove(&kill.name);
+            }
+            KillReason::LivenessFailed | KillReason::StartupFailed => {
+                self.memory.probes.retain(|(id, _), _| id != &kill.id);
+            }
+        }
+    }
+
+    /// Deletes the terminated pod object for good (grace 0, for this uid
+    /// only); it may be gone already.
+    async fn delete(&self, pod: &Pod) -> Result<(), Error> {
+        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), namespace(pod));
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid(pod).to_string()),
+                resource_version: None,
+            }),
+            ..Default::default()
         };
-        match self.ctx.runtime.quiet_for(pod_uid).await {
-            // A little after the change, so the change is seen.
-            Some(q) => idle.min(q.saturating_add(Duration::from_millis(10))),
-            None => idle,
+        match api.delete(name(pod), &dp).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+            Err(e) => Err(Error::DeleteFailed(e)),
         }
     }
 
-    fn waiting_on_pull(&self, name: &str) -> bool {
-        self.pull_backoff
-            .get(name)
-            .map(|until| Instant::now() < *until)
-            .unwrap_or(false)
-    }
-
-    /// Whether an exited container may be restarted now (its back-off has
-    /// passed); notes the restart if so.
-    fn may_restart(&mut self, name: &str, s: &Seen) -> bool {
-        let now = Instant::now();
-        let ran = (s.finished_at - s.started_at) / 1_000_000_000;
-        let b = self.backoff.get(name).cloned();
-        match b {
-            Some(b) if ran < BACKOFF_RESET_AFTER => {
-                if now < b.restarted_at + b.delay {
-                    return false;
-                }
-                self.backoff.insert(
-                    name.to_string(),
-                    Backoff {
-                        delay: (b.delay * 2).min(BACKOFF_MAX),
-                        restarted_at: now,
-                    },
-                );
-                true
-            }
-            _ => {
-                self.backoff.insert(
-                    name.to_string(),
-                    Backoff {
-                        delay: BACKOFF_START,
-                        restarted_at: now,
-                    },
-                );
-                true
-            }
-        }
-    }
-
-    /// Pulls (if needed), creates and starts a container; failures become
-    /// the container's waiting reason.
-    #[allow(clippy::too_many_arguments)]
+    /// Starts a container; a failure becomes its waiting reason.
     async fn start(
         &mut self,
         pod: &Pod,
-        c: &Container,
-        attempt: u32,
-        init: bool,
-        sandbox_id: &str,
-        sandbox_cfg: &cri::PodSandboxConfig,
-        volumes: &HashMap<String, PathBuf>,
+        start: &StartContainer,
+        sandbox: (&str, &cri::PodSandboxConfig),
         pod_ip: &str,
-        fetcher: &mut Fetcher,
-        pid_target: Option<String>,
+        inputs: Option<&mut PodInputs>,
     ) {
-        let rt = self.ctx.runtime.clone();
-        let image = c.image.clone().unwrap_or_default();
-        let policy = c
-            .image_pull_policy
-            .clone()
-            .unwrap_or_else(|| "IfNotPresent".into());
-        let present = rt.image_present(&image).await.ok().flatten();
-        if present.is_none() || policy == "Always" {
-            if policy == "Never" {
-                let msg =
-                    format!("Container image \"{image}\" is not present with pull policy of Never");
-                self.ctx
-                    .event(pod, "Warning", "ErrImageNeverPull", msg.clone());
-                self.waiting
-                    .insert(c.name.clone(), ("ErrImageNeverPull".into(), msg));
-                return;
-            }
-            let pulled = match self.pull_keyring(pod, fetcher).await {
-                Ok(keyring) => {
-                    self.ctx.event(
-                        pod,
-                        "Normal",
-                        "Pulling",
-                        format!("Pulling image \"{image}\""),
-                    );
-                    keyring
-                        .pull(&image, |auth| rt.pull_image_auth(&image, auth))
-                        .await
-                }
-                Err(e) => Err(anyhow::anyhow!("{e}")),
-            };
-            match pulled {
-                Ok(_) => {
-                    self.ctx.event(
-                        pod,
-                        "Normal",
-                        "Pulled",
-                        format!("Successfully pulled image \"{image}\""),
-                    );
-                }
-                Err(e) if present.is_some() && policy == "Always" => {
-                    // No registry reachable, but the image is here: a pull
-                    // failure with a local copy is reported and tolerated.
-                    tracing::debug!(%image, error = %e, "pull failed; using the local image");
-                }
-                Err(e) => {
-                    let was = self.waiting.get(&c.name).map(|w| w.0.clone());
-                    let reason = if was.as_deref() == Some("ErrImagePull")
-                        || was.as_deref() == Some("ImagePullBackOff")
-                    {
-                        "ImagePullBackOff"
-                    } else {
-                        "ErrImagePull"
-                    };
-                    let msg = if reason == "ImagePullBackOff" {
-                        format!("Back-off pulling image \"{image}\": {e}")
-                    } else if e.to_string().starts_with("failed to pull") {
-                        // containerd's message names the image already.
-                        e.to_string()
-                    } else {
-                        format!("failed to pull and unpack image \"{image}\": {e}")
-                    };
-                    self.ctx.event(
-                        pod,
-                        "Warning",
-                        if reason == "ErrImagePull" {
-                            "Failed"
-                        } else {
-                            "BackOff"
-                        },
-                        msg.clone(),
-                    );
-                    self.waiting.insert(c.name.clone(), (reason.into(), msg));
-                    self.pull_backoff
-                        .insert(c.name.clone(), Instant::now() + Duration::from_secs(10));
-                    return;
+        let c = &start.container;
+        match self
+            .create_and_start(pod, start, sandbox, pod_ip, inputs)
+            .await
+        {
+            Ok(id) => {
+                self.memory.waiting.remove(&c.name);
+                self.memory.pull_backoff.remove(&c.name);
+                if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
+                    let (ok, msg) = self.run_hook(&id, c, h, pod_ip, 30).await;
+                    if !ok {
+                        self.ctx.event(pod, "Warning", "FailedPostStartHook", msg);
+                        let _ = self.ctx.runtime.stop_container(&id, 2).await;
+                    }
                 }
             }
-        } else {
-            self.ctx.event(
-                pod,
-                "Normal",
-                "Pulled",
-                format!("Container image \"{image}\" already present on machine"),
-            );
+            Err(e) => {
+                let (reason, message) = e.event();
+                self.ctx.event(pod, "Warning", reason, message);
+                if e.pulling() {
+                    let until = self.ctx.clock.now().at + plan::PULL_BACKOFF;
+                    self.memory.pull_backoff.insert(c.name.clone(), until);
+                }
+                self.memory
+                    .waiting
+                    .insert(c.name.clone(), Waiting::new(e.reason(), e.to_string()));
+            }
         }
-        let env = if rt.is_real() {
-            let links = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.enable_service_links)
-                .unwrap_or(true);
-            let services = self
-                .ctx
-                .services
-                .variables(spec::namespace(pod), links, Duration::from_secs(10))
-                .await;
-            let env = match services {
-                Ok(services) => {
-                    inputs::container_env(
-                        fetcher,
-                        pod,
-                        c,
-                        &self.ctx.host_ip,
-                        pod_ip,
-                        &self.ctx.allocatable,
-                        &services,
-                    )
-                    .await
-                }
-                Err(e) => Err(e),
-            };
-            match env {
-                Ok(e) => e,
-                Err(msg) => {
-                    self.ctx
-                        .event(pod, "Warning", "Failed", format!("Error: {msg}"));
-                    self.waiting
-                        .insert(c.name.clone(), ("CreateContainerConfigError".into(), msg));
-                    return;
-                }
+    }
+
+    /// Pulls (if needed), creates and starts a container; its id.
+    async fn create_and_start(
+        &mut self,
+        pod: &Pod,
+        start: &StartContainer,
+        (sandbox_id, sandbox_cfg): (&str, &cri::PodSandboxConfig),
+        pod_ip: &str,
+        mut inputs: Option<&mut PodInputs>,
+    ) -> Result<String, StartError> {
+        let rt = self.ctx.runtime.clone();
+        let c = &start.container;
+        let image = c.image.clone().unwrap_or_default();
+        self.ensure_image(pod, c, &image, inputs.as_deref_mut())
+            .await?;
+        let (env, mounts) = match inputs {
+            Some(inputs) => {
+                let env = self.environment(pod, c, pod_ip, inputs).await?;
+                let mounts = inputs::mounts(c, &inputs.volumes).map_err(StartError::Config)?;
+                (env, mounts)
             }
-        } else {
-            vec![]
-        };
-        // Hollow nodes materialize no volumes: nothing to mount or check.
-        let mounts = match inputs::mounts(c, volumes) {
-            _ if !rt.is_real() => vec![],
-            Ok(m) => m,
-            Err(msg) => {
-                self.waiting
-                    .insert(c.name.clone(), ("CreateContainerConfigError".into(), msg));
-                return;
-            }
+            // Containers that read nothing from the node get nothing.
+            None => (vec![], vec![]),
         };
         let cfg = spec::container_config(
             pod,
@@ -815,68 +682,155 @@ impl PodWorker {
                 env,
                 mounts,
                 image: &image,
-                attempt,
-                init,
+                attempt: start.attempt,
+                init: start.role == Role::Init,
                 spec_hash: spec::spec_hash(c),
-                pid_target,
+                pid_target: start.pid_target.clone(),
             },
         );
-        let id = match rt.create_container(sandbox_id, &cfg, sandbox_cfg).await {
-            Ok(id) => id,
-            Err(e) => {
-                let msg = format!("{e}");
-                self.ctx
-                    .event(pod, "Warning", "Failed", format!("Error: {msg}"));
-                self.waiting
-                    .insert(c.name.clone(), ("CreateContainerError".into(), msg));
-                return;
-            }
-        };
+        let id = rt
+            .create_container(sandbox_id, &cfg, sandbox_cfg)
+            .await
+            .map_err(|e| StartError::Create(e.to_string()))?;
         self.ctx.event(
             pod,
             "Normal",
             "Created",
             format!("Created container {}", c.name),
         );
-        if let Err(e) = rt.start_container(&id).await {
-            let msg = format!("{e}");
-            self.ctx
-                .event(pod, "Warning", "Failed", format!("Error: {msg}"));
-            self.waiting
-                .insert(c.name.clone(), ("RunContainerError".into(), msg));
-            return;
-        }
+        rt.start_container(&id)
+            .await
+            .map_err(|e| StartError::Run(e.to_string()))?;
         self.ctx.event(
             pod,
             "Normal",
             "Started",
             format!("Started container {}", c.name),
         );
-        self.waiting.remove(&c.name);
-        self.pull_backoff.remove(&c.name);
-        if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
-            let (ok, msg) = self.run_hook(&id, c, h, pod_ip, 30).await;
-            if !ok {
-                self.ctx.event(pod, "Warning", "FailedPostStartHook", msg);
-                let _ = rt.stop_container(&id, 2).await;
+        Ok(id)
+    }
+
+    /// Makes the container's image present as its pull policy says.
+    async fn ensure_image(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        image: &str,
+        inputs: Option<&mut PodInputs>,
+    ) -> Result<(), StartError> {
+        let rt = self.ctx.runtime.clone();
+        let policy = c.image_pull_policy.as_deref().unwrap_or("IfNotPresent");
+        let present = rt.image_present(image).await.ok().flatten();
+        if present.is_some() && policy != "Always" {
+            self.ctx.event(
+                pod,
+                "Normal",
+                "Pulled",
+                format!("Container image \"{image}\" already present on machine"),
+            );
+            return Ok(());
+        }
+        if policy == "Never" {
+            return Err(StartError::ImageNeverPull(format!(
+                "Container image \"{image}\" is not present with pull policy of Never"
+            )));
+        }
+        let keyring = match inputs {
+            Some(inputs) => self.pull_keyring(pod, &mut inputs.fetcher).await,
+            None => Ok(credentials::Keyring::default()),
+        };
+        let pulled = match keyring {
+            Ok(keyring) => {
+                self.ctx.event(
+                    pod,
+                    "Normal",
+                    "Pulling",
+                    format!("Pulling image \"{image}\""),
+                );
+                keyring
+                    .pull(image, |auth| rt.pull_image_auth(image, auth))
+                    .await
+            }
+            Err(e) => Err(anyhow::anyhow!("{e}")),
+        };
+        match pulled {
+            Ok(_) => {
+                self.ctx.event(
+                    pod,
+                    "Normal",
+                    "Pulled",
+                    format!("Successfully pulled image \"{image}\""),
+                );
+                Ok(())
+            }
+            Err(e) if present.is_some() && policy == "Always" => {
+                // No registry reachable, but the image is here: a pull
+                // failure with a local copy is reported and tolerated.
+                tracing::debug!(%image, error = %e, "pull failed; using the local image");
+                Ok(())
+            }
+            Err(e) => {
+                let again = matches!(
+                    self.memory.waiting.get(&c.name).map(|w| w.reason.as_str()),
+                    Some("ErrImagePull" | "ImagePullBackOff")
+                );
+                Err(if again {
+                    StartError::ImagePullBackOff(format!("Back-off pulling image \"{image}\": {e}"))
+                } else if e.to_string().starts_with("failed to pull") {
+                    // containerd's message names the image already.
+                    StartError::ImagePull(e.to_string())
+                } else {
+                    StartError::ImagePull(format!(
+                        "failed to pull and unpack image \"{image}\": {e}"
+                    ))
+                })
             }
         }
+    }
+
+    /// The container's environment: its own variables, then the Service
+    /// variables.
+    async fn environment(
+        &self,
+        pod: &Pod,
+        c: &Container,
+        pod_ip: &str,
+        inputs: &mut PodInputs,
+    ) -> Result<Vec<(String, String)>, StartError> {
+        let links = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.enable_service_links)
+            .unwrap_or(true);
+        let services = self
+            .ctx
+            .services
+            .variables(namespace(pod), links, Duration::from_secs(10))
+            .await
+            .map_err(StartError::Config)?;
+        inputs::container_env(
+            &mut inputs.fetcher,
+            pod,
+            c,
+            &self.ctx.host_ip,
+            pod_ip,
+            &self.ctx.allocatable,
+            &services,
+        )
+        .await
+        .map_err(StartError::Config)
     }
 
     /// The registry credentials of the pod's `imagePullSecrets`, as
     /// kubelet reads them: a secret that cannot be read is skipped with a
     /// `FailedToRetrieveImagePullSecret` warning (the pull goes on without
     /// it); a pull secret whose docker config does not parse fails the pull.
-    /// Hollow nodes read no secrets.
     async fn pull_keyring(
         &self,
         pod: &Pod,
         fetcher: &mut Fetcher,
     ) -> Result<credentials::Keyring, String> {
         let mut keyring = credentials::Keyring::default();
-        if !self.ctx.runtime.is_real() {
-            return Ok(keyring);
-        }
         let refs = pod
             .spec
             .as_ref()
@@ -943,180 +897,51 @@ impl PodWorker {
         probes::run(self.ctx.runtime.as_ref(), id, c, &probe, pod_ip).await
     }
 
-    /// Runs the probes that are due; kills a container whose liveness (or
-    /// startup) probe failed. Returns whether it acted.
-    async fn check_probes(&mut self, pod: &Pod, c: &Container, s: &Seen, pod_ip: &str) -> bool {
-        let now = Instant::now();
-        let started_for = Duration::from_nanos((chrono_now_nanos() - s.started_at).max(0) as u64);
-        let started = now.checked_sub(started_for).unwrap_or(now);
-        let startup_ok = match probes::probe_of(c, Kind::Startup) {
-            None => true,
-            Some(_) => {
-                self.probes
-                    .get(&(s.id.clone(), kind_key(Kind::Startup)))
-                    .and_then(|(p, _)| p.ok)
-                    == Some(true)
-            }
-        };
-        for kind in [Kind::Startup, Kind::Liveness, Kind::Readiness] {
-            let Some(probe) = probes::probe_of(c, kind) else {
-                continue;
-            };
-            if kind == Kind::Startup && startup_ok {
-                continue;
-            }
-            if kind != Kind::Startup && !startup_ok {
-                continue;
-            }
-            let key = (s.id.clone(), kind_key(kind));
-            let entry = self
-                .probes
-                .entry(key.clone())
-                .or_insert_with(|| (ProbeState::new(), started));
-            if !entry.0.due(probe, entry.1, now) {
-                continue;
-            }
-            entry.0.last_run = Some(now);
-            let (ok, msg) = probes::run(self.ctx.runtime.as_ref(), &s.id, c, probe, pod_ip).await;
-            let Some(entry) = self.probes.get_mut(&key) else {
-                continue;
-            };
-            let before = entry.0.ok;
-            entry.0.record(probe, ok, msg.clone());
-            if !ok {
-                let what = match kind {
-                    Kind::Liveness => "Liveness",
-                    Kind::Readiness => "Readiness",
-                    Kind::Startup => "Startup",
-                };
-                self.ctx.event(
-                    pod,
-                    "Warning",
-                    "Unhealthy",
-                    format!("{what} probe failed: {msg}"),
-                );
-            }
-            if entry.0.ok == Some(false) && kind != Kind::Readiness {
-                let what = if kind == Kind::Liveness {
-                    "liveness"
-                } else {
-                    "startup"
-                };
-                self.ctx.event(
-                    pod,
-                    "Normal",
-                    "Killing",
-                    format!(
-                        "Container {} failed {what} probe, will be restarted",
-                        c.name
-                    ),
-                );
-                let grace = pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.termination_grace_period_seconds)
-                    .unwrap_or(30);
-                let _ = self
-                    .ctx
-                    .runtime
-                    .stop_container(&s.id, grace.max(MIN_STOP_SECONDS))
-                    .await;
-                self.probes.retain(|(id, _), _| id != &s.id);
-                return true;
-            }
-            if before != entry.0.ok {
-                return true;
-            }
-        }
-        false
+    /// Whole seconds until `deadline` on the worker's clock, rounded up.
+    fn seconds_left(&self, deadline: Instant) -> i64 {
+        whole_seconds_up(deadline.saturating_duration_since(self.ctx.clock.now().at))
     }
 
-    /// Graceful termination: preStop hooks, then SIGTERM with the grace
-    /// period, then SIGKILL (the runtime's stop with a timeout), all
-    /// containers at once; then the sandbox.
-    async fn terminate(&mut self, pod: &Pod) {
-        let grace = pod
-            .metadata
-            .deletion_grace_period_seconds
-            .or(pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.termination_grace_period_seconds))
-            .unwrap_or(30)
-            .max(0);
-        let Ok((sandboxes, seen)) = self.observe(uid(pod)).await else {
-            return;
-        };
-        let spec = pod.spec.clone().unwrap_or_default();
-        let deadline = Instant::now() + Duration::from_secs(grace as u64);
-        let pod_ip = match sandboxes.first() {
-            Some(sb) => self
-                .ctx
-                .runtime
-                .sandbox_status(&sb.id)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|s| s.network)
-                .map(|n| n.ip)
-                .unwrap_or_default(),
+    /// Graceful termination: preStop hooks, then SIGTERM with what is left
+    /// of the grace period, then SIGKILL (the runtime's stop with a
+    /// timeout), all containers at once; then the sandboxes.
+    async fn terminate(&self, pod: &Pod, t: &Termination) {
+        let deadline = self.ctx.clock.now().at + Duration::from_secs(t.grace_seconds as u64);
+        let ip = match t.sandboxes.first() {
+            Some(id) => self.sandbox_ip(id).await.unwrap_or_default(),
             None => String::new(),
         };
         let mut stops = vec![];
-        for s in seen.iter().filter(|s| is_running(s)) {
-            let c = spec
-                .containers
-                .iter()
-                .chain(spec.init_containers.iter().flatten())
-                .find(|c| c.name == s.name)
-                .cloned();
+        for stop in &t.containers {
             self.ctx.event(
                 pod,
                 "Normal",
                 "Killing",
-                format!("Stopping container {}", s.name),
+                format!("Stopping container {}", stop.name),
             );
-            let rt = self.ctx.runtime.clone();
-            let id = s.id.clone();
-            let pod_ip = pod_ip.clone();
-            let me = &*self;
+            let ip = ip.as_str();
             stops.push(async move {
-                if let Some(c) = &c {
-                    if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
-                        let left = seconds_left(deadline);
-                        let _ = tokio::time::timeout(
-                            Duration::from_secs(left.max(1) as u64),
-                            me.run_hook(&id, c, h, &pod_ip, left.max(1)),
-                        )
-                        .await;
-                    }
+                if let (Some(c), Some(h)) = (&stop.container, stop.pre_stop()) {
+                    let left = self.seconds_left(deadline).max(1);
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(left as u64),
+                        self.run_hook(&stop.id, c, h, ip, left),
+                    )
+                    .await;
                 }
                 // What is left of the grace period, rounded up, and never
-                // under kubelet's minimal shutdown window of 2 s.
-                let left = seconds_left(deadline);
-                let _ = rt.stop_container(&id, left.max(MIN_STOP_SECONDS)).await;
+                // under kubelet's minimal shutdown window.
+                let left = self.seconds_left(deadline);
+                let _ = self
+                    .ctx
+                    .runtime
+                    .stop_container(&stop.id, left.max(plan::MIN_STOP_SECONDS))
+                    .await;
             });
         }
         futures::future::join_all(stops).await;
-        for sb in sandboxes {
-            let _ = self.ctx.runtime.stop_sandbox(&sb.id).await;
-        }
-    }
-
-    /// Keeps, per container name, the current and the previous instance
-    /// (for `kubectl logs --previous` and lastState); removes older ones.
-    async fn gc_dead(&self, seen: &[Seen]) {
-        let mut by_name: HashMap<&str, Vec<&Seen>> = HashMap::new();
-        for s in seen {
-            by_name.entry(s.name.as_str()).or_default().push(s);
-        }
-        for (_, mut list) in by_name {
-            list.sort_by_key(|s| std::cmp::Reverse((s.attempt, s.created_at)));
-            for s in list.iter().skip(2) {
-                if is_exited(s) {
-                    let _ = self.ctx.runtime.remove_container(&s.id).await;
-                }
-            }
+        for id in &t.sandboxes {
+            let _ = self.ctx.runtime.stop_sandbox(id).await;
         }
     }
 
@@ -1124,10 +949,20 @@ impl PodWorker {
         &mut self,
         pod: &Pod,
         pod_ip: Option<&str>,
-        seen: &[Seen],
+        containers: &[Seen],
         initialized: bool,
-    ) -> anyhow::Result<()> {
-        let status = self.status(pod, pod_ip, seen, initialized);
+    ) -> Result<(), Error> {
+        let status = plan::pod_status(
+            pod,
+            &self.memory,
+            StatusInput {
+                host_ip: &self.ctx.host_ip,
+                pod_ip,
+                containers,
+                initialized,
+                now: self.ctx.clock.now(),
+            },
+        );
         let digest = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -1138,7 +973,7 @@ impl PodWorker {
             return Ok(());
         }
         let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), namespace(pod));
-        let patch = json!({"status": status});
+        let patch = json!({ "status": status });
         match api
             .patch_status(name(pod), &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -1148,308 +983,9 @@ impl PodWorker {
                 Ok(())
             }
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(Error::WriteStatusFailed(e)),
         }
     }
-
-    fn restart_pending(&self, name: &str) -> Option<Duration> {
-        let b = self.backoff.get(name)?;
-        let until = b.restarted_at + b.delay;
-        let now = Instant::now();
-        (now < until).then_some(b.delay)
-    }
-
-    fn container_status(
-        &self,
-        pod: &Pod,
-        c: &Container,
-        seen: &[Seen],
-        init: bool,
-        restart_policy: &str,
-    ) -> (Value, bool, bool, bool) {
-        // Returns (status, ready, finished_ok, finished) for the phase.
-        let mut all: Vec<&Seen> = seen.iter().filter(|s| s.name == c.name).collect();
-        all.sort_by_key(|s| std::cmp::Reverse((s.attempt, s.created_at)));
-        let cur = all.first().copied();
-        let prev = all.get(1).copied();
-        let terminated = |s: &Seen| {
-            let reason = if !s.reason.is_empty() && s.reason != "Completed" && s.reason != "Error" {
-                s.reason.clone()
-            } else if s.exit_code == 0 {
-                "Completed".to_string()
-            } else {
-                "Error".to_string()
-            };
-            let mut t = json!({
-                "exitCode": s.exit_code,
-                "reason": reason,
-                "startedAt": rfc3339(s.started_at),
-                "finishedAt": rfc3339(s.finished_at),
-                "containerID": format!("containerd://{}", s.id),
-            });
-            if !s.message.is_empty() {
-                t["message"] = json!(s.message);
-            }
-            json!({"terminated": t})
-        };
-        let image = c.image.clone().unwrap_or_default();
-        let mut st = json!({
-            "name": c.name,
-            "image": image,
-            "imageID": cur.map(|s| s.image_ref.clone()).unwrap_or_default(),
-            "restartCount": cur.map(|s| s.attempt).unwrap_or(0),
-            "ready": false,
-            "started": false,
-            "lastState": {},
-            "state": {},
-        });
-        let mut ready = false;
-        let mut finished = false;
-        let mut finished_ok = false;
-        match cur {
-            None => {
-                let (reason, message) = self.waiting.get(&c.name).cloned().unwrap_or_else(|| {
-                    (
-                        if init {
-                            "PodInitializing"
-                        } else {
-                            "ContainerCreating"
-                        }
-                        .to_string(),
-                        String::new(),
-                    )
-                });
-                let mut w = json!({"reason": reason});
-                if !message.is_empty() {
-                    w["message"] = json!(message);
-                }
-                st["state"] = json!({"waiting": w});
-            }
-            Some(s) => {
-                st["containerID"] = json!(format!("containerd://{}", s.id));
-                if let Some(p) = prev {
-                    st["lastState"] = terminated(p);
-                }
-                if is_running(s) {
-                    let startup_ok = c.startup_probe.is_none()
-                        || self
-                            .probes
-                            .get(&(s.id.clone(), "startup"))
-                            .and_then(|(p, _)| p.ok)
-                            == Some(true);
-                    let readiness_ok = if c.readiness_probe.is_none() {
-                        true
-                    } else {
-                        self.probes
-                            .get(&(s.id.clone(), "readiness"))
-                            .and_then(|(p, _)| p.ok)
-                            == Some(true)
-                    };
-                    ready = startup_ok && readiness_ok && !init;
-                    st["state"] = json!({"running": {"startedAt": rfc3339(s.started_at)}});
-                    st["started"] = json!(startup_ok);
-                    st["ready"] = json!(ready);
-                } else if is_exited(s) {
-                    let restarts = match restart_policy {
-                        "Never" => false,
-                        "OnFailure" => s.exit_code != 0,
-                        _ => true,
-                    } && !(init && s.exit_code == 0);
-                    if restarts {
-                        st["lastState"] = terminated(s);
-                        let (reason, message) = match self.waiting.get(&c.name) {
-                            Some(w) => w.clone(),
-                            None => match self.restart_pending(&c.name) {
-                                Some(delay) => (
-                                    "CrashLoopBackOff".to_string(),
-                                    format!(
-                                        "back-off {}s restarting failed container={} pod={}_{}({})",
-                                        delay.as_secs(),
-                                        c.name,
-                                        name(pod),
-                                        namespace(pod),
-                                        uid(pod)
-                                    ),
-                                ),
-                                None => ("ContainerCreating".to_string(), String::new()),
-                            },
-                        };
-                        let mut w = json!({"reason": reason});
-                        if !message.is_empty() {
-                            w["message"] = json!(message);
-                        }
-                        st["state"] = json!({"waiting": w});
-                    } else {
-                        st["state"] = terminated(s);
-                        finished = true;
-                        finished_ok = s.exit_code == 0;
-                        if init && s.exit_code == 0 {
-                            ready = true;
-                            st["ready"] = json!(true);
-                        }
-                    }
-                } else {
-                    st["state"] = json!({"waiting": {"reason": "ContainerCreating"}});
-                }
-            }
-        }
-        (st, ready, finished_ok, finished)
-    }
-
-    fn status(&self, pod: &Pod, pod_ip: Option<&str>, seen: &[Seen], initialized: bool) -> Value {
-        let spec = pod.spec.clone().unwrap_or_default();
-        let restart_policy = spec
-            .restart_policy
-            .clone()
-            .unwrap_or_else(|| "Always".into());
-        let old = pod.status.clone().unwrap_or_default();
-        let mut init_statuses = vec![];
-        let mut init_failed = false;
-        for ic in spec.init_containers.iter().flatten() {
-            let (st, _, ok, finished) = self.container_status(pod, ic, seen, true, &restart_policy);
-            if finished && !ok {
-                init_failed = true;
-            }
-            init_statuses.push(st);
-        }
-        let mut statuses = vec![];
-        let mut all_ready = true;
-        let mut all_finished = true;
-        let mut all_ok = true;
-        let mut any_started = false;
-        for c in &spec.containers {
-            let (st, ready, ok, finished) =
-                self.container_status(pod, c, seen, false, &restart_policy);
-            all_ready &= ready;
-            all_finished &= finished;
-            all_ok &= ok;
-            any_started |= st.pointer("/state/running").is_some()
-                || st.pointer("/state/terminated").is_some()
-                || st["restartCount"].as_u64().unwrap_or(0) > 0;
-            statuses.push(st);
-        }
-        let phase = if init_failed && restart_policy == "Never" {
-            "Failed"
-        } else if !initialized || !any_started {
-            "Pending"
-        } else if all_finished && !spec.containers.is_empty() {
-            if all_ok {
-                "Succeeded"
-            } else {
-                "Failed"
-            }
-        } else {
-            "Running"
-        };
-        let terminal = phase == "Succeeded" || phase == "Failed";
-        let ready = all_ready && initialized && !terminal;
-        let old_conds = old.conditions.clone().unwrap_or_default();
-        let cond = |type_: &str, ok: bool, reason: Option<&str>| {
-            let status = if ok { "True" } else { "False" };
-            let since = old_conds
-                .iter()
-                .find(|c| c.type_ == type_ && c.status == status)
-                .and_then(|c| c.last_transition_time.as_ref())
-                .map(|t| t.0.to_string())
-                .unwrap_or_else(now_rfc3339);
-            let mut c = json!({"type": type_, "status": status, "lastProbeTime": null, "lastTransitionTime": since});
-            if let (false, Some(r)) = (ok, reason) {
-                c["reason"] = json!(r);
-            }
-            c
-        };
-        let has_ip = pod_ip.is_some();
-        let mut conditions = vec![
-            cond("PodReadyToStartContainers", has_ip && !terminal, None),
-            cond("Initialized", initialized, Some("ContainersNotInitialized")),
-            cond(
-                "Ready",
-                ready,
-                Some(if terminal {
-                    "PodCompleted"
-                } else {
-                    "ContainersNotReady"
-                }),
-            ),
-            cond(
-                "ContainersReady",
-                ready,
-                Some(if terminal {
-                    "PodCompleted"
-                } else {
-                    "ContainersNotReady"
-                }),
-            ),
-        ];
-        if let Some(c) = old_conds.iter().find(|c| c.type_ == "PodScheduled") {
-            conditions.push(serde_json::to_value(c).unwrap_or(Value::Null));
-        } else {
-            conditions.push(cond("PodScheduled", true, None));
-        }
-        let start_time = old
-            .start_time
-            .as_ref()
-            .map(|t| t.0.to_string())
-            .unwrap_or_else(now_rfc3339);
-        let qos = pod
-            .spec
-            .as_ref()
-            .map(skiff_helpers::qos::of_spec)
-            .unwrap_or(skiff_helpers::qos::BEST_EFFORT);
-        let mut status = json!({
-            "phase": phase,
-            "conditions": conditions,
-            "hostIP": self.ctx.host_ip,
-            "hostIPs": [{"ip": self.ctx.host_ip}],
-            "startTime": start_time,
-            "containerStatuses": statuses,
-            "qosClass": qos,
-        });
-        if !init_statuses.is_empty() {
-            status["initContainerStatuses"] = json!(init_statuses);
-        }
-        // Ephemeral containers never restart and are never ready; they
-        // count for neither the phase nor the conditions.
-        let ephemeral: Vec<Value> = spec
-            .ephemeral_containers
-            .iter()
-            .flatten()
-            .map(|ec| {
-                let c = spec::ephemeral_as_container(ec);
-                let (mut st, ..) = self.container_status(pod, &c, seen, false, "Never");
-                st["ready"] = json!(false);
-                st
-            })
-            .collect();
-        if !ephemeral.is_empty() {
-            status["ephemeralContainerStatuses"] = json!(ephemeral);
-        }
-        if let Some(ip) = pod_ip.filter(|ip| !ip.is_empty()) {
-            status["podIP"] = json!(ip);
-            status["podIPs"] = json!([{"ip": ip}]);
-        }
-        status
-    }
-}
-
-fn latest<'a>(seen: &'a [Seen], name: &str) -> Option<&'a Seen> {
-    seen.iter()
-        .filter(|s| s.name == name)
-        .max_by_key(|s| (s.attempt, s.created_at))
-}
-
-fn chrono_now_nanos() -> i64 {
-    k8s_openapi::jiff::Timestamp::now().as_nanosecond() as i64
-}
-
-/// Kubelet's minimal shutdown window: a container always gets this long
-/// between SIGTERM and SIGKILL, whatever remains of its grace period.
-const MIN_STOP_SECONDS: i64 = 2;
-
-/// Whole seconds until `deadline`, rounded up (a grace period is never
-/// shortened by truncation).
-fn seconds_left(deadline: Instant) -> i64 {
-    whole_seconds_up(deadline.saturating_duration_since(Instant::now()))
 }
 
 fn whole_seconds_up(d: Duration) -> i64 {
@@ -1466,5 +1002,403 @@ mod grace_tests {
         assert_eq!(whole_seconds_up(Duration::from_millis(1)), 1);
         assert_eq!(whole_seconds_up(Duration::from_millis(1900)), 2);
         assert_eq!(whole_seconds_up(Duration::from_millis(3000)), 3);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The executor against the simulated runtime, a recording host, a
+    //! fake API server and a clock the tests move.
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::host::fake::{Call, RecordingHost};
+    use crate::runtime::Capabilities;
+    use crate::sim::Sim;
+    use async_trait::async_trait;
+    use http_body_util::BodyExt;
+    use serde_json::Value;
+    use std::sync::atomic::{AtomicI32, Ordering};
+    use std::sync::Mutex;
+
+    /// The simulated runtime, with the capabilities and exec results a
+    /// test asks for.
+    struct Fake {
+        sim: Sim,
+        caps: Capabilities,
+        exec_exit: AtomicI32,
+    }
+
+    #[async_trait]
+    impl Runtime for Fake {
+        async fn version(&self) -> anyhow::Result<String> {
+            self.sim.version().await
+        }
+        async fn image_present(&self, image: &str) -> anyhow::Result<Option<String>> {
+            self.sim.image_present(image).await
+        }
+        async fn pull_image(&self, image: &str) -> anyhow::Result<String> {
+            self.sim.pull_image(image).await
+        }
+        async fn run_sandbox(&self, config: &cri::PodSandboxConfig) -> anyhow::Result<String> {
+            self.sim.run_sandbox(config).await
+        }
+        async fn sandbox_status(&self, id: &str) -> anyhow::Result<Option<cri::PodSandboxStatus>> {
+            self.sim.sandbox_status(id).await
+        }
+        async fn stop_sandbox(&self, id: &str) -> anyhow::Result<()> {
+            self.sim.stop_sandbox(id).await
+        }
+        async fn remove_sandbox(&self, id: &str) -> anyhow::Result<()> {
+            self.sim.remove_sandbox(id).await
+        }
+        async fn list_sandboxes(&self, uid: Option<&str>) -> anyhow::Result<Vec<cri::PodSandbox>> {
+            self.sim.list_sandboxes(uid).await
+        }
+        async fn create_container(
+            &self,
+            sandbox: &str,
+            config: &cri::ContainerConfig,
+            sandbox_config: &cri::PodSandboxConfig,
+        ) -> anyhow::Result<String> {
+            self.sim
+                .create_container(sandbox, config, sandbox_config)
+                .await
+        }
+        async fn start_container(&self, id: &str) -> anyhow::Result<()> {
+            self.sim.start_container(id).await
+        }
+        async fn stop_container(&self, id: &str, timeout: i64) -> anyhow::Result<()> {
+            self.sim.stop_container(id, timeout).await
+        }
+        async fn remove_container(&self, id: &str) -> anyhow::Result<()> {
+            self.sim.remove_container(id).await
+        }
+        async fn list_containers(&self, uid: Option<&str>) -> anyhow::Result<Vec<cri::Container>> {
+            self.sim.list_containers(uid).await
+        }
+        async fn container_status(&self, id: &str) -> anyhow::Result<Option<cri::ContainerStatus>> {
+            self.sim.container_status(id).await
+        }
+        async fn exec_sync(
+            &self,
+            _id: &str,
+            _cmd: Vec<String>,
+            _timeout: i64,
+        ) -> anyhow::Result<(i32, Vec<u8>, Vec<u8>)> {
+            Ok((self.exec_exit.load(Ordering::Relaxed), vec![], vec![]))
+        }
+        async fn exec(&self, req: cri::ExecRequest) -> anyhow::Result<String> {
+            self.sim.exec(req).await
+        }
+        async fn attach(&self, req: cri::AttachRequest) -> anyhow::Result<String> {
+            self.sim.attach(req).await
+        }
+        async fn port_forward(&self, sandbox: &str, ports: Vec<i32>) -> anyhow::Result<String> {
+            self.sim.port_forward(sandbox, ports).await
+        }
+        async fn list_container_stats(
+            &self,
+            uid: Option<&str>,
+        ) -> anyhow::Result<Vec<cri::ContainerStats>> {
+            self.sim.list_container_stats(uid).await
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.caps
+        }
+    }
+
+    /// What the fake API server was asked: method, path and body.
+    type Requests = Arc<Mutex<Vec<(String, String, Value)>>>;
+
+    /// An API server that answers every request with `pod`.
+    fn fake_api(pod: &Pod) -> (kube::Client, Requests) {
+        let requests = Requests::default();
+        let seen = requests.clone();
+        let reply = serde_json::to_vec(pod).unwrap();
+        let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+            let seen = seen.clone();
+            let reply = reply.clone();
+            async move {
+                let method = req.method().to_string();
+                let path = req.uri().path().to_string();
+                let body = req.into_body().collect().await?.to_bytes();
+                let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                seen.lock().unwrap().push((method, path, body));
+                Ok::<_, kube::Error>(
+                    http::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(reply))
+                        .unwrap(),
+                )
+            }
+        });
+        (kube::Client::new(svc, "default"), requests)
+    }
+
+    struct Node {
+        ctx: Arc<NodeContext>,
+        clock: Arc<ManualClock>,
+        runtime: Arc<Fake>,
+        host: Arc<RecordingHost>,
+        requests: Requests,
+    }
+
+    fn node(pod: &Pod, reads_pod_inputs: bool) -> Node {
+        let (client, requests) = fake_api(pod);
+        let runtime = Arc::new(Fake {
+            sim: Sim::new(0, Duration::ZERO),
+            caps: Capabilities { reads_pod_inputs },
+            exec_exit: AtomicI32::new(0),
+        });
+        let host = Arc::new(RecordingHost::default());
+        // The wall time where the simulated runtime's is; it moves only
+        // when a test says.
+        let clock = Arc::new(ManualClock::starting_at(
+            k8s_openapi::jiff::Timestamp::now().as_nanosecond() as i64,
+        ));
+        let ctx = Arc::new(NodeContext {
+            client,
+            runtime: runtime.clone(),
+            node_name: "n1".into(),
+            host_ip: "192.0.2.10".into(),
+            data_dir: PathBuf::from("/nonexistent/skiff-test"),
+            allocatable: BTreeMap::new(),
+            events: false,
+            resync: Duration::from_secs(10),
+            dns: Default::default(),
+            services: crate::svcenv::Services::fixed(Default::default()),
+            host: host.clone(),
+            clock: clock.clone(),
+        });
+        Node {
+            ctx,
+            clock,
+            runtime,
+            host,
+            requests,
+        }
+    }
+
+    impl Node {
+        /// The statuses written, oldest first.
+        fn statuses(&self) -> Vec<Value> {
+            self.requests
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(m, p, _)| m == "PATCH" && p.ends_with("/status"))
+                .map(|(_, _, b)| b["status"].clone())
+                .collect()
+        }
+        /// (attempt, running) of the pod's containers of this name.
+        async fn instances(&self, name: &str) -> Vec<(u32, bool)> {
+            let mut out = vec![];
+            for c in self.runtime.list_containers(None).await.unwrap() {
+                let st = self.runtime.container_status(&c.id).await.unwrap().unwrap();
+                let meta = st.metadata.unwrap();
+                if meta.name == name {
+                    out.push((
+                        meta.attempt,
+                        st.state == cri::ContainerState::ContainerRunning as i32,
+                    ));
+                }
+            }
+            out.sort();
+            out
+        }
+    }
+
+    fn pod(v: Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn app_pod() -> Pod {
+        pod(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u-1"},
+            "spec": {"containers": [{"name": "app", "image": "busybox"}]},
+        }))
+    }
+
+    #[tokio::test]
+    async fn a_new_pod_runs_and_its_status_says_so() {
+        let p = app_pod();
+        let n = node(&p, false);
+        let mut w = PodWorker::new(n.ctx.clone());
+        assert_eq!(w.sync(&p).await, Duration::from_millis(500));
+        assert_eq!(n.instances("app").await, [(0, true)]);
+        let st = n.statuses().pop().expect("a status was written");
+        assert_eq!(st["phase"], "Running");
+        assert!(st["podIP"].as_str().unwrap().starts_with("10."));
+        assert_eq!(st["containerStatuses"][0]["ready"], true);
+        // Nothing changed: no second write, and the resync paces it.
+        assert_eq!(w.sync(&p).await, Duration::from_secs(10));
+        assert_eq!(n.statuses().len(), 1);
+        // Hollow containers read nothing from the node.
+        assert_eq!(n.host.calls(), []);
+    }
+
+    #[tokio::test]
+    async fn a_crashing_container_is_restarted_after_its_back_off() {
+        let mut p = app_pod();
+        p.metadata.annotations = Some(
+            [
+                (
+                    crate::sim::ANNOTATION_RUN_SECONDS.to_string(),
+                    "0".to_string(),
+                ),
+                (
+                    crate::sim::ANNOTATION_EXIT_CODE.to_string(),
+                    "1".to_string(),
+                ),
+            ]
+            .into(),
+        );
+        let n = node(&p, false);
+        let mut w = PodWorker::new(n.ctx.clone());
+        w.sync(&p).await; // started, exits at once
+        w.sync(&p).await; // restarted at once: back-off 10 s
+        assert_eq!(n.instances("app").await, [(0, false), (1, false)]);
+        w.sync(&p).await;
+        assert_eq!(n.instances("app").await.len(), 2);
+        let st = n.statuses().pop().unwrap();
+        assert_eq!(
+            st["containerStatuses"][0]["state"]["waiting"]["reason"],
+            "CrashLoopBackOff"
+        );
+        n.clock.advance(Duration::from_secs(9));
+        w.sync(&p).await;
+        assert_eq!(n.instances("app").await.len(), 2);
+        n.clock.advance(Duration::from_secs(1));
+        w.sync(&p).await;
+        // The oldest instance is collected; current and previous stay.
+        assert_eq!(n.instances("app").await, [(1, false), (2, false)]);
+        // Now 20 s.
+        n.clock.advance(Duration::from_secs(19));
+        w.sync(&p).await;
+        assert_eq!(n.instances("app").await.last(), Some(&(2, false)));
+        n.clock.advance(Duration::from_secs(1));
+        w.sync(&p).await;
+        assert_eq!(n.instances("app").await.last(), Some(&(3, false)));
+    }
+
+    #[tokio::test]
+    async fn a_failing_liveness_probe_restarts_the_container() {
+        let p = pod(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u-1"},
+            "spec": {"containers": [{"name": "app", "image": "busybox", "livenessProbe": {
+                "exec": {"command": ["check"]}, "periodSeconds": 1, "failureThreshold": 2,
+            }}]},
+        }));
+        let n = node(&p, false);
+        let mut w = PodWorker::new(n.ctx.clone());
+        w.sync(&p).await;
+        // Probing every second; passing: nothing happens.
+        w.sync(&p).await;
+        n.clock.advance(Duration::from_secs(1));
+        w.sync(&p).await;
+        assert_eq!(n.instances("app").await, [(0, true)]);
+        n.runtime.exec_exit.store(1, Ordering::Relaxed);
+        n.clock.advance(Duration::from_secs(1));
+        w.sync(&p).await; // one failure of two
+        assert_eq!(n.instances("app").await, [(0, true)]);
+        n.clock.advance(Duration::from_secs(1));
+        w.sync(&p).await; // killed
+        assert_eq!(n.instances("app").await, [(0, false)]);
+        w.sync(&p).await; // restarted by restartPolicy Always
+        assert_eq!(n.instances("app").await, [(0, false), (1, true)]);
+        let st = n.statuses().pop().unwrap();
+        assert_eq!(st["containerStatuses"][0]["restartCount"], 1);
+    }
+
+    #[tokio::test]
+    async fn a_deleted_pod_is_stopped_then_deleted_once_for_its_uid_only() {
+        let p = app_pod();
+        let n = node(&p, false);
+        let mut w = PodWorker::new(n.ctx.clone());
+        w.sync(&p).await;
+        let mut gone = p.clone();
+        gone.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
+        gone.metadata.deletion_grace_period_seconds = Some(30);
+        assert_eq!(w.sync(&gone).await, Duration::from_secs(1));
+        assert_eq!(n.instances("app").await, [(0, false)]);
+        let sandboxes = n.runtime.list_sandboxes(None).await.unwrap();
+        assert!(sandboxes
+            .iter()
+            .all(|s| s.state == cri::PodSandboxState::SandboxNotready as i32));
+        w.sync(&gone).await;
+        let deletes: Vec<Value> = n
+            .requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, p, _)| m == "DELETE" && p.ends_with("/namespaces/shop/pods/web"))
+            .map(|(_, _, b)| b.clone())
+            .collect();
+        assert_eq!(deletes.len(), 1);
+        assert_eq!(deletes[0]["gracePeriodSeconds"], 0);
+        assert_eq!(deletes[0]["preconditions"]["uid"], "u-1");
+    }
+
+    #[tokio::test]
+    async fn a_runtime_whose_containers_read_the_node_gets_log_directory_and_memory_volume_through_the_host(
+    ) {
+        let p = pod(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u-1"},
+            "spec": {
+                "containers": [{"name": "app", "image": "busybox",
+                    "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}],
+                "volumes": [{"name": "cache", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}],
+            },
+        }));
+        let n = node(&p, true);
+        let mut w = PodWorker::new(n.ctx.clone());
+        w.sync(&p).await;
+        let pod_dir = PathBuf::from("/nonexistent/skiff-test/pods/u-1");
+        let volume = pod_dir.join("volumes/cache");
+        assert_eq!(
+            n.host.calls(),
+            [
+                Call::CreateDir(PathBuf::from("/nonexistent/skiff-test/logs/shop_web_u-1")),
+                Call::CreateDir(volume.clone()),
+                Call::MountTmpfs(volume.clone(), Some(1 << 20)),
+            ]
+        );
+        assert_eq!(n.instances("app").await, [(0, true)]);
+        // A second sync finds the tmpfs mounted and leaves it.
+        w.sync(&p).await;
+        assert_eq!(
+            n.host
+                .calls()
+                .iter()
+                .filter(|c| matches!(c, Call::MountTmpfs(..)))
+                .count(),
+            1
+        );
+        w.cleanup("u-1").await;
+        let calls = n.host.calls();
+        assert_eq!(
+            calls[calls.len() - 2..],
+            [Call::Unmount(volume), Call::RemoveDir(pod_dir)]
+        );
+        assert_eq!(n.instances("app").await, []);
+    }
+
+    #[tokio::test]
+    async fn cleaning_up_a_simulated_pod_leaves_the_host_alone() {
+        let p = app_pod();
+        let n = node(&p, false);
+        let mut w = PodWorker::new(n.ctx.clone());
+        w.sync(&p).await;
+        w.cleanup("u-1").await;
+        assert_eq!(n.instances("app").await, []);
+        assert!(n.runtime.list_sandboxes(None).await.unwrap().is_empty());
+        assert_eq!(n.host.calls(), []);
     }
 }

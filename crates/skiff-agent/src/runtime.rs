@@ -65,9 +65,11 @@ pub trait Runtime: Send + Sync + 'static {
         &self,
         pod_uid: Option<&str>,
     ) -> anyhow::Result<Vec<cri::ContainerStats>>;
-    /// Whether this runtime runs real processes (false for hollow nodes).
-    fn is_real(&self) -> bool {
-        true
+    /// What this runtime's containers need from the node.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reads_pod_inputs: true,
+        }
     }
     /// How long this pod's containers are certain not to change state by
     /// themselves, for a runtime that knows (the simulated one: until its
@@ -76,6 +78,19 @@ pub trait Runtime: Send + Sync + 'static {
     async fn quiet_for(&self, _pod_uid: &str) -> Option<Duration> {
         None
     }
+}
+
+/// What a runtime's containers need from the node besides CRI calls; the
+/// pod worker's plan reads it (a simulated runtime is a runtime without
+/// these needs, not a branch of the worker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Its containers are processes that read what the agent prepares for
+    /// them on the node: volumes, environment variables (from Secrets,
+    /// ConfigMaps and Services), log directories, images pulled with the
+    /// pod's pull secrets. The simulated containers of hollow nodes read
+    /// none of it.
+    pub reads_pod_inputs: bool,
 }
 
 /// Labels the agent puts on sandboxes and containers so it can find them

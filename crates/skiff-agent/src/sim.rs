@@ -370,8 +370,11 @@ impl Runtime for Sim {
             None => Duration::MAX,
         })
     }
-    fn is_real(&self) -> bool {
-        false
+    /// Simulated containers read nothing from the node.
+    fn capabilities(&self) -> crate::runtime::Capabilities {
+        crate::runtime::Capabilities {
+            reads_pod_inputs: false,
+        }
     }
 }
 
