@@ -42,38 +42,14 @@ fn kubectl_with_input(
     input: &str,
     secs: u64,
 ) -> Option<(Option<i32>, String, String)> {
-    let dir = tempfile::tempdir().unwrap();
-    let (out, err) = (dir.path().join("out"), dir.path().join("err"));
-    let mut child = s
-        .kubectl_cmd(args)
-        .stdin(Stdio::piped())
-        .stdout(std::fs::File::create(&out).unwrap())
-        .stderr(std::fs::File::create(&err).unwrap())
-        .spawn()
-        .expect("start kubectl");
-    {
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(input.as_bytes()).unwrap();
+    let mut input = Some(input.to_string());
+    drive(s, args, secs, |stdin, _| {
+        if let (Some(w), Some(text)) = (stdin.as_mut(), input.take()) {
+            w.write_all(text.as_bytes()).unwrap();
+        }
         // Dropped: kubectl sees the end of its input.
-    }
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return Some((status.code(), read(&out), read(&err)));
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            eprintln!(
-                "kubectl {args:?} still running; stdout: {}\nstderr: {}",
-                read(&out),
-                read(&err)
-            );
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        *stdin = None;
+    })
 }
 
 /// Runs kubectl, writing `line` to its stdin every half second until its
@@ -85,6 +61,29 @@ fn kubectl_typing(
     line: &str,
     answer: &str,
     secs: u64,
+) -> Option<(Option<i32>, String, String)> {
+    let mut last_typed: Option<Instant> = None;
+    drive(s, args, secs, |stdin, out| {
+        if out.contains(answer) {
+            *stdin = None;
+        } else if let Some(w) = stdin.as_mut() {
+            if last_typed.is_none_or(|t| t.elapsed() > Duration::from_millis(500)) {
+                let _ = w.write_all(line.as_bytes());
+                last_typed = Some(Instant::now());
+            }
+        }
+    })
+}
+
+/// Runs kubectl with a piped stdin, calling `feed` with its stdin (set it
+/// to `None` to close it) and its stdout so far every 50 ms until it exits
+/// (then its exit code, stdout and stderr) or `secs` pass (then it is
+/// killed and the answer is `None`).
+fn drive(
+    s: &Server,
+    args: &[&str],
+    secs: u64,
+    mut feed: impl FnMut(&mut Option<std::process::ChildStdin>, &str),
 ) -> Option<(Option<i32>, String, String)> {
     let dir = tempfile::tempdir().unwrap();
     let (out, err) = (dir.path().join("out"), dir.path().join("err"));
@@ -98,8 +97,8 @@ fn kubectl_typing(
     let read = |p: &std::path::Path| std::fs::read_to_string(p).unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut stdin = child.stdin.take();
-    let mut last_typed: Option<Instant> = None;
     loop {
+        feed(&mut stdin, &read(&out));
         if let Some(status) = child.try_wait().unwrap() {
             return Some((status.code(), read(&out), read(&err)));
         }
@@ -112,15 +111,6 @@ fn kubectl_typing(
                 read(&err)
             );
             return None;
-        }
-        if read(&out).contains(answer) {
-            // Dropped: kubectl sees the end of its input.
-            stdin = None;
-        } else if let Some(w) = stdin.as_mut() {
-            if last_typed.is_none_or(|t| t.elapsed() > Duration::from_millis(500)) {
-                let _ = w.write_all(line.as_bytes());
-                last_typed = Some(Instant::now());
-            }
         }
         std::thread::sleep(Duration::from_millis(50));
     }

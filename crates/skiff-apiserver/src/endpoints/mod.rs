@@ -110,6 +110,26 @@ impl RequestScope {
     fn admitted<T>(&self, r: Result<T, ApiError>, admission: &Admission) -> Result<T, ApiError> {
         r.map_err(|e| e.with_warnings(self.finish(admission)))
     }
+
+    /// The answer to an update or patch that may have created the object:
+    /// admission's warnings and audit annotations, the object converted
+    /// back to the request's version, 201 if it was created, else 200.
+    async fn written(
+        &self,
+        reg: &crate::registry::Registry,
+        result: Result<(Value, bool), ApiError>,
+        admission: &Admission,
+        mut warnings: Vec<String>,
+    ) -> Result<crate::response::Resp, ApiError> {
+        let (out, created) = self.admitted(result, admission)?;
+        warnings.extend(self.finish(admission));
+        let out = crate::crd::conversion::from_storage(reg, self.api_res, out).await?;
+        let code = if created { 201 } else { 200 };
+        Ok(crate::response::add_warnings(
+            crate::response::render_object(self.api_res, code, &out, self.output)?,
+            &warnings,
+        ))
+    }
 }
 
 /// Serves a request for a resource: the verb by method and subresource.

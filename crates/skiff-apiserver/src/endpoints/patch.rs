@@ -10,7 +10,6 @@ use serde_json::Value;
 use skiff_core::ApiError;
 
 use super::{check_fields, read_body, RequestBody, RequestScope};
-use crate::crd::conversion;
 use crate::negotiate;
 use crate::options::{PatchType, WriteOptions};
 use crate::request::Subresource;
@@ -74,14 +73,7 @@ pub async fn patch(
     let patched = reg
         .patch(s.api_res, s.ns(), s.name(), pt, &patch, s.sub, &opts)
         .await;
-    let (out, created) = s.admitted(patched, &opts.admission)?;
-    warnings.extend(s.finish(&opts.admission));
-    let out = conversion::from_storage(reg, s.api_res, out).await?;
-    let code = if created { 201 } else { 200 };
-    Ok(add_warnings(
-        render_object(s.api_res, code, &out, s.output)?,
-        &warnings,
-    ))
+    s.written(reg, patched, &opts.admission, warnings).await
 }
 
 /// Patches the Scale of an object.

@@ -23,20 +23,11 @@ pub async fn update(
     let WriteBody {
         obj,
         opts,
-        mut warnings,
+        warnings,
     } = read_write_body(s, req, true).await?;
     let obj = conversion::to_storage(reg, s.api_res, obj).await?;
-    let (out, created) = s.admitted(
-        reg.update(s.res, s.ns(), s.name(), obj, s.sub, &opts).await,
-        &opts.admission,
-    )?;
-    warnings.extend(s.finish(&opts.admission));
-    let out = conversion::from_storage(reg, s.api_res, out).await?;
-    let code = if created { 201 } else { 200 };
-    Ok(add_warnings(
-        render_object(s.api_res, code, &out, s.output)?,
-        &warnings,
-    ))
+    let updated = reg.update(s.res, s.ns(), s.name(), obj, s.sub, &opts).await;
+    s.written(reg, updated, &opts.admission, warnings).await
 }
 
 /// Replaces the Scale of an object.
