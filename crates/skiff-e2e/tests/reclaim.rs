@@ -149,8 +149,11 @@ fn unused_requests_become_batch_capacity_that_batch_pods_run_in() {
         "--",
         "sh",
         "-c",
-        "if [ -f /sys/fs/cgroup/cpu.weight ]; then cat /sys/fs/cgroup/cpu.weight /sys/fs/cgroup/cpu.max; \
-         else cat /sys/fs/cgroup/cpu/cpu.shares /sys/fs/cgroup/cpu/cpu.cfs_quota_us; fi",
+        // v1: the cpu hierarchy's files; v2: the container's own cgroup,
+        // named in /proc/self/cgroup ("0::/" in a private cgroup namespace).
+        "if [ -d /sys/fs/cgroup/cpu ]; then cat /sys/fs/cgroup/cpu/cpu.shares /sys/fs/cgroup/cpu/cpu.cfs_quota_us; \
+         else d=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup); [ -f \"$d/cpu.weight\" ] || d=/sys/fs/cgroup; \
+         cat \"$d/cpu.weight\" \"$d/cpu.max\"; fi",
     ]);
     let lines: Vec<&str> = cg.lines().collect();
     assert!(
