@@ -209,6 +209,12 @@ pub fn requested_and_allocatable(
     name: &str,
     non_zero: bool,
 ) -> Option<(i64, i64)> {
+    // Resources the pod does not ask for (the batch ones, for most pods)
+    // are skipped before any lookup on the node: this runs for every
+    // node scored.
+    if !matches!(name, "cpu" | "memory") && pod.requests.get(name) == 0 {
+        return None;
+    }
     let alloc = node.allocatable.get(name);
     let (node_req, pod_req) = match name {
         "cpu" if non_zero => (
@@ -218,9 +224,6 @@ pub fn requested_and_allocatable(
         "memory" if non_zero => (node.non_zero_requested.memory, pod.non_zero_requests.memory),
         _ => (node.requested.get(name), pod.requests.get(name)),
     };
-    if !matches!(name, "cpu" | "memory") && pod_req == 0 {
-        return None;
-    }
     if alloc == 0 {
         return None;
     }
