@@ -342,7 +342,7 @@ pub async fn manage_pods(ctx: Arc<NodeContext>) -> Result<()> {
 
 /// [`manage_pods`], keeping `index` current with the node's pods.
 pub async fn manage_pods_indexed(ctx: Arc<NodeContext>, index: reclaim::PodIndex) -> Result<()> {
-    let indexed = |f: &mut dyn FnMut(&mut HashMap<String, Arc<Pod>>)| {
+    let indexed = |f: &mut dyn FnMut(&mut reclaim::PodMap)| {
         f(&mut index.write().unwrap_or_else(|e| e.into_inner()))
     };
     let pods: Api<Pod> = Api::all(ctx.client.clone());

@@ -364,7 +364,10 @@ pub fn usage_of(summary: &Summary) -> (HashMap<String, Amount>, Option<Amount>) 
 // ---- the shell ---------------------------------------------------------------------
 
 /// The pods bound to this node, by uid, as the pod manager last saw them.
-pub type PodIndex = Arc<RwLock<HashMap<String, Arc<Pod>>>>;
+pub type PodIndex = Arc<RwLock<PodMap>>;
+
+/// The node's pods by uid.
+pub type PodMap = HashMap<String, Arc<Pod>>;
 
 /// Where usage comes from.
 pub enum UsageSource {
