@@ -16,8 +16,8 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::common;
-use crate::cron::{self, Schedule};
 use crate::controller::Controller;
+use crate::cron::{self, Schedule};
 use crate::framework::{self, Next};
 use crate::{Ctx, Error};
 
@@ -32,7 +32,11 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
     Controller::new(ctx, "cronjob", &ctx.caches.cronjobs)
         .owns(&ctx.caches.jobs, "CronJob")
         .resync(Duration::from_secs(60))
-        .run(tasks, (), |c, _, key| async move { reconcile(&c, &key).await });
+        .run(
+            tasks,
+            (),
+            |c, _, key| async move { reconcile(&c, &key).await },
+        );
 }
 
 /// The name of the Job for a scheduled time.

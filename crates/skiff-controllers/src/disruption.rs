@@ -44,7 +44,11 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
                 .collect()
         })
         .resync(Duration::from_secs(30))
-        .run(tasks, (), |c, _, key| async move { reconcile(&c, &key).await });
+        .run(
+            tasks,
+            (),
+            |c, _, key| async move { reconcile(&c, &key).await },
+        );
 }
 
 /// The replicas the controller of a pod asks for, if the controller is of

@@ -28,8 +28,8 @@ use kube::api::{
 use kube::Resource;
 use serde_json::{json, Value};
 
-use crate::controller::Controller;
 use crate::common;
+use crate::controller::Controller;
 use crate::framework::Cache;
 use crate::Ctx;
 
@@ -299,9 +299,9 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
 }
 
 async fn pass(ctx: &Ctx, m: &mut Memory) {
-    m.alive.retain(|_, at| at.elapsed() < Duration::from_secs(30));
-    if m
-        .custom_read
+    m.alive
+        .retain(|_, at| at.elapsed() < Duration::from_secs(30));
+    if m.custom_read
         .is_none_or(|t| t.elapsed() >= Duration::from_secs(5))
     {
         let fresh: HashMap<String, (ApiResource, bool)> = custom_kinds(&ctx.client)

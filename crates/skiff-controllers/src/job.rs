@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::common::{self, Expectations};
 use crate::controller::Controller;
-use crate::framework::{self, Next};
+use crate::framework::Next;
 use crate::{Ctx, Error};
 
 const COMPONENT: &str = "job-controller";
@@ -131,7 +131,8 @@ pub fn decide(
     let work_queue = spec.completions.is_none() && !indexed;
     let completions = spec.completions.unwrap_or(1).max(0);
     // An index outside [0, completions) counts for nothing.
-    let valid = |p: &&Arc<Pod>| !indexed || index_of(p).is_some_and(|i| (0..completions).contains(&i));
+    let valid =
+        |p: &&Arc<Pod>| !indexed || index_of(p).is_some_and(|i| (0..completions).contains(&i));
     let succeeded_pods: Vec<&Arc<Pod>> = pods
         .iter()
         .filter(|p| phase(p) == "Succeeded")
@@ -154,10 +155,16 @@ pub fn decide(
     let start_time = old_status.start_time.as_ref().map(|t| t.0);
     let suspended = spec.suspend == Some(true);
 
-    let on_failure = spec.template.spec.as_ref().and_then(|s| s.restart_policy.as_deref())
+    let on_failure = spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_deref())
         == Some("OnFailure");
     let mut failure = None;
-    if failed > backoff_limit || (on_failure && past_backoff_limit_on_failure(&active, backoff_limit)) {
+    if failed > backoff_limit
+        || (on_failure && past_backoff_limit_on_failure(&active, backoff_limit))
+    {
         failure = Some((
             "BackoffLimitExceeded",
             "Job has reached the specified backoff limit",
@@ -739,7 +746,10 @@ mod tests {
 
     #[test]
     fn a_suspended_job_wants_no_active_pods() {
-        let j = job(json!({"suspend": true, "parallelism": 3, "completions": 3}), json!({}));
+        let j = job(
+            json!({"suspend": true, "parallelism": 3, "completions": 3}),
+            json!({}),
+        );
         let d = decide_now(&j, &[running(), running()]);
         assert_eq!((d.active, d.want_active, d.complete), (2, 0, false));
     }
@@ -779,10 +789,14 @@ mod tests {
         let restarted = |n| pod("Running", None, None, n);
         assert_eq!(decide_now(&on_failure(2), &[restarted(1)]).failure, None);
         assert_eq!(
-            decide_now(&on_failure(2), &[restarted(2)]).failure.map(|f| f.0),
+            decide_now(&on_failure(2), &[restarted(2)])
+                .failure
+                .map(|f| f.0),
             Some("BackoffLimitExceeded")
         );
-        assert!(decide_now(&on_failure(0), &[restarted(1)]).failure.is_some());
+        assert!(decide_now(&on_failure(0), &[restarted(1)])
+            .failure
+            .is_some());
         let never = job(json!({"backoffLimit": 2}), json!({}));
         assert_eq!(
             decide_now(&never, &[restarted(5)]).failure,

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use crate::common;
 use crate::controller::Controller;
-use crate::framework::{self, Next};
+use crate::framework::Next;
 use crate::{Ctx, Error};
 
 pub const ROOT_CA: &str = "kube-root-ca.crt";

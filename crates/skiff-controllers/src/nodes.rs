@@ -19,8 +19,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::ResourceExt;
 use serde_json::{json, Value};
 
-use crate::controller::Controller;
 use crate::common;
+use crate::controller::Controller;
 use crate::disruption_zones::{zone_key, Decision, Zones};
 use crate::{Caches, Ctx};
 

@@ -15,8 +15,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::ResourceExt;
 use serde_json::json;
 
-use crate::controller::Controller;
 use crate::common;
+use crate::controller::Controller;
 use crate::Ctx;
 
 const EVERY: Duration = Duration::from_secs(2);

@@ -188,7 +188,8 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>, flavor: Fl
     let seen = st.clone();
     controller
         .watches(&ctx.caches.pods, move |c, old, new| {
-            seen.expectations.observe_pod_change(flavor.kind(), old, new);
+            seen.expectations
+                .observe_pod_change(flavor.kind(), old, new);
             let mut keys = common::owner_keys(flavor.kind(), old, new);
             for p in [old, new].into_iter().flatten() {
                 if common::controller_of(&p.metadata).is_some() || new.is_none() {
@@ -212,7 +213,8 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>, flavor: Fl
                         .collect(),
                 };
                 for (m, sel) in sets {
-                    if !common::selector_is_empty(&sel) && common::selector_matches(&sel, p.labels())
+                    if !common::selector_is_empty(&sel)
+                        && common::selector_matches(&sel, p.labels())
                     {
                         keys.push(framework::key_of(&m));
                     }

@@ -28,7 +28,9 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
         // changes them.
         .watches(&c.pods, |c, old, new| {
             let terminal = |p: &Pod| matches!(common::phase(p), "Succeeded" | "Failed");
-            quotas_of(c, old, new, |o, n| terminal(o) != terminal(n) || o.spec != n.spec)
+            quotas_of(c, old, new, |o, n| {
+                terminal(o) != terminal(n) || o.spec != n.spec
+            })
         })
         .watches(&c.services, |c, old, new| {
             quotas_of(c, old, new, |o, n| o.spec != n.spec)
@@ -39,7 +41,9 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
         .watches(&c.resource_quotas, |c, o, n| quotas_of(c, o, n, counted))
         .watches(&c.configmaps, |c, o, n| quotas_of(c, o, n, counted))
         .watches(&c.secrets, |c, o, n| quotas_of(c, o, n, counted))
-        .watches(&c.replication_controllers, |c, o, n| quotas_of(c, o, n, counted))
+        .watches(&c.replication_controllers, |c, o, n| {
+            quotas_of(c, o, n, counted)
+        })
         .watches(&c.deployments, |c, o, n| quotas_of(c, o, n, counted))
         .watches(&c.replicasets, |c, o, n| quotas_of(c, o, n, counted))
         .watches(&c.statefulsets, |c, o, n| quotas_of(c, o, n, counted))
@@ -258,7 +262,9 @@ async fn reconcile(ctx: &Ctx, quota: &ResourceQuota) -> Result<(), crate::Error>
             "count/daemonsets.apps" => count(ctx.caches.daemonsets.in_namespace(&ns).len()),
             "count/jobs.batch" => count(ctx.caches.jobs.in_namespace(&ns).len()),
             "count/cronjobs.batch" => count(ctx.caches.cronjobs.in_namespace(&ns).len()),
-            "configmaps" | "count/configmaps" => count(ctx.caches.configmaps.in_namespace(&ns).len()),
+            "configmaps" | "count/configmaps" => {
+                count(ctx.caches.configmaps.in_namespace(&ns).len())
+            }
             "secrets" | "count/secrets" => count(ctx.caches.secrets.in_namespace(&ns).len()),
             k => {
                 let (limits, resource) = match k.split_once('.') {

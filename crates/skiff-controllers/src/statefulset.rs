@@ -33,7 +33,11 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
         .owns(&ctx.caches.pods, "StatefulSet")
         .workers(ctx.options.workers.min(4))
         .resync(Duration::from_secs(60))
-        .run(tasks, (), |c, _, key| async move { reconcile(&c, &key).await });
+        .run(
+            tasks,
+            (),
+            |c, _, key| async move { reconcile(&c, &key).await },
+        );
 }
 
 /// The ordinal of a pod of set `set` (`web-3` → 3).

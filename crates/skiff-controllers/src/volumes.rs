@@ -65,7 +65,11 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
         })
         // Volumes created by hand appear without any claim changing.
         .resync(Duration::from_secs(15))
-        .run(tasks, (), |c, _, key| async move { reconcile(&c, &key).await });
+        .run(
+            tasks,
+            (),
+            |c, _, key| async move { reconcile(&c, &key).await },
+        );
     // The volumes' own phases, from a list every 10 s.
     Controller::periodic(ctx, "persistentvolume-sweep", Duration::from_secs(10)).run(
         tasks,

@@ -176,7 +176,8 @@ async fn a_quota_reports_what_its_namespace_uses() {
     assert_eq!(used["requests.cpu"].0, "500m");
     assert_eq!(used["limits.memory"].0, "128Mi");
     let configmaps = |u: &std::collections::BTreeMap<String, _>| {
-        u.get("configmaps").map(|q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| q.0.clone())
+        u.get("configmaps")
+            .map(|q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| q.0.clone())
     };
     let before = configmaps(&used).unwrap();
     let _: ConfigMap = create(c, "default", json!({"metadata": {"name": "q-cm"}})).await;
