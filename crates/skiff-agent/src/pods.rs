@@ -242,6 +242,13 @@ impl PodWorker {
         }
     }
 
+    /// The node's order to evict the pod; the first one stands.
+    pub fn order_eviction(&mut self, eviction: &plan::Eviction) {
+        if self.memory.eviction.is_none() {
+            self.memory.eviction = Some(eviction.clone());
+        }
+    }
+
     async fn observe_containers(&self, pod_uid: &str) -> Result<Vec<Seen>, Error> {
         let rt = &self.ctx.runtime;
         let listed = rt
@@ -379,8 +386,51 @@ impl PodWorker {
                 }
                 Ok(Duration::from_secs(30))
             }
+            PodActions::Evict {
+                termination,
+                initialized,
+            } => {
+                self.evict(pod, observed, &termination, initialized).await?;
+                Ok(Duration::from_secs(1))
+            }
             PodActions::Sync(actions) => self.execute(pod, observed, actions, probed).await,
         }
+    }
+
+    /// Kubelet's eviction: the Warning Event first, then the pod killed
+    /// with the eviction's grace period, then its final status (Failed,
+    /// `Evicted`, `DisruptionTarget`). Repeated until the status is
+    /// written; a second pass finds nothing running and writes it again.
+    async fn evict(
+        &mut self,
+        pod: &Pod,
+        observed: Observed,
+        termination: &Termination,
+        initialized: bool,
+    ) -> Result<(), Error> {
+        let Some(eviction) = self.memory.eviction.clone() else {
+            return Ok(());
+        };
+        if !self.memory.eviction_announced {
+            self.memory.eviction_announced = true;
+            tracing::info!(pod = %format!("{}/{}", namespace(pod), name(pod)), message = %eviction.message, "evicting pod");
+            self.ctx
+                .event(pod, "Warning", plan::EVICTED, eviction.message.clone());
+        }
+        self.terminate(pod, termination).await;
+        let containers = if termination.containers.is_empty() {
+            observed.containers
+        } else {
+            self.observe_containers(uid(pod)).await?
+        };
+        let ip = pod_ip(
+            pod,
+            observed.sandbox_ip.as_deref().unwrap_or_default(),
+            &self.ctx.host_ip,
+        );
+        let ip = (!ip.is_empty()).then_some(ip);
+        self.write_status(pod, ip.as_deref(), &containers, initialized)
+            .await
     }
 
     /// Every container of the pod waits for the same reason.

@@ -31,6 +31,13 @@ pub const PULL_BACKOFF: Duration = Duration::from_secs(10);
 pub const MIN_STOP_SECONDS: i64 = 2;
 /// The grace period of a pod that names none.
 pub const DEFAULT_GRACE_SECONDS: i64 = 30;
+/// The grace period of an eviction by the node (kubelet's
+/// `immediateEvictionGracePeriodSeconds`, which hard thresholds use); the
+/// container still gets [`MIN_STOP_SECONDS`] after its preStop hook.
+pub const EVICTION_GRACE_SECONDS: i64 = 1;
+/// The status reason of a pod the node evicted (kubelet's eviction
+/// `Reason`).
+pub const EVICTED: &str = "Evicted";
 
 /// A container's state as the runtime reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +176,30 @@ pub struct Memory {
     pub pull_backoff: HashMap<String, Instant>,
     /// The pod's graceful termination has been done.
     pub terminating: bool,
+    /// The node ordered the pod evicted (reclaimed capacity or node
+    /// pressure): it is killed and its status becomes Failed/Evicted.
+    pub eviction: Option<Eviction>,
+    /// The eviction's Event has been recorded.
+    pub eviction_announced: bool,
+}
+
+/// An order to evict a pod, as kubelet's eviction manager gives it: the
+/// message of its status, its Event and its `DisruptionTarget` condition,
+/// and the grace period that overrides the pod's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Eviction {
+    pub message: String,
+    pub grace_seconds: i64,
+}
+
+impl Eviction {
+    /// An eviction with kubelet's immediate grace period.
+    pub fn now(message: impl Into<String>) -> Eviction {
+        Eviction {
+            message: message.into(),
+            grace_seconds: EVICTION_GRACE_SECONDS,
+        }
+    }
 }
 
 impl Memory {
@@ -204,6 +235,14 @@ pub enum PodActions {
     StopFinished {
         containers: Vec<String>,
         sandboxes: Vec<String>,
+    },
+    /// The node evicts the pod: Warning Event `Evicted`, its containers
+    /// and sandboxes stopped with the eviction's grace period (preStop
+    /// hooks within it), then the status Failed with reason `Evicted`.
+    Evict {
+        termination: Termination,
+        /// Every init container had succeeded (for the status).
+        initialized: bool,
     },
     /// Drive the pod towards its spec.
     Sync(SyncActions),
@@ -425,6 +464,14 @@ pub fn compute_pod_actions(
     }
     let default_spec = PodSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&default_spec);
+    if let Some(e) = &memory.eviction {
+        let mut termination = termination(pod, observed);
+        termination.grace_seconds = e.grace_seconds.max(0);
+        return PodActions::Evict {
+            termination,
+            initialized: init_done(spec, &observed.containers),
+        };
+    }
     let policy = restart_policy(spec);
     let sandbox = match observed.ready_sandbox() {
         Some(sb) => SandboxAction::Keep {
@@ -824,7 +871,10 @@ fn container_status(
                 st["started"] = json!(started);
                 st["ready"] = json!(v.ready);
             } else if s.exited() {
-                let restarting = restarts(policy, s.exit_code) && !(init && s.exit_code == 0);
+                // An evicted pod's containers are not restarted.
+                let restarting = memory.eviction.is_none()
+                    && restarts(policy, s.exit_code)
+                    && !(init && s.exit_code == 0);
                 if restarting {
                     st["lastState"] = terminated(s);
                     st["state"] = match memory.waiting.get(&c.name) {
@@ -892,7 +942,7 @@ pub fn pod_status(pod: &Pod, memory: &Memory, input: StatusInput) -> Value {
             || v.status["restartCount"].as_u64().unwrap_or(0) > 0;
         statuses.push(v.status);
     }
-    let phase = if init_failed && policy == "Never" {
+    let phase = if memory.eviction.is_some() || init_failed && policy == "Never" {
         "Failed"
     } else if !input.initialized || !any_started {
         "Pending"
@@ -946,6 +996,14 @@ pub fn pod_status(pod: &Pod, memory: &Memory, input: StatusInput) -> Value {
         Some(c) => conditions.push(serde_json::to_value(c).unwrap_or(Value::Null)),
         None => conditions.push(cond("PodScheduled", true, None)),
     }
+    // Kubelet's eviction manager: the pod is a disruption target,
+    // terminated by the kubelet, with the eviction's message.
+    if let Some(e) = &memory.eviction {
+        let mut c = cond("DisruptionTarget", true, None);
+        c["reason"] = json!("TerminationByKubelet");
+        c["message"] = json!(e.message);
+        conditions.push(c);
+    }
     let start_time = old
         .start_time
         .as_ref()
@@ -960,6 +1018,10 @@ pub fn pod_status(pod: &Pod, memory: &Memory, input: StatusInput) -> Value {
         "containerStatuses": statuses,
         "qosClass": skiff_helpers::qos::of_spec(spec),
     });
+    if let Some(e) = &memory.eviction {
+        status["reason"] = json!(EVICTED);
+        status["message"] = json!(e.message);
+    }
     if !init_statuses.is_empty() {
         status["initContainerStatuses"] = json!(init_statuses);
     }
@@ -1867,6 +1929,104 @@ mod tests {
             .map(|s| (s.id.as_str(), s.pre_stop().is_some()))
             .collect();
         assert_eq!(stops, [("app-0", true), ("sidecar-0", false)]);
+    }
+
+    fn evicted(message: &str) -> Memory {
+        Memory {
+            eviction: Some(Eviction::now(message)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_evicted_pod_is_killed_with_the_eviction_grace_period_whatever_its_spec_says() {
+        let p = pod(
+            json!({"terminationGracePeriodSeconds": 60, "restartPolicy": "Always",
+            "containers": [
+                {"name": "app", "image": "busybox",
+                 "lifecycle": {"preStop": {"exec": {"command": ["sleep", "1"]}}}},
+            ]}),
+        );
+        let observed = with_sandbox(vec![running("app", 0)]);
+        let memory = evicted("The node reclaimed it");
+        let PodActions::Evict {
+            termination,
+            initialized,
+        } = compute_pod_actions(&p, &observed, T0::new().at(0), &memory, REAL)
+        else {
+            panic!("expected an eviction");
+        };
+        assert_eq!(termination.grace_seconds, EVICTION_GRACE_SECONDS);
+        assert_eq!(termination.sandboxes, ["sb-1"]);
+        assert_eq!(termination.containers.len(), 1);
+        assert!(termination.containers[0].pre_stop().is_some());
+        assert!(initialized);
+        // Once killed, nothing restarts it: the plan is the eviction
+        // again, with nothing left to stop.
+        let after = with_sandbox(vec![exited("app", 0, 137, 5)]);
+        let PodActions::Evict { termination, .. } =
+            compute_pod_actions(&p, &after, T0::new().at(1), &memory, REAL)
+        else {
+            panic!("expected an eviction");
+        };
+        assert!(termination.containers.is_empty());
+    }
+
+    #[test]
+    fn a_deletion_wins_over_an_eviction_and_a_finished_pod_is_not_evicted_again() {
+        let memory = evicted("m");
+        let gone = deleted(pod(one("app")), Some(5));
+        let observed = with_sandbox(vec![running("app", 0)]);
+        assert!(matches!(
+            compute_pod_actions(&gone, &observed, T0::new().at(0), &memory, REAL),
+            PodActions::Terminate(_)
+        ));
+        let mut failed = pod(one("app"));
+        failed.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Failed".into()),
+            ..Default::default()
+        });
+        assert!(matches!(
+            compute_pod_actions(&failed, &observed, T0::new().at(0), &memory, REAL),
+            PodActions::StopFinished { .. }
+        ));
+    }
+
+    #[test]
+    fn an_evicted_pods_status_is_failed_evicted_with_kubelets_disruption_condition() {
+        let p = pod(
+            json!({"restartPolicy": "Always", "containers": [{"name": "app", "image": "busybox"}]}),
+        );
+        let msg =
+            "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. ";
+        let st = status(&p, &evicted(msg), &[exited("app", 0, 137, 5)], true);
+        assert_eq!(st["phase"], "Failed");
+        assert_eq!(st["reason"], "Evicted");
+        assert_eq!(st["message"], msg);
+        let dt = st["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "DisruptionTarget")
+            .expect("a DisruptionTarget condition");
+        assert_eq!(dt["status"], "True");
+        assert_eq!(dt["reason"], "TerminationByKubelet");
+        assert_eq!(dt["message"], msg);
+        assert_eq!(condition(&st, "Ready").0, "False");
+        // The container shows how it ended, not a restart to come.
+        assert_eq!(
+            st["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+            137
+        );
+        // A pod that is not evicted has neither.
+        let plain = status(&p, &Memory::default(), &[running("app", 0)], true);
+        assert_eq!(plain["phase"], "Running");
+        assert!(plain.get("reason").is_none());
+        assert!(plain["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["type"] != "DisruptionTarget"));
     }
 
     #[test]
