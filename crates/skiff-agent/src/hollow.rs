@@ -240,6 +240,7 @@ pub async fn run_as(identities: Identities, options: HollowOptions) -> Result<()
         // watches arrived in one burst of new connections, and as one
         // joined future they were all driven by a single thread.
         let index = crate::reclaim::PodIndex::default();
+        let (evict_tx, evict_rx) = tokio::sync::mpsc::unbounded_channel();
         if let Some(config) = options.reclaim.clone() {
             loops.spawn(crate::reclaim::run(
                 client.clone(),
@@ -248,9 +249,11 @@ pub async fn run_as(identities: Identities, options: HollowOptions) -> Result<()
                 index.clone(),
                 crate::reclaim::UsageSource::Simulated,
                 config,
+                evict_tx,
+                Default::default(),
             ));
         }
-        pods.spawn(crate::manage_pods_indexed(ctx, index));
+        pods.spawn(crate::manage_pods_indexed(ctx, index, evict_rx));
     }
     // Dropping this future (cancellation) drops the loops with it.
     let outcome = match pods.join_next().await {
