@@ -218,16 +218,22 @@ fn unused_requests_become_batch_capacity_that_batch_pods_run_in() {
         ])
         .stdout,
     );
-    let reserved = wait_until("the prod pod's reservation in /stats/summary", 60, || {
-        let out = s.kubectl(&["get", "--raw", "/api/v1/nodes/e2e-node/proxy/stats/summary"]);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-        v["pods"]
-            .as_array()?
-            .iter()
-            .find(|p| p["podRef"]["name"] == prod.as_str())?["reservation"]["cpuMilliCores"]
-            .as_u64()
-    });
-    assert!(reserved < (cpus * 1000.0 * 0.9) as u64, "{reserved}");
+    // Its reservation starts at its request and falls to its usage plus
+    // the margin within the decay.
+    wait_until(
+        "the prod pod's reservation below its request in /stats/summary",
+        120,
+        || {
+            let out = s.kubectl(&["get", "--raw", "/api/v1/nodes/e2e-node/proxy/stats/summary"]);
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            v["pods"]
+                .as_array()?
+                .iter()
+                .find(|p| p["podRef"]["name"] == prod.as_str())?["reservation"]["cpuMilliCores"]
+                .as_u64()
+                .filter(|r| *r < prod_milli as u64)
+        },
+    );
 
     // The prod pod spins on every cpu: its reservation jumps, nothing is
     // left for batch pods, and the batch pod is evicted.
