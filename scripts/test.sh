@@ -5,7 +5,8 @@
 # kubectl, helm and python client through scripts/tools.sh), builds skiff,
 # and runs every crate's tests — unit, store conformance and crash, API
 # semantics, and the end-to-end tests that drive the real kubectl, helm and
-# python client against a running skiff. Extra arguments go to `cargo test`
+# python client against a running skiff, after the format check and
+# clippy. Extra arguments go to `cargo test`
 # (e.g. `scripts/test.sh -p skiff-e2e`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +62,19 @@ tools="$(./scripts/tools.sh)"
 while IFS= read -r line; do
   export "${line?}"
 done <<<"$tools"
+
+# Style and lints first: the formatting check and clippy, warnings as
+# errors (the lints themselves are configured in the workspace manifest).
+if cargo fmt --version >/dev/null 2>&1; then
+  cargo fmt --all --check
+else
+  echo "test.sh: rustfmt is missing (rustup component add rustfmt); skipping the format check" >&2
+fi
+if cargo clippy --version >/dev/null 2>&1; then
+  cargo clippy --workspace --all-targets -- -D warnings
+else
+  echo "test.sh: clippy is missing (rustup component add clippy); skipping the lints" >&2
+fi
 
 cargo build -p skiff
 

@@ -394,7 +394,7 @@ pub async fn manage_pods_indexed(
     index: reclaim::PodIndex,
     mut evictions: EvictionReceiver,
 ) -> Result<()> {
-    let indexed = |f: &mut dyn FnMut(&mut HashMap<String, Arc<Pod>>)| {
+    let indexed = |f: &mut dyn FnMut(&mut reclaim::PodMap)| {
         f(&mut index.write().unwrap_or_else(|e| e.into_inner()))
     };
     let pods: Api<Pod> = Api::all(ctx.client.clone());

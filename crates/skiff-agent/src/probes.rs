@@ -214,33 +214,18 @@ pub async fn run(
     (true, String::new())
 }
 
-/// The messages of the gRPC health checking protocol (grpc.health.v1).
+/// The gRPC health checking protocol (grpc.health.v1): its messages as
+/// tonic-health generates them, and the one method a probe calls.
 mod health_v1 {
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct HealthCheckRequest {
-        #[prost(string, tag = "1")]
-        pub service: String,
-    }
+    pub use tonic_health::pb::health_check_response::ServingStatus;
+    pub use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct HealthCheckResponse {
-        /// A `ServingStatus`; kept as its number so that values this agent
-        /// does not know still decode (and are reported as the number).
-        #[prost(int32, tag = "1")]
-        pub status: i32,
-    }
-
-    pub const SERVING: i32 = 1;
-
-    /// The name protobuf gives a `ServingStatus` value.
+    /// The name protobuf gives a `ServingStatus` value; a value this agent
+    /// does not know (the field is kept as its number) as the number.
     pub fn status_name(status: i32) -> String {
-        match status {
-            0 => "UNKNOWN".into(),
-            1 => "SERVING".into(),
-            2 => "NOT_SERVING".into(),
-            3 => "SERVICE_UNKNOWN".into(),
-            other => other.to_string(),
-        }
+        ServingStatus::try_from(status)
+            .map(|s| s.as_str_name().to_string())
+            .unwrap_or_else(|_| status.to_string())
     }
 
     pub const CHECK: &str = "/grpc.health.v1.Health/Check";
@@ -343,7 +328,7 @@ async fn grpc_health_check(
         Err(_) => (false, timed_out),
         Ok(Ok(response)) => {
             let status = response.into_inner().status;
-            if status == health_v1::SERVING {
+            if status == health_v1::ServingStatus::Serving as i32 {
                 (true, String::new())
             } else {
                 (

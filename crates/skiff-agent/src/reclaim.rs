@@ -553,7 +553,10 @@ pub fn usage_of(summary: &Summary) -> (HashMap<String, Amount>, Option<Amount>) 
 // ---- the shell ---------------------------------------------------------------------
 
 /// The pods bound to this node, by uid, as the pod manager last saw them.
-pub type PodIndex = Arc<RwLock<HashMap<String, Arc<Pod>>>>;
+pub type PodIndex = Arc<RwLock<PodMap>>;
+
+/// The node's pods by uid.
+pub type PodMap = HashMap<String, Arc<Pod>>;
 
 /// The latest reservation of each non-batch pod, by uid, for the stats
 /// summary.

@@ -360,14 +360,12 @@ where
                 continue;
             };
             match ch {
-                CLOSE => {
-                    // v5: the payload names the stream to close; only
-                    // stdin is the client's to close.
-                    if rest.first() == Some(&STDIN) && !stdin_closed {
-                        if let Some(sid) = stream_id(&input_order, STDIN) {
-                            stdin_closed = true;
-                            let _ = input_tx.send(data(sid, true, &[])).await;
-                        }
+                // v5: the payload names the stream to close; only stdin
+                // is the client's to close.
+                CLOSE if rest.first() == Some(&STDIN) && !stdin_closed => {
+                    if let Some(sid) = stream_id(&input_order, STDIN) {
+                        stdin_closed = true;
+                        let _ = input_tx.send(data(sid, true, &[])).await;
                     }
                 }
                 STDIN if stdin_closed => {}

@@ -220,7 +220,7 @@ impl Rule {
 impl Policy {
     /// Parses and checks a policy.
     pub fn parse(text: &str) -> anyhow::Result<Policy> {
-        let file: FilePolicy = serde_yaml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let file: FilePolicy = serde_yaml_ng::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
         anyhow::ensure!(
             file.kind == "Policy",
             "kind is {:?}, not \"Policy\"",
@@ -704,7 +704,7 @@ fn request_json(content_type: Option<&str>, body: &Bytes, a: &Attributes) -> Opt
         return Some(v);
     }
     if a.verb == "patch" {
-        return serde_yaml::from_slice::<Value>(body).ok();
+        return serde_yaml_ng::from_slice::<Value>(body).ok();
     }
     let res = skiff_core::resources::lookup(
         &a.api_group,

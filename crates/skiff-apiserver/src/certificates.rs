@@ -124,10 +124,10 @@ pub async fn approve(
             let st = c.get("status").cloned();
             let before = old_conds.iter().find(|o| o.get("type") == t.as_ref());
             if let Some(m) = c.as_object_mut() {
-                if !m.get("lastUpdateTime").is_some_and(|v| !v.is_null()) {
+                if m.get("lastUpdateTime").is_none_or(Value::is_null) {
                     m.insert("lastUpdateTime".into(), json!(now));
                 }
-                if !m.get("lastTransitionTime").is_some_and(|v| !v.is_null()) {
+                if m.get("lastTransitionTime").is_none_or(Value::is_null) {
                     let kept = before
                         .filter(|o| o.get("status") == st.as_ref())
                         .and_then(|o| o.get("lastTransitionTime").cloned());

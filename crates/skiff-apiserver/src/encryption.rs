@@ -65,7 +65,7 @@ struct FileEntry {
     #[serde(default)]
     resources: Vec<String>,
     #[serde(default)]
-    providers: Vec<HashMap<String, serde_yaml::Value>>,
+    providers: Vec<HashMap<String, serde_yaml_ng::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -330,7 +330,7 @@ impl EncryptionConfig {
     /// Parses and checks a configuration; every problem is an error that
     /// names the entry, provider or key.
     pub fn parse(text: &str, source: &Path) -> anyhow::Result<EncryptionConfig> {
-        let file: FileConfig = serde_yaml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let file: FileConfig = serde_yaml_ng::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
         anyhow::ensure!(file.kind == KIND, "kind is {:?}, not {KIND:?}", file.kind);
         anyhow::ensure!(
             file.api_version == API_VERSION,
@@ -375,7 +375,7 @@ impl EncryptionConfig {
                     "kms" => anyhow::bail!("{at}: the kms provider is not supported by skiff (use aesgcm or secretbox)"),
                     other => anyhow::bail!("{at}: unknown provider {other:?} (aesgcm, aescbc, secretbox, identity)"),
                 };
-                let keys: FileKeys = serde_yaml::from_value(value.clone())
+                let keys: FileKeys = serde_yaml_ng::from_value(value.clone())
                     .map_err(|e| anyhow::anyhow!("{at}.{kind}: {e}"))?;
                 anyhow::ensure!(!keys.keys.is_empty(), "{at}.{kind}.keys: none listed");
                 let mut compiled: Vec<Key> = Vec::new();

@@ -203,8 +203,8 @@ fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
 }
 
 fn parse_yaml(body: &[u8]) -> Result<Value, ApiError> {
-    // YAML is a superset of JSON; serde_yaml accepts both.
-    let v: serde_yaml::Value = serde_yaml::from_slice(body)
+    // YAML is a superset of JSON; serde_yaml_ng accepts both.
+    let v: serde_yaml_ng::Value = serde_yaml_ng::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
     serde_json::to_value(v).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
 }

@@ -74,7 +74,7 @@ pub fn render_object(
         Output::Yaml => Ok(bytes_response(
             code,
             "application/yaml",
-            Bytes::from(serde_yaml::to_string(obj).unwrap_or_default()),
+            Bytes::from(serde_yaml_ng::to_string(obj).unwrap_or_default()),
         )),
         Output::Table { v1beta1 } => {
             let t = table(
@@ -273,7 +273,7 @@ pub fn render_list(
             Ok(bytes_response(
                 200,
                 "application/yaml",
-                Bytes::from(serde_yaml::to_string(&v).unwrap_or_default()),
+                Bytes::from(serde_yaml_ng::to_string(&v).unwrap_or_default()),
             ))
         }
         Output::Json | Output::Discovery { .. } => {

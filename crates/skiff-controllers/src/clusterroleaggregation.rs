@@ -8,39 +8,32 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::watcher;
 use serde_json::{json, Value};
 use skiff_core::selector::LabelSelector;
 
-use crate::Ctx;
+use crate::controller::Controller;
+use crate::framework::Cache;
+use crate::{Ctx, Error};
 
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let client = ctx.client.clone();
-    tasks.spawn(async move {
-        let api: Api<ClusterRole> = Api::all(client);
-        loop {
-            let mut changes = watcher(api.clone(), watcher::Config::default()).boxed();
-            loop {
-                let t = std::time::Instant::now();
-                let ok = sync(&api).await;
-                crate::metrics::reconciled("clusterrole-aggregation", ok, t.elapsed());
-                // Wait for a change (or re-sync after a while); then let a
-                // burst of changes settle into one pass.
-                match tokio::time::timeout(Duration::from_secs(60), changes.next()).await {
-                    Ok(None) => break,
-                    Ok(Some(Err(_))) => tokio::time::sleep(Duration::from_millis(500)).await,
-                    _ => {}
-                }
-                while let Ok(Some(_)) =
-                    tokio::time::timeout(Duration::from_millis(20), changes.next()).await
-                {
-                }
+    // One pass over every role, after any role changes (a burst of changes
+    // waits in the queue as one key) and every minute.
+    let roles: Arc<Cache<ClusterRole>> = Cache::new();
+    let controller = Controller::periodic(ctx, "clusterrole-aggregation", Duration::from_secs(60))
+        .watches(&roles, |_, _, _| Some(String::new()));
+    roles.start(Api::all(ctx.client.clone()), tasks);
+    let cache = roles.clone();
+    controller
+        .ready(async move { cache.ready().await })
+        .run(tasks, (), |c, _, _| async move {
+            let api: Api<ClusterRole> = Api::all(c.client.clone());
+            match sync(&api).await {
+                true => Ok(None),
+                false => Err(Error::Other("aggregating cluster roles failed".into())),
             }
-        }
-    });
+        });
 }
 
 /// The rules each aggregated role should have, where they differ from what

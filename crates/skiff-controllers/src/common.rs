@@ -13,7 +13,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::framework::Queue;
+use crate::framework::Key;
 use crate::{Ctx, Error};
 
 /// Whether `labels` satisfy a LabelSelector (an empty selector matches
@@ -216,16 +216,23 @@ pub fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(a) if a.code == 409)
 }
 
-/// Queues the controller of `meta` when it is of `kind`.
-pub fn enqueue_controller(queue: &Queue, kind: &str, meta: &ObjectMeta) {
-    if let Some(r) = controller_of(meta) {
-        if r.kind == kind {
-            match meta.namespace.as_deref() {
-                Some(ns) if !ns.is_empty() => queue.add(format!("{ns}/{}", r.name)),
-                _ => queue.add(r.name.clone()),
-            }
-        }
-    }
+/// The key of the controller (of `kind`) of `meta`, if it has one.
+pub fn owner_key(kind: &str, meta: &ObjectMeta) -> Option<Key> {
+    let r = controller_of(meta).filter(|r| r.kind == kind)?;
+    Some(match meta.namespace.as_deref() {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{}", r.name),
+        _ => r.name.clone(),
+    })
+}
+
+/// The keys of the controller (of `kind`) of an object before and after a
+/// change (kube-runtime's `trigger_owners`).
+pub fn owner_keys<K: Resource>(kind: &str, old: Option<&K>, new: Option<&K>) -> Vec<Key> {
+    [old, new]
+        .into_iter()
+        .flatten()
+        .filter_map(|o| owner_key(kind, o.meta()))
+        .collect()
 }
 
 /// The phase of a pod ("" when unknown).

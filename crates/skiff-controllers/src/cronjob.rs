@@ -16,8 +16,9 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::common;
+use crate::controller::Controller;
 use crate::cron::{self, Schedule};
-use crate::framework::{self, Next, Queue};
+use crate::framework::{self, Next};
 use crate::{Ctx, Error};
 
 const COMPONENT: &str = "cronjob-controller";
@@ -28,30 +29,14 @@ const MISSED_CAP: usize = 100;
 const MAX_SLEEP: Duration = Duration::from_secs(30);
 
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let queue = Queue::new("cronjob");
-    let q = queue.clone();
-    ctx.caches.cronjobs.on_change(move |_, new| {
-        if let Some(cj) = new {
-            q.add(framework::key_of(&cj.metadata));
-        }
-    });
-    let q = queue.clone();
-    ctx.caches.jobs.on_change(move |old, new| {
-        for j in [old, new].into_iter().flatten() {
-            common::enqueue_controller(&q, "CronJob", &j.metadata);
-        }
-    });
-    let c = ctx.clone();
-    framework::spawn_workers(tasks, queue.clone(), 2, ctx.ready(), move |key| {
-        let c = c.clone();
-        async move { reconcile(&c, &key).await }
-    });
-    framework::spawn_resync(
-        tasks,
-        queue,
-        ctx.caches.cronjobs.clone(),
-        Duration::from_secs(60),
-    );
+    Controller::new(ctx, "cronjob", &ctx.caches.cronjobs)
+        .owns(&ctx.caches.jobs, "CronJob")
+        .resync(Duration::from_secs(60))
+        .run(
+            tasks,
+            (),
+            |c, _, key| async move { reconcile(&c, &key).await },
+        );
 }
 
 /// The name of the Job for a scheduled time.

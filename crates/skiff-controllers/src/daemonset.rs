@@ -19,7 +19,8 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::common::{self, Expectations};
-use crate::framework::{self, Next, Queue};
+use crate::controller::Controller;
+use crate::framework::{self, Next};
 use crate::{Ctx, Error};
 
 const COMPONENT: &str = "daemonset-controller";
@@ -34,60 +35,36 @@ pub struct State {
 }
 
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let queue = Queue::new("daemonset");
     let st = Arc::new(State {
         expectations: Expectations::default(),
     });
-    let q = queue.clone();
-    ctx.caches.daemonsets.on_change(move |_, new| {
-        if let Some(d) = new {
-            q.add(framework::key_of(&d.metadata));
-        }
-    });
-    let q = queue.clone();
-    let st2 = st.clone();
-    ctx.caches.pods.on_change(move |old, new| {
-        st2.expectations.observe_pod_change("DaemonSet", old, new);
-        for p in [old, new].into_iter().flatten() {
-            common::enqueue_controller(&q, "DaemonSet", &p.metadata);
-        }
-    });
-    // Any node change may change where daemons run.
-    let q = queue.clone();
-    let c2 = ctx.clone();
-    ctx.caches.nodes.on_change(move |old, new| {
-        let changed = match (old, new) {
-            (Some(o), Some(n)) => {
-                o.metadata.labels != n.metadata.labels
-                    || o.spec.as_ref().and_then(|s| s.taints.clone())
-                        != n.spec.as_ref().and_then(|s| s.taints.clone())
+    let seen = st.clone();
+    Controller::new(ctx, "daemonset", &ctx.caches.daemonsets)
+        .watches(&ctx.caches.pods, move |_, old, new| {
+            seen.expectations.observe_pod_change("DaemonSet", old, new);
+            common::owner_keys("DaemonSet", old, new)
+        })
+        // Any node change may change where daemons run.
+        .watches(&ctx.caches.nodes, |c, old, new| {
+            let changed = match (old, new) {
+                (Some(o), Some(n)) => {
+                    o.metadata.labels != n.metadata.labels
+                        || o.spec.as_ref().and_then(|s| s.taints.as_ref())
+                            != n.spec.as_ref().and_then(|s| s.taints.as_ref())
+                }
+                _ => true,
+            };
+            if changed {
+                c.caches.daemonsets.keys()
+            } else {
+                vec![]
             }
-            _ => true,
-        };
-        if changed {
-            for k in c2.caches.daemonsets.keys() {
-                q.add(k);
-            }
-        }
-    });
-    let c = ctx.clone();
-    framework::spawn_workers(
-        tasks,
-        queue.clone(),
-        ctx.options.workers.min(4),
-        ctx.ready(),
-        move |key| {
-            let c = c.clone();
-            let st = st.clone();
-            async move { reconcile(&c, &st, &key).await }
-        },
-    );
-    framework::spawn_resync(
-        tasks,
-        queue,
-        ctx.caches.daemonsets.clone(),
-        Duration::from_secs(60),
-    );
+        })
+        .workers(ctx.options.workers.min(4))
+        .resync(Duration::from_secs(60))
+        .run(tasks, st, |c, st, key| async move {
+            reconcile(&c, &st, &key).await
+        });
 }
 
 /// The tolerations Kubernetes adds to every daemon pod.

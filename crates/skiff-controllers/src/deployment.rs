@@ -17,7 +17,8 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::common;
-use crate::framework::{self, Next, Queue};
+use crate::controller::Controller;
+use crate::framework::{self, Next};
 use crate::{Ctx, Error};
 
 const NAME: &str = "deployment";
@@ -188,72 +189,41 @@ fn available_of(rs: &ReplicaSet) -> i32 {
 pub struct State {}
 
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let queue = Queue::new(NAME);
-    let q = queue.clone();
-    ctx.caches.deployments.on_change(move |_, new| {
-        if let Some(d) = new {
-            q.add(framework::key_of(&d.metadata));
-        }
-    });
-    let q = queue.clone();
-    let c2 = ctx.clone();
-    ctx.caches.replicasets.on_change(move |old, new| {
-        for rs in [old, new].into_iter().flatten() {
-            if common::controller_of(&rs.metadata).is_some() {
-                common::enqueue_controller(&q, "Deployment", &rs.metadata);
-            } else if new.is_some() {
+    Controller::new(ctx, NAME, &ctx.caches.deployments)
+        // A set's controller; an orphan, every deployment of its namespace
+        // that might adopt it.
+        .watches(&ctx.caches.replicasets, |c, old, new| {
+            let mut keys = common::owner_keys("Deployment", old, new);
+            for rs in [old, new].into_iter().flatten() {
+                if common::controller_of(&rs.metadata).is_some() || new.is_none() {
+                    continue;
+                }
                 let ns = rs.metadata.namespace.clone().unwrap_or_default();
-                for d in c2.caches.deployments.in_namespace(&ns) {
-                    let sel = d.spec.as_ref().map(|s| &s.selector);
-                    if let Some(sel) = sel {
+                for d in c.caches.deployments.in_namespace(&ns) {
+                    if let Some(sel) = d.spec.as_ref().map(|s| &s.selector) {
                         if !common::selector_is_empty(sel)
                             && common::selector_matches(sel, rs.labels())
                         {
-                            q.add(framework::key_of(&d.metadata));
+                            keys.push(framework::key_of(&d.metadata));
                         }
                     }
                 }
             }
-        }
-    });
-    // Recreate waits for old pods to go: pod deletions wake the deployment.
-    let q = queue.clone();
-    let c3 = ctx.clone();
-    ctx.caches.pods.on_change(move |old, new| {
-        if new.is_some() {
-            return;
-        }
-        let Some(p) = old else { return };
-        let Some(r) = common::controller_of(&p.metadata) else {
-            return;
-        };
-        if r.kind != "ReplicaSet" {
-            return;
-        }
-        let ns = p.metadata.namespace.clone().unwrap_or_default();
-        if let Some(rs) = c3.caches.replicasets.get(&format!("{ns}/{}", r.name)) {
-            common::enqueue_controller(&q, "Deployment", &rs.metadata);
-        }
-    });
-    let st = Arc::new(State {});
-    let c = ctx.clone();
-    framework::spawn_workers(
-        tasks,
-        queue.clone(),
-        ctx.options.workers,
-        ctx.ready(),
-        move |key| {
-            let c = c.clone();
-            let st = st.clone();
-            async move { reconcile(&c, &st, &key).await }
-        },
-    );
-    framework::spawn_resync(
-        tasks,
-        queue,
-        ctx.caches.deployments.clone(),
-        Duration::from_secs(60),
-    );
+            keys
+        })
+        // Recreate waits for old pods to go: pod deletions wake the deployment.
+        .watches(&ctx.caches.pods, |c, old, new| {
+            let p = old.filter(|_| new.is_none())?;
+            let r = common::controller_of(&p.metadata).filter(|r| r.kind == "ReplicaSet")?;
+            let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+            let rs = c.caches.replicasets.get(&format!("{ns}/{}", r.name))?;
+            common::owner_key("Deployment", &rs.metadata)
+        })
+        .workers(ctx.options.workers)
+        .resync(Duration::from_secs(60))
+        .run(tasks, Arc::new(State {}), |c, st, key| async move {
+            reconcile(&c, &st, &key).await
+        });
 }
 
 async fn scale(

@@ -17,50 +17,38 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::common;
-use crate::framework::{self, Next, Queue};
+use crate::controller::Controller;
+use crate::framework::{self, Next};
 use crate::{Ctx, Error};
 
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let queue = Queue::new("disruption");
-    let q = queue.clone();
-    ctx.caches.pdbs.on_change(move |_, new| {
-        if let Some(p) = new {
-            q.add(framework::key_of(&p.metadata));
-        }
-    });
-    let q = queue.clone();
-    let c2 = ctx.clone();
-    ctx.caches.pods.on_change(move |old, new| {
-        let Some(p) = new.or(old) else { return };
-        let ns = p.metadata.namespace.clone().unwrap_or_default();
-        let budgets = c2.caches.pdbs.in_namespace(&ns);
-        if budgets.is_empty() {
-            return;
-        }
-        for b in budgets {
-            let Some(sel) = b.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
-                continue;
-            };
-            if [old, new]
-                .into_iter()
-                .flatten()
-                .any(|p| common::selector_matches(sel, p.labels()))
-            {
-                q.add(framework::key_of(&b.metadata));
-            }
-        }
-    });
-    let c = ctx.clone();
-    framework::spawn_workers(tasks, queue.clone(), 2, ctx.ready(), move |key| {
-        let c = c.clone();
-        async move { reconcile(&c, &key).await }
-    });
-    framework::spawn_resync(
-        tasks,
-        queue,
-        ctx.caches.pdbs.clone(),
-        Duration::from_secs(30),
-    );
+    Controller::new(ctx, "disruption", &ctx.caches.pdbs)
+        // Every budget of the pod's namespace that selects it, before or after.
+        .watches(&ctx.caches.pods, |c, old, new| {
+            let Some(p) = new.or(old) else { return vec![] };
+            let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+            c.caches
+                .pdbs
+                .in_namespace(ns)
+                .iter()
+                .filter(|b| {
+                    let sel = b.spec.as_ref().and_then(|s| s.selector.as_ref());
+                    sel.is_some_and(|sel| {
+                        [old, new]
+                            .into_iter()
+                            .flatten()
+                            .any(|p| common::selector_matches(sel, p.labels()))
+                    })
+                })
+                .map(|b| framework::key_of(&b.metadata))
+                .collect()
+        })
+        .resync(Duration::from_secs(30))
+        .run(
+            tasks,
+            (),
+            |c, _, key| async move { reconcile(&c, &key).await },
+        );
 }
 
 /// The replicas the controller of a pod asks for, if the controller is of

@@ -17,7 +17,8 @@ use kube::ResourceExt;
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::framework::{self, Next, Queue};
+use crate::controller::Controller;
+use crate::framework::{self, Next};
 use crate::{Ctx, Error};
 
 pub const SERVICE_NAME: &str = "kubernetes.io/service-name";
@@ -37,53 +38,46 @@ pub fn register(
     endpoints: bool,
     slices: bool,
 ) {
-    let queue = Queue::new("endpoints");
-    let q = queue.clone();
-    ctx.caches.services.on_change(move |old, new| {
-        if let Some(s) = new.or(old) {
-            q.add(framework::key_of(&s.metadata));
-        }
-    });
-    let q = queue.clone();
-    let c2 = ctx.clone();
-    ctx.caches.pods.on_change(move |old, new| {
-        let Some(p) = new.or(old) else { return };
-        let ns = p.metadata.namespace.clone().unwrap_or_default();
-        let empty = BTreeMap::new();
-        let labels =
-            [old, new].map(|p| p.and_then(|p| p.metadata.labels.as_ref()).unwrap_or(&empty));
-        for svc in c2.caches.services.in_namespace(&ns) {
-            let Some(sel) = svc.spec.as_ref().and_then(|s| s.selector.as_ref()) else {
-                continue;
-            };
-            if sel.is_empty() {
-                continue;
-            }
-            if labels
-                .iter()
-                .any(|l| sel.iter().all(|(k, v)| l.get(k) == Some(v)))
-            {
-                q.add(framework::key_of(&svc.metadata));
-            }
-        }
-    });
     let st = Arc::new(State {
         endpoints,
         slices,
         written: Mutex::new(HashMap::new()),
     });
-    let c = ctx.clone();
-    framework::spawn_workers(tasks, queue.clone(), 4, ctx.ready(), move |key| {
-        let c = c.clone();
-        let st = st.clone();
-        async move { reconcile(&c, &st, &key).await }
-    });
-    framework::spawn_resync(
-        tasks,
-        queue,
-        ctx.caches.services.clone(),
-        Duration::from_secs(60),
-    );
+    Controller::new(ctx, "endpoints", &ctx.caches.services)
+        // A deleted service's key too: its Endpoints go with it.
+        .watches(&ctx.caches.services, |_, old, new| {
+            old.filter(|_| new.is_none())
+                .map(|s| framework::key_of(&s.metadata))
+        })
+        // Every service of the pod's namespace whose selector matches the
+        // pod's labels before or after.
+        .watches(&ctx.caches.pods, |c, old, new| {
+            let Some(p) = new.or(old) else { return vec![] };
+            let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+            let empty = BTreeMap::new();
+            let labels =
+                [old, new].map(|p| p.and_then(|p| p.metadata.labels.as_ref()).unwrap_or(&empty));
+            c.caches
+                .services
+                .in_namespace(ns)
+                .iter()
+                .filter(|svc| {
+                    let sel = svc.spec.as_ref().and_then(|s| s.selector.as_ref());
+                    sel.is_some_and(|sel| {
+                        !sel.is_empty()
+                            && labels
+                                .iter()
+                                .any(|l| sel.iter().all(|(k, v)| l.get(k) == Some(v)))
+                    })
+                })
+                .map(|svc| framework::key_of(&svc.metadata))
+                .collect()
+        })
+        .workers(4)
+        .resync(Duration::from_secs(60))
+        .run(tasks, st, |c, st, key| async move {
+            reconcile(&c, &st, &key).await
+        });
 }
 
 fn resolve_port(p: &Pod, target: &IntOrString) -> Option<i32> {

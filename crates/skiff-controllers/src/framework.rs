@@ -562,21 +562,18 @@ pub fn spawn_workers<F, Fut, R>(
     }
 }
 
-/// Queues every key of `cache` into `queue` every `every` (a safety net
+/// Queues every key `keys` gives into `queue` every `every` (a safety net
 /// for anything a watch could not tell).
-pub fn spawn_resync<K>(
+pub fn spawn_resync(
     tasks: &mut tokio::task::JoinSet<()>,
     queue: Arc<Queue>,
-    cache: Arc<Cache<K>>,
     every: Duration,
-) where
-    K: Resource + Clone + serde::de::DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Default,
-{
+    keys: impl Fn() -> Vec<Key> + Send + 'static,
+) {
     tasks.spawn(async move {
         loop {
             tokio::time::sleep(every).await;
-            for k in cache.keys() {
+            for k in keys() {
                 queue.add(k);
             }
         }

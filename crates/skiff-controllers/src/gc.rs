@@ -29,6 +29,7 @@ use kube::Resource;
 use serde_json::{json, Value};
 
 use crate::common;
+use crate::controller::Controller;
 use crate::framework::Cache;
 use crate::Ctx;
 
@@ -272,49 +273,64 @@ fn sources(ctx: &Ctx) -> Vec<Box<dyn Source>> {
     ]
 }
 
+/// What the collector keeps between passes.
+#[derive(Default)]
+struct Memory {
+    /// Discovery's answers about owner kinds.
+    kinds: HashMap<(String, String), Option<(ApiResource, bool)>>,
+    /// Owners confirmed alive by a live read, and when.
+    alive: HashMap<String, std::time::Instant>,
+    /// Custom kinds by "apiVersion/kind", each with its watch.
+    custom: HashMap<String, Watched>,
+    /// When the custom kinds were last read.
+    custom_read: Option<std::time::Instant>,
+}
+
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let ctx = ctx.clone();
-    tasks.spawn(async move {
-        ctx.caches.ready().await;
-        let mut kinds: HashMap<(String, String), Option<(ApiResource, bool)>> = HashMap::new();
-        let mut alive: HashMap<String, std::time::Instant> = HashMap::new();
-        // Custom kinds by "apiVersion/kind", each with its watch.
-        let mut custom: HashMap<String, Watched> = HashMap::new();
-        let mut custom_read = std::time::Instant::now() - Duration::from_secs(60);
-        loop {
-            let t = std::time::Instant::now();
-            alive.retain(|_, at| at.elapsed() < Duration::from_secs(30));
-            if custom_read.elapsed() >= Duration::from_secs(5) {
-                let fresh: HashMap<String, (ApiResource, bool)> = custom_kinds(&ctx.client)
-                    .await
-                    .into_iter()
-                    .map(|(a, n)| (format!("{}/{}", a.api_version, a.kind), (a, n)))
-                    .collect();
-                let before = custom.len();
-                custom.retain(|k, w| fresh.get(k).is_some_and(|(_, n)| *n == w.namespaced));
-                let mut changed = custom.len() != before;
-                for (k, (ar, namespaced)) in fresh {
-                    if let std::collections::hash_map::Entry::Vacant(e) = custom.entry(k) {
-                        e.insert(Watched::start(&ctx.client, &ar, namespaced));
-                        changed = true;
-                    }
-                }
-                if changed {
-                    // Owners confirmed alive while their kind was not
-                    // cached are now in the caches.
-                    alive.clear();
-                }
-                custom_read = std::time::Instant::now();
-                // Discovery answers about kinds may have changed with them.
-                kinds.retain(|_, v| v.is_some());
+    let memory = Arc::new(tokio::sync::Mutex::new(Memory::default()));
+    Controller::periodic(ctx, "garbagecollector", Duration::from_secs(1)).run(
+        tasks,
+        memory,
+        |c, memory, _| async move {
+            pass(&c, &mut *memory.lock().await).await;
+            Ok(None)
+        },
+    );
+}
+
+async fn pass(ctx: &Ctx, m: &mut Memory) {
+    m.alive
+        .retain(|_, at| at.elapsed() < Duration::from_secs(30));
+    if m.custom_read
+        .is_none_or(|t| t.elapsed() >= Duration::from_secs(5))
+    {
+        let fresh: HashMap<String, (ApiResource, bool)> = custom_kinds(&ctx.client)
+            .await
+            .into_iter()
+            .map(|(a, n)| (format!("{}/{}", a.api_version, a.kind), (a, n)))
+            .collect();
+        let before = m.custom.len();
+        m.custom
+            .retain(|k, w| fresh.get(k).is_some_and(|(_, n)| *n == w.namespaced));
+        let mut changed = m.custom.len() != before;
+        for (k, (ar, namespaced)) in fresh {
+            if let std::collections::hash_map::Entry::Vacant(e) = m.custom.entry(k) {
+                e.insert(Watched::start(&ctx.client, &ar, namespaced));
+                changed = true;
             }
-            let mut srcs = sources(&ctx);
-            srcs.extend(custom.values().filter_map(Watched::source));
-            sweep(&ctx, &srcs, &mut kinds, &mut alive).await;
-            crate::metrics::reconciled("garbagecollector", true, t.elapsed());
-            tokio::time::sleep(Duration::from_secs(1)).await;
         }
-    });
+        if changed {
+            // Owners confirmed alive while their kind was not
+            // cached are now in the caches.
+            m.alive.clear();
+        }
+        m.custom_read = Some(std::time::Instant::now());
+        // Discovery answers about kinds may have changed with them.
+        m.kinds.retain(|_, v| v.is_some());
+    }
+    let mut srcs = sources(ctx);
+    srcs.extend(m.custom.values().filter_map(Watched::source));
+    sweep(ctx, &srcs, &mut m.kinds, &mut m.alive).await;
 }
 
 /// Whether an owner reference points at an object that exists with that uid,

@@ -30,7 +30,8 @@ use kube::core::GroupVersionKind;
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::framework::{self, Next, Queue};
+use crate::controller::Controller;
+use crate::framework::{self, Next};
 use crate::{Ctx, Error};
 
 const COMPONENT: &str = "horizontal-pod-autoscaler";
@@ -49,13 +50,11 @@ struct Memory {
 }
 
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let queue = Queue::new("horizontalpodautoscaling");
     let memory = Arc::new(Mutex::new(Memory::default()));
-    let c = ctx.clone();
-    framework::spawn_workers(tasks, queue.clone(), 2, ctx.ready(), move |key| {
-        let c = c.clone();
-        let memory = memory.clone();
-        async move { reconcile(&c, &memory, &key).await }
+    let controller = Controller::named(ctx, "horizontalpodautoscaling");
+    let queue = controller.queue();
+    controller.run(tasks, memory, |c, memory, key| async move {
+        reconcile(&c, &memory, &key).await
     });
     // Every autoscaler every period: the decision depends on metrics, which
     // change without any object changing.

@@ -15,7 +15,8 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::common::{self, Expectations};
-use crate::framework::{self, Next, Queue};
+use crate::controller::Controller;
+use crate::framework::Next;
 use crate::{Ctx, Error};
 
 const COMPONENT: &str = "job-controller";
@@ -25,42 +26,20 @@ pub struct State {
 }
 
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let queue = Queue::new("job");
     let st = Arc::new(State {
         expectations: Expectations::default(),
     });
-    let q = queue.clone();
-    ctx.caches.jobs.on_change(move |_, new| {
-        if let Some(j) = new {
-            q.add(framework::key_of(&j.metadata));
-        }
-    });
-    let q = queue.clone();
-    let st2 = st.clone();
-    ctx.caches.pods.on_change(move |old, new| {
-        st2.expectations.observe_pod_change("Job", old, new);
-        for p in [old, new].into_iter().flatten() {
-            common::enqueue_controller(&q, "Job", &p.metadata);
-        }
-    });
-    let c = ctx.clone();
-    framework::spawn_workers(
-        tasks,
-        queue.clone(),
-        ctx.options.workers,
-        ctx.ready(),
-        move |key| {
-            let c = c.clone();
-            let st = st.clone();
-            async move { reconcile(&c, &st, &key).await }
-        },
-    );
-    framework::spawn_resync(
-        tasks,
-        queue,
-        ctx.caches.jobs.clone(),
-        Duration::from_secs(60),
-    );
+    let seen = st.clone();
+    Controller::new(ctx, "job", &ctx.caches.jobs)
+        .watches(&ctx.caches.pods, move |_, old, new| {
+            seen.expectations.observe_pod_change("Job", old, new);
+            common::owner_keys("Job", old, new)
+        })
+        .workers(ctx.options.workers)
+        .resync(Duration::from_secs(60))
+        .run(tasks, st, |c, st, key| async move {
+            reconcile(&c, &st, &key).await
+        });
 }
 
 const INDEX: &str = "batch.kubernetes.io/job-completion-index";
@@ -108,6 +87,187 @@ pub fn finished(job: &Job) -> Option<&str> {
             ((c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
                 .then_some(c.type_.as_str())
         })
+}
+
+/// What a Job's pods call for, decided without I/O from the Job, the
+/// pods it controls and the time.
+#[derive(Debug, Default, PartialEq)]
+pub struct Decision {
+    /// Pods (or, Indexed, distinct indexes) that succeeded.
+    pub succeeded: i32,
+    /// Pods that failed.
+    pub failed: i32,
+    /// Pods still running or pending (not terminating).
+    pub active: i32,
+    /// Why the Job fails: (reason, message) of its Failed condition.
+    pub failure: Option<(&'static str, &'static str)>,
+    /// Whether enough pods succeeded.
+    pub complete: bool,
+    /// How many pods should be active now.
+    pub want_active: i32,
+    /// How long new pods wait after failures (Kubernetes' pod failure back-off).
+    pub backoff_wait: Option<Duration>,
+    /// Indexed: the completion indexes that succeeded.
+    pub succeeded_indexes: BTreeSet<i32>,
+    /// Indexed: the indexes new pods take, lowest first.
+    pub free_indexes: Vec<i32>,
+    pub indexed: bool,
+}
+
+/// The longest wait before a pod replaces a failed one.
+const MAX_BACKOFF: Duration = Duration::from_secs(360);
+
+pub fn decide(
+    job: &Job,
+    pods: &[Arc<Pod>],
+    now: k8s_openapi::jiff::Timestamp,
+    backoff_base: Duration,
+) -> Decision {
+    let spec = job.spec.clone().unwrap_or_default();
+    let old_status = job.status.clone().unwrap_or_default();
+    let indexed = spec.completion_mode.as_deref() == Some("Indexed");
+    // Without completions (a work queue) the Job is done once a pod
+    // succeeded and the others finished.
+    let work_queue = spec.completions.is_none() && !indexed;
+    let completions = spec.completions.unwrap_or(1).max(0);
+    // An index outside [0, completions) counts for nothing.
+    let valid =
+        |p: &&Arc<Pod>| !indexed || index_of(p).is_some_and(|i| (0..completions).contains(&i));
+    let succeeded_pods: Vec<&Arc<Pod>> = pods
+        .iter()
+        .filter(|p| phase(p) == "Succeeded")
+        .filter(valid)
+        .collect();
+    let failed_pods: Vec<&Arc<Pod>> = pods.iter().filter(|p| phase(p) == "Failed").collect();
+    // Counts never go down, even if finished pods are deleted.
+    let failed = (failed_pods.len() as i32).max(old_status.failed.unwrap_or(0));
+    let active: Vec<&Arc<Pod>> = pods.iter().filter(|p| common::pod_is_active(p)).collect();
+    let active_count = active.len() as i32;
+    let succeeded_indexes: BTreeSet<i32> =
+        succeeded_pods.iter().filter_map(|p| index_of(p)).collect();
+    let succeeded = if indexed {
+        succeeded_indexes.len() as i32
+    } else {
+        (succeeded_pods.len() as i32).max(old_status.succeeded.unwrap_or(0))
+    };
+    let parallelism = spec.parallelism.unwrap_or(1).max(0);
+    let backoff_limit = spec.backoff_limit.unwrap_or(6);
+    let start_time = old_status.start_time.as_ref().map(|t| t.0);
+    let suspended = spec.suspend == Some(true);
+
+    let on_failure = spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_deref())
+        == Some("OnFailure");
+    let mut failure = None;
+    if failed > backoff_limit
+        || (on_failure && past_backoff_limit_on_failure(&active, backoff_limit))
+    {
+        failure = Some((
+            "BackoffLimitExceeded",
+            "Job has reached the specified backoff limit",
+        ));
+    } else if let (Some(deadline), Some(start)) = (spec.active_deadline_seconds, start_time) {
+        if start + k8s_openapi::jiff::SignedDuration::from_secs(deadline) <= now && !suspended {
+            failure = Some((
+                "DeadlineExceeded",
+                "Job was active longer than specified deadline",
+            ));
+        }
+    }
+    let complete = failure.is_none()
+        && if work_queue {
+            succeeded >= 1
+        } else {
+            succeeded >= completions
+        };
+    let mut want_active = if suspended || failure.is_some() || complete {
+        0
+    } else if work_queue {
+        parallelism
+    } else {
+        parallelism.min(completions - succeeded).max(0)
+    };
+    if work_queue && complete && !suspended {
+        // The pods still running finish on their own.
+        want_active = active_count;
+    }
+    // After failures, new pods wait: base × 2^(failures − 1), at most 6
+    // min; the failures counted are those since the last success.
+    let mut backoff_wait = None;
+    if failed > 0 && want_active > active_count {
+        let last_success = succeeded_pods.iter().filter_map(|p| finished_time(p)).max();
+        let since: Vec<_> = failed_pods
+            .iter()
+            .filter_map(|p| finished_time(p))
+            .filter(|t| last_success.is_none_or(|s| *t > s))
+            .collect();
+        let failures = if last_success.is_some() {
+            since.len() as i32
+        } else {
+            failed
+        };
+        if let (Some(at), true) = (since.iter().max(), failures > 0) {
+            let delay = backoff_base
+                .saturating_mul(1u32 << (failures - 1).clamp(0, 16) as u32)
+                .min(MAX_BACKOFF);
+            let ready_at = at
+                .checked_add(k8s_openapi::jiff::SignedDuration::try_from(delay).unwrap_or_default())
+                .unwrap_or(*at);
+            if ready_at > now {
+                let left = Duration::try_from(ready_at.duration_since(now)).unwrap_or_default();
+                backoff_wait = Some(left.max(Duration::from_millis(10)));
+                want_active = active_count;
+            }
+        }
+    }
+    let free_indexes = if indexed {
+        let active_indexes: BTreeSet<i32> = active.iter().filter_map(|p| index_of(p)).collect();
+        (0..completions)
+            .filter(|i| !succeeded_indexes.contains(i) && !active_indexes.contains(i))
+            .take((want_active - active_count).max(0) as usize)
+            .collect()
+    } else {
+        vec![]
+    };
+    Decision {
+        succeeded,
+        failed,
+        active: active_count,
+        failure,
+        complete,
+        want_active,
+        backoff_wait,
+        succeeded_indexes,
+        free_indexes,
+        indexed,
+    }
+}
+
+/// With restartPolicy OnFailure failed containers restart in place: the
+/// Job fails once its running and pending pods' restarts reach the
+/// backoff limit (any restart, when the limit is 0), as Kubernetes'
+/// `pastBackoffLimitOnFailure` counts.
+fn past_backoff_limit_on_failure(active: &[&Arc<Pod>], limit: i32) -> bool {
+    let restarts: i32 = active
+        .iter()
+        .filter(|p| matches!(phase(p), "Running" | "Pending"))
+        .filter_map(|p| p.status.as_ref())
+        .flat_map(|s| {
+            s.init_container_statuses
+                .iter()
+                .flatten()
+                .chain(s.container_statuses.iter().flatten())
+        })
+        .map(|c| c.restart_count)
+        .sum();
+    if limit == 0 {
+        restarts > 0
+    } else {
+        restarts >= limit
+    }
 }
 
 async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {
@@ -172,89 +332,18 @@ async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {
     if !st.expectations.satisfied(key) {
         return Ok(Some(Duration::from_secs(1)));
     }
-    let succeeded_pods: Vec<&Arc<Pod>> = all.iter().filter(|p| phase(p) == "Succeeded").collect();
-    // Counts never go down, even if finished pods are deleted.
-    let old_status = job.status.clone().unwrap_or_default();
-    let failed = (all.iter().filter(|p| phase(p) == "Failed").count() as i32)
-        .max(old_status.failed.unwrap_or(0));
+    let d = decide(job, &all, now, ctx.options.job_backoff_base);
     let active: Vec<&Arc<Pod>> = all.iter().filter(|p| common::pod_is_active(p)).collect();
-    let indexed = spec.completion_mode.as_deref() == Some("Indexed");
-    // Without completions (a work queue) the Job is done once a pod
-    // succeeded and the others finished.
-    let work_queue = spec.completions.is_none() && !indexed;
-    let completions = spec.completions.unwrap_or(1).max(0);
-    let succeeded_indexes: BTreeSet<i32> =
-        succeeded_pods.iter().filter_map(|p| index_of(p)).collect();
-    let succeeded = if indexed {
-        succeeded_indexes.len() as i32
-    } else {
-        (succeeded_pods.len() as i32).max(old_status.succeeded.unwrap_or(0))
-    };
-    let parallelism = spec.parallelism.unwrap_or(1).max(0);
-    let backoff_limit = spec.backoff_limit.unwrap_or(6);
+    let (active_count, want_active) = (d.active, d.want_active);
+    let (failure, complete, succeeded, failed) = (d.failure, d.complete, d.succeeded, d.failed);
+    let (indexed, suspended) = (d.indexed, spec.suspend == Some(true));
     let start_time = job
         .status
         .as_ref()
         .and_then(|s| s.start_time.clone())
         .map(|t| t.0);
-    let suspended = spec.suspend == Some(true);
-
-    let mut failure: Option<(&str, String)> = None;
-    if failed > backoff_limit {
-        failure = Some((
-            "BackoffLimitExceeded",
-            "Job has reached the specified backoff limit".into(),
-        ));
-    } else if let (Some(deadline), Some(start)) = (spec.active_deadline_seconds, start_time) {
-        if start + k8s_openapi::jiff::SignedDuration::from_secs(deadline) <= now && !suspended {
-            failure = Some((
-                "DeadlineExceeded",
-                "Job was active longer than specified deadline".into(),
-            ));
-        }
-    }
-    let active_count = active.len() as i32;
-    let complete = failure.is_none()
-        && if work_queue {
-            succeeded >= 1
-        } else {
-            succeeded >= completions
-        };
-
-    let mut want_active = if suspended || failure.is_some() || complete {
-        0
-    } else if work_queue {
-        parallelism
-    } else {
-        parallelism.min(completions - succeeded).max(0)
-    };
-    if work_queue && complete && failure.is_none() && !suspended {
-        // The pods still running finish on their own.
-        want_active = active_count;
-    }
-    // After failures, new pods wait: base × 2^(failures − 1), at most 6 min.
-    let mut backoff_wait: Option<Duration> = None;
-    if failed > 0 && want_active > active_count {
-        let last_failure = all
-            .iter()
-            .filter(|p| phase(p) == "Failed")
-            .filter_map(|p| finished_time(p))
-            .max();
-        if let Some(at) = last_failure {
-            let delay = ctx
-                .options
-                .job_backoff_base
-                .saturating_mul(1u32 << (failed - 1).clamp(0, 16) as u32)
-                .min(Duration::from_secs(360));
-            let ready_at = at
-                .checked_add(k8s_openapi::jiff::SignedDuration::try_from(delay).unwrap_or_default())
-                .unwrap_or(at);
-            if ready_at > now {
-                backoff_wait = Some(common::until(ready_at).max(Duration::from_millis(10)));
-                want_active = active_count;
-            }
-        }
-    }
+    let backoff_wait = d.backoff_wait;
+    let succeeded_indexes = d.succeeded_indexes;
     if active_count > want_active {
         for p in active.iter().take((active_count - want_active) as usize) {
             let dp = DeleteParams::default();
@@ -272,9 +361,7 @@ async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {
         }
     } else if active_count < want_active {
         let template = spec.template.clone();
-        let active_indexes: BTreeSet<i32> = active.iter().filter_map(|p| index_of(p)).collect();
-        let mut free_indexes = (0..completions)
-            .filter(|i| !succeeded_indexes.contains(i) && !active_indexes.contains(i));
+        let mut free_indexes = d.free_indexes.into_iter();
         let n = (want_active - active_count) as usize;
         st.expectations.expect_creations(key, n);
         for k in 0..n {
@@ -382,13 +469,13 @@ async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {
             .normal(COMPONENT, job, "Resumed", "Job resumed".into());
     }
     let mut completion_time = None;
-    if let Some((reason, msg)) = &failure {
+    if let Some((reason, msg)) = failure {
         if !has(&conditions, "FailureTarget") {
             conditions.push(cond("FailureTarget", reason, msg));
         }
         if active_count == 0 && !has(&conditions, "Failed") {
             conditions.push(cond("Failed", reason, msg));
-            ctx.events.warning(COMPONENT, job, reason, msg.clone());
+            ctx.events.warning(COMPONENT, job, reason, msg.into());
         }
     } else if complete {
         if !has(&conditions, "SuccessCriteriaMet") {
@@ -468,4 +555,253 @@ async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::{SignedDuration, Timestamp};
+    use serde_json::Value;
+
+    const BASE: Duration = Duration::from_secs(10);
+
+    fn now() -> Timestamp {
+        "2025-01-01T00:10:00Z".parse().unwrap()
+    }
+
+    /// `secs` seconds before now, as the API writes times.
+    fn ago(secs: i64) -> String {
+        (now() - SignedDuration::from_secs(secs)).to_string()
+    }
+
+    fn job(spec: Value, status: Value) -> Job {
+        let mut spec = spec;
+        spec["template"] = spec.get("template").cloned().unwrap_or(json!({}));
+        serde_json::from_value(json!({
+            "metadata": {"name": "j", "namespace": "ns", "uid": "ju"},
+            "spec": spec, "status": status,
+        }))
+        .unwrap()
+    }
+
+    /// A pod in `phase`; `finished` seconds ago when it has ended;
+    /// `index` its completion index; `restarts` its container's restarts.
+    fn pod(phase: &str, finished: Option<i64>, index: Option<i32>, restarts: i32) -> Arc<Pod> {
+        let state = match finished {
+            Some(s) => json!({"terminated": {"exitCode": 0, "finishedAt": ago(s)}}),
+            None => json!({"running": {}}),
+        };
+        let annotations = match index {
+            Some(i) => json!({ INDEX: i.to_string() }),
+            None => json!({}),
+        };
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": format!("p-{phase}-{index:?}-{finished:?}"), "namespace": "ns",
+                    "annotations": annotations},
+                "status": {"phase": phase, "containerStatuses": [{"name": "c", "image": "i",
+                    "imageID": "", "ready": phase == "Running", "restartCount": restarts,
+                    "state": state}]},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn running() -> Arc<Pod> {
+        pod("Running", None, None, 0)
+    }
+
+    fn succeeded(secs: i64) -> Arc<Pod> {
+        pod("Succeeded", Some(secs), None, 0)
+    }
+
+    fn failed(secs: i64) -> Arc<Pod> {
+        pod("Failed", Some(secs), None, 0)
+    }
+
+    fn decide_now(job: &Job, pods: &[Arc<Pod>]) -> Decision {
+        decide(job, pods, now(), BASE)
+    }
+
+    #[test]
+    fn parallelism_caps_the_active_pods_and_completions_the_ones_still_needed() {
+        let j = job(json!({"completions": 5, "parallelism": 2}), json!({}));
+        let d = decide_now(&j, &[]);
+        assert_eq!((d.want_active, d.complete), (2, false));
+        let four: Vec<_> = (1..=4).map(succeeded).collect();
+        let d = decide_now(&j, &four);
+        assert_eq!((d.succeeded, d.want_active), (4, 1), "one more is needed");
+        let five: Vec<_> = (1..=5).map(succeeded).collect();
+        let d = decide_now(&j, &five);
+        assert_eq!((d.complete, d.want_active, d.failure), (true, 0, None));
+    }
+
+    #[test]
+    fn a_job_without_parallelism_or_completions_runs_one_pod_to_one_success() {
+        let j = job(json!({}), json!({}));
+        assert_eq!(decide_now(&j, &[]).want_active, 1);
+        let d = decide_now(&j, &[succeeded(1)]);
+        assert!(d.complete);
+        assert_eq!(d.want_active, 0);
+    }
+
+    #[test]
+    fn a_work_queue_job_is_complete_at_its_first_success_and_lets_the_others_finish() {
+        let j = job(json!({"parallelism": 3}), json!({}));
+        assert_eq!(decide_now(&j, &[]).want_active, 3);
+        let d = decide_now(&j, &[succeeded(1), running(), running()]);
+        assert!(d.complete);
+        assert_eq!(d.want_active, 2, "the running pods are not deleted");
+    }
+
+    #[test]
+    fn a_job_fails_once_its_failures_exceed_the_backoff_limit() {
+        let j = job(json!({"backoffLimit": 2}), json!({}));
+        assert_eq!(decide_now(&j, &[failed(100), failed(200)]).failure, None);
+        let d = decide_now(&j, &[failed(100), failed(200), failed(300), running()]);
+        assert_eq!(d.failure.map(|f| f.0), Some("BackoffLimitExceeded"));
+        assert_eq!(d.want_active, 0, "its running pods are deleted");
+        let default_limit = job(json!({}), json!({}));
+        let six: Vec<_> = (1..=6).map(|i| failed(i * 1000)).collect();
+        assert_eq!(decide_now(&default_limit, &six).failure, None);
+        let seven: Vec<_> = (1..=7).map(|i| failed(i * 1000)).collect();
+        assert!(decide_now(&default_limit, &seven).failure.is_some());
+    }
+
+    #[test]
+    fn counts_do_not_go_down_when_finished_pods_are_deleted() {
+        let j = job(
+            json!({"completions": 3}),
+            json!({"succeeded": 2, "failed": 4}),
+        );
+        let d = decide_now(&j, &[failed(100)]);
+        assert_eq!((d.succeeded, d.failed), (2, 4));
+        assert_eq!(d.want_active, 1);
+    }
+
+    #[test]
+    fn an_evicted_pod_counts_as_a_failure_and_is_replaced() {
+        let j = job(json!({"backoffLimit": 0}), json!({}));
+        let mut evicted = (*pod("Failed", Some(100), None, 0)).clone();
+        evicted.status.as_mut().unwrap().reason = Some("Evicted".into());
+        let d = decide_now(&j, &[Arc::new(evicted.clone())]);
+        assert_eq!(d.failed, 1);
+        assert_eq!(d.failure.map(|f| f.0), Some("BackoffLimitExceeded"));
+        let j = job(json!({}), json!({}));
+        let d = decide_now(&j, &[Arc::new(evicted)]);
+        assert_eq!((d.failed, d.want_active, d.backoff_wait), (1, 1, None));
+    }
+
+    #[test]
+    fn new_pods_wait_a_back_off_that_doubles_with_each_failure() {
+        let j = job(json!({}), json!({}));
+        // One failure 4 s ago: 10 s back-off, 6 s left.
+        let d = decide_now(&j, &[failed(4)]);
+        assert_eq!(d.backoff_wait, Some(Duration::from_secs(6)));
+        assert_eq!(d.want_active, 0, "nothing starts during the back-off");
+        // Three failures, the last 30 s ago: 40 s back-off, 10 s left.
+        let d = decide_now(&j, &[failed(300), failed(200), failed(30)]);
+        assert_eq!(d.backoff_wait, Some(Duration::from_secs(10)));
+        // Past the back-off a pod starts.
+        let d = decide_now(&j, &[failed(300), failed(200), failed(50)]);
+        assert_eq!((d.backoff_wait, d.want_active), (None, 1));
+    }
+
+    #[test]
+    fn the_back_off_is_at_most_six_minutes() {
+        let j = job(json!({"backoffLimit": 30, "completions": 2}), json!({}));
+        let many: Vec<_> = (0..20).map(|i| failed(1000 + i)).collect();
+        let mut pods = many.clone();
+        pods.push(failed(60));
+        let d = decide_now(&j, &pods);
+        assert_eq!(d.backoff_wait, Some(Duration::from_secs(300)));
+    }
+
+    #[test]
+    fn the_back_off_counts_only_failures_since_the_last_success() {
+        let j = job(json!({"completions": 3}), json!({}));
+        // Two failures before a success, one 4 s ago after it: 10 s.
+        let pods = [failed(500), failed(400), succeeded(300), failed(4)];
+        let d = decide_now(&j, &pods);
+        assert_eq!(d.backoff_wait, Some(Duration::from_secs(6)));
+        // A success after every failure: no wait.
+        let pods = [failed(500), succeeded(4)];
+        assert_eq!(decide_now(&j, &pods).backoff_wait, None);
+    }
+
+    #[test]
+    fn a_job_past_its_active_deadline_fails_unless_suspended() {
+        let spec = json!({"activeDeadlineSeconds": 60, "parallelism": 2, "completions": 4});
+        let j = job(spec.clone(), json!({"startTime": ago(100)}));
+        let d = decide_now(&j, &[running(), running()]);
+        assert_eq!(d.failure.map(|f| f.0), Some("DeadlineExceeded"));
+        assert_eq!(d.want_active, 0);
+        let early = job(spec.clone(), json!({"startTime": ago(30)}));
+        assert_eq!(decide_now(&early, &[running()]).failure, None);
+        let mut suspended = spec;
+        suspended["suspend"] = json!(true);
+        let j = job(suspended, json!({"startTime": ago(100)}));
+        assert_eq!(decide_now(&j, &[]).failure, None);
+    }
+
+    #[test]
+    fn a_suspended_job_wants_no_active_pods() {
+        let j = job(
+            json!({"suspend": true, "parallelism": 3, "completions": 3}),
+            json!({}),
+        );
+        let d = decide_now(&j, &[running(), running()]);
+        assert_eq!((d.active, d.want_active, d.complete), (2, 0, false));
+    }
+
+    #[test]
+    fn an_indexed_job_counts_each_index_once_and_fills_the_lowest_free_ones() {
+        let j = job(
+            json!({"completionMode": "Indexed", "completions": 4, "parallelism": 2}),
+            json!({}),
+        );
+        let pods = [
+            pod("Succeeded", Some(10), Some(0), 0),
+            pod("Succeeded", Some(20), Some(0), 0),
+            pod("Succeeded", Some(20), Some(7), 0),
+            pod("Running", None, Some(1), 0),
+        ];
+        let d = decide_now(&j, &pods);
+        assert_eq!(d.succeeded, 1, "index 0 twice is one; 7 is out of range");
+        assert_eq!(d.succeeded_indexes, BTreeSet::from([0]));
+        assert_eq!(d.free_indexes, vec![2]);
+        assert_eq!(d.want_active, 2);
+        let done: Vec<_> = (0..4)
+            .map(|i| pod("Succeeded", Some(10 + i as i64), Some(i), 0))
+            .collect();
+        assert!(decide_now(&j, &done).complete);
+    }
+
+    #[test]
+    fn with_restart_policy_on_failure_container_restarts_count_against_the_limit() {
+        let on_failure = |limit: i32| {
+            job(
+                json!({"backoffLimit": limit, "template": {"spec": {"restartPolicy": "OnFailure",
+                    "containers": [{"name": "c", "image": "i"}]}}}),
+                json!({}),
+            )
+        };
+        let restarted = |n| pod("Running", None, None, n);
+        assert_eq!(decide_now(&on_failure(2), &[restarted(1)]).failure, None);
+        assert_eq!(
+            decide_now(&on_failure(2), &[restarted(2)])
+                .failure
+                .map(|f| f.0),
+            Some("BackoffLimitExceeded")
+        );
+        assert!(decide_now(&on_failure(0), &[restarted(1)])
+            .failure
+            .is_some());
+        let never = job(json!({"backoffLimit": 2}), json!({}));
+        assert_eq!(
+            decide_now(&never, &[restarted(5)]).failure,
+            None,
+            "restarts count only under OnFailure"
+        );
+    }
 }

@@ -5,12 +5,14 @@
 //! twice on a change its cache has not shown yet, and names are
 //! deterministic where Kubernetes makes them so.
 //!
-//! `framework` holds the caches, work queues and workers; `events` the
+//! `framework` holds the caches, work queues and workers, `controller`
+//! the builder every controller is assembled with; `events` the
 //! Event recorder; `metrics` the Prometheus text; one module per
 //! controller. Namespace deletion is done by the API server itself.
 
 pub mod clusterroleaggregation;
 pub mod common;
+pub mod controller;
 pub mod cron;
 pub mod cronjob;
 pub mod daemonset;
@@ -42,11 +44,13 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    Namespace, Node, PersistentVolumeClaim, Pod, ReplicationController, ResourceQuota, Service,
+    ConfigMap, Namespace, Node, PersistentVolumeClaim, Pod, ReplicationController, ResourceQuota,
+    Secret, Service,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 
 use framework::Cache;
 
@@ -186,6 +190,9 @@ pub struct Caches {
     pub nodes: Arc<Cache<Node>>,
     pub leases: Arc<Cache<Lease>>,
     pub resource_quotas: Arc<Cache<ResourceQuota>>,
+    /// ConfigMaps and Secrets by their metadata only (what quotas count).
+    pub configmaps: Arc<Cache<PartialObjectMeta<ConfigMap>>>,
+    pub secrets: Arc<Cache<PartialObjectMeta<Secret>>>,
 }
 
 impl Caches {
@@ -208,6 +215,8 @@ impl Caches {
             nodes: Cache::new(),
             leases: Cache::new(),
             resource_quotas: Cache::new(),
+            configmaps: Cache::new(),
+            secrets: Cache::new(),
         }
     }
 
@@ -231,6 +240,8 @@ impl Caches {
         self.leases
             .start(Api::namespaced(c(), "kube-node-lease"), tasks);
         self.resource_quotas.start(Api::all(c()), tasks);
+        self.configmaps.start(Api::all(c()), tasks);
+        self.secrets.start(Api::all(c()), tasks);
     }
 
     /// Waits until every cache has its first list.
@@ -252,6 +263,8 @@ impl Caches {
         self.nodes.ready().await;
         self.leases.ready().await;
         self.resource_quotas.ready().await;
+        self.configmaps.ready().await;
+        self.secrets.ready().await;
     }
 }
 

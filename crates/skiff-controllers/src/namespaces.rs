@@ -11,30 +11,18 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::common;
-use crate::framework::{self, Next, Queue};
+use crate::controller::Controller;
+use crate::framework::Next;
 use crate::{Ctx, Error};
 
 pub const ROOT_CA: &str = "kube-root-ca.crt";
 
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>, sa: bool, ca: bool) {
-    let queue = Queue::new("serviceaccount");
-    let q = queue.clone();
-    ctx.caches.namespaces.on_change(move |_, new| {
-        if let Some(n) = new {
-            q.add(framework::key_of(&n.metadata));
-        }
-    });
-    let c = ctx.clone();
-    framework::spawn_workers(tasks, queue.clone(), 2, ctx.ready(), move |key| {
-        let c = c.clone();
-        async move { reconcile(&c, &key, sa, ca).await }
-    });
-    framework::spawn_resync(
-        tasks,
-        queue,
-        ctx.caches.namespaces.clone(),
-        Duration::from_secs(60),
-    );
+    Controller::new(ctx, "serviceaccount", &ctx.caches.namespaces)
+        .resync(Duration::from_secs(60))
+        .run(tasks, (), move |c, _, key| async move {
+            reconcile(&c, &key, sa, ca).await
+        });
 }
 
 async fn reconcile(ctx: &Ctx, key: &str, sa: bool, ca: bool) -> Result<Next, Error> {

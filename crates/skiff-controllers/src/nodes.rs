@@ -20,34 +20,32 @@ use kube::ResourceExt;
 use serde_json::{json, Value};
 
 use crate::common;
+use crate::controller::Controller;
 use crate::disruption_zones::{zone_key, Decision, Zones};
 use crate::{Caches, Ctx};
 
 pub fn register_ipam(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let ctx = ctx.clone();
-    tasks.spawn(async move {
-        ctx.caches.ready().await;
-        loop {
-            let t = std::time::Instant::now();
-            node_ipam_pass(&ctx.client, &ctx.caches, &ctx.options.cluster_cidr).await;
-            crate::metrics::reconciled("nodeipam", true, t.elapsed());
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    });
+    Controller::periodic(ctx, "nodeipam", Duration::from_millis(500)).run(
+        tasks,
+        (),
+        |c, _, _| async move {
+            node_ipam_pass(&c.client, &c.caches, &c.options.cluster_cidr).await;
+            Ok(None)
+        },
+    );
 }
 
 pub fn register_lifecycle(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let ctx = ctx.clone();
-    tasks.spawn(async move {
-        ctx.caches.ready().await;
-        let mut zones = Zones::default();
-        loop {
-            let t = std::time::Instant::now();
-            node_lifecycle_pass(&ctx, ctx.options.node_monitor_grace_period, &mut zones).await;
-            crate::metrics::reconciled("nodelifecycle", true, t.elapsed());
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    });
+    let zones = Arc::new(tokio::sync::Mutex::new(Zones::default()));
+    Controller::periodic(ctx, "nodelifecycle", Duration::from_secs(1)).run(
+        tasks,
+        zones,
+        |c, zones, _| async move {
+            let grace = c.options.node_monitor_grace_period;
+            node_lifecycle_pass(&c, grace, &mut *zones.lock().await).await;
+            Ok(None)
+        },
+    );
 }
 
 /// The conditions of a node whose kubelet went silent: every condition

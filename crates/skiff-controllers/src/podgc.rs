@@ -16,21 +16,16 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::common;
+use crate::controller::Controller;
 use crate::Ctx;
 
 const EVERY: Duration = Duration::from_secs(2);
 
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let ctx = ctx.clone();
-    tasks.spawn(async move {
-        ctx.caches.ready().await;
-        let mut suspects: HashSet<String> = HashSet::new();
-        loop {
-            let t = std::time::Instant::now();
-            sweep(&ctx, &mut suspects).await;
-            crate::metrics::reconciled("podgc", true, t.elapsed());
-            tokio::time::sleep(EVERY).await;
-        }
+    let suspects = Arc::new(tokio::sync::Mutex::new(HashSet::new()));
+    Controller::periodic(ctx, "podgc", EVERY).run(tasks, suspects, |c, suspects, _| async move {
+        sweep(&c, &mut *suspects.lock().await).await;
+        Ok(None)
     });
 }
 

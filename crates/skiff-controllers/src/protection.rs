@@ -15,7 +15,8 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::framework::{self, Cache, Next, Queue};
+use crate::controller::Controller;
+use crate::framework::{self, Cache, Next};
 use crate::{common, Ctx, Error};
 
 pub const PVC_FINALIZER: &str = "kubernetes.io/pvc-protection";
@@ -119,39 +120,28 @@ fn without(
 // ---- pvc-protection ------------------------------------------------------------------
 
 pub fn register_pvc(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let queue = Queue::new("pvc-protection");
-    let q = queue.clone();
-    ctx.caches.pvcs.on_change(move |_, new| {
-        if let Some(c) = new {
-            if needs_work(&c.metadata, PVC_FINALIZER) {
-                q.add(framework::key_of(&c.metadata));
-            }
-        }
-    });
-    // A pod that stops counting (deleted, or one that never did)
-    // may free a claim being deleted.
-    let q = queue.clone();
-    ctx.caches.pods.on_change(move |old, new| {
-        let gone = new.is_none();
-        for p in old.into_iter().chain(new) {
-            let scheduled = p
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_deref())
-                .is_some_and(|n| !n.is_empty());
-            if gone || !scheduled || p.metadata.deletion_timestamp.is_some() {
-                let ns = p.metadata.namespace.as_deref().unwrap_or("");
-                for c in claims_of(p) {
-                    q.add(format!("{ns}/{c}"));
+    Controller::named(ctx, "pvc-protection")
+        .watches(&ctx.caches.pvcs, |_, _, new| {
+            new.filter(|c| needs_work(&c.metadata, PVC_FINALIZER))
+                .map(|c| framework::key_of(&c.metadata))
+        })
+        // A pod that stops counting (deleted, or one that never did)
+        // may free a claim being deleted.
+        .watches(&ctx.caches.pods, |_, old, new| {
+            let gone = new.is_none();
+            let mut keys = vec![];
+            for p in old.into_iter().chain(new) {
+                if gone || !common::is_scheduled(p) || p.metadata.deletion_timestamp.is_some() {
+                    let ns = p.metadata.namespace.as_deref().unwrap_or("");
+                    keys.extend(claims_of(p).into_iter().map(|c| format!("{ns}/{c}")));
                 }
             }
-        }
-    });
-    let c = ctx.clone();
-    framework::spawn_workers(tasks, queue, 1, ctx.ready(), move |key| {
-        let c = c.clone();
-        async move { reconcile_pvc(&c, &key).await }
-    });
+            keys
+        })
+        .workers(1)
+        .run(tasks, (), |c, _, key| async move {
+            reconcile_pvc(&c, &key).await
+        });
 }
 
 async fn reconcile_pvc(ctx: &Ctx, key: &str) -> Result<Next, Error> {
@@ -198,26 +188,20 @@ async fn reconcile_pvc(ctx: &Ctx, key: &str) -> Result<Next, Error> {
 // ---- pv-protection -------------------------------------------------------------------
 
 pub fn register_pv(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let queue = Queue::new("pv-protection");
     // Volumes are watched here only (the shared caches have no volumes).
     let volumes: Arc<Cache<PersistentVolume>> = Cache::new();
-    let q = queue.clone();
-    volumes.on_change(move |_, new| {
-        if let Some(v) = new {
-            if needs_work(&v.metadata, PV_FINALIZER) {
-                q.add(v.name_any());
-            }
-        }
+    let controller = Controller::named(ctx, "pv-protection").watches(&volumes, |_, _, new| {
+        new.filter(|v| needs_work(&v.metadata, PV_FINALIZER))
+            .map(|v| v.name_any())
     });
     volumes.start(Api::all(ctx.client.clone()), tasks);
-    let c = ctx.clone();
     let cache = volumes.clone();
-    let ready = async move { cache.ready().await };
-    framework::spawn_workers(tasks, queue, 1, ready, move |key| {
-        let c = c.clone();
-        let volumes = volumes.clone();
-        async move { reconcile_pv(&c, &volumes, &key).await }
-    });
+    controller
+        .workers(1)
+        .ready(async move { cache.ready().await })
+        .run(tasks, volumes, |c, volumes, key| async move {
+            reconcile_pv(&c, &volumes, &key).await
+        });
 }
 
 async fn reconcile_pv(

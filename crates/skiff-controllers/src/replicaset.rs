@@ -15,7 +15,8 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::common::{self, Expectations};
-use crate::framework::{self, Next, Queue};
+use crate::controller::Controller;
+use crate::framework::{self, Next};
 use crate::{Ctx, Error};
 use skiff_helpers::workloads::pod_from_template;
 
@@ -172,89 +173,60 @@ pub struct State {
 
 /// Registers the controller: its queue, handlers and workers.
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>, flavor: Flavor) {
-    let queue = Queue::new(flavor.name());
     let st = Arc::new(State {
         flavor,
         expectations: Expectations::default(),
     });
-    let q = queue.clone();
-    match flavor {
-        Flavor::ReplicaSet => ctx.caches.replicasets.on_change(move |_, new| {
-            if let Some(o) = new {
-                q.add(framework::key_of(&o.metadata));
-            }
-        }),
+    let controller = match flavor {
+        Flavor::ReplicaSet => Controller::new(ctx, flavor.name(), &ctx.caches.replicasets),
         Flavor::ReplicationController => {
-            ctx.caches.replication_controllers.on_change(move |_, new| {
-                if let Some(o) = new {
-                    q.add(framework::key_of(&o.metadata));
-                }
-            })
+            Controller::new(ctx, flavor.name(), &ctx.caches.replication_controllers)
         }
-    }
+    };
     // Pods: their controller; an orphan, every set of its namespace that
     // might adopt it.
-    let q = queue.clone();
-    let c2 = ctx.clone();
-    let st2 = st.clone();
-    ctx.caches.pods.on_change(move |old, new| {
-        st2.expectations.observe_pod_change(flavor.kind(), old, new);
-        for p in [old, new].into_iter().flatten() {
-            if common::controller_of(&p.metadata).is_some() {
-                common::enqueue_controller(&q, flavor.kind(), &p.metadata);
-            } else if new.is_some() {
-                let ns = p.metadata.namespace.clone().unwrap_or_default();
-                let labels = p.labels();
+    let seen = st.clone();
+    controller
+        .watches(&ctx.caches.pods, move |c, old, new| {
+            seen.expectations
+                .observe_pod_change(flavor.kind(), old, new);
+            let mut keys = common::owner_keys(flavor.kind(), old, new);
+            for p in [old, new].into_iter().flatten() {
+                if common::controller_of(&p.metadata).is_some() || new.is_none() {
+                    continue;
+                }
+                let ns = p.metadata.namespace.as_deref().unwrap_or_default();
                 let sets: Vec<(ObjectMeta, LabelSelector)> = match flavor {
-                    Flavor::ReplicaSet => c2
+                    Flavor::ReplicaSet => c
                         .caches
                         .replicasets
-                        .in_namespace(&ns)
+                        .in_namespace(ns)
                         .iter()
                         .map(|r| (r.metadata.clone(), view_rs(r).selector))
                         .collect(),
-                    Flavor::ReplicationController => c2
+                    Flavor::ReplicationController => c
                         .caches
                         .replication_controllers
-                        .in_namespace(&ns)
+                        .in_namespace(ns)
                         .iter()
                         .map(|r| (r.metadata.clone(), view_rc(r).selector))
                         .collect(),
                 };
                 for (m, sel) in sets {
-                    if !common::selector_is_empty(&sel) && common::selector_matches(&sel, labels) {
-                        q.add(framework::key_of(&m));
+                    if !common::selector_is_empty(&sel)
+                        && common::selector_matches(&sel, p.labels())
+                    {
+                        keys.push(framework::key_of(&m));
                     }
                 }
             }
-        }
-    });
-    let c = ctx.clone();
-    framework::spawn_workers(
-        tasks,
-        queue.clone(),
-        ctx.options.workers,
-        ctx.ready(),
-        move |key| {
-            let c = c.clone();
-            let st = st.clone();
-            async move { reconcile(&c, &st, &key).await }
-        },
-    );
-    match flavor {
-        Flavor::ReplicaSet => framework::spawn_resync(
-            tasks,
-            queue,
-            ctx.caches.replicasets.clone(),
-            Duration::from_secs(60),
-        ),
-        Flavor::ReplicationController => framework::spawn_resync(
-            tasks,
-            queue,
-            ctx.caches.replication_controllers.clone(),
-            Duration::from_secs(60),
-        ),
-    }
+            keys
+        })
+        .workers(ctx.options.workers)
+        .resync(Duration::from_secs(60))
+        .run(tasks, st, |c, st, key| async move {
+            reconcile(&c, &st, &key).await
+        });
 }
 
 async fn reconcile(ctx: &Ctx, st: &State, key: &str) -> Result<Next, Error> {

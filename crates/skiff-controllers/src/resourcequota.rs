@@ -10,30 +10,83 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, ResourceQuota, Secret};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, ListParams};
-use kube::ResourceExt;
+use kube::api::Api;
+use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::common;
+use crate::controller::Controller;
+use crate::framework::{key_of, Key};
 use crate::Ctx;
 
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let ctx = ctx.clone();
-    tasks.spawn(async move {
-        ctx.caches.ready().await;
-        loop {
-            let t = std::time::Instant::now();
-            for q in ctx.caches.resource_quotas.list() {
-                if let Err(e) = reconcile(&ctx, &q).await {
-                    tracing::debug!(quota = q.name_any(), error = %e, "quota status failed");
-                }
-            }
-            crate::metrics::reconciled("resourcequota", true, t.elapsed());
-            tokio::time::sleep(Duration::from_secs(2)).await;
+    let c = &ctx.caches;
+    Controller::new(ctx, "resourcequota", &c.resource_quotas)
+        // A finished pod frees its compute resources; a resized one
+        // changes them.
+        .watches(&c.pods, |c, old, new| {
+            let terminal = |p: &Pod| matches!(common::phase(p), "Succeeded" | "Failed");
+            quotas_of(c, old, new, |o, n| {
+                terminal(o) != terminal(n) || o.spec != n.spec
+            })
+        })
+        .watches(&c.services, |c, old, new| {
+            quotas_of(c, old, new, |o, n| o.spec != n.spec)
+        })
+        .watches(&c.pvcs, |c, old, new| {
+            quotas_of(c, old, new, |o, n| o.spec != n.spec)
+        })
+        .watches(&c.resource_quotas, |c, o, n| quotas_of(c, o, n, counted))
+        .watches(&c.configmaps, |c, o, n| quotas_of(c, o, n, counted))
+        .watches(&c.secrets, |c, o, n| quotas_of(c, o, n, counted))
+        .watches(&c.replication_controllers, |c, o, n| {
+            quotas_of(c, o, n, counted)
+        })
+        .watches(&c.deployments, |c, o, n| quotas_of(c, o, n, counted))
+        .watches(&c.replicasets, |c, o, n| quotas_of(c, o, n, counted))
+        .watches(&c.statefulsets, |c, o, n| quotas_of(c, o, n, counted))
+        .watches(&c.daemonsets, |c, o, n| quotas_of(c, o, n, counted))
+        .watches(&c.jobs, |c, o, n| quotas_of(c, o, n, counted))
+        .watches(&c.cronjobs, |c, o, n| quotas_of(c, o, n, counted))
+        .resync(Duration::from_secs(5 * 60))
+        .run(tasks, (), |c, _, key| async move {
+            let Some(quota) = c.caches.resource_quotas.get(&key) else {
+                return Ok(None);
+            };
+            reconcile(&c, &quota).await.map(|_| None)
+        });
+}
+
+/// Objects that a quota only counts: their updates change nothing.
+fn counted<K>(_: &K, _: &K) -> bool {
+    false
+}
+
+/// The quotas of an object's namespace, when the object was added or
+/// deleted or `changed(old, new)` says its update may change what it uses.
+fn quotas_of<K: Resource>(
+    ctx: &Ctx,
+    old: Option<&K>,
+    new: Option<&K>,
+    changed: impl Fn(&K, &K) -> bool,
+) -> Vec<Key> {
+    if let (Some(o), Some(n)) = (old, new) {
+        if !changed(o, n) {
+            return vec![];
         }
-    });
+    }
+    let Some(obj) = new.or(old) else {
+        return vec![];
+    };
+    let ns = obj.meta().namespace.as_deref().unwrap_or_default();
+    ctx.caches
+        .resource_quotas
+        .in_namespace(ns)
+        .iter()
+        .map(|q| key_of(&q.metadata))
+        .collect()
 }
 
 /// A quantity in thousandths, rounded up ("500m" → 500, "1Gi" →
@@ -210,17 +263,9 @@ async fn reconcile(ctx: &Ctx, quota: &ResourceQuota) -> Result<(), crate::Error>
             "count/jobs.batch" => count(ctx.caches.jobs.in_namespace(&ns).len()),
             "count/cronjobs.batch" => count(ctx.caches.cronjobs.in_namespace(&ns).len()),
             "configmaps" | "count/configmaps" => {
-                let l = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns)
-                    .list_metadata(&ListParams::default())
-                    .await?;
-                count(l.items.len())
+                count(ctx.caches.configmaps.in_namespace(&ns).len())
             }
-            "secrets" | "count/secrets" => {
-                let l = Api::<Secret>::namespaced(ctx.client.clone(), &ns)
-                    .list_metadata(&ListParams::default())
-                    .await?;
-                count(l.items.len())
-            }
+            "secrets" | "count/secrets" => count(ctx.caches.secrets.in_namespace(&ns).len()),
             k => {
                 let (limits, resource) = match k.split_once('.') {
                     Some(("requests", r)) => (false, r),

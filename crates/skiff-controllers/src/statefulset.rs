@@ -19,7 +19,8 @@ use serde_json::json;
 
 use crate::common;
 use crate::common::ensure_revision;
-use crate::framework::{self, Next, Queue};
+use crate::controller::Controller;
+use crate::framework::{self, Next};
 use crate::{Ctx, Error};
 use skiff_helpers::workloads::CONTROLLER_REVISION_HASH as REVISION_HASH;
 
@@ -28,36 +29,15 @@ pub const POD_NAME: &str = "statefulset.kubernetes.io/pod-name";
 pub const POD_INDEX: &str = "apps.kubernetes.io/pod-index";
 
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let queue = Queue::new("statefulset");
-    let q = queue.clone();
-    ctx.caches.statefulsets.on_change(move |_, new| {
-        if let Some(s) = new {
-            q.add(framework::key_of(&s.metadata));
-        }
-    });
-    let q = queue.clone();
-    ctx.caches.pods.on_change(move |old, new| {
-        for p in [old, new].into_iter().flatten() {
-            common::enqueue_controller(&q, "StatefulSet", &p.metadata);
-        }
-    });
-    let c = ctx.clone();
-    framework::spawn_workers(
-        tasks,
-        queue.clone(),
-        ctx.options.workers.min(4),
-        ctx.ready(),
-        move |key| {
-            let c = c.clone();
-            async move { reconcile(&c, &key).await }
-        },
-    );
-    framework::spawn_resync(
-        tasks,
-        queue,
-        ctx.caches.statefulsets.clone(),
-        Duration::from_secs(60),
-    );
+    Controller::new(ctx, "statefulset", &ctx.caches.statefulsets)
+        .owns(&ctx.caches.pods, "StatefulSet")
+        .workers(ctx.options.workers.min(4))
+        .resync(Duration::from_secs(60))
+        .run(
+            tasks,
+            (),
+            |c, _, key| async move { reconcile(&c, &key).await },
+        );
 }
 
 /// The ordinal of a pod of set `set` (`web-3` → 3).

@@ -24,7 +24,8 @@ use kube::ResourceExt;
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::framework::{self, Next, Queue};
+use crate::controller::Controller;
+use crate::framework::{self, Next};
 use crate::{Ctx, Error};
 
 pub use skiff_core::kinds::storage::{
@@ -35,12 +36,10 @@ const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 const COMPONENT: &str = "persistentvolume-controller";
 
 pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
-    let queue = Queue::new("persistentvolume-binder");
-    let q = queue.clone();
+    // A deleted claim releases its volume.
     let c = ctx.clone();
-    ctx.caches.pvcs.on_change(move |old, new| match (old, new) {
-        (_, Some(claim)) => q.add(framework::key_of(&claim.metadata)),
-        (Some(gone), None) => {
+    ctx.caches.pvcs.on_change(move |old, new| {
+        if let (Some(gone), None) = (old, new) {
             let c = c.clone();
             let gone = gone.clone();
             tokio::spawn(async move {
@@ -49,46 +48,39 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
                 }
             });
         }
-        (None, None) => {}
     });
-    // A pod placed on a node is the first consumer its claims wait for.
-    let q = queue.clone();
-    ctx.caches.pods.on_change(move |_, new| {
-        let Some(p) = new else { return };
-        let Some(spec) = p.spec.as_ref() else { return };
-        if spec.node_name.is_none() {
-            return;
-        }
-        let ns = p.metadata.namespace.clone().unwrap_or_default();
-        for v in spec.volumes.iter().flatten() {
-            if let Some(c) = &v.persistent_volume_claim {
-                q.add(format!("{ns}/{}", c.claim_name));
-            }
-        }
-    });
-    let c = ctx.clone();
-    framework::spawn_workers(tasks, queue.clone(), 2, ctx.ready(), move |key| {
-        let c = c.clone();
-        async move { reconcile(&c, &key).await }
-    });
-    // Volumes created by hand appear without any claim changing.
-    framework::spawn_resync(
+    Controller::new(ctx, "persistentvolume-binder", &ctx.caches.pvcs)
+        // A pod placed on a node is the first consumer its claims wait for.
+        .watches(&ctx.caches.pods, |_, _, new| {
+            let Some(p) = new.filter(|p| common::is_scheduled(p)) else {
+                return vec![];
+            };
+            let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+            p.spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .filter_map(|v| v.persistent_volume_claim.as_ref())
+                .map(|c| format!("{ns}/{}", c.claim_name))
+                .collect()
+        })
+        // Volumes created by hand appear without any claim changing.
+        .resync(Duration::from_secs(15))
+        .run(
+            tasks,
+            (),
+            |c, _, key| async move { reconcile(&c, &key).await },
+        );
+    // The volumes' own phases, from a list every 10 s.
+    Controller::periodic(ctx, "persistentvolume-sweep", Duration::from_secs(10)).run(
         tasks,
-        queue,
-        ctx.caches.pvcs.clone(),
-        Duration::from_secs(15),
-    );
-    let c = ctx.clone();
-    let ready = ctx.ready();
-    tasks.spawn(async move {
-        ready.await;
-        loop {
+        (),
+        |c, _, _| async move {
             if let Err(e) = sweep(&c).await {
                 tracing::warn!("persistent volumes: {e}");
             }
-            tokio::time::sleep(Duration::from_secs(10)).await;
-        }
-    });
+            Ok(None)
+        },
+    );
 }
 
 /// The volumes' own phases: a new unclaimed volume becomes Available, and

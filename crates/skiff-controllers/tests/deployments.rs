@@ -181,8 +181,24 @@ async fn a_rolling_update_never_drops_below_the_availability_bound_and_ends_on_t
         )
         .await
         .unwrap();
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    let stalled = pods(c, "default", "app=web").await;
+    // Stalled means: five pods, three of them ready, and the Deployment's
+    // status (written after the controller acted on the new template)
+    // says so too.
+    let stalled = eventually("the rollout to stall at the bound", 30, || async {
+        let p = pods(c, "default", "app=web").await;
+        let d = Api::<Deployment>::namespaced(c.clone(), "default")
+            .get("web")
+            .await
+            .ok()?;
+        let st = d.status.as_ref()?;
+        let observed = st.observed_generation == d.metadata.generation;
+        (observed
+            && p.len() == 5
+            && p.iter().filter(|p| is_ready(p)).count() == 3
+            && st.replicas == Some(5))
+        .then_some(p)
+    })
+    .await;
     watch.abort();
     let (min_ready, max_live, _) = *seen.lock().unwrap();
     assert_eq!(

@@ -6,7 +6,7 @@ mod sim;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use k8s_openapi::api::core::v1::{Node, Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, ResourceQuota};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::ResourceExt;
@@ -157,4 +157,42 @@ async fn a_quota_reports_what_its_namespace_uses() {
     // The `kubernetes` service lives in default.
     assert_eq!(used["services"].0, "1");
     assert!(used.contains_key("configmaps"));
+
+    // What deletions free comes back at once (a quota is queued when an
+    // object it counts changes; its resync is minutes away).
+    let gone = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    Api::<Pod>::namespaced(c.clone(), "default")
+        .delete("q-0", &gone)
+        .await
+        .unwrap();
+    let used = eventually("usage after a pod's deletion", 10, || async {
+        let u = api.get("q").await.ok()?.status?.used?;
+        (u.get("pods")?.0 == "1").then_some(u)
+    })
+    .await;
+    assert_eq!(used["requests.cpu"].0, "500m");
+    assert_eq!(used["limits.memory"].0, "128Mi");
+    let configmaps = |u: &std::collections::BTreeMap<String, _>| {
+        u.get("configmaps")
+            .map(|q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| q.0.clone())
+    };
+    let before = configmaps(&used).unwrap();
+    let _: ConfigMap = create(c, "default", json!({"metadata": {"name": "q-cm"}})).await;
+    eventually("a configmap counted", 10, || async {
+        let u = api.get("q").await.ok()?.status?.used?;
+        (configmaps(&u)? != before).then_some(())
+    })
+    .await;
+    Api::<ConfigMap>::namespaced(c.clone(), "default")
+        .delete("q-cm", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("a deleted configmap given back", 10, || async {
+        let u = api.get("q").await.ok()?.status?.used?;
+        (configmaps(&u)? == before).then_some(())
+    })
+    .await;
 }

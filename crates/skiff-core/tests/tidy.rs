@@ -241,3 +241,136 @@ fn no_controller_imports_another() {
         offences.join("\n")
     );
 }
+
+/// Dependencies declared for a reason other than a path in the code (a
+/// feature of a transitive dependency switched on, a linked C library),
+/// as `(crate, dependency, why)`.
+const USED_WITHOUT_A_PATH: &[(&str, &str, &str)] = &[];
+
+/// Every `[dependencies]`-like entry of a crate's manifest, by the name
+/// the code uses (`-` read as `_`), with its section.
+fn declared_dependencies(manifest: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut section = String::new();
+    for line in manifest.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            section = line.trim_matches(|c| c == '[' || c == ']').to_string();
+            continue;
+        }
+        if !section.ends_with("dependencies") || line.starts_with('#') {
+            continue;
+        }
+        let Some(key) = line.split(['=', '.']).next().map(str::trim) else {
+            continue;
+        };
+        if !key.is_empty() {
+            out.push((key.replace('-', "_"), section.clone()));
+        }
+    }
+    out
+}
+
+/// Whether `name` appears in `text` as a path (`name::`), an import
+/// (`use name`), a macro (`name!`) or an `extern crate`.
+fn uses(text: &str, name: &str) -> bool {
+    let bytes = text.as_bytes();
+    let mut from = 0;
+    while let Some(i) = text[from..].find(name) {
+        let at = from + i;
+        from = at + name.len();
+        let before = at.checked_sub(1).map(|j| bytes[j]);
+        if before.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            continue;
+        }
+        let rest = &text[from..];
+        if rest.starts_with("::") || rest.starts_with('!') {
+            return true;
+        }
+        let head = &text[..at];
+        if (head.ends_with("use ") || head.ends_with("extern crate "))
+            && rest.starts_with([';', ' ', '\n', ','])
+        {
+            return true;
+        }
+    }
+    false
+}
+
+#[test]
+fn every_declared_dependency_is_used() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("crates dir");
+    let mut unused = Vec::new();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(crates).expect("read crates dir") {
+        let dir = entry.expect("dir entry").path();
+        let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
+            continue;
+        };
+        let krate = dir.file_name().unwrap().to_string_lossy().to_string();
+        let code = |subdirs: &[&str]| {
+            let mut files = Vec::new();
+            for sub in subdirs {
+                let p = dir.join(sub);
+                if p.is_dir() {
+                    rust_files(&p, &mut files);
+                } else if p.is_file() {
+                    files.push(p);
+                }
+            }
+            files
+                .iter()
+                .map(|f| std::fs::read_to_string(f).expect("read source"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let main_code = code(&["src"]);
+        let test_code = code(&["src", "tests", "benches", "examples"]);
+        let build_code = code(&["build.rs"]);
+        for (name, section) in declared_dependencies(&manifest) {
+            checked += 1;
+            let text = if section.ends_with("build-dependencies") {
+                &build_code
+            } else if section.ends_with("dev-dependencies") {
+                &test_code
+            } else {
+                &main_code
+            };
+            let excused = USED_WITHOUT_A_PATH
+                .iter()
+                .any(|(c, d, _)| *c == krate && *d == name);
+            if !excused && !uses(text, &name) {
+                unused.push(format!("{krate}: [{section}] {name}"));
+            }
+        }
+    }
+    assert!(checked > 50, "found only {checked} dependencies");
+    assert!(
+        unused.is_empty(),
+        "dependencies no code of their crate uses (remove them, or list them \
+         in USED_WITHOUT_A_PATH with the reason):\n{}",
+        unused.join("\n")
+    );
+}
+
+#[test]
+fn the_dependency_rule_catches_what_it_is_for() {
+    let manifest = "[package]\nname = \"x\"\n[dependencies]\nserde.workspace = true\n\
+                    tokio-util = \"1\"\n# a comment\n[dev-dependencies]\ntempfile = \"3\"\n";
+    assert_eq!(
+        declared_dependencies(manifest),
+        vec![
+            ("serde".to_string(), "dependencies".to_string()),
+            ("tokio_util".to_string(), "dependencies".to_string()),
+            ("tempfile".to_string(), "dev-dependencies".to_string()),
+        ]
+    );
+    assert!(uses("use serde::Deserialize;", "serde"));
+    assert!(uses("let x = tokio_util::io::X;", "tokio_util"));
+    assert!(uses("json!({})\n serde_json::json!(1)", "serde_json"));
+    assert!(uses("use anyhow;\n", "anyhow"));
+    assert!(!uses("let serde_jsonish = 1; my_serde::x()", "serde"));
+    assert!(!uses("// tokio is great", "tokio"));
+}

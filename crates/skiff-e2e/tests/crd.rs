@@ -452,8 +452,20 @@ fn the_garbage_collector_collects_owned_custom_resources_and_their_dependents() 
             "apiVersion: v1\nkind: Service\nmetadata:\n  name: child\n  ownerReferences:\n  - apiVersion: example.com/v1\n    kind: Widget\n    name: parent\n    uid: {w_uid}\nspec:\n  ports: [{{port: 80}}]\n"
         ),
     );
-    // Nothing is collected while the owners live.
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    // Nothing is collected while the owners live. A Widget created last,
+    // owned by a uid that never existed, is what the collector does
+    // collect: once it is gone, the collector has seen the objects before
+    // it and decided to keep them.
+    s.ok_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: sentinel\n  ownerReferences:\n  - apiVersion: v1\n    kind: ConfigMap\n    name: gone\n    uid: 00000000-0000-0000-0000-000000000000\nspec: {color: grey}\n",
+    );
+    wait_until("the widget with a missing owner is collected", 60, || {
+        s.ok(&["get", "widgets", "-o", "name"])
+            .lines()
+            .all(|l| l != "widget.example.com/sentinel")
+            .then_some(())
+    });
     s.ok(&["get", "widget", "owned"]);
     s.ok(&["get", "svc", "child"]);
 

@@ -234,11 +234,11 @@ impl Quantity {
         if mag == 0 {
             return "0".into();
         }
-        let whole = mag % NANO as u128 == 0;
+        let whole = mag.is_multiple_of(NANO as u128);
         if self.format == Format::BinarySI && whole && mag / NANO as u128 >= 1024 {
             let mut v = mag / NANO as u128;
             let mut k = 0;
-            while k < 6 && v % 1024 == 0 {
+            while k < 6 && v.is_multiple_of(1024) {
                 v /= 1024;
                 k += 1;
             }
@@ -248,7 +248,7 @@ impl Quantity {
         // Decimal: the exponent (a multiple of 3, from -9) leaving an integer.
         let mut v = mag;
         let mut exp = -9;
-        while exp < 18 && v % 1000 == 0 {
+        while exp < 18 && v.is_multiple_of(1000) {
             v /= 1000;
             exp += 3;
         }

@@ -59,7 +59,8 @@ fn percentage(v: Option<&Value>, what: &str) -> Result<Option<i32>> {
 impl Config {
     /// Parses YAML or JSON text.
     pub fn parse(text: &str) -> Result<Config> {
-        let v: Value = serde_yaml::from_str(text).context("parsing the scheduler configuration")?;
+        let v: Value =
+            serde_yaml_ng::from_str(text).context("parsing the scheduler configuration")?;
         if !v.is_object() {
             bail!("the scheduler configuration must be an object");
         }

@@ -651,16 +651,19 @@ mod tests {
         let none = || Some(json!({}));
         let cm_rule = json!([{"apiGroups": [""], "apiVersions": ["v1"],
             "operations": ["CREATE"], "resources": ["configmaps"]}]);
-        let cases: Vec<(
-            &str,
+        /// (name, matchConstraints, resource, operation, namespace, the
+        /// object's labels, the namespace's labels, the expected match).
+        type Case<'a> = (
+            &'a str,
             Value,
-            (&str, &str, &str),
+            (&'a str, &'a str, &'a str),
             Operation,
-            &str,
+            &'a str,
             Value,
             Option<Value>,
-            Option<&str>,
-        )> = vec![
+            Option<&'a str>,
+        );
+        let cases: Vec<Case> = vec![
             // No resourceRules: every resource, every operation.
             (
                 "empty",
