@@ -317,6 +317,10 @@ pub async fn run(
         services,
         host: Arc::new(host::RealHost),
         clock: Arc::new(clock::SystemClock),
+        allocations: pods::resize::Book::new(
+            skiff_helpers::quantity::milli(&facts.cpu).unwrap_or(1000),
+            skiff_helpers::quantity::units(&facts.memory).unwrap_or(0),
+        ),
     });
     let index = reclaim::PodIndex::default();
     tasks.spawn(reclaim::run(
@@ -374,6 +378,7 @@ pub async fn manage_pods_indexed(ctx: Arc<NodeContext>, index: reclaim::PodIndex
                     l.insert(uid.clone());
                 }
                 let pod = Arc::new(pod);
+                ctx.allocations.seed(&pod);
                 indexed(&mut |m| {
                     m.insert(uid.clone(), pod.clone());
                 });
@@ -390,6 +395,7 @@ pub async fn manage_pods_indexed(ctx: Arc<NodeContext>, index: reclaim::PodIndex
             }
             watcher::Event::Delete(pod) => {
                 let uid = spec::uid(&pod).to_string();
+                ctx.allocations.remove(&uid);
                 indexed(&mut |m| {
                     m.remove(&uid);
                 });
@@ -400,6 +406,8 @@ pub async fn manage_pods_indexed(ctx: Arc<NodeContext>, index: reclaim::PodIndex
             watcher::Event::InitDone => {
                 let seen = listing.take().unwrap_or_default();
                 indexed(&mut |m| m.retain(|uid, _| seen.contains(uid)));
+                // Every pod of the node is in the allocation book now.
+                ctx.allocations.set_ready();
                 workers.retain(|uid, tx| {
                     if seen.contains(uid) {
                         true
