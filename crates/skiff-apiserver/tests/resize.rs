@@ -2,9 +2,8 @@
 //! answers the pod; PATCH (strategic merge, as `kubectl patch
 //! --subresource resize` sends it) and PUT change containers' cpu and
 //! memory and nothing else, bumping the generation; Kubernetes'
-//! `ValidatePodResize` refuses the rest with a 422 naming the field; a
-//! plain update of the pod still may not touch resources; and RBAC treats
-//! `pods/resize` as a resource of its own.
+//! `ValidatePodResize` refuses the rest with a 422 naming the field; and a
+//! plain update of the pod still may not touch resources.
 
 mod common;
 
