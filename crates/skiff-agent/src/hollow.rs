@@ -233,6 +233,8 @@ pub async fn run_as(identities: Identities, options: HollowOptions) -> Result<()
             services: crate::svcenv::Services::fixed(Default::default()),
             host: Arc::new(crate::host::RealHost),
             clock: Arc::new(crate::clock::SystemClock),
+            // What `NodeFacts::hollow` registers.
+            allocations: crate::pods::resize::Book::new(4000, 32 << 30),
         });
         // Each node's pod watch starts as the node registers (kubelets do
         // not all start at once) and runs as its own task: started all

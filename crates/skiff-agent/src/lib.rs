@@ -324,6 +324,10 @@ pub async fn run(
         services,
         host: Arc::new(host::RealHost),
         clock: Arc::new(clock::SystemClock),
+        allocations: pods::resize::Book::new(
+            skiff_helpers::quantity::milli(&facts.cpu).unwrap_or(1000),
+            skiff_helpers::quantity::units(&facts.memory).unwrap_or(0),
+        ),
     });
     let index = reclaim::PodIndex::default();
     let (evict_tx, evict_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -445,6 +449,7 @@ pub async fn manage_pods_indexed(
                     l.insert(uid.clone());
                 }
                 let pod = Arc::new(pod);
+                ctx.allocations.seed(&pod);
                 indexed(&mut |m| {
                     m.insert(uid.clone(), pod.clone());
                 });
@@ -464,6 +469,7 @@ pub async fn manage_pods_indexed(
             }
             watcher::Event::Delete(pod) => {
                 let uid = spec::uid(&pod).to_string();
+                ctx.allocations.remove(&uid);
                 indexed(&mut |m| {
                     m.remove(&uid);
                 });
@@ -474,6 +480,8 @@ pub async fn manage_pods_indexed(
             watcher::Event::InitDone => {
                 let seen = listing.take().unwrap_or_default();
                 indexed(&mut |m| m.retain(|uid, _| seen.contains(uid)));
+                // Every pod of the node is in the allocation book now.
+                ctx.allocations.set_ready();
                 workers.retain(|uid, tx| {
                     if seen.contains(uid) {
                         true

@@ -16,6 +16,8 @@ use crate::probes::{self, Kind, ProbeState};
 use crate::runtime::{cri, Capabilities};
 use crate::spec::{self, name, namespace, uid};
 
+use super::resize::{self, Actuation};
+
 /// The first restart back-off, doubled at every restart up to
 /// [`BACKOFF_MAX`].
 pub const BACKOFF_START: Duration = Duration::from_secs(10);
@@ -181,6 +183,8 @@ pub struct Memory {
     pub eviction: Option<Eviction>,
     /// The eviction's Event has been recorded.
     pub eviction_announced: bool,
+    /// The pod's allocated and actuated resources (in-place resize).
+    pub resize: resize::State,
 }
 
 /// An order to evict a pod, as kubelet's eviction manager gives it: the
@@ -328,6 +332,19 @@ pub enum Step {
     StartCreated { id: String, name: String },
     /// Stop a running container (it restarts by the restart policy).
     Kill(KillContainer),
+    /// Give a running container its allocated cpu and memory in place.
+    Resize(ResizeContainer),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResizeContainer {
+    pub id: String,
+    pub name: String,
+    /// The allocated cpu and memory, which the container has once done.
+    pub resources: k8s_openapi::api::core::v1::ResourceRequirements,
+    /// The CRI setting to apply; `None` where the runtime's containers
+    /// have no cgroups (bookkeeping only).
+    pub linux: Option<cri::LinuxContainerResources>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -357,6 +374,9 @@ pub enum KillReason {
     SpecChanged,
     LivenessFailed,
     StartupFailed,
+    /// A resize changed a resource whose `resizePolicy` is
+    /// `RestartContainer`.
+    ResizeRestart,
 }
 
 impl KillReason {
@@ -371,6 +391,9 @@ impl KillReason {
             }
             KillReason::StartupFailed => {
                 format!("Container {container} failed startup probe, will be restarted")
+            }
+            KillReason::ResizeRestart => {
+                format!("Container {container} resize requires restart")
             }
         }
     }
@@ -549,9 +572,26 @@ pub fn compute_pod_actions(
                     name: s.name.clone(),
                 });
             } else if s.running() {
-                if !s.hash.is_empty() && s.hash != spec::spec_hash(c) {
+                if !spec::hash_matches(c, &s.hash) {
                     steps.push(kill(KillReason::SpecChanged, pod_grace));
                     continue;
+                }
+                // An admitted resize: in place, or by a restart where a
+                // changed resource's policy says so.
+                if let Some(actual) = memory.resize.actual.get(&s.id) {
+                    match resize::actuation(c, actual) {
+                        Actuation::None => {}
+                        Actuation::Restart => {
+                            steps.push(kill(KillReason::ResizeRestart, pod_grace));
+                            continue;
+                        }
+                        Actuation::InPlace => steps.push(Step::Resize(ResizeContainer {
+                            id: s.id.clone(),
+                            name: c.name.clone(),
+                            resources: resize::cpu_memory(c.resources.as_ref()),
+                            linux: caps.applies_resources.then(|| resize::linux_resources(c)),
+                        })),
+                    }
                 }
                 // A probe's own terminationGracePeriodSeconds wins over
                 // the pod's when it kills.
@@ -688,7 +728,7 @@ pub fn due_probes(pod: &Pod, observed: &Observed, now: Now, memory: &Memory) -> 
         let Some(s) = observed.latest(&c.name).filter(|s| s.running()) else {
             continue;
         };
-        if !s.hash.is_empty() && s.hash != spec::spec_hash(c) {
+        if !spec::hash_matches(c, &s.hash) {
             continue;
         }
         let ran_for = Duration::from_nanos((now.wall_nanos - s.started_at).max(0) as u64);
@@ -843,6 +883,22 @@ fn container_status(
         "lastState": {},
         "state": {},
     });
+    // In-place resize: the allocated requests and what the container runs
+    // with (its allocation when it does not run).
+    let alloc = memory
+        .resize
+        .allocated
+        .as_ref()
+        .and_then(|a| a.get(&c.name));
+    let actual = cur
+        .filter(|s| s.running())
+        .and_then(|s| memory.resize.actual.get(&s.id));
+    if let Some((requests, resources)) = resize::status_fields(alloc, actual) {
+        if requests.as_object().is_some_and(|m| !m.is_empty()) {
+            st["allocatedResources"] = requests;
+        }
+        st["resources"] = resources;
+    }
     let mut v = ContainerVerdict {
         status: Value::Null,
         ready: false,
@@ -1004,6 +1060,33 @@ pub fn pod_status(pod: &Pod, memory: &Memory, input: StatusInput) -> Value {
         c["message"] = json!(e.message);
         conditions.push(c);
     }
+    // A running container without its allocation yet: a resize is under
+    // way.
+    let in_progress = !terminal
+        && resize::resizable(pod).any(|c| {
+            let running = latest(input.containers, &c.name).filter(|s| s.running());
+            match (running, memory.resize.allocated.as_ref()) {
+                (Some(s), Some(alloc)) => {
+                    match (memory.resize.actual.get(&s.id), alloc.get(&c.name)) {
+                        (Some(actual), Some(want)) => !resize::same(actual, want),
+                        _ => false,
+                    }
+                }
+                _ => false,
+            }
+        });
+    conditions.extend(resize::conditions(
+        &memory.resize,
+        in_progress,
+        |t| {
+            old_conds
+                .iter()
+                .find(|c| c.type_ == t && c.status == "True")
+                .and_then(|c| c.last_transition_time.as_ref())
+                .map(|t| t.0.to_string())
+        },
+        &now,
+    ));
     let start_time = old
         .start_time
         .as_ref()
@@ -1054,9 +1137,11 @@ mod tests {
 
     const REAL: Capabilities = Capabilities {
         reads_pod_inputs: true,
+        applies_resources: true,
     };
     const SIMULATED: Capabilities = Capabilities {
         reads_pod_inputs: false,
+        applies_resources: false,
     };
     /// 2023-11-14T22:13:20Z.
     const WALL0: i64 = 1_700_000_000 * 1_000_000_000;
@@ -2213,5 +2298,86 @@ mod tests {
             Duration::from_millis(3010)
         );
         assert_eq!(idle_wait(&plain, resync, Some(Duration::MAX)), resync);
+    }
+
+    #[test]
+    fn an_allocation_a_running_container_lacks_is_applied_in_place_or_by_a_restart() {
+        let t0 = T0::new();
+        let p = pod(json!({"containers": [{"name": "app", "image": "busybox",
+            "resizePolicy": [{"resourceName": "memory", "restartPolicy": "RestartContainer"}],
+            "resources": {"requests": {"cpu": "250m"}, "limits": {"cpu": "1", "memory": "64Mi"}}}]}));
+        let obs = with_sandbox(vec![running("app", 0)]);
+        let res = |v: Value| -> k8s_openapi::api::core::v1::ResourceRequirements {
+            serde_json::from_value(v).unwrap()
+        };
+        let mut memory = Memory::default();
+        // Unknown (not started by this worker, nothing reported): nothing.
+        assert!(plan(&p, &obs, t0.at(0), &memory).steps.is_empty());
+        // As allocated: nothing.
+        memory.resize.actual.insert(
+            "app-0".into(),
+            res(json!({"requests": {"cpu": "250m"}, "limits": {"cpu": "1", "memory": "64Mi"}})),
+        );
+        assert!(plan(&p, &obs, t0.at(0), &memory).steps.is_empty());
+        // Less cpu than allocated: CRI's setting, in place.
+        memory.resize.actual.insert(
+            "app-0".into(),
+            res(json!({"requests": {"cpu": "100m"}, "limits": {"cpu": "500m", "memory": "64Mi"}})),
+        );
+        let a = plan(&p, &obs, t0.at(0), &memory);
+        let [Step::Resize(r)] = a.steps.as_slice() else {
+            panic!("expected one resize, got {:?}", a.steps);
+        };
+        assert_eq!(r.id, "app-0");
+        let linux = r
+            .linux
+            .as_ref()
+            .expect("a runtime with cgroups gets the setting");
+        assert_eq!((linux.cpu_shares, linux.cpu_quota), (256, 100_000));
+        assert_eq!(linux.memory_limit_in_bytes, 64 << 20);
+        // Simulated containers: bookkeeping only.
+        let a = sync_of(compute_pod_actions(&p, &obs, t0.at(0), &memory, SIMULATED));
+        assert!(matches!(a.steps.as_slice(), [Step::Resize(r)] if r.linux.is_none()));
+        // A memory limit under a RestartContainer policy: a restart.
+        memory.resize.actual.insert(
+            "app-0".into(),
+            res(json!({"requests": {"cpu": "250m"}, "limits": {"cpu": "1", "memory": "32Mi"}})),
+        );
+        let k = kills(&plan(&p, &obs, t0.at(0), &memory));
+        assert_eq!(k.len(), 1);
+        assert_eq!(k[0].reason, KillReason::ResizeRestart);
+        assert_eq!(
+            k[0].reason.message("app"),
+            "Container app resize requires restart"
+        );
+    }
+
+    #[test]
+    fn a_resized_container_is_not_replaced_as_a_changed_spec() {
+        let t0 = T0::new();
+        let small = json!({"containers": [{"name": "app", "image": "busybox",
+            "resources": {"limits": {"cpu": "1"}}}]});
+        let c: Container = serde_json::from_value(small["containers"][0].clone()).unwrap();
+        let mut s = running("app", 0);
+        s.hash = spec::spec_hash(&c);
+        let big = pod(json!({"containers": [{"name": "app", "image": "busybox",
+            "resources": {"limits": {"cpu": "2"}}}]}));
+        assert!(kills(&plan(
+            &big,
+            &with_sandbox(vec![s.clone()]),
+            t0.at(0),
+            &Memory::default()
+        ))
+        .is_empty());
+        // An image change still replaces it.
+        let other = pod(json!({"containers": [{"name": "app", "image": "nginx",
+            "resources": {"limits": {"cpu": "1"}}}]}));
+        let k = kills(&plan(
+            &other,
+            &with_sandbox(vec![s]),
+            t0.at(0),
+            &Memory::default(),
+        ));
+        assert_eq!(k[0].reason, KillReason::SpecChanged);
     }
 }
