@@ -594,7 +594,7 @@ fn container_resize(new: &Value, old: &Value, path: &str, c: &mut Vec<Cause>) {
         })
         .and_then(|p| p.get("restartPolicy").and_then(Value::as_str))
         .unwrap_or("");
-    if memory_policy == "" || memory_policy == "NotRequired" {
+    if memory_policy.is_empty() || memory_policy == "NotRequired" {
         let limit = |ctr: &Value| {
             ctr.pointer("/resources/limits/memory")
                 .and_then(skiff_helpers::quantity::from_json)

@@ -259,11 +259,12 @@ fn a_restart_container_memory_policy_restarts_the_container_once() {
     resize(&s, "jvm", r#"{"limits": {"memory": "48Mi"}}"#);
     wait_until("the container restarted with its new memory", 90, || {
         let done = field(&s, "jvm", ".status.containerStatuses[0].restartCount") == "1"
-            && field(
+            && !field(
                 &s,
                 "jvm",
                 ".status.containerStatuses[0].state.running.startedAt",
-            ) != ""
+            )
+            .is_empty()
             && field(
                 &s,
                 "jvm",

@@ -30,6 +30,9 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start and matched once: the size of its largest
+// variant (`skiff up`'s flags) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the API server on its embedded store, with the scheduler and the

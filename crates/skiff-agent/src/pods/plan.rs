@@ -333,7 +333,7 @@ pub enum Step {
     /// Stop a running container (it restarts by the restart policy).
     Kill(KillContainer),
     /// Give a running container its allocated cpu and memory in place.
-    Resize(ResizeContainer),
+    Resize(Box<ResizeContainer>),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -585,12 +585,12 @@ pub fn compute_pod_actions(
                             steps.push(kill(KillReason::ResizeRestart, pod_grace));
                             continue;
                         }
-                        Actuation::InPlace => steps.push(Step::Resize(ResizeContainer {
+                        Actuation::InPlace => steps.push(Step::Resize(Box::new(ResizeContainer {
                             id: s.id.clone(),
                             name: c.name.clone(),
                             resources: resize::cpu_memory(c.resources.as_ref()),
                             linux: caps.applies_resources.then(|| resize::linux_resources(c)),
-                        })),
+                        }))),
                     }
                 }
                 // A probe's own terminationGracePeriodSeconds wins over
