@@ -208,6 +208,21 @@ impl Runtime for Cri {
         Ok(())
     }
 
+    async fn update_container_resources(
+        &self,
+        id: &str,
+        resources: &cri::LinuxContainerResources,
+    ) -> Result<()> {
+        self.rt()
+            .update_container_resources(cri::UpdateContainerResourcesRequest {
+                container_id: id.into(),
+                linux: Some(resources.clone()),
+                ..Default::default()
+            })
+            .await?;
+        Ok(())
+    }
+
     async fn stop_container(&self, id: &str, timeout_seconds: i64) -> Result<()> {
         match self
             .rt()

@@ -233,6 +233,8 @@ pub async fn run_as(identities: Identities, options: HollowOptions) -> Result<()
             services: crate::svcenv::Services::fixed(Default::default()),
             host: Arc::new(crate::host::RealHost),
             clock: Arc::new(crate::clock::SystemClock),
+            // What `NodeFacts::hollow` registers.
+            allocations: crate::pods::resize::Book::new(4000, 32 << 30),
         });
         // Each node's pod watch starts as the node registers (kubelets do
         // not all start at once) and runs as its own task: started all
@@ -240,6 +242,7 @@ pub async fn run_as(identities: Identities, options: HollowOptions) -> Result<()
         // watches arrived in one burst of new connections, and as one
         // joined future they were all driven by a single thread.
         let index = crate::reclaim::PodIndex::default();
+        let (evict_tx, evict_rx) = tokio::sync::mpsc::unbounded_channel();
         if let Some(config) = options.reclaim.clone() {
             loops.spawn(crate::reclaim::run(
                 client.clone(),
@@ -248,9 +251,11 @@ pub async fn run_as(identities: Identities, options: HollowOptions) -> Result<()
                 index.clone(),
                 crate::reclaim::UsageSource::Simulated,
                 config,
+                evict_tx,
+                Default::default(),
             ));
         }
-        pods.spawn(crate::manage_pods_indexed(ctx, index));
+        pods.spawn(crate::manage_pods_indexed(ctx, index, evict_rx));
     }
     // Dropping this future (cancellation) drops the loops with it.
     let outcome = match pods.join_next().await {

@@ -22,6 +22,7 @@ pub mod mirror;
 pub mod net;
 pub mod node;
 pub mod pods;
+pub mod pressure;
 pub mod probes;
 pub mod proxy;
 pub mod reclaim;
@@ -82,6 +83,8 @@ pub struct AgentOptions {
     pub network: Option<net::Settings>,
     /// Reservations and the reclaimable capacity published for batch pods.
     pub reclaim: reclaim::Config,
+    /// Node-pressure eviction (kubelet's `--eviction-*` flags).
+    pub eviction: pressure::Config,
 }
 
 /// The IPv4 address of the interface holding the default route, else
@@ -272,11 +275,13 @@ pub async fn run(
         address_rx.clone(),
         options.data_dir.clone(),
     ));
+    let (pressure_tx, pressure_rx) = watch::channel(None);
     tasks.spawn(node::report_status_following(
         client.clone(),
         facts.clone(),
         Duration::from_secs(60),
         address_rx.clone(),
+        Some(pressure_rx),
     ));
     if let Some(n) = options.network.clone() {
         tasks.spawn(net::run_for_agent(
@@ -289,6 +294,8 @@ pub async fn run(
         ));
     }
     let usage = endpoint.usage_feed();
+    let endpoint_usage = endpoint.usage_feed();
+    let reservations = endpoint.reservations();
     tasks.spawn(endpoint.serve());
     if let Some(mut p) = options.proxy.clone() {
         p.address = Some(address_rx.clone());
@@ -317,8 +324,13 @@ pub async fn run(
         services,
         host: Arc::new(host::RealHost),
         clock: Arc::new(clock::SystemClock),
+        allocations: pods::resize::Book::new(
+            skiff_helpers::quantity::milli(&facts.cpu).unwrap_or(1000),
+            skiff_helpers::quantity::units(&facts.memory).unwrap_or(0),
+        ),
     });
     let index = reclaim::PodIndex::default();
+    let (evict_tx, evict_rx) = tokio::sync::mpsc::unbounded_channel();
     tasks.spawn(reclaim::run(
         client.clone(),
         options.node_name.clone(),
@@ -329,29 +341,92 @@ pub async fn run(
         index.clone(),
         reclaim::UsageSource::Stats(usage),
         options.reclaim.clone(),
+        evict_tx.clone(),
+        reservations,
     ));
-    let r = manage_pods_indexed(ctx, index).await;
+    // The runtime's image filesystem: the managed containerd's root, else
+    // containerd's usual one.
+    let image_dir = match &options.containerd {
+        None => containerd::Layout::new(&options.data_dir).dir.join("root"),
+        Some(_) => ["/var/lib/containerd", "/"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+            .unwrap_or_else(|| options.data_dir.clone()),
+    };
+    tasks.spawn(pressure::run(
+        Box::new(pressure::NodeMeasure {
+            summary: endpoint_usage,
+            image_dir,
+        }),
+        options.eviction.clone(),
+        index.clone(),
+        pressure_tx,
+        evict_tx,
+    ));
+    let r = manage_pods_indexed(ctx, index, evict_rx).await;
     tasks.abort_all();
     r
 }
 
-/// Watches the pods bound to the node and keeps one worker per pod.
-pub async fn manage_pods(ctx: Arc<NodeContext>) -> Result<()> {
-    manage_pods_indexed(ctx, reclaim::PodIndex::default()).await
+/// Where the node's eviction managers (reclaimed capacity, node pressure)
+/// send their orders: a pod's uid and how it is evicted. The pod manager
+/// hands each to the pod's worker, which kills the pod and writes its
+/// final status through its own plan.
+pub type EvictionSender = tokio::sync::mpsc::UnboundedSender<(String, pods::plan::Eviction)>;
+/// The pod manager's end of [`EvictionSender`].
+pub type EvictionReceiver = tokio::sync::mpsc::UnboundedReceiver<(String, pods::plan::Eviction)>;
+
+/// What a pod's worker is given: the pod as last seen (None: it is gone)
+/// and the node's order to evict it, if one came.
+#[derive(Clone, Default)]
+struct WorkerInput {
+    pod: Option<Arc<Pod>>,
+    eviction: Option<Arc<pods::plan::Eviction>>,
 }
 
-/// [`manage_pods`], keeping `index` current with the node's pods.
-pub async fn manage_pods_indexed(ctx: Arc<NodeContext>, index: reclaim::PodIndex) -> Result<()> {
+/// Watches the pods bound to the node and keeps one worker per pod.
+pub async fn manage_pods(ctx: Arc<NodeContext>) -> Result<()> {
+    let (_, evictions) = tokio::sync::mpsc::unbounded_channel();
+    manage_pods_indexed(ctx, reclaim::PodIndex::default(), evictions).await
+}
+
+/// [`manage_pods`], keeping `index` current with the node's pods and
+/// handing `evictions` to the pods' workers.
+pub async fn manage_pods_indexed(
+    ctx: Arc<NodeContext>,
+    index: reclaim::PodIndex,
+    mut evictions: EvictionReceiver,
+) -> Result<()> {
     let indexed = |f: &mut dyn FnMut(&mut reclaim::PodMap)| {
         f(&mut index.write().unwrap_or_else(|e| e.into_inner()))
     };
     let pods: Api<Pod> = Api::all(ctx.client.clone());
     let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node_name));
     let mut stream = watcher(pods, config).boxed();
-    let mut workers: HashMap<String, watch::Sender<Option<Arc<Pod>>>> = HashMap::new();
+    let mut workers: HashMap<String, watch::Sender<WorkerInput>> = HashMap::new();
     let mut listing: Option<HashSet<String>> = None;
     let mut swept = false;
-    while let Some(ev) = stream.next().await {
+    loop {
+        let ev = tokio::select! {
+            ev = stream.next() => match ev {
+                Some(ev) => ev,
+                None => break,
+            },
+            Some((uid, eviction)) = evictions.recv() => {
+                // The first order stands; a pod that is gone needs none.
+                if let Some(tx) = workers.get(&uid) {
+                    tx.send_if_modified(|w| {
+                        let new = w.eviction.is_none() && w.pod.is_some();
+                        if new {
+                            w.eviction = Some(Arc::new(eviction));
+                        }
+                        new
+                    });
+                }
+                continue;
+            }
+        };
         let ev = match ev {
             Ok(ev) => ev,
             Err(e) => {
@@ -374,15 +449,19 @@ pub async fn manage_pods_indexed(ctx: Arc<NodeContext>, index: reclaim::PodIndex
                     l.insert(uid.clone());
                 }
                 let pod = Arc::new(pod);
+                ctx.allocations.seed(&pod);
                 indexed(&mut |m| {
                     m.insert(uid.clone(), pod.clone());
                 });
                 match workers.get(&uid) {
                     Some(tx) if !tx.is_closed() => {
-                        let _ = tx.send(Some(pod));
+                        tx.send_modify(|w| w.pod = Some(pod));
                     }
                     _ => {
-                        let (tx, rx) = watch::channel(Some(pod));
+                        let (tx, rx) = watch::channel(WorkerInput {
+                            pod: Some(pod),
+                            eviction: None,
+                        });
                         workers.insert(uid.clone(), tx);
                         tokio::spawn(pod_loop(ctx.clone(), uid, rx));
                     }
@@ -390,21 +469,24 @@ pub async fn manage_pods_indexed(ctx: Arc<NodeContext>, index: reclaim::PodIndex
             }
             watcher::Event::Delete(pod) => {
                 let uid = spec::uid(&pod).to_string();
+                ctx.allocations.remove(&uid);
                 indexed(&mut |m| {
                     m.remove(&uid);
                 });
                 if let Some(tx) = workers.remove(&uid) {
-                    let _ = tx.send(None);
+                    tx.send_modify(|w| w.pod = None);
                 }
             }
             watcher::Event::InitDone => {
                 let seen = listing.take().unwrap_or_default();
                 indexed(&mut |m| m.retain(|uid, _| seen.contains(uid)));
+                // Every pod of the node is in the allocation book now.
+                ctx.allocations.set_ready();
                 workers.retain(|uid, tx| {
                     if seen.contains(uid) {
                         true
                     } else {
-                        let _ = tx.send(None);
+                        tx.send_modify(|w| w.pod = None);
                         false
                     }
                 });
@@ -444,10 +526,13 @@ async fn sweep_orphans(ctx: &Arc<NodeContext>, live: &HashSet<String>) {
     }
 }
 
-async fn pod_loop(ctx: Arc<NodeContext>, uid: String, mut rx: watch::Receiver<Option<Arc<Pod>>>) {
+async fn pod_loop(ctx: Arc<NodeContext>, uid: String, mut rx: watch::Receiver<WorkerInput>) {
     let mut worker = PodWorker::new(ctx.clone());
     loop {
-        let pod = rx.borrow_and_update().clone();
+        let WorkerInput { pod, eviction } = rx.borrow_and_update().clone();
+        if let Some(e) = eviction {
+            worker.order_eviction(&e);
+        }
         let Some(pod) = pod else {
             Box::pin(worker.cleanup(&uid)).await;
             return;

@@ -11,6 +11,47 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
+use crate::pressure::Condition;
+
+/// The pressure conditions a node reports: whether each holds, and since
+/// when (its last transition).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pressure(BTreeMap<Condition, (bool, String)>);
+
+impl Pressure {
+    /// No pressure, since `since`.
+    pub fn since(since: &str) -> Pressure {
+        Pressure(
+            Condition::ALL
+                .iter()
+                .map(|c| (*c, (false, since.to_string())))
+                .collect(),
+        )
+    }
+
+    fn get(&self, c: Condition) -> (bool, &str) {
+        self.0
+            .get(&c)
+            .map(|(h, s)| (*h, s.as_str()))
+            .unwrap_or((false, ""))
+    }
+
+    /// Takes the conditions that hold now; a condition that changed
+    /// transitions at `now`. Whether anything changed.
+    pub fn update(&mut self, holding: &std::collections::BTreeSet<Condition>, now: &str) -> bool {
+        let mut changed = false;
+        for c in Condition::ALL {
+            let holds = holding.contains(&c);
+            let e = self.0.entry(c).or_insert((false, now.to_string()));
+            if e.0 != holds {
+                *e = (holds, now.to_string());
+                changed = true;
+            }
+        }
+        changed
+    }
+}
+
 /// What the agent reports about its machine.
 #[derive(Debug, Clone)]
 pub struct NodeFacts {
@@ -142,23 +183,40 @@ impl NodeFacts {
         l
     }
 
-    /// The status the node reports, with conditions stamped `now`.
+    /// The status the node reports, with conditions stamped `now` and no
+    /// pressure.
     pub fn status(&self, ready_since: &str, now: &str) -> Value {
+        self.status_with(ready_since, now, &Pressure::since(ready_since))
+    }
+
+    /// The status with the eviction manager's pressure conditions.
+    pub fn status_with(&self, ready_since: &str, now: &str, pressure: &Pressure) -> Value {
         let cond = |type_: &str, status: &str, reason: &str, message: &str, since: &str| {
             json!({
                 "type": type_, "status": status, "reason": reason, "message": message,
                 "lastHeartbeatTime": now, "lastTransitionTime": since,
             })
         };
+        let mut conditions: Vec<Value> = Condition::ALL
+            .iter()
+            .map(|c| {
+                let (holds, since) = pressure.get(*c);
+                let (reason, message) = c.reason(holds);
+                let status = if holds { "True" } else { "False" };
+                cond(c.type_(), status, reason, message, since)
+            })
+            .collect();
+        conditions.push(cond(
+            "Ready",
+            "True",
+            "KubeletReady",
+            "kubelet is posting ready status",
+            ready_since,
+        ));
         json!({
             "capacity": self.resources(),
             "allocatable": self.resources(),
-            "conditions": [
-                cond("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available", ready_since),
-                cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure", ready_since),
-                cond("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available", ready_since),
-                cond("Ready", "True", "KubeletReady", "kubelet is posting ready status", ready_since),
-            ],
+            "conditions": conditions,
             "addresses": [
                 {"type": "InternalIP", "address": self.internal_ip},
                 {"type": "Hostname", "address": self.hostname},
@@ -350,23 +408,46 @@ pub async fn renew_lease(leases: &Api<Lease>, node: &str, uid: &str) -> anyhow::
 /// stay fresh, keeping the transition times of conditions that held.
 pub async fn report_status_forever(client: kube::Client, facts: NodeFacts, every: Duration) {
     let (_keep, address) = tokio::sync::watch::channel(facts.internal_ip.clone());
-    report_status_following(client, facts, every, address).await
+    report_status_following(client, facts, every, address, None).await
 }
 
 /// [`report_status_forever`] with the node's InternalIP taken from
-/// `address` at each write (pod routing re-detects it).
+/// `address` at each write (pod routing re-detects it) and the pressure
+/// conditions from the eviction manager (`pressure`), written at once
+/// when they change.
 pub async fn report_status_following(
     client: kube::Client,
     mut facts: NodeFacts,
     every: Duration,
     address: tokio::sync::watch::Receiver<String>,
+    mut pressure: Option<crate::pressure::Conditions>,
 ) {
     let nodes: Api<Node> = Api::all(client);
     let since = now();
+    let mut reported = Pressure::since(&since);
     loop {
-        tokio::time::sleep(every).await;
+        let changed = async {
+            match pressure.as_mut() {
+                Some(rx) => {
+                    if rx.changed().await.is_err() {
+                        std::future::pending::<()>().await
+                    }
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = changed => {}
+        }
+        let stamp = now();
+        if let Some(rx) = pressure.as_ref() {
+            if let Some(holding) = rx.borrow().as_ref() {
+                reported.update(holding, &stamp);
+            }
+        }
         facts.internal_ip = address.borrow().clone();
-        let status = facts.status(&since, &now());
+        let status = facts.status_with(&since, &stamp, &reported);
         if let Err(e) = nodes
             .patch_status(
                 &facts.name,

@@ -10,6 +10,7 @@
 //! touched only here.
 
 pub mod plan;
+pub mod resize;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -28,8 +29,9 @@ use crate::probes::{self, Kind, ProbeState};
 use crate::runtime::{cri, Runtime, ANNOTATION_SPEC_HASH};
 use crate::spec::{self, name, namespace, uid};
 use plan::{
-    KillContainer, KillReason, Observed, PodActions, ProbeRecord, Role, SandboxAction, SandboxSeen,
-    Seen, StartContainer, StatusInput, Step, SyncActions, Termination, Waiting,
+    KillContainer, KillReason, Observed, PodActions, ProbeRecord, ResizeContainer, Role,
+    SandboxAction, SandboxSeen, Seen, StartContainer, StatusInput, Step, SyncActions, Termination,
+    Waiting,
 };
 
 /// What every pod worker of a node shares.
@@ -54,6 +56,9 @@ pub struct NodeContext {
     pub host: Arc<dyn Host>,
     /// The time of back-off, probes and grace periods.
     pub clock: Arc<dyn Clock>,
+    /// The node's allocatable cpu and memory and what each pod holds of
+    /// it: in-place resizes are decided against it.
+    pub allocations: resize::Book,
 }
 
 impl NodeContext {
@@ -242,6 +247,13 @@ impl PodWorker {
         }
     }
 
+    /// The node's order to evict the pod; the first one stands.
+    pub fn order_eviction(&mut self, eviction: &plan::Eviction) {
+        if self.memory.eviction.is_none() {
+            self.memory.eviction = Some(eviction.clone());
+        }
+    }
+
     async fn observe_containers(&self, pod_uid: &str) -> Result<Vec<Seen>, Error> {
         let rt = &self.ctx.runtime;
         let listed = rt
@@ -302,6 +314,7 @@ impl PodWorker {
     /// Tears down everything the runtime has for a pod that is gone from the
     /// API: containers, sandboxes, the pod's directory.
     pub async fn cleanup(&self, pod_uid: &str) {
+        self.ctx.allocations.remove(pod_uid);
         let rt = &self.ctx.runtime;
         if let Ok(cs) = rt.list_containers(Some(pod_uid)).await {
             for c in cs {
@@ -353,6 +366,11 @@ impl PodWorker {
                 .iter()
                 .any(|s| s.running() && &s.id == id)
         });
+        // The node runs the pod as allocated: a resize that is not
+        // admitted leaves its containers as they are.
+        let allocated = self.allocate(pod);
+        let pod = allocated.as_ref();
+        resize::adopt(&mut self.memory.resize, pod, &observed.containers);
         let probed = self.run_probes(pod, &observed).await;
         let now = self.ctx.clock.now();
         let caps = self.ctx.runtime.capabilities();
@@ -379,8 +397,51 @@ impl PodWorker {
                 }
                 Ok(Duration::from_secs(30))
             }
+            PodActions::Evict {
+                termination,
+                initialized,
+            } => {
+                self.evict(pod, observed, &termination, initialized).await?;
+                Ok(Duration::from_secs(1))
+            }
             PodActions::Sync(actions) => self.execute(pod, observed, actions, probed).await,
         }
+    }
+
+    /// Kubelet's eviction: the Warning Event first, then the pod killed
+    /// with the eviction's grace period, then its final status (Failed,
+    /// `Evicted`, `DisruptionTarget`). Repeated until the status is
+    /// written; a second pass finds nothing running and writes it again.
+    async fn evict(
+        &mut self,
+        pod: &Pod,
+        observed: Observed,
+        termination: &Termination,
+        initialized: bool,
+    ) -> Result<(), Error> {
+        let Some(eviction) = self.memory.eviction.clone() else {
+            return Ok(());
+        };
+        if !self.memory.eviction_announced {
+            self.memory.eviction_announced = true;
+            tracing::info!(pod = %format!("{}/{}", namespace(pod), name(pod)), message = %eviction.message, "evicting pod");
+            self.ctx
+                .event(pod, "Warning", plan::EVICTED, eviction.message.clone());
+        }
+        self.terminate(pod, termination).await;
+        let containers = if termination.containers.is_empty() {
+            observed.containers
+        } else {
+            self.observe_containers(uid(pod)).await?
+        };
+        let ip = pod_ip(
+            pod,
+            observed.sandbox_ip.as_deref().unwrap_or_default(),
+            &self.ctx.host_ip,
+        );
+        let ip = (!ip.is_empty()).then_some(ip);
+        self.write_status(pod, ip.as_deref(), &containers, initialized)
+            .await
     }
 
     /// Every container of the pod waits for the same reason.
@@ -500,6 +561,7 @@ impl PodWorker {
                     let _ = rt.start_container(id).await;
                 }
                 Step::Kill(kill) => self.kill(pod, kill).await,
+                Step::Resize(r) => self.resize(pod, r).await,
             }
         }
         let acted = actions.acts() || probed;
@@ -584,12 +646,88 @@ impl PodWorker {
             .stop_container(&kill.id, kill.grace_seconds)
             .await;
         match kill.reason {
-            // A new spec starts without the old one's back-off.
-            KillReason::SpecChanged => {
+            // A new spec (or size) starts without the old one's back-off.
+            KillReason::SpecChanged | KillReason::ResizeRestart => {
                 self.memory.backoff.remove(&kill.name);
             }
             KillReason::LivenessFailed | KillReason::StartupFailed => {
                 self.memory.probes.retain(|(id, _), _| id != &kill.id);
+            }
+        }
+    }
+
+    /// Decides a pending resize (kubelet's `handlePodResourcesResize`):
+    /// the desired resources are allocated if the pod's requests with them
+    /// fit the node beside the other pods' allocations, else the resize is
+    /// `Infeasible` or `Deferred` (tried again at every sync). Returns the
+    /// pod as allocated.
+    fn allocate<'a>(&mut self, pod: &'a Pod) -> std::borrow::Cow<'a, Pod> {
+        let book = &self.ctx.allocations;
+        let st = &mut self.memory.resize;
+        let alloc = st.allocated.get_or_insert_with(|| resize::restore(pod));
+        let gone = pod.metadata.deletion_timestamp.is_some() || resize::finished(pod);
+        let want = resize::desired(pod);
+        if gone || resize::same_allocation(&want, alloc) {
+            st.pending = None;
+        } else if book.ready() {
+            let others = book.others(uid(pod));
+            match resize::admit(&resize::requests(pod, &want), &book.allocatable, &others) {
+                Ok(()) => {
+                    *alloc = want;
+                    st.pending = None;
+                    st.error = None;
+                }
+                Err(p) => {
+                    if st.pending.as_ref() != Some(&p) {
+                        let type_ = if p.reason == "Infeasible" {
+                            "ResizeInfeasible"
+                        } else {
+                            "ResizeDeferred"
+                        };
+                        self.ctx.event(
+                            pod,
+                            "Warning",
+                            type_,
+                            format!("Pod resize {}: {}", p.reason, p.message),
+                        );
+                    }
+                    st.pending = Some(p);
+                }
+            }
+        }
+        if resize::finished(pod) {
+            book.remove(uid(pod));
+        } else {
+            book.set(uid(pod), resize::requests(pod, alloc));
+        }
+        resize::with_allocation(pod, alloc)
+    }
+
+    /// Gives a running container its allocated cpu and memory in place; a
+    /// failure is the `PodResizeInProgress` condition's `Error`, retried at
+    /// the next sync.
+    async fn resize(&mut self, pod: &Pod, r: &ResizeContainer) {
+        let applied = match &r.linux {
+            Some(linux) => {
+                self.ctx
+                    .runtime
+                    .update_container_resources(&r.id, linux)
+                    .await
+            }
+            None => Ok(()),
+        };
+        match applied {
+            Ok(()) => {
+                self.memory
+                    .resize
+                    .actual
+                    .insert(r.id.clone(), r.resources.clone());
+                self.memory.resize.error = None;
+            }
+            Err(e) => {
+                let msg = format!("resizing container {}: {e:#}", r.name);
+                self.ctx.event(pod, "Warning", "ResizeError", msg.clone());
+                self.memory.resize.error = Some(msg);
             }
         }
     }
@@ -630,6 +768,11 @@ impl PodWorker {
             Ok(id) => {
                 self.memory.waiting.remove(&c.name);
                 self.memory.pull_backoff.remove(&c.name);
+                // Created as allocated.
+                self.memory
+                    .resize
+                    .actual
+                    .insert(id.clone(), resize::cpu_memory(c.resources.as_ref()));
                 if let Some(h) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) {
                     let (ok, msg) = self.run_hook(&id, c, h, pod_ip, 30).await;
                     if !ok {
@@ -1148,7 +1291,10 @@ mod tests {
         let (client, requests) = fake_api(pod);
         let runtime = Arc::new(Fake {
             sim: Sim::new(0, Duration::ZERO),
-            caps: Capabilities { reads_pod_inputs },
+            caps: Capabilities {
+                reads_pod_inputs,
+                applies_resources: reads_pod_inputs,
+            },
             exec_exit: AtomicI32::new(0),
         });
         let host = Arc::new(RecordingHost::default());
@@ -1170,6 +1316,7 @@ mod tests {
             services: crate::svcenv::Services::fixed(Default::default()),
             host: host.clone(),
             clock: clock.clone(),
+            allocations: resize::Book::new(4000, 8 << 30),
         });
         Node {
             ctx,
@@ -1388,6 +1535,168 @@ mod tests {
             [Call::Unmount(volume), Call::RemoveDir(pod_dir)]
         );
         assert_eq!(n.instances("app").await, []);
+    }
+
+    fn sized_pod(policy: Value, resources: Value) -> Pod {
+        pod(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u-1"},
+            "spec": {"containers": [{"name": "app", "image": "busybox",
+                "resizePolicy": policy, "resources": resources}]},
+        }))
+    }
+
+    fn condition(st: &Value, type_: &str) -> Option<Value> {
+        st["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == type_)
+            .cloned()
+    }
+
+    #[tokio::test]
+    async fn a_resize_that_fits_is_applied_in_place_and_one_beyond_the_node_waits() {
+        let before = json!({"requests": {"cpu": "100m", "memory": "32Mi"},
+                            "limits": {"cpu": "200m", "memory": "64Mi"}});
+        let p = sized_pod(json!([]), before);
+        let n = node(&p, false);
+        n.ctx.allocations.set_ready();
+        let mut w = PodWorker::new(n.ctx.clone());
+        w.sync(&p).await;
+        let st = n.statuses().pop().unwrap();
+        assert_eq!(
+            st["containerStatuses"][0]["resources"]["limits"]["cpu"],
+            "200m"
+        );
+        assert_eq!(
+            st["containerStatuses"][0]["allocatedResources"]["cpu"],
+            "100m"
+        );
+
+        let bigger = sized_pod(
+            json!([]),
+            json!({"requests": {"cpu": "300m", "memory": "32Mi"},
+                   "limits": {"cpu": "1", "memory": "128Mi"}}),
+        );
+        w.sync(&bigger).await; // admitted and applied
+        w.sync(&bigger).await;
+        let st = n.statuses().pop().unwrap();
+        let cs = &st["containerStatuses"][0];
+        assert_eq!(cs["resources"]["limits"]["cpu"], "1");
+        assert_eq!(cs["resources"]["limits"]["memory"], "128Mi");
+        assert_eq!(cs["allocatedResources"]["cpu"], "300m");
+        assert_eq!(cs["restartCount"], 0);
+        assert!(condition(&st, "PodResizeInProgress").is_none(), "{st}");
+        assert!(condition(&st, "PodResizePending").is_none(), "{st}");
+        assert_eq!(n.instances("app").await, [(0, true)], "no restart");
+
+        // 5 cpus on a 4-cpu node: Infeasible, the allocation stays.
+        let huge = sized_pod(
+            json!([]),
+            json!({"requests": {"cpu": "5", "memory": "32Mi"},
+                   "limits": {"cpu": "5", "memory": "128Mi"}}),
+        );
+        w.sync(&huge).await;
+        let st = n.statuses().pop().unwrap();
+        let pending = condition(&st, "PodResizePending").expect("pending");
+        assert_eq!(pending["reason"], "Infeasible");
+        assert_eq!(
+            pending["message"],
+            "Node didn't have enough capacity: cpu, requested: 5000, capacity: 4000"
+        );
+        assert_eq!(
+            st["containerStatuses"][0]["allocatedResources"]["cpu"],
+            "300m"
+        );
+        assert_eq!(
+            st["containerStatuses"][0]["resources"]["limits"]["cpu"],
+            "1"
+        );
+        assert_eq!(n.ctx.allocations.others("someone-else").milli_cpu, 300);
+
+        // Another pod takes most of the node: 2 cpus are Deferred, and
+        // admitted once it is gone.
+        n.ctx.allocations.set(
+            "u-2",
+            skiff_helpers::resources::Resource {
+                milli_cpu: 3000,
+                ..Default::default()
+            },
+        );
+        let two = sized_pod(
+            json!([]),
+            json!({"requests": {"cpu": "2", "memory": "32Mi"},
+                   "limits": {"cpu": "2", "memory": "128Mi"}}),
+        );
+        w.sync(&two).await;
+        let st = n.statuses().pop().unwrap();
+        let pending = condition(&st, "PodResizePending").expect("pending");
+        assert_eq!(pending["reason"], "Deferred");
+        assert_eq!(
+            pending["message"],
+            "Node didn't have enough resource: cpu, requested: 2000, used: 3000, capacity: 4000"
+        );
+        n.ctx.allocations.remove("u-2");
+        w.sync(&two).await;
+        w.sync(&two).await;
+        let st = n.statuses().pop().unwrap();
+        assert!(condition(&st, "PodResizePending").is_none(), "{st}");
+        assert_eq!(
+            st["containerStatuses"][0]["resources"]["limits"]["cpu"],
+            "2"
+        );
+        assert_eq!(n.instances("app").await, [(0, true)]);
+    }
+
+    #[tokio::test]
+    async fn a_restart_container_policy_restarts_the_container_with_its_new_size() {
+        let policy = json!([{"resourceName": "memory", "restartPolicy": "RestartContainer"}]);
+        let p = sized_pod(
+            policy.clone(),
+            json!({"requests": {"memory": "32Mi"}, "limits": {"memory": "64Mi"}}),
+        );
+        let n = node(&p, false);
+        n.ctx.allocations.set_ready();
+        let mut w = PodWorker::new(n.ctx.clone());
+        w.sync(&p).await;
+        let resized = sized_pod(
+            policy,
+            json!({"requests": {"memory": "32Mi"}, "limits": {"memory": "48Mi"}}),
+        );
+        w.sync(&resized).await; // killed for the resize
+        assert_eq!(n.instances("app").await, [(0, false)]);
+        w.sync(&resized).await; // started again, as allocated
+        assert_eq!(n.instances("app").await, [(0, false), (1, true)]);
+        w.sync(&resized).await;
+        let st = n.statuses().pop().unwrap();
+        let cs = &st["containerStatuses"][0];
+        assert_eq!(cs["restartCount"], 1);
+        assert_eq!(cs["resources"]["limits"]["memory"], "48Mi");
+        assert!(condition(&st, "PodResizeInProgress").is_none(), "{st}");
+    }
+
+    #[tokio::test]
+    async fn no_resize_is_decided_before_the_nodes_pods_are_all_known() {
+        let p = sized_pod(json!([]), json!({"limits": {"cpu": "200m"}}));
+        let n = node(&p, false);
+        let mut w = PodWorker::new(n.ctx.clone());
+        w.sync(&p).await;
+        let bigger = sized_pod(json!([]), json!({"limits": {"cpu": "400m"}}));
+        w.sync(&bigger).await;
+        let st = n.statuses().pop().unwrap();
+        assert_eq!(
+            st["containerStatuses"][0]["resources"]["limits"]["cpu"],
+            "200m"
+        );
+        assert!(condition(&st, "PodResizePending").is_none());
+        n.ctx.allocations.set_ready();
+        w.sync(&bigger).await;
+        w.sync(&bigger).await;
+        let st = n.statuses().pop().unwrap();
+        assert_eq!(
+            st["containerStatuses"][0]["resources"]["limits"]["cpu"],
+            "400m"
+        );
     }
 
     #[tokio::test]

@@ -30,6 +30,18 @@
 //! known, then when it moved by at least `hysteresis` (5%) of allocatable
 //! or to or from zero, and never more often than every `publish_every`
 //! (10 s).
+//!
+//! Batch pods are evicted when reclaimable capacity shrinks below what
+//! they hold ([`batch_evictions`]): cpu is what a batch pod requested (its
+//! usage above that only takes idle cpu, which prod takes back at once),
+//! memory the larger of its request and its usage (memory cannot be taken
+//! back without killing something, and it is never a prod container).
+//! Lowest priority first, then newest first, until the rest fits; a pod
+//! holding nothing of the overflowing resource is left alone. Only an
+//! overflow that lasted `evict_after` (10 s) evicts, so one noisy sample
+//! of system usage evicts nothing; and no pod is evicted during the first
+//! `decay` after the agent starts: the reservations start from the
+//! requests again and would evict every batch pod at each agent restart.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
@@ -48,6 +60,14 @@ pub const BATCH_MEMORY: &str = "skiff.io/batch-memory";
 /// A pod annotation giving a hollow node's simulated usage of the pod
 /// (`cpu=100m,memory=50Mi`).
 pub const SIMULATED_USAGE: &str = "skiff.io/simulated-usage";
+/// The pod annotation the agent writes with the pod's reservation
+/// (`cpu=120m,memory=80Mi`), the recommendation a user reads.
+pub const RESERVATION: &str = "skiff.io/reservation";
+
+/// The agent's API writes for reclamation since it started, for the write
+/// cost at scale: reservation annotations and Node publications.
+pub static RESERVATION_WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub static NODE_WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -92,6 +112,12 @@ pub struct Config {
     pub hysteresis: f64,
     /// How often usage is sampled.
     pub tick: Duration,
+    /// The least time between two writes of a pod's reservation
+    /// annotation.
+    pub annotate_every: Duration,
+    /// How long batch pods must hold more than is reclaimable before they
+    /// are evicted (one noisy sample of system usage evicts nothing).
+    pub evict_after: Duration,
 }
 
 impl Default for Config {
@@ -104,21 +130,28 @@ impl Default for Config {
             publish_every: Duration::from_secs(10),
             hysteresis: 0.05,
             tick: Duration::from_secs(5),
+            annotate_every: Duration::from_secs(60),
+            evict_after: Duration::from_secs(10),
         }
     }
 }
 
 /// One pod as the estimator sees it at a tick.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct PodInput {
     pub uid: String,
     /// It asks for batch resources: it runs in reclaimed capacity and
     /// reserves none.
     pub batch: bool,
-    /// Its effective request (its limit where it has no request).
+    /// Its effective request (its limit where it has no request); for a
+    /// batch pod, its request of [`BATCH_CPU`] and [`BATCH_MEMORY`].
     pub request: Amount,
     /// What it uses now, if measured.
     pub usage: Option<Amount>,
+    /// Its priority (`spec.priority`, 0 without one).
+    pub priority: i32,
+    /// When it was created (Unix seconds): the newest goes first.
+    pub created: i64,
 }
 
 /// The node at a tick.
@@ -135,6 +168,8 @@ struct PodState {
     /// Where the current fall began (the request, or the last raise).
     high: Amount,
     samples: VecDeque<(f64, Amount)>,
+    /// The reservation last annotated on the pod, and when.
+    annotated: Option<(f64, Amount)>,
 }
 
 /// What one tick concluded.
@@ -146,6 +181,10 @@ pub struct Estimate {
     pub reclaimable: Amount,
     /// What to publish now, if anything.
     pub publish: Option<Amount>,
+    /// Batch pods to evict now (uid, message), in order.
+    pub evict: Vec<(String, String)>,
+    /// Reservations to annotate on their pods now (uid, text).
+    pub annotate: Vec<(String, String)>,
 }
 
 /// Reservations and reclaimable capacity over time.
@@ -154,6 +193,10 @@ pub struct Estimator {
     config: Config,
     pods: HashMap<String, PodState>,
     published: Option<(f64, Amount)>,
+    /// The time of the first tick.
+    started: Option<f64>,
+    /// Since when batch pods hold more than is reclaimable.
+    overflow_since: Option<f64>,
 }
 
 /// One resource's step: raised to `target` at once, else falling toward it
@@ -172,6 +215,8 @@ impl Estimator {
             config,
             pods: HashMap::new(),
             published: None,
+            started: None,
+            overflow_since: None,
         }
     }
 
@@ -186,6 +231,7 @@ impl Estimator {
         self.pods
             .retain(|uid, _| pods.iter().any(|p| !p.batch && &p.uid == uid));
         let mut reservations = BTreeMap::new();
+        let mut annotate = vec![];
         let mut pods_usage = Amount::default();
         for p in pods {
             if let Some(u) = p.usage {
@@ -198,6 +244,7 @@ impl Estimator {
                 reservation: p.request,
                 high: p.request,
                 samples: VecDeque::new(),
+                annotated: None,
             });
             let last = st.samples.back().map(|(t, _)| *t);
             if let Some(u) = p.usage {
@@ -235,6 +282,12 @@ impl Estimator {
                 );
                 st.reservation = Amount::new(cpu, mem);
                 st.high = Amount::new(hc, hm);
+                // Only a measured reservation is worth showing: a pod
+                // without samples (hollow benchmarks) costs no write.
+                if annotation_due(c, now, st.annotated, st.reservation) {
+                    st.annotated = Some((now, st.reservation));
+                    annotate.push((p.uid.clone(), reservation_text(st.reservation)));
+                }
             }
             reservations.insert(p.uid.clone(), st.reservation);
         }
@@ -257,10 +310,23 @@ impl Estimator {
         if publish {
             self.published = Some((now, reclaimable));
         }
+        let started = *self.started.get_or_insert(now);
+        let batch: Vec<&PodInput> = pods.iter().filter(|p| p.batch).collect();
+        let mut evict = batch_evictions(reclaimable, &batch);
+        if evict.is_empty() {
+            self.overflow_since = None;
+        } else {
+            let since = *self.overflow_since.get_or_insert(now);
+            if now - started < window || now - since < c.evict_after.as_secs_f64() {
+                evict.clear();
+            }
+        }
         Estimate {
             reservations,
             reclaimable,
             publish: publish.then_some(reclaimable),
+            evict,
+            annotate,
         }
     }
 
@@ -277,6 +343,108 @@ impl Estimator {
         moved(new.cpu, old.cpu, allocatable.cpu)
             || moved(new.memory, old.memory, allocatable.memory)
     }
+}
+
+/// Whether a pod's reservation is to be annotated again: the first time,
+/// then when it moved by at least `hysteresis` of the last one (and at
+/// least `margin_min`, so noise does not rewrite it), no sooner than
+/// `annotate_every` after the last write.
+fn annotation_due(c: &Config, now: f64, last: Option<(f64, Amount)>, r: Amount) -> bool {
+    let Some((at, old)) = last else {
+        return true;
+    };
+    if now - at < c.annotate_every.as_secs_f64() {
+        return false;
+    }
+    let moved = |n: f64, o: f64, least: f64| (n - o).abs() >= (o * c.hysteresis).max(least);
+    moved(r.cpu, old.cpu, c.margin_min.cpu) || moved(r.memory, old.memory, c.margin_min.memory)
+}
+
+/// `cpu=120m,memory=80Mi`: whole millicores and MiB, rounded up.
+pub fn reservation_text(r: Amount) -> String {
+    let mib = (r.memory.max(0.0) / MIB).ceil() as i128;
+    format!(
+        "cpu={}m,memory={}",
+        r.cpu.max(0.0).ceil() as i64,
+        skiff_helpers::Quantity::from_units(
+            mib * 1024 * 1024,
+            skiff_helpers::quantity::Format::BinarySI
+        )
+        .canonical()
+    )
+}
+
+/// What a batch pod holds of the reclaimed capacity: its cpu request, and
+/// the larger of its memory request and usage.
+fn held(p: &PodInput) -> Amount {
+    let used = p.usage.unwrap_or_default();
+    Amount::new(p.request.cpu, p.request.memory.max(used.memory))
+}
+
+fn milli_text(m: f64) -> String {
+    format!("{}m", m.max(0.0).round() as i64)
+}
+
+fn mem_text(b: f64) -> String {
+    skiff_helpers::Quantity::from_units(
+        b.max(0.0).round() as i128,
+        skiff_helpers::quantity::Format::BinarySI,
+    )
+    .canonical()
+}
+
+/// The batch pods to evict so that what they hold fits in `reclaimable`:
+/// lowest priority first, then newest first (then by uid, so the answer is
+/// stable); a pod that holds none of an overflowing resource stays. Each
+/// with the message its status and Event carry.
+pub fn batch_evictions(reclaimable: Amount, batch: &[&PodInput]) -> Vec<(String, String)> {
+    let mut total = batch.iter().fold(Amount::default(), |a, p| a.add(held(p)));
+    let over = |t: Amount| (t.cpu > reclaimable.cpu, t.memory > reclaimable.memory);
+    if over(total) == (false, false) {
+        return vec![];
+    }
+    let mut order: Vec<&PodInput> = batch.to_vec();
+    order.sort_by(|a, b| {
+        a.priority
+            .cmp(&b.priority)
+            .then(b.created.cmp(&a.created))
+            .then(a.uid.cmp(&b.uid))
+    });
+    let mut out = vec![];
+    for p in order {
+        let (cpu_over, mem_over) = over(total);
+        if !cpu_over && !mem_over {
+            break;
+        }
+        let h = held(p);
+        if !(cpu_over && h.cpu > 0.0 || mem_over && h.memory > 0.0) {
+            continue;
+        }
+        let (resource, reclaimable, all, this) = if cpu_over && h.cpu > 0.0 {
+            (
+                BATCH_CPU,
+                milli_text(reclaimable.cpu),
+                milli_text(total.cpu),
+                milli_text(h.cpu),
+            )
+        } else {
+            (
+                BATCH_MEMORY,
+                mem_text(reclaimable.memory),
+                mem_text(total.memory),
+                mem_text(h.memory),
+            )
+        };
+        out.push((
+            p.uid.clone(),
+            format!(
+                "The node reclaimed {resource} for its prod pods: {reclaimable} is left for batch pods, \
+                 which held {all}; this pod held {this}. "
+            ),
+        ));
+        total = total.zip(h, |a, b| a - b);
+    }
+    out
 }
 
 // ---- inputs from the API types and the stats -------------------------------------
@@ -306,6 +474,27 @@ fn holds_resources(pod: &Pod) -> bool {
 pub fn request_of(pod: &Pod) -> Amount {
     let r = skiff_helpers::resources::pod_requests(pod, false);
     Amount::new(r.milli_cpu as f64, r.memory as f64)
+}
+
+/// A batch pod's effective request of [`BATCH_CPU`] (millicores) and
+/// [`BATCH_MEMORY`] (bytes).
+pub fn batch_request_of(pod: &Pod) -> Amount {
+    let r = skiff_helpers::resources::pod_requests(pod, false);
+    Amount::new(r.scalar(BATCH_CPU) as f64, r.scalar(BATCH_MEMORY) as f64)
+}
+
+/// A pod's priority (0 without one).
+pub fn priority_of(pod: &Pod) -> i32 {
+    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
+}
+
+/// When a pod was created, in Unix seconds (0 unknown).
+pub fn created_of(pod: &Pod) -> i64 {
+    pod.metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .unwrap_or(0)
 }
 
 /// A hollow pod's usage from its [`SIMULATED_USAGE`] annotation.
@@ -369,6 +558,10 @@ pub type PodIndex = Arc<RwLock<PodMap>>;
 /// The node's pods by uid.
 pub type PodMap = HashMap<String, Arc<Pod>>;
 
+/// The latest reservation of each non-batch pod, by uid, for the stats
+/// summary.
+pub type Reservations = Arc<RwLock<BTreeMap<String, Amount>>>;
+
 /// Where usage comes from.
 pub enum UsageSource {
     /// The stats collector's latest summary (real nodes).
@@ -412,8 +605,41 @@ pub fn status_patch(a: Amount) -> serde_json::Value {
     json!({"status": {"capacity": r, "allocatable": r}})
 }
 
+/// Writes a pod's reservation annotation (a merge patch of the pod's
+/// metadata, for this uid only). Whether to go on annotating: an identity
+/// that may not patch pods (a node's own, in Kubernetes' node rules) is
+/// told once and stops.
+async fn annotate(client: &kube::Client, pod: &Pod, text: &str) -> bool {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let patch = json!({"metadata": {
+        "uid": pod.metadata.uid,
+        "annotations": {RESERVATION: text},
+    }});
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            RESERVATION_WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            true
+        }
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            tracing::debug!(error = %e.message, "the agent may not annotate pods; reservations are shown in /stats/summary only");
+            false
+        }
+        Err(e) => {
+            tracing::debug!(pod = %format!("{ns}/{name}"), error = %e, "annotating a pod's reservation failed");
+            true
+        }
+    }
+}
+
 /// Samples every `config.tick` and publishes the reclaimable capacity on
 /// Node `node` until dropped.
+// The loop's eight inputs are each wired once, by the agent's start.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: kube::Client,
     node: String,
@@ -421,12 +647,17 @@ pub async fn run(
     pods: PodIndex,
     usage: UsageSource,
     config: Config,
+    evictions: crate::EvictionSender,
+    shown: Reservations,
 ) {
-    let nodes: Api<Node> = Api::all(client);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut may_annotate = true;
     let tick = config.tick;
     let mut est = Estimator::new(config);
     let start = tokio::time::Instant::now();
     let mut pending: Option<Amount> = None;
+    // Pods already ordered evicted: they hold nothing any more.
+    let mut evicting: std::collections::HashSet<String> = Default::default();
     loop {
         let listed: Vec<Arc<Pod>> = pods
             .read()
@@ -435,15 +666,28 @@ pub async fn run(
             .filter(|p| holds_resources(p))
             .cloned()
             .collect();
+        evicting.retain(|uid| {
+            listed
+                .iter()
+                .any(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+        });
         let (used, node_usage) = usage.sample(&listed);
         let inputs: Vec<PodInput> = listed
             .iter()
+            .filter(|p| !evicting.contains(p.metadata.uid.as_deref().unwrap_or_default()))
             .map(|p| {
                 let uid = p.metadata.uid.clone().unwrap_or_default();
+                let batch = is_batch(p);
                 PodInput {
-                    batch: is_batch(p),
-                    request: request_of(p),
+                    batch,
+                    request: if batch {
+                        batch_request_of(p)
+                    } else {
+                        request_of(p)
+                    },
                     usage: used.get(&uid).copied(),
+                    priority: priority_of(p),
+                    created: created_of(p),
                     uid,
                 }
             })
@@ -457,6 +701,25 @@ pub async fn run(
             },
             &inputs,
         );
+        *shown.write().unwrap_or_else(|e| e.into_inner()) = e.reservations.clone();
+        if may_annotate {
+            for (uid, text) in &e.annotate {
+                let Some(p) = listed
+                    .iter()
+                    .find(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+                else {
+                    continue;
+                };
+                may_annotate = annotate(&client, p, text).await;
+                if !may_annotate {
+                    break;
+                }
+            }
+        }
+        for (uid, message) in e.evict {
+            evicting.insert(uid.clone());
+            let _ = evictions.send((uid, crate::pods::plan::Eviction::now(message)));
+        }
         if let Some(a) = e.publish {
             pending = Some(a);
         }
@@ -469,7 +732,10 @@ pub async fn run(
                 )
                 .await
             {
-                Ok(_) => pending = None,
+                Ok(_) => {
+                    NODE_WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    pending = None
+                }
                 Err(e) => {
                     tracing::warn!(node, error = %e, "publishing the reclaimable capacity failed")
                 }
@@ -498,6 +764,7 @@ mod tests {
             batch: false,
             request,
             usage,
+            ..Default::default()
         }
     }
 
@@ -575,6 +842,7 @@ mod tests {
                 batch: true,
                 request: Amount::default(),
                 usage: Some(Amount::new(300.0, GI)),
+                ..Default::default()
             },
         ];
         let est = e.tick(0.0, &n, &pods);
@@ -627,6 +895,200 @@ mod tests {
         let est = e.tick(20.0, &node(), &[]);
         assert!(est.reservations.is_empty());
         assert_eq!(est.reclaimable.cpu, 2400.0);
+    }
+
+    fn batch(uid: &str, request: Amount, usage: Amount, priority: i32, created: i64) -> PodInput {
+        PodInput {
+            uid: uid.into(),
+            batch: true,
+            request,
+            usage: Some(usage),
+            priority,
+            created,
+        }
+    }
+
+    fn uids(v: &[(String, String)]) -> Vec<&str> {
+        v.iter().map(|(u, _)| u.as_str()).collect()
+    }
+
+    #[test]
+    fn batch_pods_are_evicted_lowest_priority_then_newest_first_until_the_rest_fits() {
+        let small = Amount::new(0.0, 0.0);
+        let cases: &[(&str, Amount, Vec<PodInput>, Vec<&str>)] = &[
+            (
+                "everything fits: nobody goes",
+                Amount::new(1000.0, GI),
+                vec![batch("a", Amount::new(500.0, 0.0), small, 0, 1)],
+                vec![],
+            ),
+            (
+                "the newest of equal priority goes first",
+                Amount::new(600.0, GI),
+                vec![
+                    batch("old", Amount::new(500.0, 0.0), small, 0, 1),
+                    batch("new", Amount::new(500.0, 0.0), small, 0, 2),
+                ],
+                vec!["new"],
+            ),
+            (
+                "lower priority goes before newer",
+                Amount::new(600.0, GI),
+                vec![
+                    batch("old-low", Amount::new(500.0, 0.0), small, -5, 1),
+                    batch("new", Amount::new(500.0, 0.0), small, 0, 2),
+                ],
+                vec!["old-low"],
+            ),
+            (
+                "as many as it takes",
+                Amount::new(100.0, GI),
+                vec![
+                    batch("a", Amount::new(300.0, 0.0), small, 0, 1),
+                    batch("b", Amount::new(300.0, 0.0), small, 0, 2),
+                    batch("c", Amount::new(50.0, 0.0), small, 9, 3),
+                ],
+                vec!["b", "a"],
+            ),
+            (
+                "a starved batch pod still holds its cpu request",
+                Amount::new(0.0, GI),
+                vec![batch("a", Amount::new(200.0, 0.0), small, 0, 1)],
+                vec!["a"],
+            ),
+            (
+                "cpu used above the request is idle cpu and holds nothing",
+                Amount::new(1000.0, GI),
+                vec![batch(
+                    "a",
+                    Amount::new(0.0, 100.0 * MIB),
+                    Amount::new(3000.0, 10.0 * MIB),
+                    0,
+                    1,
+                )],
+                vec![],
+            ),
+            (
+                "memory used above the request counts",
+                Amount::new(1000.0, GI),
+                vec![batch(
+                    "a",
+                    Amount::new(100.0, 0.0),
+                    Amount::new(0.0, 2.0 * GI),
+                    0,
+                    1,
+                )],
+                vec!["a"],
+            ),
+            (
+                "a pod holding none of the overflowing resource stays",
+                Amount::new(100.0, 4.0 * GI),
+                vec![
+                    batch("mem-only", Amount::new(0.0, GI), small, -1, 1),
+                    batch("cpu", Amount::new(500.0, 0.0), small, 0, 2),
+                ],
+                vec!["cpu"],
+            ),
+        ];
+        for (name, reclaimable, pods, want) in cases {
+            let refs: Vec<&PodInput> = pods.iter().collect();
+            let got = batch_evictions(*reclaimable, &refs);
+            assert_eq!(uids(&got), *want, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_eviction_message_says_what_was_reclaimed_and_what_the_pod_held() {
+        let a = batch("a", Amount::new(400.0, 0.0), Amount::default(), 0, 1);
+        let got = batch_evictions(Amount::new(300.0, GI), &[&a]);
+        assert_eq!(
+            got[0].1,
+            "The node reclaimed skiff.io/batch-cpu for its prod pods: 300m is left for batch pods, \
+             which held 400m; this pod held 400m. "
+        );
+        let m = batch("m", Amount::new(0.0, 2.0 * GI), Amount::default(), 0, 1);
+        let got = batch_evictions(Amount::new(300.0, GI), &[&m]);
+        assert!(
+            got[0].1.starts_with(
+                "The node reclaimed skiff.io/batch-memory for its prod pods: 1Gi is left"
+            ),
+            "{}",
+            got[0].1
+        );
+    }
+
+    #[test]
+    fn no_batch_pod_is_evicted_before_the_reservations_had_a_decay_to_settle() {
+        let mut e = Estimator::new(Config::default());
+        let req = Amount::new(3000.0, GI);
+        let idle = Some(Amount::new(10.0, 100.0 * MIB));
+        let b = batch("b", Amount::new(1000.0, 0.0), Amount::default(), 0, 1);
+        // At first the prod pod reserves its whole request: nothing is
+        // reclaimable, yet the batch pod (placed before a restart) stays.
+        let est = e.tick(0.0, &node(), &[prod("p", req, idle), b.clone()]);
+        assert_eq!(est.reclaimable.cpu, 0.0);
+        assert!(est.evict.is_empty());
+        for t in 1..24 {
+            let est = e.tick(t as f64 * 5.0, &node(), &[prod("p", req, idle), b.clone()]);
+            assert!(est.evict.is_empty(), "at {t}");
+        }
+        // Settled: the reservation is down, the batch pod fits.
+        let est = e.tick(120.0, &node(), &[prod("p", req, idle), b.clone()]);
+        assert!(est.evict.is_empty());
+        // The prod pod spins: its reservation jumps at once, and the
+        // batch pod goes once that lasted 10 s.
+        let busy = Some(Amount::new(2500.0, 100.0 * MIB));
+        let est = e.tick(125.0, &node(), &[prod("p", req, busy), b.clone()]);
+        assert_eq!(est.reclaimable.cpu, 0.0);
+        assert!(est.evict.is_empty());
+        let est = e.tick(130.0, &node(), &[prod("p", req, busy), b.clone()]);
+        assert!(est.evict.is_empty());
+        let est = e.tick(135.0, &node(), &[prod("p", req, busy), b.clone()]);
+        assert_eq!(uids(&est.evict), ["b"]);
+    }
+
+    #[test]
+    fn a_reservation_is_annotated_when_first_measured_then_only_on_a_real_move_at_most_each_minute()
+    {
+        let mut e = Estimator::new(Config::default());
+        let req = Amount::new(1000.0, GI);
+        let idle = Some(Amount::new(100.0, 200.0 * MIB));
+        // No sample: nothing to show, no write.
+        assert!(e
+            .tick(0.0, &node(), &[prod("a", req, None)])
+            .annotate
+            .is_empty());
+        let first = e.tick(5.0, &node(), &[prod("a", req, idle)]).annotate;
+        assert_eq!(
+            first,
+            [("a".to_string(), "cpu=1000m,memory=1Gi".to_string())]
+        );
+        // Falling, but the next write waits a minute.
+        let mut writes = vec![];
+        let mut t = 10.0;
+        while t <= 600.0 {
+            let est = e.tick(t, &node(), &[prod("a", req, idle)]);
+            writes.extend(est.annotate.into_iter().map(|(_, text)| (t, text)));
+            t += 5.0;
+        }
+        assert!(
+            writes.windows(2).all(|w| w[1].0 - w[0].0 >= 60.0),
+            "{writes:?}"
+        );
+        // Settled at usage plus margin, then quiet.
+        assert_eq!(
+            writes.last().map(|w| w.1.as_str()),
+            Some("cpu=150m,memory=264Mi")
+        );
+        assert!(writes.len() <= 4, "{writes:?}");
+        assert!(writes.iter().all(|w| w.0 <= 300.0), "{writes:?}");
+        // A small wobble (under the 50m / 64Mi floor) is not rewritten.
+        let wobble = Some(Amount::new(120.0, 210.0 * MIB));
+        assert!(e
+            .tick(700.0, &node(), &[prod("a", req, wobble)])
+            .annotate
+            .is_empty());
+        assert_eq!(reservation_text(Amount::new(0.4, 1.0)), "cpu=1m,memory=1Mi");
     }
 
     fn pod(json: serde_json::Value) -> Pod {

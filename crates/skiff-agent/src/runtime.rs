@@ -40,6 +40,16 @@ pub trait Runtime: Send + Sync + 'static {
         sandbox_config: &cri::PodSandboxConfig,
     ) -> anyhow::Result<String>;
     async fn start_container(&self, id: &str) -> anyhow::Result<()>;
+    /// Changes a running container's cpu and memory in place (CRI
+    /// `UpdateContainerResources`; it must not restart the container).
+    async fn update_container_resources(
+        &self,
+        id: &str,
+        resources: &cri::LinuxContainerResources,
+    ) -> anyhow::Result<()> {
+        let _ = (id, resources);
+        anyhow::bail!("this runtime cannot change a container's resources")
+    }
     async fn stop_container(&self, id: &str, timeout_seconds: i64) -> anyhow::Result<()>;
     async fn remove_container(&self, id: &str) -> anyhow::Result<()>;
     /// Containers, all or those of one pod (by uid).
@@ -69,6 +79,7 @@ pub trait Runtime: Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             reads_pod_inputs: true,
+            applies_resources: true,
         }
     }
     /// How long this pod's containers are certain not to change state by
@@ -91,6 +102,10 @@ pub struct Capabilities {
     /// pod's pull secrets. The simulated containers of hollow nodes read
     /// none of it.
     pub reads_pod_inputs: bool,
+    /// Its containers run in cgroups whose cpu and memory a resize changes
+    /// (`UpdateContainerResources`); without them (simulated containers)
+    /// a resize is bookkeeping only.
+    pub applies_resources: bool,
 }
 
 /// Labels the agent puts on sandboxes and containers so it can find them

@@ -300,6 +300,11 @@ impl Endpoint {
 
     /// The stats' latest summary, as the endpoint's housekeeping samples
     /// it (for the reservations of [`crate::reclaim`]).
+    /// Where reclamation puts the pods' reservations for `/stats/summary`.
+    pub fn reservations(&self) -> crate::reclaim::Reservations {
+        self.ctx.stats.reservations()
+    }
+
     pub fn usage_feed(&self) -> tokio::sync::watch::Receiver<Option<Arc<crate::stats::Summary>>> {
         self.ctx.stats.subscribe()
     }

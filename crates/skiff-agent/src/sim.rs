@@ -374,6 +374,7 @@ impl Runtime for Sim {
     fn capabilities(&self) -> crate::runtime::Capabilities {
         crate::runtime::Capabilities {
             reads_pod_inputs: false,
+            applies_resources: false,
         }
     }
 }

@@ -372,9 +372,25 @@ pub fn container_config(
     }
 }
 
-/// A stable hash of a container's spec: a change means the container must
-/// be replaced.
+/// A stable hash of a container's spec without its resources and resize
+/// policy (kubelet's hash leaves them out too): a change means the
+/// container must be replaced, a resize does not.
 pub fn spec_hash(c: &Container) -> String {
+    let mut c = c.clone();
+    c.resources = None;
+    c.resize_policy = None;
+    hash_of(&c)
+}
+
+/// Whether a container created with `hash` still matches `c`'s spec ("":
+/// unknown, taken as matching). A hash of the whole spec (the agents
+/// before in-place resize wrote those) matches too, so an upgraded agent
+/// restarts nothing.
+pub fn hash_matches(c: &Container, hash: &str) -> bool {
+    hash.is_empty() || hash == spec_hash(c) || hash == hash_of(c)
+}
+
+fn hash_of(c: &Container) -> String {
     let bytes = serde_json::to_vec(c).unwrap_or_default();
     let d = ring::digest::digest(&ring::digest::SHA256, &bytes);
     d.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()

@@ -123,6 +123,18 @@ pub struct PodStats {
     pub cpu: Option<CpuStats>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryStats>,
+    /// Skiff's reservation of the pod (see `reclaim`), beyond kubelet's
+    /// API: what the node keeps for it, its resource recommendation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<ReservationStats>,
+}
+
+/// A pod's reservation in the Summary.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservationStats {
+    pub cpu_milli_cores: u64,
+    pub memory_bytes: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -445,6 +457,7 @@ pub fn build_summary(
             containers: out,
             cpu,
             memory,
+            reservation: None,
         });
     }
     pods.sort_by(|a, b| {
@@ -632,6 +645,8 @@ pub const HOUSEKEEPING: std::time::Duration = std::time::Duration::from_secs(10)
 pub struct Collector {
     node_name: String,
     data_dir: PathBuf,
+    /// The pods' reservations, as reclamation last estimated them.
+    reservations: crate::reclaim::Reservations,
     rates: Mutex<Rates>,
     latest: tokio::sync::watch::Sender<Option<std::sync::Arc<Summary>>>,
 }
@@ -641,9 +656,15 @@ impl Collector {
         Collector {
             node_name: node_name.to_string(),
             data_dir,
+            reservations: Default::default(),
             rates: Mutex::new(Rates::default()),
             latest: tokio::sync::watch::channel(None).0,
         }
+    }
+
+    /// Where reclamation puts the pods' reservations for the Summary.
+    pub fn reservations(&self) -> crate::reclaim::Reservations {
+        self.reservations.clone()
     }
 
     /// The latest summary taken, and each one after it.
@@ -698,7 +719,7 @@ impl Collector {
             runtime.list_container_stats(None),
         )?;
         let node = self.node_sample();
-        let summary = build_summary(
+        let mut summary = build_summary(
             &self.node_name,
             &node,
             &sandboxes,
@@ -706,6 +727,15 @@ impl Collector {
             &stats,
             &mut self.lock(),
         );
+        {
+            let r = self.reservations.read().unwrap_or_else(|e| e.into_inner());
+            for p in &mut summary.pods {
+                p.reservation = r.get(&p.pod_ref.uid).map(|a| ReservationStats {
+                    cpu_milli_cores: a.cpu.max(0.0).ceil() as u64,
+                    memory_bytes: a.memory.max(0.0).ceil() as u64,
+                });
+            }
+        }
         self.latest
             .send_replace(Some(std::sync::Arc::new(summary.clone())));
         Ok(summary)
@@ -993,6 +1023,7 @@ mod tests {
                     working_set_bytes: Some(4096),
                     ..Default::default()
                 }),
+                reservation: None,
             }],
         };
         let text = render_resource_metrics(&summary, false);

@@ -67,6 +67,7 @@ impl Node {
             serve_dns: false,
             network: None,
             reclaim: Default::default(),
+            eviction: Default::default(),
         };
         let mut node = Node {
             _cluster: cluster,

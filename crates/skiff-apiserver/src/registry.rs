@@ -487,6 +487,8 @@ impl Registry {
         skiff_core::defaults::apply_defaults(res, &mut new);
         let mut causes = if sub == Subresource::EphemeralContainers {
             skiff_core::validation::validate_ephemeral_containers_update(res, &new, old)
+        } else if sub == Subresource::Resize {
+            skiff_core::validation::validate_pod_resize(res, &new, old)
         } else {
             skiff_core::validation::validate_update(res, &new, old)
         };

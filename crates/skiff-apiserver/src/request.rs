@@ -23,6 +23,9 @@ pub enum Subresource {
     Finalize,
     /// A pod's `spec.ephemeralContainers` (entries may only be added).
     EphemeralContainers,
+    /// A pod's containers' cpu and memory (`pods/<n>/resize`, in-place
+    /// vertical scaling).
+    Resize,
     Binding,
     Eviction,
     Token,
@@ -40,6 +43,7 @@ impl Subresource {
             Some("scale") => Subresource::Scale,
             Some("finalize") => Subresource::Finalize,
             Some("ephemeralcontainers") => Subresource::EphemeralContainers,
+            Some("resize") => Subresource::Resize,
             Some("binding") => Subresource::Binding,
             Some("eviction") => Subresource::Eviction,
             Some("token") => Subresource::Token,
@@ -56,6 +60,7 @@ impl Subresource {
             Subresource::Scale => Some("scale"),
             Subresource::Finalize => Some("finalize"),
             Subresource::EphemeralContainers => Some("ephemeralcontainers"),
+            Subresource::Resize => Some("resize"),
             Subresource::Binding => Some("binding"),
             Subresource::Eviction => Some("eviction"),
             Subresource::Token => Some("token"),

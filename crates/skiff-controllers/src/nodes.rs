@@ -139,6 +139,29 @@ pub async fn node_ipam_pass(client: &kube::Client, c: &Caches, cluster_cidr: &st
 
 const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 const NOT_READY: &str = "node.kubernetes.io/not-ready";
+/// TaintNodesByCondition: a node whose kubelet reports one of these
+/// conditions True gets the NoSchedule taint beside it (kubelet's
+/// eviction manager sets the conditions).
+const PRESSURE_TAINTS: [(&str, &str); 3] = [
+    ("MemoryPressure", "node.kubernetes.io/memory-pressure"),
+    ("DiskPressure", "node.kubernetes.io/disk-pressure"),
+    ("PIDPressure", "node.kubernetes.io/pid-pressure"),
+];
+
+/// The NoSchedule condition taints `conditions` call for.
+pub fn pressure_taints(
+    conditions: &[k8s_openapi::api::core::v1::NodeCondition],
+) -> Vec<&'static str> {
+    PRESSURE_TAINTS
+        .iter()
+        .filter(|(type_, _)| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == *type_ && c.status == "True")
+        })
+        .map(|(_, key)| *key)
+        .collect()
+}
 
 /// The node lifecycle controller's pass: a node whose Lease has not been
 /// renewed within `grace` gets its conditions set to Unknown and the
@@ -211,10 +234,16 @@ pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration, zones: &
         } else {
             count.1 += 1;
         }
-        health.push((n, zone, want_taint));
+        // A silent node's conditions are Unknown: no pressure taints.
+        let pressure = if stale {
+            vec![]
+        } else {
+            pressure_taints(&conditions)
+        };
+        health.push((n, zone, want_taint, pressure));
     }
     let decision = zones.observe(&counts, instant);
-    for (n, zone, want_taint) in health {
+    for (n, zone, want_taint, pressure) in health {
         let name = n.name_any();
         let mut taints = n
             .spec
@@ -244,6 +273,26 @@ pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration, zones: &
                 }
             } else if !want && has(key, &taints) {
                 taints.retain(|t| !(t.key == key && t.effect == "NoExecute"));
+                changed = true;
+            }
+        }
+        // Condition taints are not paced (Kubernetes' NoSchedule tainting
+        // pass follows every node update).
+        for (_, key) in PRESSURE_TAINTS {
+            let want = pressure.contains(&key);
+            let has = taints
+                .iter()
+                .any(|t| t.key == key && t.effect == "NoSchedule");
+            if want && !has {
+                taints.push(k8s_openapi::api::core::v1::Taint {
+                    key: key.into(),
+                    effect: "NoSchedule".into(),
+                    time_added: None,
+                    value: None,
+                });
+                changed = true;
+            } else if !want && has {
+                taints.retain(|t| !(t.key == key && t.effect == "NoSchedule"));
                 changed = true;
             }
         }
@@ -336,6 +385,41 @@ pub async fn node_lifecycle_pass(ctx: &Ctx, grace: std::time::Duration, zones: &
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_under_pressure_gets_the_matching_no_schedule_taints_and_only_those() {
+        let conds = |v: Value| -> Vec<k8s_openapi::api::core::v1::NodeCondition> {
+            serde_json::from_value(v).unwrap()
+        };
+        let cases = [
+            (
+                "no pressure",
+                json!([{"type": "MemoryPressure", "status": "False"}, {"type": "Ready", "status": "True"}]),
+                vec![],
+            ),
+            (
+                "memory",
+                json!([{"type": "MemoryPressure", "status": "True"}, {"type": "DiskPressure", "status": "False"}]),
+                vec!["node.kubernetes.io/memory-pressure"],
+            ),
+            (
+                "disk and pids",
+                json!([{"type": "DiskPressure", "status": "True"}, {"type": "PIDPressure", "status": "True"}]),
+                vec![
+                    "node.kubernetes.io/disk-pressure",
+                    "node.kubernetes.io/pid-pressure",
+                ],
+            ),
+            (
+                "unknown is no pressure",
+                json!([{"type": "MemoryPressure", "status": "Unknown"}]),
+                vec![],
+            ),
+        ];
+        for (name, c, want) in cases {
+            assert_eq!(pressure_taints(&conds(c)), want, "{name}");
+        }
+    }
 
     #[test]
     fn a_silent_node_reports_every_condition_unknown_and_the_missing_ones_never_updated() {

@@ -222,6 +222,15 @@ pub(crate) fn pod_spec(spec: &Value, path: &str, claim_volumes: &[String], c: &m
                 }
             }
             resources(ctr.get("resources"), &format!("{p}.resources"), c);
+            if list != "ephemeralContainers" {
+                let never = spec.get("restartPolicy").and_then(Value::as_str) == Some("Never");
+                resize_policy(
+                    ctr.get("resizePolicy"),
+                    &format!("{p}.resizePolicy"),
+                    never,
+                    c,
+                );
+            }
         }
     }
     if let Some(rp) = spec.get("restartPolicy").and_then(Value::as_str) {
@@ -357,6 +366,290 @@ pub fn validate_ephemeral_containers_update(
         }
     }
     c
+}
+
+/// A container's `resizePolicy` (Kubernetes' `validateResizePolicy`): cpu
+/// and memory at most once each, `NotRequired` or `RestartContainer`, and
+/// only `NotRequired` in a pod that never restarts its containers.
+fn resize_policy(list: Option<&Value>, path: &str, never: bool, c: &mut Vec<Cause>) {
+    let Some(list) = list.and_then(Value::as_array) else {
+        return;
+    };
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, p) in list.iter().enumerate() {
+        let name = p.get("resourceName").and_then(Value::as_str).unwrap_or("");
+        if seen.contains(&name) {
+            c.push(Cause::duplicate(format!("{path}[{i}]"), &json!(name)));
+        }
+        seen.push(name);
+        match name {
+            "cpu" | "memory" => {}
+            "" => c.push(Cause::required(path)),
+            other => c.push(Cause::not_supported(
+                path,
+                &json!(other),
+                &["cpu", "memory"],
+            )),
+        }
+        let policy = p.get("restartPolicy").and_then(Value::as_str).unwrap_or("");
+        match policy {
+            "NotRequired" | "RestartContainer" => {}
+            "" => c.push(Cause::required(path)),
+            other => c.push(Cause::not_supported(
+                path,
+                &json!(other),
+                &["NotRequired", "RestartContainer"],
+            )),
+        }
+        if never && policy != "NotRequired" {
+            c.push(Cause::invalid(
+                path,
+                &json!(policy),
+                "must be 'NotRequired' when `restartPolicy` is 'Never'",
+            ));
+        }
+    }
+}
+
+/// An update through `pods/<name>/resize` (Kubernetes 1.33's
+/// `ValidatePodResize`): the pod as a whole must be valid; its QoS class
+/// may not change; of each container (and sidecar) only the cpu and memory
+/// requests and limits may change, none may be removed, and a memory limit
+/// may be lowered or added only where memory's resize policy restarts the
+/// container.
+pub fn validate_pod_resize(res: &ResourceInfo, new: &Value, old: &Value) -> Vec<Cause> {
+    let mut c = validate_object_meta(res, new, false);
+    c.extend(validate_object_meta_update(new, old));
+    c.extend(res.rules.validate(new));
+    let pod_level = |v: &Value| {
+        ["requests", "limits"].iter().any(|k| {
+            v.pointer(&format!("/spec/resources/{k}"))
+                .and_then(Value::as_object)
+                .is_some_and(|m| !m.is_empty())
+        })
+    };
+    if pod_level(old) || pod_level(new) {
+        return vec![Cause::forbidden(
+            "",
+            "pods with pod-level resources cannot be resized",
+        )];
+    }
+    if old
+        .pointer("/metadata/annotations/kubernetes.io~1config.mirror")
+        .is_some()
+    {
+        return vec![Cause::forbidden("", "static pods cannot be resized")];
+    }
+    if old.pointer("/spec/os/name").and_then(Value::as_str) == Some("windows") {
+        return vec![Cause::forbidden("", "windows pods cannot be resized")];
+    }
+    let empty = json!({});
+    let (new_spec, old_spec) = (
+        new.get("spec").unwrap_or(&empty),
+        old.get("spec").unwrap_or(&empty),
+    );
+    // The class recorded at creation (else computed) against the new shape.
+    let old_qos = old
+        .pointer("/status/qosClass")
+        .and_then(Value::as_str)
+        .filter(|q| !q.is_empty())
+        .unwrap_or_else(|| skiff_helpers::qos::of_json(old_spec));
+    if old_qos != skiff_helpers::qos::of_json(new_spec) {
+        let shown = new
+            .pointer("/status/qosClass")
+            .cloned()
+            .unwrap_or(json!(""));
+        c.push(Cause::invalid(
+            "spec",
+            &shown,
+            "Pod QOS Class may not change as a result of resizing",
+        ));
+    }
+    if !resize_supported(old) {
+        c.push(Cause::forbidden(
+            "spec",
+            "Pod running on node without support for resize",
+        ));
+    }
+    let list = |spec: &Value, k: &str| {
+        spec.get(k)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (new_ctrs, old_ctrs) = (list(new_spec, "containers"), list(old_spec, "containers"));
+    let (new_init, old_init) = (
+        list(new_spec, "initContainers"),
+        list(old_spec, "initContainers"),
+    );
+    let same_shape = |a: &[Value], b: &[Value]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.get("name") == y.get("name"))
+    };
+    if !same_shape(&new_ctrs, &old_ctrs) || !same_shape(&new_init, &old_init) {
+        // Containers may not be added, removed, renamed or reordered.
+        c.push(Cause::forbidden(
+            "spec",
+            "only cpu and memory resources are mutable",
+        ));
+        return c;
+    }
+    let sidecar = |ctr: &Value| ctr.get("restartPolicy").and_then(Value::as_str) == Some("Always");
+    for (ix, o) in old_init.iter().enumerate() {
+        if sidecar(o) {
+            container_resize(
+                &new_init[ix],
+                o,
+                &format!("spec.initContainers[{ix}].resources"),
+                &mut c,
+            );
+        }
+    }
+    for (ix, o) in old_ctrs.iter().enumerate() {
+        container_resize(
+            &new_ctrs[ix],
+            o,
+            &format!("spec.containers[{ix}].resources"),
+            &mut c,
+        );
+    }
+    // What is left once cpu and memory are put back as they were must be
+    // the old spec.
+    let mut kept = new_spec.clone();
+    for (ix, o) in old_ctrs.iter().enumerate() {
+        let n = &mut kept["containers"][ix];
+        keep_cpu_memory(n, o);
+        if *n != *o {
+            c.push(Cause::forbidden(
+                "spec",
+                "only cpu and memory resources are mutable",
+            ));
+        }
+    }
+    for (ix, o) in old_init.iter().enumerate() {
+        let n = &mut kept["initContainers"][ix];
+        if sidecar(o) {
+            keep_cpu_memory(n, o);
+            if *n != *o {
+                c.push(Cause::forbidden(
+                    "spec",
+                    "only cpu and memory resources for sidecar containers are mutable",
+                ));
+            }
+        } else if *n != *o {
+            c.push(Cause::forbidden(
+                "spec",
+                "resources for non-sidecar init containers are immutable",
+            ));
+        }
+    }
+    if !c.is_empty() {
+        return c;
+    }
+    if kept != *old_spec {
+        c.push(Cause::forbidden(
+            "spec",
+            "only cpu and memory resources are mutable",
+        ));
+    }
+    c
+}
+
+/// Whether the pod's node reports the resources of running containers
+/// (Kubernetes' version-skew check: a node that does not cannot resize).
+fn resize_supported(pod: &Value) -> bool {
+    let statuses = pod
+        .pointer("/status/containerStatuses")
+        .and_then(Value::as_array);
+    for s in statuses.into_iter().flatten() {
+        if s.pointer("/state/running").is_some() {
+            return s.get("resources").is_some_and(|r| !r.is_null());
+        }
+    }
+    true
+}
+
+/// One container's resize (Kubernetes' `validateContainerResize`).
+fn container_resize(new: &Value, old: &Value, path: &str, c: &mut Vec<Cause>) {
+    let names = |ctr: &Value, part: &str| -> Vec<String> {
+        ctr.pointer(&format!("/resources/{part}"))
+            .and_then(Value::as_object)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    for part in ["requests", "limits"] {
+        let kept = names(new, part);
+        if names(old, part).iter().any(|k| !kept.contains(k)) {
+            c.push(Cause::forbidden(
+                format!("{path}.{part}"),
+                &format!("resource {part} cannot be removed"),
+            ));
+        }
+    }
+    let memory_policy = new
+        .get("resizePolicy")
+        .and_then(Value::as_array)
+        .and_then(|l| {
+            l.iter()
+                .find(|p| p.get("resourceName").and_then(Value::as_str) == Some("memory"))
+        })
+        .and_then(|p| p.get("restartPolicy").and_then(Value::as_str))
+        .unwrap_or("");
+    if memory_policy.is_empty() || memory_policy == "NotRequired" {
+        let limit = |ctr: &Value| {
+            ctr.pointer("/resources/limits/memory")
+                .and_then(skiff_helpers::quantity::from_json)
+        };
+        match (limit(new), limit(old)) {
+            (Some(n), Some(o)) if n < o => c.push(Cause::forbidden(
+                format!("{path}.limits[memory]"),
+                "memory limits cannot be decreased unless resizePolicy is RestartContainer",
+            )),
+            (Some(_), None) => c.push(Cause::forbidden(
+                format!("{path}.limits[memory]"),
+                "memory limits cannot be added unless resizePolicy is RestartContainer",
+            )),
+            _ => {}
+        }
+    }
+}
+
+/// `new` with the cpu and memory of `old`'s requests and limits (and
+/// without them where `old` has none), as Kubernetes'
+/// `dropCPUMemoryResourcesFromContainer` compares a resize.
+fn keep_cpu_memory(new: &mut Value, old: &Value) {
+    let mut resources = new
+        .get("resources")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    for part in ["limits", "requests"] {
+        let Some(old_list) = old
+            .pointer(&format!("/resources/{part}"))
+            .and_then(Value::as_object)
+        else {
+            resources.remove(part);
+            continue;
+        };
+        let mut list = resources
+            .get(part)
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        for k in ["cpu", "memory"] {
+            list.remove(k);
+            if let Some(v) = old_list.get(k) {
+                list.insert(k.to_string(), v.clone());
+            }
+        }
+        resources.insert(part.to_string(), Value::Object(list));
+    }
+    if let Some(m) = new.as_object_mut() {
+        if resources.is_empty() && old.get("resources").is_none() {
+            m.remove("resources");
+        } else {
+            m.insert("resources".into(), Value::Object(resources));
+        }
+    }
 }
 
 /// The extended resources of reclaimed capacity (see the agent's `reclaim`).

@@ -176,6 +176,10 @@ pub fn helm_binary() -> PathBuf {
     p
 }
 
+/// Eviction flags for real nodes in tests: kubelet's memory threshold
+/// only, so a full disk of the test machine puts no node under pressure.
+pub const NO_DISK_EVICTION: [&str; 2] = ["--eviction-hard", "memory.available<100Mi"];
+
 /// A running `skiff server`.
 pub struct Server {
     child: Child,
@@ -215,6 +219,13 @@ impl Server {
             "--cluster-cidr",
             &cidr,
         ];
+        // Only kubelet's memory threshold, unless the test sets its own:
+        // the test machine's disk is shared and often fuller than
+        // kubelet's nodefs/imagefs defaults allow (kind's kubelet config
+        // turns those off for the same reason).
+        if !extra.contains(&"--eviction-hard") {
+            args.extend_from_slice(&NO_DISK_EVICTION);
+        }
         args.extend_from_slice(extra);
         let s = Server::launch("up", &args);
         let archive = busybox_archive();

@@ -54,6 +54,7 @@ fn start_agent(server: &str, token: &str, node: &str, cidr: &str) -> Agent {
     let log = std::fs::File::create(dir.path().join("agent.log")).expect("agent log");
     let child = Command::new(skiff_binary())
         .args(["agent", "--server", server, "--token", token])
+        .args(skiff_e2e::NO_DISK_EVICTION)
         .arg("--data-dir")
         .arg(dir.path().join("agent"))
         .args([

@@ -3,7 +3,10 @@
 //! requests most of the node's cpu and uses almost none leaves its unused
 //! part to batch pods, published on the Node as `skiff.io/batch-cpu`; a
 //! batch Job asking for it runs while a plain pod asking for cpu stays
-//! Pending; bad batch requests are refused with Kubernetes' wording.
+//! Pending; bad batch requests are refused with Kubernetes' wording; the
+//! stats summary shows the prod pod's reservation; when the prod pod
+//! starts to spin, its reservation grows past what is left and the batch
+//! pod is evicted as kubelet evicts.
 
 use skiff_e2e::{text, wait_until, Server, BUSYBOX};
 
@@ -202,4 +205,75 @@ fn unused_requests_become_batch_capacity_that_batch_pods_run_in() {
         err.contains("must be equal to skiff.io/batch-cpu limit of 200"),
         "{err}"
     );
+
+    // The prod pod's reservation, in the node's stats summary.
+    let prod = text(
+        &s.kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "app=prod",
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ])
+        .stdout,
+    );
+    // Its reservation starts at its request and falls to its usage plus
+    // the margin within the decay.
+    wait_until(
+        "the prod pod's reservation below its request in /stats/summary",
+        120,
+        || {
+            let out = s.kubectl(&["get", "--raw", "/api/v1/nodes/e2e-node/proxy/stats/summary"]);
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            v["pods"]
+                .as_array()?
+                .iter()
+                .find(|p| p["podRef"]["name"] == prod.as_str())?["reservation"]["cpuMilliCores"]
+                .as_u64()
+                .filter(|r| *r < prod_milli as u64)
+        },
+    );
+
+    // The prod pod spins on every cpu: its reservation jumps, nothing is
+    // left for batch pods, and the batch pod is evicted.
+    s.ok(&[
+        "exec",
+        &prod,
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "for i in $(seq {}); do (while :; do :; done) >/dev/null 2>&1 & done",
+            cpus as i64
+        ),
+    ]);
+    let evicted = wait_until("the batch pod evicted", 120, || {
+        let out = s.kubectl(&[
+            "get",
+            "pod",
+            "spin",
+            "-o",
+            "jsonpath={.status.phase}/{.status.reason}",
+        ]);
+        let t = text(&out.stdout);
+        t.starts_with("Failed").then_some(t)
+    });
+    assert_eq!(evicted, "Failed/Evicted");
+    let message = s.ok(&["get", "pod", "spin", "-o", "jsonpath={.status.message}"]);
+    assert!(
+        message.starts_with("The node reclaimed skiff.io/batch-cpu for its prod pods: "),
+        "{message}"
+    );
+    let dt = s.ok(&[
+        "get",
+        "pod",
+        "spin",
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"DisruptionTarget\")].reason}",
+    ]);
+    assert_eq!(dt.trim(), "TerminationByKubelet");
+    // The prod pod was not touched.
+    let phase = s.ok(&["get", "pod", &prod, "-o", "jsonpath={.status.phase}"]);
+    assert_eq!(phase.trim(), "Running");
 }

@@ -256,6 +256,7 @@ async fn main() -> anyhow::Result<()> {
         serve_dns: false,
         network: None,
         reclaim: Default::default(),
+        eviction: Default::default(),
     };
     let client = skiff_kube::in_process(&api, "node:bench-node");
     let agent_client = client.clone();

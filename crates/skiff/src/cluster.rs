@@ -515,18 +515,37 @@ pub async fn remove(member: &Member) -> Result<()> {
         .find(|m| m.name() == member.name || m.peer_urls().iter().any(|u| *u == member.peer_url()))
         .map(|m| m.id())
         .context("this server's etcd member is not in the cluster")?;
+    // Ask the other members: a member that applies its own removal shuts
+    // down (etcd exits 0), often before it answers, and a client that only
+    // knows it then retries into a closed port.
+    let others: Vec<String> = list
+        .members()
+        .iter()
+        .filter(|m| m.id() != me)
+        .flat_map(|m| m.client_urls().iter().cloned())
+        .collect();
+    if !others.is_empty() {
+        client = etcd_client::Client::connect(&others, Some(etcd_connect_options(&opts))).await?;
+    }
     // etcd refuses while too few of the others have been connected for a
-    // while (strict reconfig check): retry for 30 s.
+    // while (strict reconfig check): retry for 30 s. A removal applied
+    // whose answer was lost shows in the member list.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        match client.member_remove(me).await {
+        let e = match client.member_remove(me).await {
             Ok(_) => return Ok(()),
-            Err(e) if std::time::Instant::now() < deadline => {
-                tracing::info!(error = %e, "removing the etcd member; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+            Err(e) => e,
+        };
+        if let Ok(now) = client.member_list().await {
+            if !now.members().iter().any(|m| m.id() == me) {
+                return Ok(());
             }
-            Err(e) => return Err(e.into()),
         }
+        if std::time::Instant::now() >= deadline {
+            return Err(e.into());
+        }
+        tracing::info!(error = %e, "removing the etcd member; retrying");
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

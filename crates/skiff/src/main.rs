@@ -30,6 +30,9 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start and matched once: the size of its largest
+// variant (`skiff up`'s flags) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the API server on its embedded store, with the scheduler and the
@@ -261,6 +264,60 @@ struct NodeArgs {
     network: NetworkArgs,
     #[command(flatten)]
     reclaim: ReclaimArgs,
+    #[command(flatten)]
+    eviction: EvictionArgs,
+}
+
+/// Node-pressure eviction, with kubelet's flags.
+#[derive(Args, Clone)]
+struct EvictionArgs {
+    /// Hard eviction thresholds, `signal<quantity` or `signal<percent%`,
+    /// comma-separated (signals: memory.available, nodefs.available,
+    /// nodefs.inodesFree, imagefs.available, imagefs.inodesFree,
+    /// pid.available). Given, it replaces the defaults
+    /// (memory.available<100Mi,nodefs.available<10%,imagefs.available<15%,nodefs.inodesFree<5%).
+    #[arg(long)]
+    eviction_hard: Option<String>,
+    /// Soft eviction thresholds, as --eviction-hard; each needs a grace
+    /// period in --eviction-soft-grace-period.
+    #[arg(long)]
+    eviction_soft: Option<String>,
+    /// How long each soft threshold must be met before pods are evicted
+    /// (`memory.available=1m30s`, comma-separated).
+    #[arg(long)]
+    eviction_soft_grace_period: Option<String>,
+    /// How long a pressure condition stays after its threshold was last
+    /// met (a Go duration).
+    #[arg(long, default_value = "5m0s")]
+    eviction_pressure_transition_period: String,
+    /// How far above a met threshold the signal must come back before the
+    /// threshold is no longer met (`memory.available=0Mi,nodefs.available=500Mi`).
+    #[arg(long)]
+    eviction_minimum_reclaim: Option<String>,
+}
+
+impl EvictionArgs {
+    fn config(&self) -> Result<skiff_agent::pressure::Config> {
+        let thresholds = skiff_agent::pressure::parse_config(
+            self.eviction_hard.as_deref(),
+            self.eviction_soft.as_deref(),
+            self.eviction_soft_grace_period.as_deref(),
+            self.eviction_minimum_reclaim.as_deref(),
+        )
+        .map_err(anyhow::Error::msg)?;
+        let transition =
+            skiff_agent::pressure::parse_duration(&self.eviction_pressure_transition_period)
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--eviction-pressure-transition-period {:?} is not a duration (e.g. 5m0s)",
+                        self.eviction_pressure_transition_period
+                    )
+                })?;
+        Ok(skiff_agent::pressure::Config {
+            thresholds,
+            transition,
+        })
+    }
 }
 
 /// Reclaiming what prod pods reserve but do not use, for batch pods
@@ -1010,6 +1067,7 @@ fn agent_options(
                 .with_context(|| format!("--cluster-cidr {cluster_cidr:?} is not an IPv4 CIDR"))?,
         }),
         reclaim: node.reclaim.config()?,
+        eviction: node.eviction.config()?,
     })
 }
 
@@ -1030,6 +1088,9 @@ fn ca_from_kubeconfig(path: &std::path::Path) -> Result<Option<String>> {
 }
 
 fn hollow_options(args: &AgentArgs) -> Result<skiff_agent::hollow::HollowOptions> {
+    // Hollow nodes measure no pressure, but a malformed flag is refused
+    // all the same.
+    args.node.eviction.config()?;
     Ok(skiff_agent::hollow::HollowOptions {
         nodes: args.nodes,
         prefix: args
@@ -1140,6 +1201,9 @@ async fn run_hollow_joined(args: &AgentArgs, server: &str, token: &str) -> Resul
 }
 
 async fn agent(args: AgentArgs) -> Result<()> {
+    // Bad node flags stop the start before anything runs.
+    args.node.eviction.config()?;
+    args.node.reclaim.config()?;
     if args.simulate {
         if let (Some(server), Some(token)) = (&args.server, &args.token) {
             return run_hollow_joined(&args, server, token).await;
@@ -1217,6 +1281,9 @@ async fn agent(args: AgentArgs) -> Result<()> {
 }
 
 async fn up(args: UpArgs) -> Result<()> {
+    // Bad node flags stop the start before the server runs.
+    args.node.eviction.config()?;
+    args.node.reclaim.config()?;
     let t0 = std::time::Instant::now();
     let progress = move |m: &str| eprintln!("[{:6.2}s] {m}", t0.elapsed().as_secs_f64());
     let s = start_server(&args.server).await?;

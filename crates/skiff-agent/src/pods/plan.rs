@@ -16,6 +16,8 @@ use crate::probes::{self, Kind, ProbeState};
 use crate::runtime::{cri, Capabilities};
 use crate::spec::{self, name, namespace, uid};
 
+use super::resize::{self, Actuation};
+
 /// The first restart back-off, doubled at every restart up to
 /// [`BACKOFF_MAX`].
 pub const BACKOFF_START: Duration = Duration::from_secs(10);
@@ -31,6 +33,13 @@ pub const PULL_BACKOFF: Duration = Duration::from_secs(10);
 pub const MIN_STOP_SECONDS: i64 = 2;
 /// The grace period of a pod that names none.
 pub const DEFAULT_GRACE_SECONDS: i64 = 30;
+/// The grace period of an eviction by the node (kubelet's
+/// `immediateEvictionGracePeriodSeconds`, which hard thresholds use); the
+/// container still gets [`MIN_STOP_SECONDS`] after its preStop hook.
+pub const EVICTION_GRACE_SECONDS: i64 = 1;
+/// The status reason of a pod the node evicted (kubelet's eviction
+/// `Reason`).
+pub const EVICTED: &str = "Evicted";
 
 /// A container's state as the runtime reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +178,32 @@ pub struct Memory {
     pub pull_backoff: HashMap<String, Instant>,
     /// The pod's graceful termination has been done.
     pub terminating: bool,
+    /// The node ordered the pod evicted (reclaimed capacity or node
+    /// pressure): it is killed and its status becomes Failed/Evicted.
+    pub eviction: Option<Eviction>,
+    /// The eviction's Event has been recorded.
+    pub eviction_announced: bool,
+    /// The pod's allocated and actuated resources (in-place resize).
+    pub resize: resize::State,
+}
+
+/// An order to evict a pod, as kubelet's eviction manager gives it: the
+/// message of its status, its Event and its `DisruptionTarget` condition,
+/// and the grace period that overrides the pod's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Eviction {
+    pub message: String,
+    pub grace_seconds: i64,
+}
+
+impl Eviction {
+    /// An eviction with kubelet's immediate grace period.
+    pub fn now(message: impl Into<String>) -> Eviction {
+        Eviction {
+            message: message.into(),
+            grace_seconds: EVICTION_GRACE_SECONDS,
+        }
+    }
 }
 
 impl Memory {
@@ -204,6 +239,14 @@ pub enum PodActions {
     StopFinished {
         containers: Vec<String>,
         sandboxes: Vec<String>,
+    },
+    /// The node evicts the pod: Warning Event `Evicted`, its containers
+    /// and sandboxes stopped with the eviction's grace period (preStop
+    /// hooks within it), then the status Failed with reason `Evicted`.
+    Evict {
+        termination: Termination,
+        /// Every init container had succeeded (for the status).
+        initialized: bool,
     },
     /// Drive the pod towards its spec.
     Sync(SyncActions),
@@ -289,6 +332,19 @@ pub enum Step {
     StartCreated { id: String, name: String },
     /// Stop a running container (it restarts by the restart policy).
     Kill(KillContainer),
+    /// Give a running container its allocated cpu and memory in place.
+    Resize(Box<ResizeContainer>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResizeContainer {
+    pub id: String,
+    pub name: String,
+    /// The allocated cpu and memory, which the container has once done.
+    pub resources: k8s_openapi::api::core::v1::ResourceRequirements,
+    /// The CRI setting to apply; `None` where the runtime's containers
+    /// have no cgroups (bookkeeping only).
+    pub linux: Option<cri::LinuxContainerResources>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -318,6 +374,9 @@ pub enum KillReason {
     SpecChanged,
     LivenessFailed,
     StartupFailed,
+    /// A resize changed a resource whose `resizePolicy` is
+    /// `RestartContainer`.
+    ResizeRestart,
 }
 
 impl KillReason {
@@ -332,6 +391,9 @@ impl KillReason {
             }
             KillReason::StartupFailed => {
                 format!("Container {container} failed startup probe, will be restarted")
+            }
+            KillReason::ResizeRestart => {
+                format!("Container {container} resize requires restart")
             }
         }
     }
@@ -425,6 +487,14 @@ pub fn compute_pod_actions(
     }
     let default_spec = PodSpec::default();
     let spec = pod.spec.as_ref().unwrap_or(&default_spec);
+    if let Some(e) = &memory.eviction {
+        let mut termination = termination(pod, observed);
+        termination.grace_seconds = e.grace_seconds.max(0);
+        return PodActions::Evict {
+            termination,
+            initialized: init_done(spec, &observed.containers),
+        };
+    }
     let policy = restart_policy(spec);
     let sandbox = match observed.ready_sandbox() {
         Some(sb) => SandboxAction::Keep {
@@ -502,9 +572,26 @@ pub fn compute_pod_actions(
                     name: s.name.clone(),
                 });
             } else if s.running() {
-                if !s.hash.is_empty() && s.hash != spec::spec_hash(c) {
+                if !spec::hash_matches(c, &s.hash) {
                     steps.push(kill(KillReason::SpecChanged, pod_grace));
                     continue;
+                }
+                // An admitted resize: in place, or by a restart where a
+                // changed resource's policy says so.
+                if let Some(actual) = memory.resize.actual.get(&s.id) {
+                    match resize::actuation(c, actual) {
+                        Actuation::None => {}
+                        Actuation::Restart => {
+                            steps.push(kill(KillReason::ResizeRestart, pod_grace));
+                            continue;
+                        }
+                        Actuation::InPlace => steps.push(Step::Resize(Box::new(ResizeContainer {
+                            id: s.id.clone(),
+                            name: c.name.clone(),
+                            resources: resize::cpu_memory(c.resources.as_ref()),
+                            linux: caps.applies_resources.then(|| resize::linux_resources(c)),
+                        }))),
+                    }
                 }
                 // A probe's own terminationGracePeriodSeconds wins over
                 // the pod's when it kills.
@@ -641,7 +728,7 @@ pub fn due_probes(pod: &Pod, observed: &Observed, now: Now, memory: &Memory) -> 
         let Some(s) = observed.latest(&c.name).filter(|s| s.running()) else {
             continue;
         };
-        if !s.hash.is_empty() && s.hash != spec::spec_hash(c) {
+        if !spec::hash_matches(c, &s.hash) {
             continue;
         }
         let ran_for = Duration::from_nanos((now.wall_nanos - s.started_at).max(0) as u64);
@@ -796,6 +883,22 @@ fn container_status(
         "lastState": {},
         "state": {},
     });
+    // In-place resize: the allocated requests and what the container runs
+    // with (its allocation when it does not run).
+    let alloc = memory
+        .resize
+        .allocated
+        .as_ref()
+        .and_then(|a| a.get(&c.name));
+    let actual = cur
+        .filter(|s| s.running())
+        .and_then(|s| memory.resize.actual.get(&s.id));
+    if let Some((requests, resources)) = resize::status_fields(alloc, actual) {
+        if requests.as_object().is_some_and(|m| !m.is_empty()) {
+            st["allocatedResources"] = requests;
+        }
+        st["resources"] = resources;
+    }
     let mut v = ContainerVerdict {
         status: Value::Null,
         ready: false,
@@ -824,7 +927,10 @@ fn container_status(
                 st["started"] = json!(started);
                 st["ready"] = json!(v.ready);
             } else if s.exited() {
-                let restarting = restarts(policy, s.exit_code) && !(init && s.exit_code == 0);
+                // An evicted pod's containers are not restarted.
+                let restarting = memory.eviction.is_none()
+                    && restarts(policy, s.exit_code)
+                    && !(init && s.exit_code == 0);
                 if restarting {
                     st["lastState"] = terminated(s);
                     st["state"] = match memory.waiting.get(&c.name) {
@@ -892,7 +998,7 @@ pub fn pod_status(pod: &Pod, memory: &Memory, input: StatusInput) -> Value {
             || v.status["restartCount"].as_u64().unwrap_or(0) > 0;
         statuses.push(v.status);
     }
-    let phase = if init_failed && policy == "Never" {
+    let phase = if memory.eviction.is_some() || init_failed && policy == "Never" {
         "Failed"
     } else if !input.initialized || !any_started {
         "Pending"
@@ -946,6 +1052,41 @@ pub fn pod_status(pod: &Pod, memory: &Memory, input: StatusInput) -> Value {
         Some(c) => conditions.push(serde_json::to_value(c).unwrap_or(Value::Null)),
         None => conditions.push(cond("PodScheduled", true, None)),
     }
+    // Kubelet's eviction manager: the pod is a disruption target,
+    // terminated by the kubelet, with the eviction's message.
+    if let Some(e) = &memory.eviction {
+        let mut c = cond("DisruptionTarget", true, None);
+        c["reason"] = json!("TerminationByKubelet");
+        c["message"] = json!(e.message);
+        conditions.push(c);
+    }
+    // A running container without its allocation yet: a resize is under
+    // way.
+    let in_progress = !terminal
+        && resize::resizable(pod).any(|c| {
+            let running = latest(input.containers, &c.name).filter(|s| s.running());
+            match (running, memory.resize.allocated.as_ref()) {
+                (Some(s), Some(alloc)) => {
+                    match (memory.resize.actual.get(&s.id), alloc.get(&c.name)) {
+                        (Some(actual), Some(want)) => !resize::same(actual, want),
+                        _ => false,
+                    }
+                }
+                _ => false,
+            }
+        });
+    conditions.extend(resize::conditions(
+        &memory.resize,
+        in_progress,
+        |t| {
+            old_conds
+                .iter()
+                .find(|c| c.type_ == t && c.status == "True")
+                .and_then(|c| c.last_transition_time.as_ref())
+                .map(|t| t.0.to_string())
+        },
+        &now,
+    ));
     let start_time = old
         .start_time
         .as_ref()
@@ -960,6 +1101,10 @@ pub fn pod_status(pod: &Pod, memory: &Memory, input: StatusInput) -> Value {
         "containerStatuses": statuses,
         "qosClass": skiff_helpers::qos::of_spec(spec),
     });
+    if let Some(e) = &memory.eviction {
+        status["reason"] = json!(EVICTED);
+        status["message"] = json!(e.message);
+    }
     if !init_statuses.is_empty() {
         status["initContainerStatuses"] = json!(init_statuses);
     }
@@ -992,9 +1137,11 @@ mod tests {
 
     const REAL: Capabilities = Capabilities {
         reads_pod_inputs: true,
+        applies_resources: true,
     };
     const SIMULATED: Capabilities = Capabilities {
         reads_pod_inputs: false,
+        applies_resources: false,
     };
     /// 2023-11-14T22:13:20Z.
     const WALL0: i64 = 1_700_000_000 * 1_000_000_000;
@@ -1869,6 +2016,104 @@ mod tests {
         assert_eq!(stops, [("app-0", true), ("sidecar-0", false)]);
     }
 
+    fn evicted(message: &str) -> Memory {
+        Memory {
+            eviction: Some(Eviction::now(message)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_evicted_pod_is_killed_with_the_eviction_grace_period_whatever_its_spec_says() {
+        let p = pod(
+            json!({"terminationGracePeriodSeconds": 60, "restartPolicy": "Always",
+            "containers": [
+                {"name": "app", "image": "busybox",
+                 "lifecycle": {"preStop": {"exec": {"command": ["sleep", "1"]}}}},
+            ]}),
+        );
+        let observed = with_sandbox(vec![running("app", 0)]);
+        let memory = evicted("The node reclaimed it");
+        let PodActions::Evict {
+            termination,
+            initialized,
+        } = compute_pod_actions(&p, &observed, T0::new().at(0), &memory, REAL)
+        else {
+            panic!("expected an eviction");
+        };
+        assert_eq!(termination.grace_seconds, EVICTION_GRACE_SECONDS);
+        assert_eq!(termination.sandboxes, ["sb-1"]);
+        assert_eq!(termination.containers.len(), 1);
+        assert!(termination.containers[0].pre_stop().is_some());
+        assert!(initialized);
+        // Once killed, nothing restarts it: the plan is the eviction
+        // again, with nothing left to stop.
+        let after = with_sandbox(vec![exited("app", 0, 137, 5)]);
+        let PodActions::Evict { termination, .. } =
+            compute_pod_actions(&p, &after, T0::new().at(1), &memory, REAL)
+        else {
+            panic!("expected an eviction");
+        };
+        assert!(termination.containers.is_empty());
+    }
+
+    #[test]
+    fn a_deletion_wins_over_an_eviction_and_a_finished_pod_is_not_evicted_again() {
+        let memory = evicted("m");
+        let gone = deleted(pod(one("app")), Some(5));
+        let observed = with_sandbox(vec![running("app", 0)]);
+        assert!(matches!(
+            compute_pod_actions(&gone, &observed, T0::new().at(0), &memory, REAL),
+            PodActions::Terminate(_)
+        ));
+        let mut failed = pod(one("app"));
+        failed.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Failed".into()),
+            ..Default::default()
+        });
+        assert!(matches!(
+            compute_pod_actions(&failed, &observed, T0::new().at(0), &memory, REAL),
+            PodActions::StopFinished { .. }
+        ));
+    }
+
+    #[test]
+    fn an_evicted_pods_status_is_failed_evicted_with_kubelets_disruption_condition() {
+        let p = pod(
+            json!({"restartPolicy": "Always", "containers": [{"name": "app", "image": "busybox"}]}),
+        );
+        let msg =
+            "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. ";
+        let st = status(&p, &evicted(msg), &[exited("app", 0, 137, 5)], true);
+        assert_eq!(st["phase"], "Failed");
+        assert_eq!(st["reason"], "Evicted");
+        assert_eq!(st["message"], msg);
+        let dt = st["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "DisruptionTarget")
+            .expect("a DisruptionTarget condition");
+        assert_eq!(dt["status"], "True");
+        assert_eq!(dt["reason"], "TerminationByKubelet");
+        assert_eq!(dt["message"], msg);
+        assert_eq!(condition(&st, "Ready").0, "False");
+        // The container shows how it ended, not a restart to come.
+        assert_eq!(
+            st["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+            137
+        );
+        // A pod that is not evicted has neither.
+        let plain = status(&p, &Memory::default(), &[running("app", 0)], true);
+        assert_eq!(plain["phase"], "Running");
+        assert!(plain.get("reason").is_none());
+        assert!(plain["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["type"] != "DisruptionTarget"));
+    }
+
     #[test]
     fn the_grace_period_falls_back_to_the_spec_then_thirty_seconds() {
         let with_spec = deleted(
@@ -2053,5 +2298,86 @@ mod tests {
             Duration::from_millis(3010)
         );
         assert_eq!(idle_wait(&plain, resync, Some(Duration::MAX)), resync);
+    }
+
+    #[test]
+    fn an_allocation_a_running_container_lacks_is_applied_in_place_or_by_a_restart() {
+        let t0 = T0::new();
+        let p = pod(json!({"containers": [{"name": "app", "image": "busybox",
+            "resizePolicy": [{"resourceName": "memory", "restartPolicy": "RestartContainer"}],
+            "resources": {"requests": {"cpu": "250m"}, "limits": {"cpu": "1", "memory": "64Mi"}}}]}));
+        let obs = with_sandbox(vec![running("app", 0)]);
+        let res = |v: Value| -> k8s_openapi::api::core::v1::ResourceRequirements {
+            serde_json::from_value(v).unwrap()
+        };
+        let mut memory = Memory::default();
+        // Unknown (not started by this worker, nothing reported): nothing.
+        assert!(plan(&p, &obs, t0.at(0), &memory).steps.is_empty());
+        // As allocated: nothing.
+        memory.resize.actual.insert(
+            "app-0".into(),
+            res(json!({"requests": {"cpu": "250m"}, "limits": {"cpu": "1", "memory": "64Mi"}})),
+        );
+        assert!(plan(&p, &obs, t0.at(0), &memory).steps.is_empty());
+        // Less cpu than allocated: CRI's setting, in place.
+        memory.resize.actual.insert(
+            "app-0".into(),
+            res(json!({"requests": {"cpu": "100m"}, "limits": {"cpu": "500m", "memory": "64Mi"}})),
+        );
+        let a = plan(&p, &obs, t0.at(0), &memory);
+        let [Step::Resize(r)] = a.steps.as_slice() else {
+            panic!("expected one resize, got {:?}", a.steps);
+        };
+        assert_eq!(r.id, "app-0");
+        let linux = r
+            .linux
+            .as_ref()
+            .expect("a runtime with cgroups gets the setting");
+        assert_eq!((linux.cpu_shares, linux.cpu_quota), (256, 100_000));
+        assert_eq!(linux.memory_limit_in_bytes, 64 << 20);
+        // Simulated containers: bookkeeping only.
+        let a = sync_of(compute_pod_actions(&p, &obs, t0.at(0), &memory, SIMULATED));
+        assert!(matches!(a.steps.as_slice(), [Step::Resize(r)] if r.linux.is_none()));
+        // A memory limit under a RestartContainer policy: a restart.
+        memory.resize.actual.insert(
+            "app-0".into(),
+            res(json!({"requests": {"cpu": "250m"}, "limits": {"cpu": "1", "memory": "32Mi"}})),
+        );
+        let k = kills(&plan(&p, &obs, t0.at(0), &memory));
+        assert_eq!(k.len(), 1);
+        assert_eq!(k[0].reason, KillReason::ResizeRestart);
+        assert_eq!(
+            k[0].reason.message("app"),
+            "Container app resize requires restart"
+        );
+    }
+
+    #[test]
+    fn a_resized_container_is_not_replaced_as_a_changed_spec() {
+        let t0 = T0::new();
+        let small = json!({"containers": [{"name": "app", "image": "busybox",
+            "resources": {"limits": {"cpu": "1"}}}]});
+        let c: Container = serde_json::from_value(small["containers"][0].clone()).unwrap();
+        let mut s = running("app", 0);
+        s.hash = spec::spec_hash(&c);
+        let big = pod(json!({"containers": [{"name": "app", "image": "busybox",
+            "resources": {"limits": {"cpu": "2"}}}]}));
+        assert!(kills(&plan(
+            &big,
+            &with_sandbox(vec![s.clone()]),
+            t0.at(0),
+            &Memory::default()
+        ))
+        .is_empty());
+        // An image change still replaces it.
+        let other = pod(json!({"containers": [{"name": "app", "image": "nginx",
+            "resources": {"limits": {"cpu": "1"}}}]}));
+        let k = kills(&plan(
+            &other,
+            &with_sandbox(vec![s]),
+            t0.at(0),
+            &Memory::default(),
+        ));
+        assert_eq!(k[0].reason, KillReason::SpecChanged);
     }
 }

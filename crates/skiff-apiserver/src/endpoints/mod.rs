@@ -159,19 +159,21 @@ pub async fn serve(
         (Method::POST, false, S::Main) => create::create(state, &s, req).await,
         (Method::DELETE, false, S::Main) => delete::collection(state, &s, req).await,
         (Method::GET, true, S::Main) if s.watch => watch::serve(state, &s).await,
-        (Method::GET, true, S::Main | S::Status | S::EphemeralContainers) => {
+        (Method::GET, true, S::Main | S::Status | S::EphemeralContainers | S::Resize) => {
             get::get(state, &s).await
         }
         (Method::GET, true, S::Approval) => get::approval(state, &s).await,
         (Method::GET, true, S::Scale) => get::scale(state, &s).await,
         (Method::PUT, true, S::Approval) => update::approval(state, &s, req).await,
         (Method::PUT, true, S::Scale) => update::scale(state, &s, req).await,
-        (Method::PUT, true, S::Main | S::Status | S::Finalize | S::EphemeralContainers) => {
-            update::update(state, &s, req).await
-        }
+        (
+            Method::PUT,
+            true,
+            S::Main | S::Status | S::Finalize | S::EphemeralContainers | S::Resize,
+        ) => update::update(state, &s, req).await,
         (Method::PATCH, true, S::Approval) => patch::approval(state, &s, req).await,
         (Method::PATCH, true, S::Scale) => patch::scale(state, &s, req).await,
-        (Method::PATCH, true, S::Main | S::Status | S::EphemeralContainers) => {
+        (Method::PATCH, true, S::Main | S::Status | S::EphemeralContainers | S::Resize) => {
             patch::patch(state, &s, req).await
         }
         (Method::POST, true, S::Binding) => create::binding(state, &s, req).await,

@@ -231,6 +231,7 @@ pub(super) fn prepare_for_update(
             }
             o
         }
+        Subresource::Resize => resize_only(old, new),
         Subresource::Finalize => {
             // `namespaces/<n>/finalize` changes `spec.finalizers` and nothing else.
             let mut o = old.clone();
@@ -282,6 +283,52 @@ pub(super) fn prepare_for_update(
             }
             None => {
                 m.remove(k);
+            }
+        }
+    }
+    out
+}
+
+/// `pods/<n>/resize` changes the containers' (and init containers')
+/// `resources` and `resizePolicy` and nothing else (Kubernetes'
+/// `dropNonResizeUpdates`). Containers added, removed, renamed or
+/// reordered are left for validation to refuse.
+fn resize_only(old: &Value, new: Value) -> Value {
+    let list = |v: &Value, k: &str| {
+        v.pointer(&format!("/spec/{k}"))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut out = old.clone();
+    for k in ["containers", "initContainers"] {
+        let (old_list, new_list) = (list(old, k), list(&new, k));
+        let renamed = old_list.len() != new_list.len()
+            || old_list
+                .iter()
+                .zip(&new_list)
+                .any(|(a, b)| a.get("name") != b.get("name"));
+        if renamed {
+            let mut kept = old.clone();
+            kept["spec"] = new.get("spec").cloned().unwrap_or(json!({}));
+            return kept;
+        }
+        for (ix, n) in new_list.iter().enumerate() {
+            let Some(ctr) = out
+                .pointer_mut(&format!("/spec/{k}/{ix}"))
+                .and_then(Value::as_object_mut)
+            else {
+                continue;
+            };
+            for f in ["resources", "resizePolicy"] {
+                match n.get(f) {
+                    Some(v) if !v.is_null() => {
+                        ctr.insert(f.to_string(), v.clone());
+                    }
+                    _ => {
+                        ctr.remove(f);
+                    }
+                }
             }
         }
     }

@@ -50,6 +50,13 @@ impl KindRules for Pod {
         crate::validation::pod_update(new, old)
     }
 
+    /// Kubernetes 1.33 sets a pod's generation to 1 at creation and moves
+    /// it with every spec change (an image, ephemeral containers, a
+    /// resize) and with a graceful deletion.
+    fn tracks_generation(&self) -> bool {
+        true
+    }
+
     fn selectable_fields(&self) -> &'static [&'static str] {
         &[
             "spec.nodeName",
