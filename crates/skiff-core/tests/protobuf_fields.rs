@@ -56,8 +56,20 @@ fn ours() -> Table {
     out
 }
 
-/// Where cargo unpacked `k8s-pb`'s sources (this test's dev-dependency).
+/// Where cargo unpacked `k8s-pb`'s sources (this test's dev-dependency):
+/// the registry's source cache, else where `cargo metadata` says.
 fn bindings_source() -> PathBuf {
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")));
+    if let Some(Ok(registries)) = cargo_home.map(|h| std::fs::read_dir(h.join("registry/src"))) {
+        for registry in registries.flatten() {
+            let src = registry.path().join("k8s-pb-0.8.0/src");
+            if src.is_dir() {
+                return src;
+            }
+        }
+    }
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
     let out = std::process::Command::new(env!("CARGO"))
         .args([
