@@ -453,6 +453,22 @@ impl Server {
         text(&out.stdout)
     }
 
+    /// Waits (up to 60 s) for the scheduler to refuse pod `name` in the
+    /// default namespace, and returns its PodScheduled condition's message.
+    pub fn wait_unschedulable(&self, name: &str) -> String {
+        wait_until(&format!("pod {name} refused by the scheduler"), 60, || {
+            let out = self.kubectl(&[
+                "get",
+                "pod",
+                name,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].message}",
+            ]);
+            let m = text(&out.stdout);
+            (!m.is_empty()).then_some(m)
+        })
+    }
+
     /// Runs kubectl, asserts it failed, returns stderr.
     pub fn fails(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);

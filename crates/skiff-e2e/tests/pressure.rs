@@ -126,17 +126,7 @@ fn a_node_low_on_memory_reports_pressure_is_tainted_and_evicts_a_best_effort_pod
         "sleep",
         "60",
     ]);
-    let why = wait_until("the plain pod refused by the scheduler", 60, || {
-        let out = s.kubectl(&[
-            "get",
-            "pod",
-            "plain",
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].message}",
-        ]);
-        let m = text(&out.stdout);
-        (!m.is_empty()).then_some(m)
-    });
+    let why = s.wait_unschedulable("plain");
     assert!(why.contains("memory-pressure"), "{why}");
 }
 

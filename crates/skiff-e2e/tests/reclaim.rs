@@ -94,17 +94,7 @@ fn unused_requests_become_batch_capacity_that_batch_pods_run_in() {
             r#"--overrides={{"spec": {{"containers": [{{"name": "plain", "image": "{BUSYBOX}", "command": ["sleep", "60"], "resources": {{"requests": {{"cpu": "{plain}m"}}}}}}]}}}}"#
         ),
     ]);
-    let why = wait_until("the plain pod refused by the scheduler", 60, || {
-        let out = s.kubectl(&[
-            "get",
-            "pod",
-            "plain",
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"PodScheduled\")].message}",
-        ]);
-        let m = text(&out.stdout);
-        (!m.is_empty()).then_some(m)
-    });
+    let why = s.wait_unschedulable("plain");
     assert!(why.contains("Insufficient cpu"), "{why}");
 
     // A batch Job asking for reclaimed cpu runs to completion.
