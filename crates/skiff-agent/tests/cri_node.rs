@@ -67,7 +67,18 @@ impl Node {
             serve_dns: false,
             network: None,
             reclaim: Default::default(),
-            eviction: Default::default(),
+            // Only kubelet's memory threshold: a test machine's nearly
+            // full disk must not put the node under DiskPressure.
+            eviction: skiff_agent::pressure::Config {
+                thresholds: skiff_agent::pressure::parse_config(
+                    Some("memory.available<100Mi"),
+                    None,
+                    None,
+                    None,
+                )
+                .expect("a memory threshold"),
+                ..Default::default()
+            },
         };
         let mut node = Node {
             _cluster: cluster,

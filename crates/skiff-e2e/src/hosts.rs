@@ -289,6 +289,18 @@ impl Hosts {
                 self.options.backend,
             ])
             .args(&self.options.agent_args)
+            .args(
+                if self
+                    .options
+                    .agent_args
+                    .iter()
+                    .any(|a| a == "--eviction-hard")
+                {
+                    &[][..]
+                } else {
+                    &crate::NO_DISK_EVICTION[..]
+                },
+            )
             .env(
                 "SKIFF_LOG",
                 "warn,skiff=info,skiff_agent=info,skiff_agent::proxy=debug",
