@@ -44,6 +44,38 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The lines of `files` (outside comments) containing one of `patterns`,
+/// as `path:line: `pattern`: text`, skipping the files `home` accepts by
+/// their path under `crates`.
+fn offences(
+    files: &[PathBuf],
+    crates: &Path,
+    patterns: &[&str],
+    home: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for path in files {
+        let shown = path
+            .strip_prefix(crates)
+            .unwrap_or(path)
+            .to_string_lossy()
+            .replace('\\', "/");
+        if home(&shown) {
+            continue;
+        }
+        let text = std::fs::read_to_string(path).expect("read source");
+        for (i, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("//") {
+                continue;
+            }
+            if let Some(p) = patterns.iter().find(|p| line.contains(*p)) {
+                out.push(format!("{shown}:{}: `{p}`: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn no_kind_name_dispatch_outside_the_kinds_and_strategy_modules() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -54,28 +86,10 @@ fn no_kind_name_dispatch_outside_the_kinds_and_strategy_modules() {
         rust_files(&crates.join(krate).join("src"), &mut files);
     }
     assert!(files.len() > 20, "found only {} files", files.len());
-    let mut offences = Vec::new();
-    for path in &files {
-        let shown = path
-            .strip_prefix(crates)
-            .unwrap_or(path)
-            .to_string_lossy()
-            .replace('\\', "/");
-        if HOMES.iter().any(|h| format!("/{shown}").contains(h))
+    let offences = offences(&files, crates, FORBIDDEN, |shown| {
+        HOMES.iter().any(|h| format!("/{shown}").contains(h))
             || ALLOWED.iter().any(|(f, _)| shown == *f)
-        {
-            continue;
-        }
-        let text = std::fs::read_to_string(path).expect("read source");
-        for (i, line) in text.lines().enumerate() {
-            if line.trim_start().starts_with("//") {
-                continue;
-            }
-            if let Some(p) = FORBIDDEN.iter().find(|p| line.contains(*p)) {
-                offences.push(format!("{shown}:{}: `{p}`: {}", i + 1, line.trim()));
-            }
-        }
-    }
+    });
     assert!(
         offences.is_empty(),
         "kind-name dispatch outside kinds/ and strategy/ (use res.rules or strategy_for):\n{}",
@@ -115,26 +129,9 @@ fn no_storage_path_dispatch_outside_the_strategies_and_admission_plugins() {
     let mut files = Vec::new();
     rust_files(&crates.join("skiff-apiserver").join("src"), &mut files);
     assert!(files.len() > 20, "found only {} files", files.len());
-    let mut offences = Vec::new();
-    for path in &files {
-        let shown = path
-            .strip_prefix(crates)
-            .unwrap_or(path)
-            .to_string_lossy()
-            .replace('\\', "/");
-        if STORAGE_HOMES.iter().any(|h| shown.starts_with(h)) {
-            continue;
-        }
-        let text = std::fs::read_to_string(path).expect("read source");
-        for (i, line) in text.lines().enumerate() {
-            if line.trim_start().starts_with("//") {
-                continue;
-            }
-            if let Some(p) = STORAGE_DISPATCH.iter().find(|p| line.contains(*p)) {
-                offences.push(format!("{shown}:{}: `{p}`: {}", i + 1, line.trim()));
-            }
-        }
-    }
+    let offences = offences(&files, crates, STORAGE_DISPATCH, |shown| {
+        STORAGE_HOMES.iter().any(|h| shown.starts_with(h))
+    });
     assert!(
         offences.is_empty(),
         "storage-path dispatch outside strategy/ and the admission plugins (use strategy_for, or an admission plugin's handles):\n{}",
