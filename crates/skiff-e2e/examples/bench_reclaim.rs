@@ -309,7 +309,20 @@ fn run(mode: &str, a: &Args) -> Run {
     let window = Duration::from_secs(a.seconds);
     let before = cpu_times();
     let t0 = utc_now();
-    let (lat, failed) = load(&ip, a.rate, window, 8);
+    // The prod pod's cpu as `kubectl top` has it halfway through the
+    // window (after it, the load has stopped and it reads 0).
+    let top = {
+        let s = &s;
+        std::thread::scope(|scope| {
+            let sampler = scope.spawn(move || {
+                std::thread::sleep(window / 2);
+                prod_cpu_usage(s)
+            });
+            let r = load(&ip, a.rate, window, 8);
+            (r, sampler.join().unwrap_or_else(|_| "?".into()))
+        })
+    };
+    let ((lat, failed), prod_usage_milli) = top;
     let after = cpu_times();
     let t1 = utc_now();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -333,7 +346,6 @@ fn run(mode: &str, a: &Args) -> Run {
         .lines()
         .filter(|t| !t.is_empty() && *t >= t0.as_str() && *t <= t1.as_str())
         .count();
-    let prod_usage_milli = prod_cpu_usage(&s);
     let prod_incidents = jsonpath(
         &s,
         &["get", "pods", "-l", "app=prod", "-o", "jsonpath={range .items[*]}restarts={.status.containerStatuses[0].restartCount} last={.status.containerStatuses[0].lastState.terminated.reason} phase={.status.phase} reason={.status.reason};{end}"],
