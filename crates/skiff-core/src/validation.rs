@@ -14,6 +14,7 @@ pub use skiff_helpers::quantity::Quantity;
 /// Validates an object about to be created.
 pub fn validate_create(res: &ResourceInfo, obj: &Value) -> Vec<Cause> {
     let mut c = validate_object_meta(res, obj, true);
+    template_dependencies(res, obj, &mut c);
     c.extend(res.rules.validate(obj));
     c.extend(res.rules.validate_create(obj));
     c
@@ -26,10 +27,65 @@ pub fn validate_update(res: &ResourceInfo, new: &Value, old: &Value) -> Vec<Caus
     // A custom resource's schema validates an update whole (with the old
     // object for transition rules and ratcheting).
     if res.rules.custom().is_none() {
+        template_dependencies(res, new, &mut c);
         c.extend(res.rules.validate(new));
     }
     c.extend(res.rules.validate_update(new, old));
     c
+}
+
+/// A declaration of dependencies (`skiff.io/depends-on`) in the
+/// annotations at `meta` (an object's or a template's metadata, at field
+/// path `path`) must parse; the error names the bad entry.
+pub(crate) fn declared_dependencies(
+    meta: Option<&Value>,
+    path: &str,
+    ns: &str,
+    c: &mut Vec<Cause>,
+) {
+    use skiff_helpers::dependencies::{parse, ANNOTATION};
+    let Some(v) = meta
+        .and_then(|m| m.get("annotations"))
+        .and_then(|a| a.get(ANNOTATION))
+    else {
+        return;
+    };
+    let field = format!("{path}.annotations[{ANNOTATION}]");
+    match v.as_str() {
+        Some(s) => {
+            if let Err(e) = parse(s, ns) {
+                c.push(Cause::invalid(
+                    field,
+                    v,
+                    &format!("{e}; expected a comma-separated list of [namespace/]service[:port]"),
+                ));
+            }
+        }
+        None => c.push(Cause::invalid(field, v, "must be a string")),
+    }
+}
+
+/// The declarations in the pod templates of a built-in workload
+/// (`spec.template`, a PodTemplate's `template`, a CronJob's
+/// `spec.jobTemplate.spec.template`).
+fn template_dependencies(res: &ResourceInfo, obj: &Value, c: &mut Vec<Cause>) {
+    if res.rules.custom().is_some() {
+        return;
+    }
+    let ns = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    for (ptr, path) in [
+        ("/spec/template/metadata", "spec.template.metadata"),
+        ("/template/metadata", "template.metadata"),
+        (
+            "/spec/jobTemplate/spec/template/metadata",
+            "spec.jobTemplate.spec.template.metadata",
+        ),
+    ] {
+        declared_dependencies(obj.pointer(ptr), path, ns, c);
+    }
 }
 
 pub(crate) fn replicas(obj: &Value, c: &mut Vec<Cause>) {

@@ -7,6 +7,7 @@
 //! controllers and the agent link this without the CRD schema engine or
 //! CEL.
 
+pub mod dependencies;
 pub mod qos;
 pub mod quantity;
 pub mod resources;

@@ -9,6 +9,7 @@
 //! objects and the watch cache but does not expose the store.
 
 pub mod context;
+pub mod dependencies;
 pub mod namespace;
 pub mod plugin;
 pub mod pod;
@@ -21,11 +22,13 @@ pub use context::AdmissionCtx;
 pub use plugin::{forbidden, AdmissionPlugin, Attributes, Operation, Options};
 
 /// Every plugin skiff has, in Kubernetes' order (kube-apiserver's
-/// `AllOrderedPlugins`).
+/// `AllOrderedPlugins`), and skiff's own (DeclaredDependencies, after the
+/// ServiceAccount plugin whose tokens it sits beside).
 pub static CHAIN: &[&dyn AdmissionPlugin] = &[
     &namespace::NamespaceLifecycle,
     &pod::LimitRanger,
     &crate::podtoken::ServiceAccount,
+    &dependencies::DeclaredDependencies,
     &crate::noderestriction::NodeRestriction,
     &pod::Priority,
     &pod::DefaultTolerationSeconds,
@@ -84,7 +87,20 @@ mod tests {
             "ValidatingAdmissionWebhook",
             "ResourceQuota",
         ];
-        let ours: Vec<&str> = CHAIN.iter().map(|p| p.name()).collect();
+        let names: Vec<&str> = CHAIN.iter().map(|p| p.name()).collect();
+        let ours: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| kubernetes.contains(n))
+            .collect();
         assert_eq!(ours, kubernetes);
+        let skiffs: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| !kubernetes.contains(n))
+            .collect();
+        assert_eq!(skiffs, ["DeclaredDependencies"]);
+        let at = |n: &str| names.iter().position(|x| *x == n).unwrap();
+        assert_eq!(at("DeclaredDependencies"), at("ServiceAccount") + 1);
     }
 }

@@ -24,6 +24,11 @@ impl KindRules for Pod {
 
     fn validate(&self, obj: &Value) -> Vec<Cause> {
         let mut c = Vec::new();
+        let ns = obj
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        crate::validation::declared_dependencies(obj.get("metadata"), "metadata", ns, &mut c);
         if let Some(spec) = obj.get("spec") {
             crate::validation::pod_spec(spec, "spec", &[], &mut c);
         } else {
