@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
+use skiff_helpers::dependencies;
 
 use crate::clock::Clock;
 use crate::credentials;
@@ -932,7 +933,7 @@ impl PodWorker {
     }
 
     /// The container's environment: its own variables, then the Service
-    /// variables.
+    /// variables and those of its declared dependencies.
     async fn environment(
         &self,
         pod: &Pod,
@@ -945,12 +946,23 @@ impl PodWorker {
             .as_ref()
             .and_then(|s| s.enable_service_links)
             .unwrap_or(true);
-        let services = self
+        let mut services = self
             .ctx
             .services
             .variables(namespace(pod), links, Duration::from_secs(10))
             .await
             .map_err(StartError::Config)?;
+        // The declared dependencies' `SKIFF_DEP_*`, beside the Service
+        // variables (the container's own variables still win).
+        if let Some(deps) =
+            dependencies::declared(pod.metadata.annotations.as_ref(), namespace(pod))
+        {
+            services.extend(
+                self.ctx
+                    .services
+                    .dependency_variables(&deps, &self.ctx.dns.domain),
+            );
+        }
         inputs::container_env(
             &mut inputs.fetcher,
             pod,
@@ -1106,10 +1118,20 @@ impl PodWorker {
                 now: self.ctx.clock.now(),
             },
         );
+        // What the agent decides, without the conditions other components
+        // own (carried over from the pod as last seen): their changes alone
+        // are no reason to write.
         let digest = {
             use std::hash::{Hash, Hasher};
+            let mut own = status.clone();
+            if let Some(cs) = own.get_mut("conditions").and_then(|c| c.as_array_mut()) {
+                cs.retain(|c| {
+                    let t = c["type"].as_str().unwrap_or("");
+                    plan::KUBELET_CONDITIONS.contains(&t) || t == "DisruptionTarget"
+                });
+            }
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            status.to_string().hash(&mut h);
+            own.to_string().hash(&mut h);
             h.finish()
         };
         if self.last_status == Some(digest) {

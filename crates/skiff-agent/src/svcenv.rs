@@ -23,6 +23,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
+use skiff_helpers::dependencies::{self, Dependency, ServicePort};
 
 /// The namespace and name of the Services every pod gets variables for,
 /// links or not (kubelet's "master services").
@@ -118,11 +119,26 @@ pub fn variables_of(name: &str, svc: &ServiceRecord, out: &mut BTreeMap<String, 
 #[derive(Debug, Default)]
 pub struct Index {
     services: HashMap<(String, String), ServiceRecord>,
+    /// The ports of every Service (headless ones too), for the variables
+    /// of declared dependencies.
+    ports: HashMap<(String, String), Vec<ServicePort>>,
 }
 
 impl Index {
     pub fn set(&mut self, ns: &str, name: &str, svc: &Service) {
         let key = (ns.to_string(), name.to_string());
+        let ports = svc
+            .spec
+            .iter()
+            .flat_map(|s| s.ports.iter().flatten())
+            .filter_map(|p| {
+                Some(ServicePort {
+                    name: p.name.clone().filter(|n| !n.is_empty()),
+                    port: u16::try_from(p.port).ok()?,
+                })
+            })
+            .collect();
+        self.ports.insert(key.clone(), ports);
         match ServiceRecord::from_service(svc) {
             Some(r) => {
                 self.services.insert(key, r);
@@ -135,6 +151,15 @@ impl Index {
 
     pub fn delete(&mut self, ns: &str, name: &str) {
         self.services.remove(&(ns.to_string(), name.to_string()));
+        self.ports.remove(&(ns.to_string(), name.to_string()));
+    }
+
+    /// The `SKIFF_DEP_*` variables of a pod's declared dependencies
+    /// (`skiff_helpers::dependencies::env`).
+    pub fn dependency_variables(&self, deps: &[Dependency], domain: &str) -> Vec<(String, String)> {
+        dependencies::env(deps, domain, |ns, name| {
+            self.ports.get(&(ns.to_string(), name.to_string())).cloned()
+        })
     }
 
     /// The service variables of a pod in `ns` (kubelet's
@@ -215,6 +240,13 @@ impl Services {
         }
         let ix = self.index.read().unwrap_or_else(|e| e.into_inner());
         Ok(ix.variables(ns, enable_service_links))
+    }
+
+    /// The variables of a pod's declared dependencies, from the Services
+    /// read so far (a Service not seen yet gives `_HOST` only).
+    pub fn dependency_variables(&self, deps: &[Dependency], domain: &str) -> Vec<(String, String)> {
+        let ix = self.index.read().unwrap_or_else(|e| e.into_inner());
+        ix.dependency_variables(deps, domain)
     }
 }
 

@@ -806,6 +806,16 @@ async fn write_status(
              "lastTransitionTime": p_transition.to_string(), "lastUpdateTime": p_update.to_string()},
         ],
     });
+    // Conditions other controllers set (skiff's DependenciesReady, say)
+    // are kept, as Kubernetes' deployment controller keeps them.
+    let mut status = status;
+    if let Some(cs) = status["conditions"].as_array_mut() {
+        for c in old.conditions.iter().flatten() {
+            if !matches!(c.type_.as_str(), "Available" | "Progressing") {
+                cs.push(serde_json::to_value(c).unwrap_or(serde_json::Value::Null));
+            }
+        }
+    }
     let unchanged = old.observed_generation == d.metadata.generation
         && old.replicas.unwrap_or(0) == c.replicas
         && old.updated_replicas.unwrap_or(0) == c.updated

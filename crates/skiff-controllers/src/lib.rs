@@ -16,6 +16,7 @@ pub mod controller;
 pub mod cron;
 pub mod cronjob;
 pub mod daemonset;
+pub mod dependencies;
 pub mod deployment;
 pub mod disruption;
 pub mod disruption_zones;
@@ -48,6 +49,7 @@ use k8s_openapi::api::core::v1::{
     Secret, Service,
 };
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
@@ -64,7 +66,8 @@ pub struct Options {
     /// root-ca-cert-publisher, nodeipam, nodelifecycle, endpoints,
     /// endpointslice, disruption, podgc, resourcequota,
     /// clusterrole-aggregation, horizontalpodautoscaling,
-    /// persistentvolume-binder.
+    /// persistentvolume-binder, pvc-protection, pv-protection,
+    /// dependencies (skiff's declared dependencies).
     pub controllers: Vec<String>,
     /// The cluster CA, published as `kube-root-ca.crt` in every namespace.
     pub root_ca_pem: Option<String>,
@@ -146,6 +149,7 @@ pub const CONTROLLERS: &[&str] = &[
     "persistentvolume-binder",
     "pvc-protection",
     "pv-protection",
+    "dependencies",
 ];
 
 impl Options {
@@ -187,6 +191,7 @@ pub struct Caches {
     pub namespaces: Arc<Cache<Namespace>>,
     pub services: Arc<Cache<Service>>,
     pub endpoint_slices: Arc<Cache<EndpointSlice>>,
+    pub network_policies: Arc<Cache<NetworkPolicy>>,
     pub nodes: Arc<Cache<Node>>,
     pub leases: Arc<Cache<Lease>>,
     pub resource_quotas: Arc<Cache<ResourceQuota>>,
@@ -212,6 +217,7 @@ impl Caches {
             namespaces: Cache::new(),
             services: Cache::new(),
             endpoint_slices: Cache::new(),
+            network_policies: Cache::new(),
             nodes: Cache::new(),
             leases: Cache::new(),
             resource_quotas: Cache::new(),
@@ -236,6 +242,7 @@ impl Caches {
         self.namespaces.start(Api::all(c()), tasks);
         self.services.start(Api::all(c()), tasks);
         self.endpoint_slices.start(Api::all(c()), tasks);
+        self.network_policies.start(Api::all(c()), tasks);
         self.nodes.start(Api::all(c()), tasks);
         self.leases
             .start(Api::namespaced(c(), "kube-node-lease"), tasks);
@@ -260,6 +267,7 @@ impl Caches {
         self.namespaces.ready().await;
         self.services.ready().await;
         self.endpoint_slices.ready().await;
+        self.network_policies.ready().await;
         self.nodes.ready().await;
         self.leases.ready().await;
         self.resource_quotas.ready().await;
@@ -361,6 +369,9 @@ pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
     }
     if on("pv-protection") {
         protection::register_pv(&ctx, t);
+    }
+    if on("dependencies") {
+        dependencies::register(&ctx, t);
     }
     ctx.caches.start(&client, t);
     match tasks.join_next().await {

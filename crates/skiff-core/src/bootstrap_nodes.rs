@@ -242,7 +242,8 @@ pub fn scheduler_bindings() -> Vec<serde_json::Value> {
 /// Kubernetes' `system:controller:*` roles grant the controllers skiff
 /// has. The garbage collector and namespace controller read and delete
 /// every kind (as theirs do); creation is limited to the kinds controllers
-/// make; the ClusterRole aggregation controller needs `escalate`.
+/// make (skiff's dependencies controller makes NetworkPolicies); the
+/// ClusterRole aggregation controller needs `escalate`.
 pub fn controller_manager_roles() -> Vec<serde_json::Value> {
     use crate::bootstrap_policy::cluster_role;
     vec![cluster_role(
@@ -284,6 +285,8 @@ pub fn controller_manager_roles() -> Vec<serde_json::Value> {
             ),
             r(&["create"], &["batch"], &["jobs"]),
             r(&["create"], &["discovery.k8s.io"], &["endpointslices"]),
+            // The dependencies controller's generated policies.
+            r(&["create"], &["networking.k8s.io"], &["networkpolicies"]),
             r(&["create"], &["events.k8s.io"], &["events"]),
             r(&["create"], &["coordination.k8s.io"], &["leases"]),
             r(&["create"], &["authentication.k8s.io"], &["tokenreviews"]),

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use serde_json::{json, Value};
+use skiff_helpers::dependencies;
 
 use crate::clock::{rfc3339, Now};
 use crate::probes::{self, Kind, ProbeState};
@@ -455,6 +456,36 @@ pub fn restart_backoff(memory: &Memory, s: &Seen, now: Instant) -> Option<Backof
     }
 }
 
+/// Why the containers of a pod with declared dependencies may not start
+/// yet: the pod's `skiff.io/DependenciesReady` condition is not True
+/// (its message, or that it is not set yet) and none of its containers
+/// ever started (the wait is for the first start only: a restart, or an
+/// agent adopting running containers, never waits). `None`: go.
+pub fn dependency_wait(pod: &Pod, seen: &[Seen]) -> Option<String> {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    dependencies::declared(pod.metadata.annotations.as_ref(), ns)?;
+    let spec = pod.spec.as_ref()?;
+    if spec
+        .containers
+        .iter()
+        .any(|c| seen.iter().any(|s| s.name == c.name))
+    {
+        return None;
+    }
+    let cond = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == dependencies::CONDITION));
+    match cond {
+        Some(c) if c.status == "True" => None,
+        Some(c) => Some(c.message.clone().unwrap_or_default()),
+        None => Some(
+            "waiting for the dependencies controller to check the declared dependencies".into(),
+        ),
+    }
+}
+
 /// What to do with `pod` now.
 pub fn compute_pod_actions(
     pod: &Pod,
@@ -551,9 +582,13 @@ pub fn compute_pod_actions(
         let pod_grace = spec
             .termination_grace_period_seconds
             .unwrap_or(DEFAULT_GRACE_SECONDS);
+        // Declared dependencies hold the first start of the containers
+        // (not the init containers) until the dependencies controller
+        // says they are ready.
+        let held = dependency_wait(pod, &observed.containers).is_some();
         for c in &spec.containers {
             let Some(s) = observed.latest(&c.name) else {
-                if !memory.waiting_on_pull(&c.name, now.at) {
+                if !held && !memory.waiting_on_pull(&c.name, now.at) {
                     steps.push(start(c, Role::Regular, 0, None));
                 }
                 continue;
@@ -910,7 +945,10 @@ fn container_status(
             st["state"] = match memory.waiting.get(&c.name) {
                 Some(w) => waiting_state(&w.reason, &w.message),
                 None if init => waiting_state("PodInitializing", ""),
-                None => waiting_state("ContainerCreating", ""),
+                None => match dependency_wait(pod, input.containers) {
+                    Some(m) => waiting_state(dependencies::WAITING_REASON, &m),
+                    None => waiting_state("ContainerCreating", ""),
+                },
             };
         }
         Some(s) => {
@@ -968,6 +1006,18 @@ fn container_status(
     v
 }
 
+/// The pod conditions the agent decides (kubelet's
+/// `PodConditionsByKubelet`); every other condition of a pod is kept.
+pub const KUBELET_CONDITIONS: &[&str] = &[
+    "PodScheduled",
+    "PodReadyToStartContainers",
+    "Initialized",
+    "Ready",
+    "ContainersReady",
+    "PodResizePending",
+    "PodResizeInProgress",
+];
+
 /// The pod's status as Kubernetes reports it: phase, conditions (keeping
 /// the transition times of those that did not change), container states,
 /// IPs and QoS class.
@@ -1012,8 +1062,24 @@ pub fn pod_status(pod: &Pod, memory: &Memory, input: StatusInput) -> Value {
         "Running"
     };
     let terminal = phase == "Succeeded" || phase == "Failed";
-    let ready = all_ready && input.initialized && !terminal;
+    let containers_ready = all_ready && input.initialized && !terminal;
     let old_conds = old.conditions.clone().unwrap_or_default();
+    // Readiness gates (kubelet's `GeneratePodReadyCondition`): Ready also
+    // needs each gate's condition, which other controllers set, True.
+    let gate_fault = spec.readiness_gates.iter().flatten().find_map(|g| {
+        match old_conds.iter().find(|c| c.type_ == g.condition_type) {
+            None => Some(format!(
+                "corresponding condition of pod readiness gate {:?} does not exist.",
+                g.condition_type
+            )),
+            Some(c) if c.status != "True" => Some(format!(
+                "the status of pod readiness gate {:?} is not \"True\", but {}",
+                g.condition_type, c.status
+            )),
+            Some(_) => None,
+        }
+    });
+    let ready = containers_ready && gate_fault.is_none();
     let now = input.now.rfc3339();
     let cond = |type_: &str, ok: bool, reason: Option<&str>| {
         let status = if ok { "True" } else { "False" };
@@ -1045,8 +1111,15 @@ pub fn pod_status(pod: &Pod, memory: &Memory, input: StatusInput) -> Value {
             input.initialized,
             Some("ContainersNotInitialized"),
         ),
-        cond("Ready", ready, Some(not_ready)),
-        cond("ContainersReady", ready, Some(not_ready)),
+        match (&gate_fault, containers_ready) {
+            (Some(m), true) => {
+                let mut c = cond("Ready", false, Some("ReadinessGatesNotReady"));
+                c["message"] = json!(m);
+                c
+            }
+            _ => cond("Ready", ready, Some(not_ready)),
+        },
+        cond("ContainersReady", containers_ready, Some(not_ready)),
     ];
     match old_conds.iter().find(|c| c.type_ == "PodScheduled") {
         Some(c) => conditions.push(serde_json::to_value(c).unwrap_or(Value::Null)),
@@ -1087,6 +1160,16 @@ pub fn pod_status(pod: &Pod, memory: &Memory, input: StatusInput) -> Value {
         },
         &now,
     ));
+    // Conditions other components own (readiness gates', the dependencies
+    // controller's, a DisruptionTarget the API server or the taint
+    // manager set) are kept as they are, as kubelet keeps them.
+    for c in &old_conds {
+        let ours = KUBELET_CONDITIONS.contains(&c.type_.as_str())
+            || c.type_ == "DisruptionTarget" && memory.eviction.is_some();
+        if !ours {
+            conditions.push(serde_json::to_value(c).unwrap_or(Value::Null));
+        }
+    }
     let start_time = old
         .start_time
         .as_ref()
@@ -2221,6 +2304,143 @@ mod tests {
         assert_eq!(st["hostIP"], "192.0.2.10");
         assert_eq!(st["qosClass"], "BestEffort");
         assert_eq!(st["phase"], "Running");
+    }
+
+    /// A pod declaring a dependency, with its DependenciesReady condition
+    /// (`None`: not written yet).
+    fn declaring(ready: Option<&str>) -> Pod {
+        let mut p = pod(
+            json!({"initContainers": [{"name": "migrate", "image": "busybox"}],
+                               "containers": [{"name": "app", "image": "busybox"}]}),
+        );
+        p.metadata.annotations =
+            Some([("skiff.io/depends-on".to_string(), "db".to_string())].into());
+        if let Some(st) = ready {
+            p.status = Some(
+                serde_json::from_value(json!({"conditions": [
+                    {"type": "skiff.io/DependenciesReady", "status": st, "message": "waiting for shop/db (no ready endpoint)"},
+                ]}))
+                .unwrap(),
+            );
+        }
+        p
+    }
+
+    #[test]
+    fn declared_dependencies_hold_the_first_start_of_the_containers_only() {
+        let t0 = T0::new();
+        let done = exited("migrate", 0, 0, 1);
+        // Init containers run; the app waits, with the condition's message.
+        for ready in [None, Some("False")] {
+            let p = declaring(ready);
+            assert_eq!(
+                starts(&plan(
+                    &p,
+                    &with_sandbox(vec![]),
+                    t0.at(0),
+                    &Memory::default()
+                ))
+                .len(),
+                1
+            );
+            let a = plan(
+                &p,
+                &with_sandbox(vec![done.clone()]),
+                t0.at(1),
+                &Memory::default(),
+            );
+            assert!(starts(&a).is_empty(), "{ready:?}: {:?}", starts(&a));
+            let st = status(&p, &Memory::default(), std::slice::from_ref(&done), true);
+            let w = &st["containerStatuses"][0]["state"]["waiting"];
+            assert_eq!(w["reason"], "WaitingForDependency");
+            if ready.is_some() {
+                assert_eq!(w["message"], "waiting for shop/db (no ready endpoint)");
+            }
+        }
+        // Ready: it starts.
+        let p = declaring(Some("True"));
+        let a = plan(
+            &p,
+            &with_sandbox(vec![done.clone()]),
+            t0.at(1),
+            &Memory::default(),
+        );
+        assert_eq!(starts(&a), vec![("app".into(), Role::Regular, 0)]);
+        // Once started, a dependency going away holds nothing: a restart
+        // goes ahead.
+        let p = declaring(Some("False"));
+        let a = plan(
+            &p,
+            &with_sandbox(vec![done.clone(), exited("app", 0, 1, 30)]),
+            t0.at(40),
+            &Memory::default(),
+        );
+        assert_eq!(starts(&a).len(), 1, "{:?}", starts(&a));
+        // Without a declaration nothing waits.
+        let a = plan(
+            &pod(one("app")),
+            &with_sandbox(vec![]),
+            t0.at(0),
+            &Memory::default(),
+        );
+        assert_eq!(starts(&a).len(), 1);
+    }
+
+    #[test]
+    fn other_components_conditions_are_kept_and_readiness_gates_hold_ready() {
+        let mut p = pod(json!({"containers": [{"name": "app", "image": "busybox"}],
+                               "readinessGates": [{"conditionType": "example.com/lb"}]}));
+        p.status = Some(
+            serde_json::from_value(json!({"conditions": [
+                {"type": "skiff.io/DependenciesReady", "status": "True", "lastTransitionTime": "2023-01-01T00:00:05Z"},
+                {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"},
+            ]}))
+            .unwrap(),
+        );
+        let st = status(&p, &Memory::default(), &[running("app", 0)], true);
+        assert_eq!(condition(&st, "skiff.io/DependenciesReady").0, "True");
+        assert_eq!(
+            condition(&st, "DisruptionTarget").1,
+            "EvictionByEvictionAPI"
+        );
+        // The gate's condition does not exist: containers ready, pod not.
+        assert_eq!(condition(&st, "ContainersReady").0, "True");
+        assert_eq!(
+            condition(&st, "Ready"),
+            ("False".into(), "ReadinessGatesNotReady".into())
+        );
+        let ready = st["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap()
+            .clone();
+        assert_eq!(
+            ready["message"],
+            "corresponding condition of pod readiness gate \"example.com/lb\" does not exist."
+        );
+        // The gate's condition True: Ready.
+        p.status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+            .push(
+                serde_json::from_value(json!({"type": "example.com/lb", "status": "True"}))
+                    .unwrap(),
+            );
+        let st = status(&p, &Memory::default(), &[running("app", 0)], true);
+        assert_eq!(condition(&st, "Ready").0, "True");
+        // The agent's own conditions are not doubled.
+        let n = st["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["type"] == "Ready")
+            .count();
+        assert_eq!(n, 1);
     }
 
     #[test]
