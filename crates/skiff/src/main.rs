@@ -18,6 +18,7 @@ use clap::{Args, Parser, Subcommand};
 
 mod bootstrap;
 mod cluster;
+mod deps;
 
 #[derive(Parser)]
 #[command(
@@ -57,6 +58,9 @@ enum Command {
     /// Print a kubeconfig for a new user: a client certificate from the
     /// cluster CA (CN = user, O = each group). RBAC decides what it may do.
     Kubeconfig(KubeconfigArgs),
+    /// Print the declared-dependency graph (`skiff.io/depends-on`):
+    /// workloads, the Services they use, each edge's state, cycles.
+    Deps(deps::DepsArgs),
     /// Print skiff's version.
     Version,
 }
@@ -1558,6 +1562,7 @@ fn main() -> Result<()> {
         Command::Scheduler(args) => rt()?.block_on(scheduler(args)),
         Command::ControllerManager(args) => rt()?.block_on(controller_manager(args)),
         Command::Image(cmd) => rt()?.block_on(image(cmd)),
+        Command::Deps(args) => rt()?.block_on(deps::run(args, default_data_dir())),
         Command::Kubeconfig(args) => {
             let data_dir = args.data_dir.unwrap_or_else(default_data_dir);
             let server = match args.server {
