@@ -30,11 +30,17 @@ pub const GENERATED_BY: &str = "dependencies";
 /// The annotation the controller keeps on a declared Service: the
 /// workloads that declared it.
 pub const DEPENDENTS_ANNOTATION: &str = "skiff.io/dependents";
+/// The pod condition a node writes when a pod outside an enforcing
+/// namespace connects where its declaration does not say.
+pub const UNDECLARED_CONDITION: &str = "skiff.io/UndeclaredConnections";
 /// The container waiting reason (and Event reason) of a pod whose
 /// containers wait for their dependencies.
 pub const WAITING_REASON: &str = "WaitingForDependency";
 /// Where each dependency's token is mounted: `<TOKEN_DIR>/<service>/token`.
 pub const TOKEN_DIR: &str = "/var/run/secrets/skiff.io/deps";
+/// The one projected volume holding every dependency's token, mounted at
+/// [`TOKEN_DIR`].
+pub const TOKEN_VOLUME: &str = "skiff-deps";
 
 /// A port of a dependency: by number or by the Service port's name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -93,19 +99,6 @@ impl Dependency {
     /// The directory its token is mounted in.
     pub fn token_dir(&self) -> String {
         format!("{TOKEN_DIR}/{}", self.service)
-    }
-
-    /// The name of the pod volume holding its token (a DNS label).
-    pub fn volume_name(&self) -> String {
-        let name = format!("skiff-dep-{}", self.service);
-        if name.len() <= 63 {
-            return name;
-        }
-        format!(
-            "skiff-dep-{}-{:08x}",
-            self.service[..40].trim_end_matches('-'),
-            fnv(self.service.as_bytes()) as u32
-        )
     }
 }
 
@@ -464,17 +457,10 @@ mod tests {
     }
 
     #[test]
-    fn token_paths_and_volume_names_stay_valid() {
+    fn token_audience_and_path() {
         let d = dep("ns", "db", None);
         assert_eq!(d.audience(), "db.ns.svc");
         assert_eq!(d.token_dir(), "/var/run/secrets/skiff.io/deps/db");
-        assert_eq!(d.volume_name(), "skiff-dep-db");
-        let long = dep("ns", &"a".repeat(63), None);
-        assert!(long.volume_name().len() <= 63, "{}", long.volume_name());
-        assert_ne!(
-            long.volume_name(),
-            dep("ns", &format!("{}b", "a".repeat(62)), None).volume_name()
-        );
     }
 
     #[test]

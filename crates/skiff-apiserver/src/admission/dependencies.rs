@@ -3,11 +3,12 @@
 //! (`skiff.io/depends-on`) is labelled with its declaration's hash
 //! (`skiff.io/deps`, which the generated NetworkPolicies select by; set or
 //! removed on every create and update, so a pod cannot wear another's),
-//! and a new one gets, per declared Service, a projected ServiceAccount
-//! token bound to it with the audience `<service>.<namespace>.svc`,
-//! mounted read-only at `/var/run/secrets/skiff.io/deps/<service>` in
-//! every container and init container (the agent requests and refreshes
-//! it as it does the API token). A declaration that does not parse is
+//! and a new one gets the projected volume `skiff-deps`: per declared
+//! Service a ServiceAccount token bound to the pod with the audience
+//! `<service>.<namespace>.svc`, at `<service>/token`, the volume mounted
+//! read-only at `/var/run/secrets/skiff.io/deps` in every container and
+//! init container (the agent requests and refreshes the tokens as it does
+//! the API token). A declaration that does not parse is
 //! left alone here: validation refuses it with a 422 naming the entry.
 
 use async_trait::async_trait;
@@ -97,7 +98,36 @@ fn mount_tokens(obj: &mut Value, list: &[Dependency]) {
     let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) else {
         return;
     };
-    let services = deps::services(list);
+    let vols = spec.entry("volumes").or_insert_with(|| json!([]));
+    if !vols.is_array() {
+        *vols = json!([]);
+    }
+    let vols = vols.as_array_mut().expect("array");
+    if vols
+        .iter()
+        .any(|v| v.get("name").and_then(Value::as_str) == Some(deps::TOKEN_VOLUME))
+    {
+        return;
+    }
+    // One projected volume, one token per declared Service in its own
+    // directory.
+    let sources: Vec<Value> = deps::services(list)
+        .iter()
+        .map(|d| {
+            let mut token = Map::new();
+            token.insert("audience".into(), json!(d.audience()));
+            token.insert(
+                "expirationSeconds".into(),
+                json!(crate::podtoken::EXPIRATION_SECONDS),
+            );
+            token.insert("path".into(), json!(format!("{}/token", d.service)));
+            json!({ "serviceAccountToken": token })
+        })
+        .collect();
+    vols.push(json!({
+        "name": deps::TOKEN_VOLUME,
+        "projected": {"defaultMode": 0o644, "sources": sources},
+    }));
     for list_name in ["initContainers", "containers"] {
         let Some(cs) = spec.get_mut(list_name).and_then(Value::as_array_mut) else {
             continue;
@@ -108,41 +138,15 @@ fn mount_tokens(obj: &mut Value, list: &[Dependency]) {
                 *mounts = json!([]);
             }
             let m = mounts.as_array_mut().expect("array");
-            for d in &services {
-                let path = d.token_dir();
-                if m.iter()
-                    .any(|x| x.get("mountPath").and_then(Value::as_str) == Some(path.as_str()))
-                {
-                    continue;
-                }
-                m.push(json!({"name": d.volume_name(), "readOnly": true, "mountPath": path}));
+            if m.iter()
+                .any(|x| x.get("mountPath").and_then(Value::as_str) == Some(deps::TOKEN_DIR))
+            {
+                continue;
             }
+            m.push(
+                json!({"name": deps::TOKEN_VOLUME, "readOnly": true, "mountPath": deps::TOKEN_DIR}),
+            );
         }
-    }
-    let vols = spec.entry("volumes").or_insert_with(|| json!([]));
-    if !vols.is_array() {
-        *vols = json!([]);
-    }
-    let vols = vols.as_array_mut().expect("array");
-    for d in &services {
-        let name = d.volume_name();
-        if vols
-            .iter()
-            .any(|v| v.get("name").and_then(Value::as_str) == Some(name.as_str()))
-        {
-            continue;
-        }
-        let mut token = Map::new();
-        token.insert("audience".into(), json!(d.audience()));
-        token.insert(
-            "expirationSeconds".into(),
-            json!(crate::podtoken::EXPIRATION_SECONDS),
-        );
-        token.insert("path".into(), json!("token"));
-        vols.push(json!({
-            "name": name,
-            "projected": {"defaultMode": 0o644, "sources": [{"serviceAccountToken": token}]},
-        }));
     }
 }
 
@@ -176,12 +180,17 @@ mod tests {
         );
         assert_eq!(p["metadata"]["labels"]["app"], "web");
         let vols = p["spec"]["volumes"].as_array().unwrap();
-        assert_eq!(vols.len(), 3, "{vols:?}");
+        assert_eq!(vols.len(), 2, "{vols:?}");
+        assert_eq!(vols[1]["name"], "skiff-deps");
+        let sources = vols[1]["projected"]["sources"].as_array().unwrap();
+        assert_eq!(sources.len(), 2, "one token per Service: {sources:?}");
         assert_eq!(
-            vols[2]["projected"]["sources"][0]["serviceAccountToken"]["audience"],
-            "db.data.svc"
+            sources[0]["serviceAccountToken"]["audience"],
+            "api.shop.svc"
         );
-        assert_eq!(vols[1]["name"], "skiff-dep-api");
+        assert_eq!(sources[0]["serviceAccountToken"]["path"], "api/token");
+        assert_eq!(sources[1]["serviceAccountToken"]["audience"], "db.data.svc");
+        assert_eq!(sources[1]["serviceAccountToken"]["path"], "db/token");
         for list in ["initContainers", "containers"] {
             let mounts: Vec<&str> = p["spec"][list][0]["volumeMounts"]
                 .as_array()
@@ -190,11 +199,7 @@ mod tests {
                 .map(|m| m["mountPath"].as_str().unwrap())
                 .collect();
             assert!(
-                mounts.contains(&"/var/run/secrets/skiff.io/deps/api"),
-                "{mounts:?}"
-            );
-            assert!(
-                mounts.contains(&"/var/run/secrets/skiff.io/deps/db"),
+                mounts.contains(&"/var/run/secrets/skiff.io/deps"),
                 "{mounts:?}"
             );
         }
