@@ -454,6 +454,7 @@ fn router(ctx: Arc<Ctx>) -> Router {
         .route("/portForward/{ns}/{pod}", any(port_forward))
         .route("/stats/summary", get(stats_summary))
         .route("/metrics/resource", get(resource_metrics))
+        .route("/metrics", get(node_metrics))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(ctx)
 }
@@ -483,6 +484,19 @@ async fn resource_metrics(State(ctx): State<Arc<Ctx>>) -> Response {
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         text,
+    )
+        .into_response()
+}
+
+/// The agent's own metrics: the undeclared connections its pods made
+/// (see `proxy::policy::undeclared`).
+async fn node_metrics() -> Response {
+    (
+        [(
+            http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::proxy::policy::undeclared::metrics_text(),
     )
         .into_response()
 }

@@ -358,6 +358,53 @@ fn a_three_tier_app_starts_tier_by_tier_with_its_wiring() {
         dot.starts_with("digraph") && dot.contains("\"shop/deployment/api\" -> \"svc/shop/db\""),
         "{dot}"
     );
+
+    // shop does not enforce: web reaching db, which it never declared,
+    // works, and is counted (the pod's condition, the node's metrics,
+    // `skiff deps`).
+    let body = s.ok(&[
+        "exec",
+        "-n",
+        "shop",
+        &web,
+        "--",
+        "wget",
+        "-q",
+        "-O-",
+        "http://db/",
+    ]);
+    assert_eq!(body.trim(), "db");
+    let undeclared = |pod: &str| {
+        field(
+            &s,
+            "shop",
+            &format!("pod/{pod}"),
+            "{.status.conditions[?(@.type==\"skiff.io/UndeclaredConnections\")].message}",
+        )
+    };
+    let msg = wait_until("web's undeclared connection counted", 30, || {
+        let m = undeclared(&web);
+        (!m.is_empty()).then_some(m)
+    });
+    assert!(msg.contains("undeclared destinations: shop/db:80"), "{msg}");
+    let metrics = s.ok(&["get", "--raw", "/api/v1/nodes/e2e-node/proxy/metrics"]);
+    assert!(
+        metrics.contains(&format!(
+            "skiff_undeclared_connections_total{{namespace=\"shop\",pod=\"{web}\"}}"
+        )),
+        "{metrics}"
+    );
+    // Its declared dependency is not counted; the api pod, which only
+    // used what it declared, has nothing.
+    assert!(!msg.contains("shop/api"), "{msg}");
+    assert_eq!(undeclared(&api), "");
+    let graph = deps(&s, &["-n", "shop"]);
+    assert!(
+        graph.lines().any(|l| l.starts_with("shop/deployment/web")
+            && l.contains("shop/db:80")
+            && l.ends_with("violated")),
+        "{graph}"
+    );
 }
 
 #[test]

@@ -7,7 +7,9 @@
 //! Each edge is a workload's declared dependency, in one state: `missing`
 //! (no such Service), `waiting` (no ready endpoint), `ready`, or
 //! `enforced` (ready, in an enforcing namespace, with its generated
-//! NetworkPolicy in place); edges inside a cycle are marked.
+//! NetworkPolicy in place); edges inside a cycle are marked. A workload
+//! whose pods made connections their declaration does not name (counted
+//! by the nodes outside enforcing namespaces) gets `violated` rows.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -24,6 +26,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ListParams};
 use serde_json::{json, Value};
 use skiff_helpers::dependencies::graph::{Edge, Graph, Inputs, State};
+use skiff_helpers::dependencies::UNDECLARED_CONDITION as UNDECLARED;
 
 #[derive(Args, Clone)]
 pub struct DepsArgs {
@@ -149,6 +152,45 @@ pub async fn run(args: DepsArgs, default_data_dir: PathBuf) -> Result<()> {
             (e, state_word(e, &enforced_hashes, &hashes))
         })
         .collect();
+    // Undeclared connections the nodes counted (outside enforcing
+    // namespaces), per workload: `violated`.
+    let mut violations: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for p in &pods {
+        let Some(c) = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == UNDECLARED && c.status == "True")
+            })
+        else {
+            continue;
+        };
+        let (ns, name) = (
+            p.metadata.namespace.clone().unwrap_or_default(),
+            p.metadata.name.clone().unwrap_or_default(),
+        );
+        if args.namespace.as_ref().is_some_and(|n| n != &ns) {
+            continue;
+        }
+        let Some(v) = g
+            .verdicts
+            .iter()
+            .find(|v| v.namespace == ns && v.name == name)
+        else {
+            continue;
+        };
+        let message = c.message.clone().unwrap_or_default();
+        let dests = message
+            .split_once(": ")
+            .map(|(_, d)| d.to_string())
+            .unwrap_or(message);
+        violations
+            .entry(g.units[v.unit].workload.key())
+            .or_default()
+            .push(format!("pod {name}: {dests}"));
+    }
     let cycles: Vec<String> = g
         .cycles
         .iter()
@@ -170,6 +212,9 @@ pub async fn run(args: DepsArgs, default_data_dir: PathBuf) -> Result<()> {
                     "inCycle": e.in_cycle,
                 })).collect::<Vec<Value>>(),
                 "cycles": cycles,
+                "violations": violations.iter().map(|(w, v)| json!({
+                    "from": w, "state": "violated", "undeclared": v,
+                })).collect::<Vec<Value>>(),
                 "dependents": g.dependents.iter()
                     .filter(|((ns, _), _)| args.namespace.as_ref().is_none_or(|n| n == ns))
                     .map(|((ns, svc), us)| json!({
@@ -208,11 +253,18 @@ pub async fn run(args: DepsArgs, default_data_dir: PathBuf) -> Result<()> {
                     color
                 );
             }
+            for (w, v) in &violations {
+                let _ = writeln!(
+                    s,
+                    "  \"{w}\" -> \"undeclared\" [label=\"violated ({})\", color=red, style=dashed];",
+                    v.len()
+                );
+            }
             s.push_str("}\n");
             s
         }
         _ => {
-            let rows: Vec<[String; 3]> = edges
+            let mut rows: Vec<[String; 3]> = edges
                 .iter()
                 .map(|(e, state)| {
                     let mut st = state.to_string();
@@ -222,6 +274,11 @@ pub async fn run(args: DepsArgs, default_data_dir: PathBuf) -> Result<()> {
                     [g.units[e.from].workload.key(), e.to.to_string(), st]
                 })
                 .collect();
+            for (w, v) in &violations {
+                for line in v {
+                    rows.push([w.clone(), format!("undeclared ({line})"), "violated".into()]);
+                }
+            }
             let mut s = String::new();
             if rows.is_empty() {
                 s.push_str("No declared dependencies.\n");

@@ -6,6 +6,7 @@
 //! dataplane cannot express gets a Warning Event and a log line.
 
 pub mod model;
+pub mod undeclared;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::Ipv4Addr;
@@ -33,7 +34,9 @@ struct Inputs {
     pods: HashMap<Key, Pod>,
     namespaces: HashMap<String, Namespace>,
     policies: HashMap<Key, NetworkPolicy>,
-    dns: HashMap<Key, Service>,
+    /// Every Service (the node-local DNS one is labelled
+    /// `skiff.io/node-local=true`).
+    services: HashMap<Key, Service>,
 }
 
 enum Ev {
@@ -41,6 +44,8 @@ enum Ev {
     Ns(watcher::Event<Namespace>),
     Policy(watcher::Event<NetworkPolicy>),
     Dns(Box<watcher::Event<Service>>),
+    /// Time to read the connection table (undeclared connections).
+    Tick,
     Error(watcher::Error),
 }
 
@@ -94,14 +99,22 @@ pub async fn run(
         watcher(Api::<Pod>::all(client.clone()), cfg()).map(|e| e.map(|e| Ev::Pod(Box::new(e))));
     let nss = watcher(Api::<Namespace>::all(client.clone()), cfg()).map(|e| e.map(Ev::Ns));
     let pols = watcher(Api::<NetworkPolicy>::all(client.clone()), cfg()).map(|e| e.map(Ev::Policy));
-    let dns = watcher(
-        Api::<Service>::all(client.clone()),
-        cfg().labels(NODE_LOCAL_LABEL),
-    )
-    .map(|e| e.map(|e| Ev::Dns(Box::new(e))));
-    let mut events =
-        futures::stream::select_all(vec![pods.boxed(), nss.boxed(), pols.boxed(), dns.boxed()])
-            .map(|r| r.unwrap_or_else(Ev::Error));
+    let dns = watcher(Api::<Service>::all(client.clone()), cfg())
+        .map(|e| e.map(|e| Ev::Dns(Box::new(e))));
+    let ticks = futures::stream::unfold((), |_| async {
+        tokio::time::sleep(UNDECLARED_EVERY).await;
+        Some((Ok(Ev::Tick), ()))
+    });
+    let mut events = futures::stream::select_all(vec![
+        pods.boxed(),
+        nss.boxed(),
+        pols.boxed(),
+        dns.boxed(),
+        ticks.boxed(),
+    ])
+    .map(|r| r.unwrap_or_else(Ev::Error));
+    let mut counter = undeclared::Counter::default();
+    let mut conntrack_ok = true;
 
     let mut inputs = Inputs::default();
     let mut pod_l = None;
@@ -116,7 +129,10 @@ pub async fn run(
         let Some(mut ev) = events.next().await else {
             return;
         };
+        // Only a change of the inputs calls for rendering (not a tick).
+        let mut changed = false;
         loop {
+            changed |= !matches!(ev, Ev::Tick);
             match ev {
                 Ev::Pod(e) => {
                     if fold(&mut inputs.pods, &mut pod_l, *e) {
@@ -138,8 +154,14 @@ pub async fn run(
                     }
                 }
                 Ev::Dns(e) => {
-                    if fold(&mut inputs.dns, &mut dns_l, *e) {
+                    if fold(&mut inputs.services, &mut dns_l, *e) {
                         synced.insert("dns");
+                    }
+                }
+                Ev::Tick => {
+                    if synced.len() == 4 && conntrack_ok {
+                        conntrack_ok =
+                            count_undeclared(&client, &inputs, &node_name, &mut counter).await;
                     }
                 }
                 Ev::Error(e) => {
@@ -154,7 +176,7 @@ pub async fn run(
                 None => break,
             }
         }
-        if synced.len() < 4 {
+        if !changed || synced.len() < 4 {
             // Never render from a partial view: pods missing from a peer
             // set would be denied.
             continue;
@@ -176,6 +198,87 @@ pub async fn run(
             let _ = out.send(Some(Arc::new(rendered.rules)));
         }
     }
+}
+
+/// How often the connection table is read while a local pod declares
+/// dependencies outside an enforcing namespace.
+const UNDECLARED_EVERY: Duration = Duration::from_secs(5);
+
+/// Reads the connection table, counts undeclared connections and writes
+/// the condition of each pod whose count moved. False when the table
+/// cannot be read at all (no `conntrack`): said once, then not tried
+/// again.
+async fn count_undeclared(
+    client: &kube::Client,
+    inputs: &Inputs,
+    node_name: &str,
+    counter: &mut undeclared::Counter,
+) -> bool {
+    let enforcing: std::collections::HashSet<String> = inputs
+        .namespaces
+        .iter()
+        .filter(|(_, ns)| {
+            ns.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(skiff_helpers::dependencies::NAMESPACE_LABEL))
+                .map(String::as_str)
+                == Some(skiff_helpers::dependencies::ENFORCE)
+        })
+        .map(|(n, _)| n.clone())
+        .collect();
+    let world = undeclared::World::new(
+        node_name,
+        inputs.pods.values(),
+        inputs.services.values(),
+        &enforcing,
+        &[],
+    );
+    if world.declarers.is_empty() && counter.counts.is_empty() {
+        return true;
+    }
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::process::Command::new("conntrack")
+            .args(["-L", "-f", "ipv4", "-o", "id"])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output(),
+    )
+    .await;
+    let text = match out {
+        Ok(Ok(o)) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read the connection table (conntrack): undeclared connections are not counted");
+            return false;
+        }
+        Err(_) => return true,
+    };
+    let flows = undeclared::parse_conntrack(&text);
+    let moved = counter.observe(&flows, &world);
+    undeclared::publish(counter);
+    for key in moved {
+        let Some((_, message)) = counter.message(&key) else {
+            continue;
+        };
+        let api: Api<Pod> = Api::namespaced(client.clone(), &key.0);
+        let patch = serde_json::json!({"status": {"conditions": [{
+            "type": undeclared::CONDITION, "status": "True", "reason": "UndeclaredConnections",
+            "message": message,
+            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+        }]}});
+        if let Err(e) = api
+            .patch_status(
+                &key.1,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Strategic(&patch),
+            )
+            .await
+        {
+            tracing::debug!(error = %e, pod = %key.1, "writing the undeclared-connections condition");
+        }
+    }
+    true
 }
 
 async fn report(recorder: &kube::runtime::events::Recorder, p: &NetworkPolicy, why: String) {
@@ -250,7 +353,15 @@ fn render(inputs: &Inputs, node_name: &str) -> model::Rendered {
     // for "the kube-dns pods" (its labels, its named ports), so a rule
     // allowing them by selector allows DNS.
     let mut dns_ips = vec![];
-    for svc in inputs.dns.values() {
+    let node_local = NODE_LOCAL_LABEL.split_once('=').unwrap_or_default();
+    for svc in inputs.services.values().filter(|s| {
+        s.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(node_local.0))
+            .map(String::as_str)
+            == Some(node_local.1)
+    }) {
         let Some(spec) = &svc.spec else { continue };
         for ip in spec.cluster_ips.iter().flatten() {
             let Ok(ip) = ip.parse::<Ipv4Addr>() else {
