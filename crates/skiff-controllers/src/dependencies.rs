@@ -320,41 +320,41 @@ async fn workload_conditions(ctx: &Arc<Ctx>, g: &Graph) -> Result<(), Error> {
             (deps::WAITING_REASON, message)
         };
         let key = format!("{}/{}", w.namespace, w.name);
-        let current: Option<Vec<Value>> = match w.kind.as_str() {
-            "Deployment" => ctx
-                .caches
-                .deployments
-                .get(&key)
-                .map(|o| conditions_json(&o.status)),
-            "StatefulSet" => ctx
-                .caches
-                .statefulsets
-                .get(&key)
-                .map(|o| conditions_json(&o.status)),
-            "DaemonSet" => ctx
-                .caches
-                .daemonsets
-                .get(&key)
-                .map(|o| conditions_json(&o.status)),
-            "ReplicaSet" => ctx
-                .caches
-                .replicasets
-                .get(&key)
-                .map(|o| conditions_json(&o.status)),
-            "Job" => ctx
-                .caches
-                .jobs
-                .get(&key)
-                .map(|o| conditions_json(&o.status)),
+        // (status, reason, message, lastTransitionTime) of the condition,
+        // from each kind's own condition type.
+        macro_rules! current {
+            ($cache:ident) => {
+                ctx.caches.$cache.get(&key).map(|o| {
+                    o.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION))
+                        .map(|c| {
+                            (
+                                c.status.clone(),
+                                c.reason.clone(),
+                                c.message.clone(),
+                                c.last_transition_time.as_ref().map(|t| t.0.to_string()),
+                            )
+                        })
+                })
+            };
+        }
+        let found = match w.kind.as_str() {
+            "Deployment" => current!(deployments),
+            "StatefulSet" => current!(statefulsets),
+            "DaemonSet" => current!(daemonsets),
+            "ReplicaSet" => current!(replicasets),
+            "Job" => current!(jobs),
             _ => None,
         };
-        let Some(current) = current else { continue };
-        let cur = current.iter().find(|c| c["type"] == CONDITION);
-        let cur_t = cur.map(|c| Current {
-            status: c["status"].as_str().unwrap_or(""),
-            reason: c["reason"].as_str(),
-            message: c["message"].as_str(),
-            since: c["lastTransitionTime"].as_str().map(str::to_string),
+        // Not a kind skiff writes the condition on, or not cached.
+        let Some(found) = found else { continue };
+        let cur_t = found.as_ref().map(|(st, r, m, t)| Current {
+            status: st.as_str(),
+            reason: r.as_deref(),
+            message: m.as_deref(),
+            since: t.clone(),
         });
         let Some(mut cond) = condition_patch(cur_t, ready, reason, &message) else {
             continue;
@@ -396,15 +396,6 @@ async fn workload_conditions(ctx: &Arc<Ctx>, g: &Graph) -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-/// A workload status's conditions as JSON (their types differ per kind).
-fn conditions_json<S: serde::Serialize>(status: &Option<S>) -> Vec<Value> {
-    status
-        .as_ref()
-        .and_then(|s| serde_json::to_value(s).ok())
-        .and_then(|v| v.get("conditions").and_then(Value::as_array).cloned())
-        .unwrap_or_default()
 }
 
 fn report_cycles(ctx: &Arc<Ctx>, state: &State, g: &Graph) {
@@ -504,13 +495,12 @@ async fn service_dependents(
     Ok(())
 }
 
-/// What of a policy the controller decides (the rest is the server's).
-fn comparable(p: &NetworkPolicy) -> Value {
-    json!({
-        "spec": p.spec,
-        "labels": p.metadata.labels,
-        "owners": p.metadata.owner_references,
-    })
+/// Whether a stored policy is what the controller decides (the rest of
+/// it is the server's).
+fn same(a: &NetworkPolicy, b: &NetworkPolicy) -> bool {
+    a.spec == b.spec
+        && a.metadata.labels == b.metadata.labels
+        && a.metadata.owner_references == b.metadata.owner_references
 }
 
 async fn policies(
@@ -535,7 +525,7 @@ async fn policies(
                 Err(e) if common::is_conflict(&e) || is_already_exists(&e) => {}
                 Err(e) => return Err(e.into()),
             },
-            Some(cur) if comparable(cur) != comparable(&p) => {
+            Some(cur) if !same(cur, &p) => {
                 let mut next = p.clone();
                 next.metadata.resource_version = cur.metadata.resource_version.clone();
                 match api.replace(&key.1, &PostParams::default(), &next).await {

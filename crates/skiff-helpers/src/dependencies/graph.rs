@@ -377,11 +377,17 @@ impl Graph {
         }
         // Unit → unit edges: a declared Service selects pods of a unit.
         let mut by_ns: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut by_label: HashMap<(&str, &str, &str), Vec<usize>> = HashMap::new();
         for (i, u) in g.units.iter().enumerate() {
-            by_ns
-                .entry(u.workload.namespace.as_str())
-                .or_default()
-                .push(i);
+            let ns = u.workload.namespace.as_str();
+            by_ns.entry(ns).or_default().push(i);
+            let mut pairs: BTreeSet<(&str, &str)> = BTreeSet::new();
+            for l in &u.labels {
+                pairs.extend(l.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            }
+            for (k, v) in pairs {
+                by_label.entry((ns, k, v)).or_default().push(i);
+            }
         }
         let mut selects: HashMap<(String, String), Vec<usize>> = HashMap::new();
         let mut edges = vec![];
@@ -393,12 +399,19 @@ impl Graph {
                     let Some(sel) = g.offers.get(&key).and_then(|o| o.selector.as_ref()) else {
                         return vec![];
                     };
+                    // A Service's selector is label equalities: start
+                    // from the units wearing its first pair (an index),
+                    // then check them whole.
+                    let candidates: Vec<usize> = match sel.iter().next() {
+                        Some((k, v)) => by_label
+                            .get(&(d.namespace.as_str(), k.as_str(), v.as_str()))
+                            .cloned()
+                            .unwrap_or_default(),
+                        None => by_ns.get(d.namespace.as_str()).cloned().unwrap_or_default(),
+                    };
                     let sel = Selector::from_map(sel);
-                    by_ns
-                        .get(d.namespace.as_str())
+                    candidates
                         .into_iter()
-                        .flatten()
-                        .copied()
                         .filter(|&j| g.units[j].labels.iter().any(|l| sel.matches(Some(l))))
                         .collect()
                 });
