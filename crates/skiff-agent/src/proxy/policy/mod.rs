@@ -129,10 +129,19 @@ pub async fn run(
         let Some(mut ev) = events.next().await else {
             return;
         };
-        // Only a change of the inputs calls for rendering (not a tick).
+        // Only a change of what the rules are made from calls for
+        // rendering: not a tick, nor a Service other than the node-local
+        // DNS one (all of them are watched for undeclared connections).
         let mut changed = false;
         loop {
-            changed |= !matches!(ev, Ev::Tick);
+            changed |= match &ev {
+                Ev::Tick => false,
+                Ev::Dns(e) => match e.as_ref() {
+                    watcher::Event::Apply(s) | watcher::Event::Delete(s) => node_local(s),
+                    _ => true,
+                },
+                _ => true,
+            };
             match ev {
                 Ev::Pod(e) => {
                     if fold(&mut inputs.pods, &mut pod_l, *e) {
@@ -343,6 +352,17 @@ pub fn pod_info(p: &Pod, node_name: &str) -> Option<PodInfo> {
     })
 }
 
+/// Whether a Service is the node-local cluster DNS one.
+fn node_local(s: &Service) -> bool {
+    let (k, v) = NODE_LOCAL_LABEL.split_once('=').unwrap_or_default();
+    s.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(k))
+        .map(String::as_str)
+        == Some(v)
+}
+
 fn render(inputs: &Inputs, node_name: &str) -> model::Rendered {
     let mut pods: Vec<PodInfo> = inputs
         .pods
@@ -353,15 +373,7 @@ fn render(inputs: &Inputs, node_name: &str) -> model::Rendered {
     // for "the kube-dns pods" (its labels, its named ports), so a rule
     // allowing them by selector allows DNS.
     let mut dns_ips = vec![];
-    let node_local = NODE_LOCAL_LABEL.split_once('=').unwrap_or_default();
-    for svc in inputs.services.values().filter(|s| {
-        s.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(node_local.0))
-            .map(String::as_str)
-            == Some(node_local.1)
-    }) {
+    for svc in inputs.services.values().filter(|s| node_local(s)) {
         let Some(spec) = &svc.spec else { continue };
         for ip in spec.cluster_ips.iter().flatten() {
             let Ok(ip) = ip.parse::<Ipv4Addr>() else {
