@@ -105,6 +105,34 @@ fn deps(s: &Server, args: &[&str]) -> String {
     text(&out.stdout)
 }
 
+/// What `pod` gets from `url` (in the container's shell, so `$VAR`s
+/// expand), retried for a while: a loaded machine's first lookups and
+/// connections may time out.
+fn fetch(s: &Server, ns: &str, pod: &str, url: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let out = s.kubectl(&[
+            "exec",
+            "-n",
+            ns,
+            pod,
+            "--",
+            "sh",
+            "-c",
+            &format!("wget -q -O- {url}"),
+        ]);
+        if out.status.success() {
+            return text(&out.stdout);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{ns}/{pod} could not fetch {url} within 60 s: {}",
+            text(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// Whether `pod` gets an answer from `url` within a few seconds.
 fn reaches(s: &Server, ns: &str, pod: &str, url: &str) -> bool {
     s.kubectl(&[
@@ -238,21 +266,24 @@ fn a_three_tier_app_starts_tier_by_tier_with_its_wiring() {
     wait_running(&s, "shop", &db);
     wait_running(&s, "shop", &api);
     wait_running(&s, "shop", &web);
+    // Compared to the second (RFC 3339 text, fractions cut off, so that
+    // the two writers' formats compare alike).
+    let second = |t: String| t.chars().take(19).collect::<String>();
     let started = |pod: &str| {
-        field(
+        second(field(
             &s,
             "shop",
             &format!("pod/{pod}"),
             "{.status.containerStatuses[0].state.running.startedAt}",
-        )
+        ))
     };
     let ready_at = |pod: &str| {
-        field(
+        second(field(
             &s,
             "shop",
             &format!("pod/{pod}"),
             "{.status.conditions[?(@.type==\"Ready\")].lastTransitionTime}",
-        )
+        ))
     };
     assert!(
         started(&api) >= ready_at(&db),
@@ -294,16 +325,7 @@ fn a_three_tier_app_starts_tier_by_tier_with_its_wiring() {
     ] {
         assert!(env.lines().any(|l| l == want), "{want} not in\n{env}");
     }
-    let body = s.ok(&[
-        "exec",
-        "-n",
-        "shop",
-        &web,
-        "--",
-        "sh",
-        "-c",
-        "wget -q -O- http://$SKIFF_DEP_API_ADDR/",
-    ]);
+    let body = fetch(&s, "shop", &web, "http://$SKIFF_DEP_API_ADDR/");
     assert_eq!(body.trim(), "api");
     let token = s.ok(&[
         "exec",
@@ -362,17 +384,7 @@ fn a_three_tier_app_starts_tier_by_tier_with_its_wiring() {
     // shop does not enforce: web reaching db, which it never declared,
     // works, and is counted (the pod's condition, the node's metrics,
     // `skiff deps`).
-    let body = s.ok(&[
-        "exec",
-        "-n",
-        "shop",
-        &web,
-        "--",
-        "wget",
-        "-q",
-        "-O-",
-        "http://db/",
-    ]);
+    let body = fetch(&s, "shop", &web, "http://db/");
     assert_eq!(body.trim(), "db");
     let undeclared = |pod: &str| {
         field(
