@@ -105,22 +105,19 @@ fn deps(s: &Server, args: &[&str]) -> String {
     text(&out.stdout)
 }
 
-/// What `pod` gets from `url` (in the container's shell, so `$VAR`s
-/// expand), retried for a while: a loaded machine's first lookups and
-/// connections may time out.
+/// `wget` of `url` in `pod`'s shell (so `$VAR`s expand), given up after
+/// `secs` seconds.
+fn wget(s: &Server, ns: &str, pod: &str, url: &str, secs: u32) -> std::process::Output {
+    let cmd = format!("timeout {secs} wget -q -O- {url}");
+    s.kubectl(&["exec", "-n", ns, pod, "--", "sh", "-c", &cmd])
+}
+
+/// What `pod` gets from `url`, retried for a while: a loaded machine's
+/// first lookups and connections may time out.
 fn fetch(s: &Server, ns: &str, pod: &str, url: &str) -> String {
     let start = Instant::now();
     loop {
-        let out = s.kubectl(&[
-            "exec",
-            "-n",
-            ns,
-            pod,
-            "--",
-            "sh",
-            "-c",
-            &format!("wget -q -O- {url}"),
-        ]);
+        let out = wget(s, ns, pod, url, 10);
         if out.status.success() {
             return text(&out.stdout);
         }
@@ -135,18 +132,7 @@ fn fetch(s: &Server, ns: &str, pod: &str, url: &str) -> String {
 
 /// Whether `pod` gets an answer from `url` within a few seconds.
 fn reaches(s: &Server, ns: &str, pod: &str, url: &str) -> bool {
-    s.kubectl(&[
-        "exec",
-        "-n",
-        ns,
-        pod,
-        "--",
-        "sh",
-        "-c",
-        &format!("timeout 2 wget -q -O- {url}"),
-    ])
-    .status
-    .success()
+    wget(s, ns, pod, url, 2).status.success()
 }
 
 /// Probes until `pod` reaching `url` is `want`; returns when the probe
