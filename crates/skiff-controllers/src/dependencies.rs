@@ -551,3 +551,54 @@ async fn policies(
 fn is_already_exists(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(r) if r.code == 409)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cur<'a>(status: &'a str, message: &'a str) -> Current<'a> {
+        Current {
+            status,
+            reason: Some(if status == "True" {
+                "DependenciesReady"
+            } else {
+                deps::WAITING_REASON
+            }),
+            message: Some(message),
+            since: Some("2026-01-01T00:00:00Z".into()),
+        }
+    }
+
+    #[test]
+    fn a_condition_is_written_only_when_it_changes_and_keeps_its_transition_time() {
+        let waiting = "waiting for shop/db (no ready endpoint)";
+        // As it stands: nothing to write.
+        assert!(condition_patch(
+            Some(cur("False", waiting)),
+            false,
+            deps::WAITING_REASON,
+            waiting
+        )
+        .is_none());
+        // Still waiting, for something else: the message changes, the
+        // transition time stays.
+        let other = "waiting for shop/cache (no such Service)";
+        let c = condition_patch(
+            Some(cur("False", waiting)),
+            false,
+            deps::WAITING_REASON,
+            other,
+        )
+        .unwrap();
+        assert_eq!(c["message"], other);
+        assert_eq!(c["lastTransitionTime"], "2026-01-01T00:00:00Z");
+        assert_eq!(c["type"], CONDITION);
+        // Ready now: a new transition time.
+        let c =
+            condition_patch(Some(cur("False", waiting)), true, "DependenciesReady", "ok").unwrap();
+        assert_eq!(c["status"], "True");
+        assert_ne!(c["lastTransitionTime"], "2026-01-01T00:00:00Z");
+        // None yet: written.
+        assert!(condition_patch(None, false, deps::WAITING_REASON, waiting).is_some());
+    }
+}
