@@ -164,6 +164,9 @@ const DEFINED_ONCE: &[(&str, &str)] = &[
     ("fn template_hash(", "skiff_helpers::workloads"),
     ("fn pod_from_template(", "skiff_helpers::workloads"),
     ("fn controller_ref(", "skiff_helpers::workloads"),
+    ("fn is_dns1123_label(", "skiff_helpers::names"),
+    ("fn is_dns1035_label(", "skiff_helpers::names"),
+    ("fn port_name_errors(", "skiff_helpers::names"),
 ];
 
 #[test]

@@ -13,6 +13,8 @@ pub mod graph;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use crate::names::{is_dns1035_label, is_dns1123_label, port_name_errors};
+
 /// The annotation a pod or pod template declares its dependencies in.
 pub const ANNOTATION: &str = "skiff.io/depends-on";
 /// The label admission puts on a pod with a declaration: a hash of the
@@ -117,27 +119,6 @@ impl fmt::Display for ParseError {
 
 impl std::error::Error for ParseError {}
 
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// IANA_SVC_NAME, as Kubernetes checks port names.
-fn is_port_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 15
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && s.bytes().any(|b| b.is_ascii_lowercase())
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-        && !s.contains("--")
-}
-
 /// Parses a declaration made in namespace `namespace`. An empty (or
 /// all-blank) value declares nothing. Errors name the first bad entry.
 pub fn parse(value: &str, namespace: &str) -> Result<Vec<Dependency>, ParseError> {
@@ -158,7 +139,7 @@ pub fn parse(value: &str, namespace: &str) -> Result<Vec<Dependency>, ParseError
             Some((ns, rest)) => (ns, rest),
             None => (namespace, entry),
         };
-        if !is_dns_label(ns) {
+        if !is_dns1123_label(ns) {
             return Err(err(format!(
                 "namespace {ns:?} is not a valid namespace name (a lowercase RFC 1123 label)"
             )));
@@ -167,7 +148,7 @@ pub fn parse(value: &str, namespace: &str) -> Result<Vec<Dependency>, ParseError
             Some((s, p)) => (s, Some(p)),
             None => (rest, None),
         };
-        if !is_dns_label(svc) || !svc.starts_with(|c: char| c.is_ascii_lowercase()) {
+        if !is_dns1035_label(svc) {
             return Err(err(format!(
                 "service {svc:?} is not a valid Service name (a lowercase RFC 1035 label)"
             )));
@@ -180,7 +161,9 @@ pub fn parse(value: &str, namespace: &str) -> Result<Vec<Dependency>, ParseError
                     _ => return Err(err(format!("port {p} is not between 1 and 65535"))),
                 }
             }
-            Some(p) if is_port_name(p) => Some(Port::Name(p.to_string())),
+            Some(p) if !p.is_empty() && port_name_errors(p).is_empty() => {
+                Some(Port::Name(p.to_string()))
+            }
             Some(p) => {
                 return Err(err(format!(
                     "port {p:?} is neither a number nor a valid port name"

@@ -8,6 +8,7 @@
 //! CEL.
 
 pub mod dependencies;
+pub mod names;
 pub mod qos;
 pub mod quantity;
 pub mod resources;

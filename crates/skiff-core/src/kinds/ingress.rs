@@ -8,6 +8,7 @@ use crate::meta::{
     is_dns1035_label, is_dns1123_label, is_dns1123_subdomain, DNS1035_LABEL_MSG,
     DNS1123_SUBDOMAIN_MSG as SUBDOMAIN_MSG,
 };
+use skiff_helpers::names::port_name_errors;
 
 pub struct Ingress;
 
@@ -312,30 +313,6 @@ fn backend(b: &Value, p: &str, c: &mut Vec<Cause>) {
             "resource or service backend is required",
         )),
     }
-}
-
-/// `IsValidPortName`'s messages (an IANA service name).
-pub(crate) fn port_name_errors(name: &str) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    if name.len() > 15 {
-        out.push("must be no more than 15 characters");
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
-        out.push("must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)");
-    }
-    if !name.bytes().any(|b| b.is_ascii_lowercase()) {
-        out.push("must contain at least one letter (a-z)");
-    }
-    if name.contains("--") {
-        out.push("must not contain consecutive hyphens");
-    }
-    if name.starts_with('-') || name.ends_with('-') {
-        out.push("must not begin or end with a hyphen");
-    }
-    out
 }
 
 /// A `TypedLocalObjectReference` backend: kind and name required, both
