@@ -104,38 +104,24 @@ pub fn register(ctx: &Arc<Ctx>, tasks: &mut tokio::task::JoinSet<()>) {
 }
 
 fn generated(ctx: &Ctx) -> Vec<Arc<NetworkPolicy>> {
-    let mut out = vec![];
-    ctx.caches.network_policies.scan(|p| {
-        if p.metadata
+    ctx.caches.network_policies.filter(|p| {
+        p.metadata
             .labels
             .as_ref()
             .and_then(|l| l.get(GENERATED_LABEL))
             .map(String::as_str)
             == Some(GENERATED_BY)
-        {
-            out.push(Arc::new(p.clone()));
-        }
-    });
-    out
+    })
 }
 
 async fn pass(ctx: &Arc<Ctx>, state: &State) -> Result<Next, Error> {
-    let mut pods: Vec<Arc<Pod>> = vec![];
-    ctx.caches.pods.scan(|p| {
-        if declares(Some(p)) {
-            pods.push(Arc::new(p.clone()));
-        }
-    });
+    let pods = ctx.caches.pods.filter(|p| declares(Some(p)));
     let existing = generated(ctx);
-    let mut annotated: Vec<Arc<Service>> = vec![];
-    ctx.caches.services.scan(|s| {
-        if s.metadata
+    let annotated = ctx.caches.services.filter(|s| {
+        s.metadata
             .annotations
             .as_ref()
             .is_some_and(|a| a.contains_key(DEPENDENTS_ANNOTATION))
-        {
-            annotated.push(Arc::new(s.clone()));
-        }
     });
     let active = !pods.is_empty() || !existing.is_empty() || !annotated.is_empty();
     state.active.store(active, Ordering::Relaxed);

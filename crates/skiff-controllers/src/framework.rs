@@ -342,6 +342,12 @@ where
         g.by_uid.get(uid).and_then(|k| g.objects.get(k).cloned())
     }
 
+    /// The objects `keep` accepts, shared (no copies).
+    pub fn filter(&self, mut keep: impl FnMut(&K) -> bool) -> Vec<Arc<K>> {
+        let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        g.objects.values().filter(|o| keep(o)).cloned().collect()
+    }
+
     /// Calls `f` on every object, under the cache's read lock (no copies).
     pub fn scan(&self, mut f: impl FnMut(&K)) {
         let g = self.inner.read().unwrap_or_else(|e| e.into_inner());
