@@ -156,7 +156,7 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     println!(
-        "a pod as served: plain {} bytes, declared {} bytes (the label, two token volumes and their mounts)\n",
+        "a pod as served: plain {} bytes, declared {} bytes (the label, the token volume with two tokens, its mounts)\n",
         size("plain-0-0").await,
         size("declared-0-0").await
     );
