@@ -57,6 +57,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 fi
 
+# A fresh clone gains nothing from incremental caches, and they cost
+# gigabytes of disk beside ~100 linked test binaries: off unless asked for.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# The build needs about 20 GB; say what is free so a failed link can be
+# told apart from a full disk.
+df -h "$(pwd)" | awk 'NR == 2 { print "test.sh: " $4 " free on " $6 " before building" }' >&2
+
 # kubectl v1.33.9, helm v4.1.4, python's kubernetes client: SKIFF_KUBECTL=…
 tools="$(./scripts/tools.sh)"
 while IFS= read -r line; do
@@ -82,6 +89,9 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
+if [ "$status" != 0 ]; then
+  df -h "$(pwd)" | awk 'NR == 2 { print "test.sh: " $4 " free on " $6 " after the tests" }' >&2
+fi
 # One closing line for the whole suite (cargo prints one per test binary).
 awk '/^test result:/ {
        for (i = 2; i <= NF; i++) {
