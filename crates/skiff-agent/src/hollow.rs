@@ -235,6 +235,7 @@ pub async fn run_as(identities: Identities, options: HollowOptions) -> Result<()
             clock: Arc::new(crate::clock::SystemClock),
             // What `NodeFacts::hollow` registers.
             allocations: crate::pods::resize::Book::new(4000, 32 << 30),
+            batch_cgroup_parent: None,
         });
         // Each node's pod watch starts as the node registers (kubelets do
         // not all start at once) and runs as its own task: started all

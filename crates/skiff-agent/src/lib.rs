@@ -8,6 +8,7 @@
 //! complete, successful list of the node's pods.
 
 pub mod apilb;
+pub mod cgroups;
 pub mod clock;
 pub mod containerd;
 pub mod credentials;
@@ -118,6 +119,37 @@ pub fn bridge_name(data_dir: &std::path::Path) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, data_dir.to_string_lossy().as_bytes());
     let hex: String = d.as_ref()[..4].iter().map(|b| format!("{b:02x}")).collect();
     format!("skf{hex}")
+}
+
+/// The cgroup batch pods run under, made idle: only with the agent's own
+/// containerd, whose cgroupfs driver takes a plain path as a sandbox's
+/// cgroup parent (a system containerd may use systemd's slices).
+fn batch_cgroup_parent(options: &AgentOptions) -> Option<String> {
+    if options.containerd.is_some() {
+        return None;
+    }
+    match cgroups::prepare_batch_parent(std::path::Path::new("/sys/fs/cgroup")) {
+        Ok(cgroups::BatchTier::Idle) => {
+            tracing::info!(
+                group = cgroups::BATCH_PARENT,
+                "batch pods run at idle cpu priority"
+            );
+        }
+        Ok(cgroups::BatchTier::LeastWeight(why)) => {
+            tracing::warn!(
+                group = cgroups::BATCH_PARENT,
+                "no idle cpu priority for batch pods ({why}); they run at the least cpu weight"
+            );
+        }
+        Err(e) => {
+            tracing::warn!(
+                group = cgroups::BATCH_PARENT,
+                "preparing the batch pods' cgroup: {e}; they run at the least cpu weight beside prod pods"
+            );
+            return None;
+        }
+    }
+    Some(cgroups::BATCH_PARENT.to_string())
 }
 
 /// Prepares the node (containerd, images, pod network) and returns the
@@ -328,6 +360,7 @@ pub async fn run(
             skiff_helpers::quantity::milli(&facts.cpu).unwrap_or(1000),
             skiff_helpers::quantity::units(&facts.memory).unwrap_or(0),
         ),
+        batch_cgroup_parent: batch_cgroup_parent(&options),
     });
     let index = reclaim::PodIndex::default();
     let (evict_tx, evict_rx) = tokio::sync::mpsc::unbounded_channel();

@@ -60,6 +60,9 @@ pub struct NodeContext {
     /// The node's allocatable cpu and memory and what each pod holds of
     /// it: in-place resizes are decided against it.
     pub allocations: resize::Book,
+    /// The cgroup batch pods' sandboxes are placed under (the agent made
+    /// it idle), if any.
+    pub batch_cgroup_parent: Option<String>,
 }
 
 impl NodeContext {
@@ -473,7 +476,13 @@ impl PodWorker {
         let (sandbox_id, sandbox_cfg, sandbox_ip) = match &actions.sandbox {
             SandboxAction::Keep { id, attempt } => (
                 id.clone(),
-                spec::sandbox_config(pod, *attempt, &logs_root, &self.ctx.dns),
+                spec::sandbox_config(
+                    pod,
+                    *attempt,
+                    &logs_root,
+                    &self.ctx.dns,
+                    self.ctx.batch_cgroup_parent.as_deref(),
+                ),
                 observed.sandbox_ip.clone().unwrap_or_default(),
             ),
             SandboxAction::Create {
@@ -488,7 +497,13 @@ impl PodWorker {
                     let _ = rt.stop_sandbox(id).await;
                     let _ = rt.remove_sandbox(id).await;
                 }
-                let cfg = spec::sandbox_config(pod, *attempt, &logs_root, &self.ctx.dns);
+                let cfg = spec::sandbox_config(
+                    pod,
+                    *attempt,
+                    &logs_root,
+                    &self.ctx.dns,
+                    self.ctx.batch_cgroup_parent.as_deref(),
+                );
                 if actions.prepare_inputs {
                     let path = PathBuf::from(&cfg.log_directory);
                     self.ctx
@@ -1339,6 +1354,7 @@ mod tests {
             host: host.clone(),
             clock: clock.clone(),
             allocations: resize::Book::new(4000, 8 << 30),
+            batch_cgroup_parent: None,
         });
         Node {
             ctx,

@@ -30,11 +30,13 @@ pub fn log_dir(logs_root: &Path, pod: &Pod) -> std::path::PathBuf {
 }
 
 /// The sandbox config of a pod (attempt: how many sandboxes it had before).
+/// A batch pod goes under `batch_cgroup_parent` when the node has one.
 pub fn sandbox_config(
     pod: &Pod,
     attempt: u32,
     logs_root: &Path,
     dns: &crate::dns::ClusterDns,
+    batch_cgroup_parent: Option<&str>,
 ) -> cri::PodSandboxConfig {
     let spec = pod.spec.clone().unwrap_or_default();
     let mut labels: HashMap<String, String> = pod
@@ -110,6 +112,10 @@ pub fn sandbox_config(
                 privileged,
                 ..Default::default()
             }),
+            cgroup_parent: batch_cgroup_parent
+                .filter(|_| crate::reclaim::is_batch(pod))
+                .unwrap_or_default()
+                .to_string(),
             ..Default::default()
         }),
         ..Default::default()
@@ -450,7 +456,7 @@ mod tests {
             .and_then(|l| l.security_context)
             .and_then(|s| s.namespace_options)
             .expect("container namespace options");
-        let sandbox = sandbox_config(&pod, 0, Path::new("/logs"), &Default::default())
+        let sandbox = sandbox_config(&pod, 0, Path::new("/logs"), &Default::default(), None)
             .linux
             .and_then(|l| l.security_context)
             .and_then(|s| s.namespace_options)
@@ -538,6 +544,35 @@ mod tests {
         let ns = ns_of(&pod(true));
         assert_eq!(ns.pid, cri::NamespaceMode::Pod as i32);
         assert_eq!(ns.target_id, "");
+    }
+
+    #[test]
+    fn only_a_batch_pod_goes_under_the_batch_cgroup() {
+        let pod = |resources: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "d", "uid": "u"},
+                "spec": {"containers": [{"name": "c", "resources": resources}]}
+            }))
+            .unwrap()
+        };
+        let parent = |pod: &Pod, batch_parent| {
+            sandbox_config(
+                pod,
+                0,
+                Path::new("/logs"),
+                &Default::default(),
+                batch_parent,
+            )
+            .linux
+            .map(|l| l.cgroup_parent)
+            .unwrap_or_default()
+        };
+        let batch = pod(serde_json::json!({"requests": {"skiff.io/batch-cpu": "500"}}));
+        let prod = pod(serde_json::json!({"requests": {"cpu": "500m"}}));
+        assert_eq!(parent(&batch, Some("/skiff-batch")), "/skiff-batch");
+        assert_eq!(parent(&prod, Some("/skiff-batch")), "");
+        // A node that could not prepare the group leaves it to containerd.
+        assert_eq!(parent(&batch, None), "");
     }
 
     #[test]

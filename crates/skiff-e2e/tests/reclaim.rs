@@ -22,6 +22,40 @@ fn node_field(s: &Server, path: &str) -> String {
     )
 }
 
+/// The batch group the agent makes idle, in the machine's cpu hierarchy
+/// (cgroup v1's `cpu`, or the unified one).
+fn batch_group() -> std::path::PathBuf {
+    let v1 = std::path::Path::new("/sys/fs/cgroup/cpu/skiff-batch");
+    if v1.exists() {
+        v1.to_path_buf()
+    } else {
+        std::path::PathBuf::from("/sys/fs/cgroup/skiff-batch")
+    }
+}
+
+/// The cpu time a container has used, in nanoseconds, from its cgroup
+/// (v1's cpuacct, v2's cpu.stat).
+fn cpu_used_ns(container: &str) -> u64 {
+    let v1 = format!("/sys/fs/cgroup/cpuacct/skiff-batch/{container}/cpuacct.usage");
+    if let Ok(t) = std::fs::read_to_string(&v1) {
+        return t.trim().parse().expect("cpuacct.usage");
+    }
+    let stat = std::fs::read_to_string(format!("/sys/fs/cgroup/skiff-batch/{container}/cpu.stat"))
+        .expect("the batch container's cgroup");
+    stat.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|u| u.trim().parse::<u64>().ok())
+        .expect("usage_usec")
+        * 1000
+}
+
+/// The cpu a container uses over two seconds, in cores.
+fn cpu_rate(container: &str) -> f64 {
+    let before = cpu_used_ns(container);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    (cpu_used_ns(container) - before) as f64 / 2e9
+}
+
 fn batch_cpu(s: &Server) -> Option<i64> {
     node_field(s, ".status.allocatable.skiff\\.io/batch-cpu")
         .trim()
@@ -122,14 +156,15 @@ fn unused_requests_become_batch_capacity_that_batch_pods_run_in() {
     assert_eq!(phase, "Pending");
 
     // A running batch container has the least cpu weight and its batch
-    // limit as its CFS quota (cgroup v2 or v1, as the machine has).
+    // limit as its CFS quota (cgroup v2 or v1, as the machine has). It
+    // spins, so its cpu share can be watched.
     s.ok(&[
         "run",
         "spin",
         "--image",
         BUSYBOX,
         &format!(
-            r#"--overrides={{"spec": {{"containers": [{{"name": "spin", "image": "{BUSYBOX}", "imagePullPolicy": "IfNotPresent", "command": ["sleep", "3600"], "resources": {{"requests": {{"skiff.io/batch-cpu": "200"}}, "limits": {{"skiff.io/batch-cpu": "200"}}}}}}]}}}}"#
+            r#"--overrides={{"spec": {{"containers": [{{"name": "spin", "image": "{BUSYBOX}", "imagePullPolicy": "IfNotPresent", "command": ["sh", "-c", "while :; do :; done"], "resources": {{"requests": {{"skiff.io/batch-cpu": "200"}}, "limits": {{"skiff.io/batch-cpu": "200"}}}}}}]}}}}"#
         ),
     ]);
     wait_until("the batch pod Running", 120, || {
@@ -152,6 +187,28 @@ fn unused_requests_become_batch_capacity_that_batch_pods_run_in() {
     assert!(
         lines == ["1", "20000 100000"] || lines == ["2", "20000"],
         "the batch container's cgroup: {cg:?}"
+    );
+    // On the node it lives in the batch group, which is idle: any other
+    // task preempts it at its next wakeup.
+    let id = s.ok(&[
+        "get",
+        "pod",
+        "spin",
+        "-o",
+        "jsonpath={.status.containerStatuses[0].containerID}",
+    ]);
+    let id = id.trim().trim_start_matches("containerd://").to_string();
+    let group = batch_group();
+    assert!(
+        group.join(&id).is_dir(),
+        "the batch container's cgroup under {}",
+        group.display()
+    );
+    assert_eq!(
+        std::fs::read_to_string(group.join("cpu.idle"))
+            .expect("a kernel with cpu.idle (5.15 or later)")
+            .trim(),
+        "1"
     );
     // QoS: it reserves nothing, so it is BestEffort (first to go under
     // memory pressure).
@@ -225,8 +282,10 @@ fn unused_requests_become_batch_capacity_that_batch_pods_run_in() {
         },
     );
 
-    // The prod pod spins on every cpu: its reservation jumps, nothing is
-    // left for batch pods, and the batch pod is evicted.
+    // The prod pod spins on every cpu: the batch pod's share collapses at
+    // once, its reservation jumps, nothing is left for batch pods, and the
+    // batch pod is evicted.
+    let alone = cpu_rate(&id);
     s.ok(&[
         "exec",
         &prod,
@@ -238,6 +297,13 @@ fn unused_requests_become_batch_capacity_that_batch_pods_run_in() {
             cpus as i64
         ),
     ]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let beside_prod = cpu_rate(&id);
+    eprintln!("batch cpu: {alone:.3} cores alone, {beside_prod:.3} beside spinning prod");
+    assert!(
+        alone > 0.05 && beside_prod < alone / 4.0,
+        "the batch container's cpu: {alone:.3} cores alone, {beside_prod:.3} beside spinning prod"
+    );
     let evicted = wait_until("the batch pod evicted", 120, || {
         let out = s.kubectl(&[
             "get",
