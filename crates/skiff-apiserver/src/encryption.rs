@@ -625,6 +625,44 @@ impl Store for EncryptedStore {
         Ok(kv)
     }
 
+    async fn commit(&self, writes: Vec<skiff_store::Write>) -> Result<Vec<KeyValue>> {
+        use skiff_store::Write;
+        let plain: Vec<Bytes> = writes
+            .iter()
+            .map(|w| match w {
+                Write::Create { value, .. } | Write::Update { value, .. } => value.clone(),
+            })
+            .collect();
+        let sealed = writes
+            .into_iter()
+            .map(|w| match w {
+                Write::Create { key, value } => Write::Create {
+                    value: self.seal(&key, value),
+                    key,
+                },
+                Write::Update {
+                    key,
+                    value,
+                    expected_revision,
+                } => Write::Update {
+                    value: self.seal(&key, value),
+                    key,
+                    expected_revision,
+                },
+            })
+            .collect();
+        let mut items = self
+            .inner
+            .commit(sealed)
+            .await
+            .map_err(|e| self.map_err(e))?;
+        for (kv, value) in items.iter_mut().zip(plain) {
+            self.written(&kv.key);
+            kv.value = value;
+        }
+        Ok(items)
+    }
+
     async fn delete(&self, key: &str, expected_revision: Option<i64>) -> Result<(KeyValue, i64)> {
         let (prev, rev) = self
             .inner

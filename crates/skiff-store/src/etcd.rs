@@ -45,7 +45,7 @@ use etcd_client as ec;
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
-use crate::{Error, Event, KeyValue, ListOptions, ListResult, Result, Store, WatchStream};
+use crate::{Error, Event, KeyValue, ListOptions, ListResult, Result, Store, WatchStream, Write};
 
 /// The root of the keys the API server writes.
 const ROOT: &str = "/registry";
@@ -764,6 +764,117 @@ impl Store for EtcdStore {
             create_revision,
             mod_revision: rev,
         })
+    }
+
+    async fn commit(&self, writes: Vec<Write>) -> Result<Vec<KeyValue>> {
+        let mut seen = std::collections::HashSet::new();
+        if let Some(w) = writes.iter().find(|w| !seen.insert(w.key())) {
+            return Err(Error::Backend(format!(
+                "a commit writes key {:?} twice",
+                w.key()
+            )));
+        }
+        let mut compares = Vec::with_capacity(writes.len() * 2);
+        let mut puts = Vec::with_capacity(writes.len());
+        let mut gets = Vec::with_capacity(writes.len());
+        for w in &writes {
+            let k = self.etcd_key(w.key());
+            match w {
+                Write::Create { value, .. } => {
+                    compares.push(ec::Compare::create_revision(
+                        k.clone(),
+                        ec::CompareOp::Equal,
+                        0,
+                    ));
+                    puts.push(ec::TxnOp::put(k.clone(), value.to_vec(), None));
+                }
+                Write::Update {
+                    value,
+                    expected_revision,
+                    ..
+                } => {
+                    compares.push(ec::Compare::mod_revision(
+                        k.clone(),
+                        ec::CompareOp::Equal,
+                        *expected_revision,
+                    ));
+                    compares.push(ec::Compare::create_revision(
+                        k.clone(),
+                        ec::CompareOp::Greater,
+                        0,
+                    ));
+                    puts.push(ec::TxnOp::put(
+                        k.clone(),
+                        value.to_vec(),
+                        Some(ec::PutOptions::new().with_prev_key()),
+                    ));
+                }
+            }
+            gets.push(ec::TxnOp::get(k, None));
+        }
+        let txn = ec::Txn::new().when(compares).and_then(puts).or_else(gets);
+        let txn = &txn;
+        let r = self
+            .write(|mut kv| async move { kv.txn(txn.clone()).await })
+            .await
+            .map_err(map_err)?;
+        if !r.succeeded() {
+            // The keys as they are: the first write whose condition fails.
+            for (w, op) in writes.iter().zip(r.op_responses()) {
+                let cur = match op {
+                    ec::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| self.kv(kv)),
+                    _ => None,
+                };
+                match (w, cur) {
+                    (Write::Create { key, .. }, Some(_)) => {
+                        return Err(Error::AlreadyExists(key.clone()))
+                    }
+                    (Write::Update { key, .. }, None) => return Err(Error::NotFound(key.clone())),
+                    (
+                        Write::Update {
+                            key,
+                            expected_revision,
+                            ..
+                        },
+                        Some(cur),
+                    ) if cur.mod_revision != *expected_revision => {
+                        return Err(Error::Conflict {
+                            key: key.clone(),
+                            expected: *expected_revision,
+                            current: Some(cur),
+                        })
+                    }
+                    _ => {}
+                }
+            }
+            return Err(Error::Backend(
+                "a commit failed, yet every condition holds now".into(),
+            ));
+        }
+        let rev = revision_of(r.header());
+        let created: Vec<Option<i64>> = r
+            .op_responses()
+            .iter()
+            .map(|op| match op {
+                ec::TxnOpResponse::Put(p) => p.prev_key().map(|kv| kv.create_revision()),
+                _ => None,
+            })
+            .collect();
+        Ok(writes
+            .into_iter()
+            .zip(created.into_iter().chain(std::iter::repeat(None)))
+            .map(|(w, prev_create)| {
+                let (key, value) = match w {
+                    Write::Create { key, value } | Write::Update { key, value, .. } => (key, value),
+                };
+                KeyValue {
+                    key,
+                    value,
+                    create_revision: prev_create.unwrap_or(rev),
+                    mod_revision: rev,
+                }
+            })
+            .collect())
     }
 
     async fn delete(&self, key: &str, expected_revision: Option<i64>) -> Result<(KeyValue, i64)> {

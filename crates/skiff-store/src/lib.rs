@@ -63,6 +63,29 @@ pub struct ListResult {
     pub remaining: i64,
 }
 
+/// One write of an atomic [`Store::commit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// Creates `key`; the commit fails with `AlreadyExists` if it exists.
+    Create { key: String, value: Bytes },
+    /// Replaces `key` if its mod revision is `expected_revision`; the
+    /// commit fails with `NotFound` or `Conflict` (with the current item)
+    /// otherwise.
+    Update {
+        key: String,
+        value: Bytes,
+        expected_revision: i64,
+    },
+}
+
+impl Write {
+    pub fn key(&self) -> &str {
+        match self {
+            Write::Create { key, .. } | Write::Update { key, .. } => key,
+        }
+    }
+}
+
 /// One change seen by a watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -150,6 +173,15 @@ pub trait Store: Send + Sync + 'static {
     /// Replaces `key` if its mod revision is `expected_revision`; durable when it
     /// returns. `NotFound` if absent, `Conflict` (with the current item) if stale.
     async fn update(&self, key: &str, value: Bytes, expected_revision: i64) -> Result<KeyValue>;
+
+    /// Applies every write or none, atomically: all conditions hold against
+    /// one state of the store, and a reader or watcher never sees some of
+    /// the writes without the others. Durable when it returns. Returns the
+    /// written items in order; their revisions are newer than any before
+    /// the commit (one revision for all in etcd, consecutive ones in the
+    /// embedded store). The error is the first failed condition's; a key
+    /// written twice is refused.
+    async fn commit(&self, writes: Vec<Write>) -> Result<Vec<KeyValue>>;
 
     /// Deletes `key`, if `expected_revision` is given only when it matches.
     /// Returns the deleted item and the revision of the deletion.

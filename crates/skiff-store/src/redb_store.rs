@@ -27,7 +27,7 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use tokio::sync::{broadcast, oneshot};
 
 use crate::trace::BatchTimes;
-use crate::{Error, Event, KeyValue, ListOptions, ListResult, Result, Store, WatchStream};
+use crate::{Error, Event, KeyValue, ListOptions, ListResult, Result, Store, WatchStream, Write};
 
 const REVISIONS: TableDefinition<u64, &[u8]> = TableDefinition::new("revisions");
 const VERSIONS: TableDefinition<(&str, u64), u64> = TableDefinition::new("versions");
@@ -70,13 +70,22 @@ enum OpKind {
     Update(i64),
     Delete(Option<i64>),
     Compact(i64),
+    /// Several creates and updates, all or none ([`Store::commit`]).
+    Commit(Vec<Write>),
+}
+
+/// What a write did: one item and the revision of the write, or a
+/// commit's items.
+enum Done {
+    One(KeyValue, i64),
+    Many(Vec<KeyValue>),
 }
 
 struct Op {
     kind: OpKind,
     key: String,
     value: Bytes,
-    reply: oneshot::Sender<(Result<(KeyValue, i64)>, BatchTimes)>,
+    reply: oneshot::Sender<(Result<Done>, BatchTimes)>,
 }
 
 /// The redb-backed [`Store`].
@@ -294,6 +303,13 @@ impl RedbStore {
     }
 
     async fn submit(&self, kind: OpKind, key: &str, value: Bytes) -> Result<(KeyValue, i64)> {
+        match self.submit_op(kind, key, value).await? {
+            Done::One(kv, rev) => Ok((kv, rev)),
+            Done::Many(_) => Err(Error::Backend("a single write answered as a commit".into())),
+        }
+    }
+
+    async fn submit_op(&self, kind: OpKind, key: &str, value: Bytes) -> Result<Done> {
         let (reply, rx) = oneshot::channel();
         let enqueued = Instant::now();
         {
@@ -420,7 +436,7 @@ fn committer(
         let mut commit_start = batch_start;
         let mut rev = revision.load(Ordering::Acquire);
         let mut compact_to = compacted.load(Ordering::Acquire);
-        let mut results: Vec<Result<(KeyValue, i64)>> = Vec::with_capacity(batch.len());
+        let mut results: Vec<Result<Done>> = Vec::with_capacity(batch.len());
         let mut new_events: Vec<Event> = Vec::new();
         let outcome = (|| -> std::result::Result<(), Error> {
             let mut w = db.begin_write().map_err(backend)?;
@@ -431,7 +447,20 @@ fn committer(
                 let mut meta = w.open_table(META).map_err(backend)?;
                 for op in &batch {
                     let key = op.key.as_str();
+                    if let OpKind::Commit(writes) = &op.kind {
+                        let r = commit_writes(
+                            &mut revisions,
+                            &mut versions,
+                            &mut buf,
+                            &mut rev,
+                            &mut new_events,
+                            writes,
+                        )?;
+                        results.push(r.map(Done::Many));
+                        continue;
+                    }
                     let r = match op.kind {
+                        OpKind::Commit(_) => unreachable!("handled above"),
                         OpKind::Compact(to) => {
                             if to > compact_to && to <= rev {
                                 compact(
@@ -539,7 +568,7 @@ fn committer(
                             }
                         },
                     };
-                    results.push(r);
+                    results.push(r.map(|(kv, rev)| Done::One(kv, rev)));
                 }
                 meta.insert("revision", rev as u64).map_err(backend)?;
                 meta.insert("compacted", compact_to as u64)
@@ -575,6 +604,80 @@ fn committer(
             }
         }
     }
+}
+
+/// Applies a commit's writes inside the batch's transaction: every
+/// condition is checked first, against the same state, so either all
+/// writes happen (at consecutive revisions) or none does. The outer
+/// `Result` is a backend fault (it fails the whole batch); the inner one
+/// the commit's own answer.
+fn commit_writes(
+    revisions: &mut redb::Table<u64, &[u8]>,
+    versions: &mut redb::Table<(&str, u64), u64>,
+    buf: &mut Vec<u8>,
+    rev: &mut i64,
+    new_events: &mut Vec<Event>,
+    writes: &[Write],
+) -> Result<Result<Vec<KeyValue>>> {
+    let mut seen = std::collections::HashSet::new();
+    // The current item of each updated key (its create revision and the
+    // previous value for the watch event).
+    let mut currents: Vec<Option<KeyValue>> = Vec::with_capacity(writes.len());
+    for w in writes {
+        if !seen.insert(w.key()) {
+            return Ok(Err(Error::Backend(format!(
+                "a commit writes key {:?} twice",
+                w.key()
+            ))));
+        }
+        match w {
+            Write::Create { key, .. } => {
+                if live_version(versions, key, u64::MAX)?.is_some() {
+                    return Ok(Err(Error::AlreadyExists(key.clone())));
+                }
+                currents.push(None);
+            }
+            Write::Update {
+                key,
+                expected_revision,
+                ..
+            } => match live_version(versions, key, u64::MAX)? {
+                None => return Ok(Err(Error::NotFound(key.clone()))),
+                Some((cur_rev, create)) => {
+                    let cur = item_at(revisions, key, cur_rev, create)?;
+                    if cur_rev as i64 != *expected_revision {
+                        return Ok(Err(Error::Conflict {
+                            key: key.clone(),
+                            expected: *expected_revision,
+                            current: Some(cur),
+                        }));
+                    }
+                    currents.push(Some(cur));
+                }
+            },
+        }
+    }
+    let mut items = Vec::with_capacity(writes.len());
+    for (w, cur) in writes.iter().zip(currents) {
+        *rev += 1;
+        let (key, value) = match w {
+            Write::Create { key, value } | Write::Update { key, value, .. } => (key, value),
+        };
+        let create = cur.as_ref().map(|c| c.create_revision).unwrap_or(*rev);
+        put_version(versions, revisions, buf, (key, *rev), create, value)?;
+        let item = KeyValue {
+            key: key.clone(),
+            value: value.clone(),
+            create_revision: create,
+            mod_revision: *rev,
+        };
+        new_events.push(Event::Put {
+            kv: item.clone(),
+            prev: cur,
+        });
+        items.push(item);
+    }
+    Ok(Ok(items))
 }
 
 /// Drops history at or below `to`, keeping the latest live version of each
@@ -754,6 +857,16 @@ impl Store for RedbStore {
     async fn delete(&self, key: &str, expected_revision: Option<i64>) -> Result<(KeyValue, i64)> {
         self.submit(OpKind::Delete(expected_revision), key, Bytes::new())
             .await
+    }
+
+    async fn commit(&self, writes: Vec<Write>) -> Result<Vec<KeyValue>> {
+        match self
+            .submit_op(OpKind::Commit(writes), "", Bytes::new())
+            .await?
+        {
+            Done::Many(items) => Ok(items),
+            Done::One(..) => Err(Error::Backend("a commit answered as a single write".into())),
+        }
     }
 
     async fn watch(

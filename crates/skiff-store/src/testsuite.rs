@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::{Error, Event, ListOptions, Store};
+use crate::{Error, Event, ListOptions, Store, Write};
 
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
@@ -64,6 +64,122 @@ pub async fn update_requires_the_current_revision(s: Arc<dyn Store>) {
         s.update("/t/none", b("x"), 1).await,
         Err(Error::NotFound(_))
     ));
+}
+
+/// A commit writes all of its keys or none: a failed condition anywhere
+/// leaves every key as it was and names the key; a key written twice is
+/// refused; watchers see each write with the value it replaced.
+pub async fn commits_are_all_or_nothing(s: Arc<dyn Store>) {
+    let a = s.create("/t/a", b("a1")).await.unwrap();
+    let mut w = s.watch("/t/", 0, None).await.unwrap();
+    let items = s
+        .commit(vec![
+            Write::Update {
+                key: "/t/a".into(),
+                value: b("a2"),
+                expected_revision: a.mod_revision,
+            },
+            Write::Create {
+                key: "/t/b".into(),
+                value: b("b1"),
+            },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(items.len(), 2);
+    assert_eq!(
+        (
+            items[0].key.as_str(),
+            &items[0].value,
+            items[0].create_revision
+        ),
+        ("/t/a", &b("a2"), a.create_revision)
+    );
+    assert!(items[0].mod_revision > a.mod_revision);
+    assert_eq!(items[1].create_revision, items[1].mod_revision);
+    assert!(items[1].mod_revision >= items[0].mod_revision);
+    assert_eq!(s.get("/t/a").await.unwrap().unwrap(), items[0]);
+    assert_eq!(s.get("/t/b").await.unwrap().unwrap(), items[1]);
+    match next_event(&mut w).await {
+        Event::Put { kv, prev } => {
+            assert_eq!(kv, items[0]);
+            assert_eq!(prev.map(|p| p.value), Some(b("a1")));
+        }
+        other => panic!("expected the update of /t/a, got {other:?}"),
+    }
+    match next_event(&mut w).await {
+        Event::Put { kv, prev: None } => assert_eq!(kv, items[1]),
+        other => panic!("expected the create of /t/b, got {other:?}"),
+    }
+
+    // A stale revision in the second write: the first does not happen.
+    let before = s.current_revision().await.unwrap();
+    match s
+        .commit(vec![
+            Write::Create {
+                key: "/t/c".into(),
+                value: b("c1"),
+            },
+            Write::Update {
+                key: "/t/a".into(),
+                value: b("a3"),
+                expected_revision: a.mod_revision,
+            },
+        ])
+        .await
+    {
+        Err(Error::Conflict {
+            key,
+            current: Some(cur),
+            ..
+        }) => {
+            assert_eq!(key, "/t/a");
+            assert_eq!(cur.value, b("a2"));
+        }
+        other => panic!("expected a conflict on /t/a, got {other:?}"),
+    }
+    assert!(s.get("/t/c").await.unwrap().is_none(), "nothing half-done");
+    assert_eq!(s.current_revision().await.unwrap(), before);
+    // An existing key to create, a missing one to update.
+    assert!(matches!(
+        s.commit(vec![Write::Create {
+            key: "/t/b".into(),
+            value: b("b2"),
+        }])
+        .await,
+        Err(Error::AlreadyExists(k)) if k == "/t/b"
+    ));
+    assert!(matches!(
+        s.commit(vec![
+            Write::Create {
+                key: "/t/d".into(),
+                value: b("d"),
+            },
+            Write::Update {
+                key: "/t/none".into(),
+                value: b("x"),
+                expected_revision: 1,
+            },
+        ])
+        .await,
+        Err(Error::NotFound(k)) if k == "/t/none"
+    ));
+    assert!(s.get("/t/d").await.unwrap().is_none());
+    // The same key twice.
+    assert!(s
+        .commit(vec![
+            Write::Create {
+                key: "/t/e".into(),
+                value: b("1"),
+            },
+            Write::Create {
+                key: "/t/e".into(),
+                value: b("2"),
+            },
+        ])
+        .await
+        .is_err());
+    assert!(s.get("/t/e").await.unwrap().is_none());
 }
 
 /// Deletes, guarded or not; deleting what is gone is NotFound.
@@ -570,6 +686,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@each $make;
             create_then_get,
             update_requires_the_current_revision,
+            commits_are_all_or_nothing,
             delete_with_and_without_a_guard,
             list_is_ordered_and_prefix_isolated,
             pages_come_from_one_snapshot,
