@@ -99,6 +99,10 @@ pub struct RegistryConfig {
     /// Whether the server issues ServiceAccount tokens (set by
     /// `ApiServer::start`): only then do pods get the token volume.
     pub service_account_tokens: bool,
+    /// Omega's commit check on writes that bind pods
+    /// (`registry::allocation`). Off only to measure it against
+    /// Kubernetes' behaviour (B1's `--no-commit-check`).
+    pub commit_check: bool,
 }
 
 impl Default for RegistryConfig {
@@ -107,6 +111,7 @@ impl Default for RegistryConfig {
             service_cidr: (Ipv4Addr::new(10, 43, 0, 0), 16),
             cluster_dns: None,
             service_account_tokens: false,
+            commit_check: true,
         }
     }
 }

@@ -15,6 +15,7 @@
 //! the revision that was read, retrying when another writer got there
 //! first. The store and the watch cache are private: nothing else writes.
 
+pub(crate) mod allocation;
 mod context;
 mod list;
 mod prepare;
@@ -48,6 +49,9 @@ pub struct Registry {
     store: Arc<dyn Store>,
     cache: Arc<WatchCache>,
     pub config: RegistryConfig,
+    /// The nodes' allocation records this server wrote last (Omega's
+    /// commit check; [`allocation`]).
+    allocations: allocation::Book,
 }
 
 fn store_err(res: &ResourceInfo, name: &str, e: skiff_store::Error) -> ApiError {
@@ -72,6 +76,11 @@ fn store_err(res: &ResourceInfo, name: &str, e: skiff_store::Error) -> ApiError 
     }
 }
 
+/// The node an object is bound to, as its kind's strategy says.
+fn bound_node<'a>(res: &ResourceInfo, obj: &'a Value) -> Option<&'a str> {
+    strategy_for(res).bound_node(obj)
+}
+
 fn random_u64() -> u64 {
     rand::random()
 }
@@ -83,6 +92,7 @@ impl Registry {
             store,
             cache,
             config,
+            allocations: Default::default(),
         }
     }
 
@@ -263,7 +273,7 @@ impl Registry {
             }
             let key = object::object_key(res, ns, &name);
             let (stored, meta_close) = object::encode_marked(&obj)?;
-            match self.store.create(&key, stored.clone()).await {
+            match self.create_stored(res, &key, stored.clone(), &obj).await {
                 Ok(kv) => {
                     // The stored object is exactly `obj`; no need to decode it again.
                     object::set_resource_version(&mut obj, kv.mod_revision);
@@ -272,13 +282,18 @@ impl Registry {
                     });
                     return Ok((obj, answer));
                 }
-                Err(skiff_store::Error::AlreadyExists(_)) if generate && attempt < 7 => {
+                Err(allocation::BindFailure::Store(skiff_store::Error::AlreadyExists(_)))
+                    if generate && attempt < 7 =>
+                {
                     strategy.release(self, &obj).await;
                     continue;
                 }
                 Err(e) => {
                     strategy.release(self, &obj).await;
-                    return Err(store_err(res, &name, e));
+                    return Err(match e {
+                        allocation::BindFailure::Store(e) => store_err(res, &name, e),
+                        allocation::BindFailure::Refused(e) => e,
+                    });
                 }
             }
         }
@@ -414,13 +429,38 @@ impl Registry {
         strategy.allocate(self, &mut prepared, false).await?;
         let name = meta_str(&prepared, "name").to_string();
         let key = object::object_key(res, ns, &name);
-        match self.store.create(&key, encode(&prepared)?).await {
+        match self
+            .create_stored(res, &key, encode(&prepared)?, &prepared)
+            .await
+        {
             Ok(kv) => decode(&kv),
             Err(e) => {
                 strategy.release(self, &prepared).await;
-                Err(store_err(res, &name, e))
+                Err(match e {
+                    allocation::BindFailure::Store(e) => store_err(res, &name, e),
+                    allocation::BindFailure::Refused(e) => e,
+                })
             }
         }
+    }
+
+    /// Creates an object's key; a pod created bound to a node takes its
+    /// place in the node's allocation record in the same commit.
+    async fn create_stored(
+        &self,
+        res: &ResourceInfo,
+        key: &str,
+        stored: bytes::Bytes,
+        obj: &Value,
+    ) -> Result<KeyValue, allocation::BindFailure> {
+        if let Some(node) = bound_node(res, obj) {
+            let claim = allocation::claim_of(obj).map_err(allocation::BindFailure::Refused)?;
+            return self.write_bound(key, None, stored, &claim, node).await;
+        }
+        self.store
+            .create(key, stored)
+            .await
+            .map_err(allocation::BindFailure::Store)
     }
 
     /// Writes `new` over `old` (read at `cur`), applying the update
@@ -562,6 +602,25 @@ impl Registry {
         }
         if opts.dry_run {
             return Ok(new);
+        }
+        // An update that binds a pod (sets `spec.nodeName` where there
+        // was none) commits with the node's allocation record.
+        if let (Some(node), None) = (bound_node(res, &new), bound_node(res, old)) {
+            let claim = allocation::claim_of(&new)?;
+            let kv = self
+                .write_bound(&cur.key, Some(cur), encode(&new)?, &claim, node)
+                .await
+                .map_err(|e| e.into_write_error(res, name))?;
+            return Ok(object::into_stored(new, kv.mod_revision));
+        }
+        // A resize of a bound pod keeps its node's record an upper bound.
+        if let (Subresource::Resize, Some(node)) = (sub, bound_node(res, &new)) {
+            let claim = allocation::claim_of(&new)?;
+            let kv = self
+                .write_resized(cur, encode(&new)?, &claim, node)
+                .await
+                .map_err(|e| e.into_write_error(res, name))?;
+            return Ok(object::into_stored(new, kv.mod_revision));
         }
         // What was stored is `new`: no need to decode it again.
         let kv = self.write_at(res, cur, &new).await?;
@@ -740,26 +799,6 @@ impl Registry {
             }
         })
         .await
-    }
-
-    /// Writes the encoded object `bytes` over `cur` if it is still the
-    /// current version.
-    pub(crate) async fn write_bytes_at(
-        &self,
-        res: &ResourceInfo,
-        cur: &KeyValue,
-        bytes: bytes::Bytes,
-    ) -> Result<KeyValue, WriteError> {
-        match self.store.update(&cur.key, bytes, cur.mod_revision).await {
-            Ok(kv) => Ok(kv),
-            Err(skiff_store::Error::Conflict { .. }) | Err(skiff_store::Error::NotFound(_)) => {
-                Err(WriteError::Retry)
-            }
-            Err(e) => {
-                let name = cur.key.rsplit('/').next().unwrap_or("");
-                Err(store_err(res, name, e).into())
-            }
-        }
     }
 
     /// Writes `new` over `cur` if it is still the current version.

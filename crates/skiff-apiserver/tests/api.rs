@@ -496,6 +496,146 @@ async fn bound_pods_wait_for_their_node_and_binding_happens_once() {
 }
 
 #[tokio::test]
+async fn a_node_s_committed_state_refuses_a_pod_that_does_not_fit() {
+    let a = api().await;
+    let pods = "/api/v1/namespaces/default/pods";
+    let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"},
+        "status": {"allocatable": {"cpu": "1", "memory": "1Gi", "pods": "3"}}});
+    assert_eq!(
+        a.post("/api/v1/nodes", node.clone()).await.status,
+        StatusCode::CREATED
+    );
+    let mut n = a.get("/api/v1/nodes/n1").await.body;
+    n["status"] = node["status"].clone();
+    assert_eq!(
+        a.put("/api/v1/nodes/n1/status", n).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        a.get("/api/v1/nodes/n1").await.body["status"]["allocatable"]["cpu"],
+        "1"
+    );
+    let pod = |name: &str, cpu: &str, node: &str| {
+        let mut p = json!({"metadata": {"name": name}, "spec": {"containers": [
+            {"name": "c", "image": "i:1", "resources": {"requests": {"cpu": cpu}}}]}});
+        if !node.is_empty() {
+            p["spec"]["nodeName"] = json!(node);
+        }
+        p
+    };
+    let bind = |name: &str, node: &str| {
+        json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+            "target": {"kind": "Node", "name": node}})
+    };
+    for p in ["p1", "p2", "p3"] {
+        assert_eq!(
+            a.post(pods, pod(p, "400m", "")).await.status,
+            StatusCode::CREATED
+        );
+    }
+    for p in ["p1", "p2"] {
+        let r = a.post(&format!("{pods}/{p}/binding"), bind(p, "n1")).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    }
+    // 800m of 1 cpu are taken: a third 400m pod is a conflict naming cpu,
+    // and stays unbound.
+    let refused = a
+        .post(&format!("{pods}/p3/binding"), bind("p3", "n1"))
+        .await;
+    assert_eq!(refused.status, StatusCode::CONFLICT);
+    assert_eq!(refused.body["reason"], "Conflict");
+    assert_eq!(
+        refused.body["message"],
+        "Operation cannot be fulfilled on pods \"p3\": pod default/p3 does not fit on node \"n1\": \
+         Insufficient cpu (the pod requests 400m, 800m of the node's 1000m allocatable are taken)"
+    );
+    assert_eq!(
+        a.get(&format!("{pods}/p3")).await.body["spec"]["nodeName"],
+        Value::Null
+    );
+    // Created already bound: the same check, and nothing is created.
+    let created = a.post(pods, pod("p4", "400m", "n1")).await;
+    assert_eq!(created.status, StatusCode::CONFLICT, "{}", created.body);
+    assert!(created.body["message"]
+        .as_str()
+        .unwrap()
+        .contains("Insufficient cpu"));
+    assert_eq!(
+        a.get(&format!("{pods}/p4")).await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    // A pod being deleted still holds its place (its node may run it);
+    // once it is gone, its place is free again.
+    let del = a
+        .req(
+            "DELETE",
+            &format!("{pods}/p1"),
+            "application/json",
+            json!({"gracePeriodSeconds": 30}).to_string(),
+        )
+        .await;
+    assert_eq!(del.status, StatusCode::OK);
+    let still = a
+        .post(&format!("{pods}/p3/binding"), bind("p3", "n1"))
+        .await;
+    assert_eq!(still.status, StatusCode::CONFLICT);
+    let del = a
+        .req(
+            "DELETE",
+            &format!("{pods}/p1"),
+            "application/json",
+            json!({"gracePeriodSeconds": 0}).to_string(),
+        )
+        .await;
+    assert_eq!(del.status, StatusCode::OK);
+    assert_eq!(
+        a.get(&format!("{pods}/p1")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let ok = a
+        .post(&format!("{pods}/p3/binding"), bind("p3", "n1"))
+        .await;
+    assert_eq!(ok.status, StatusCode::CREATED, "{}", ok.body);
+
+    // A finished pod holds nothing.
+    let mut p2 = a.get(&format!("{pods}/p2")).await.body;
+    p2["status"]["phase"] = json!("Succeeded");
+    assert_eq!(
+        a.put(&format!("{pods}/p2/status"), p2).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        a.post(pods, pod("p5", "400m", "n1")).await.status,
+        StatusCode::CREATED
+    );
+    // Three pods at most: p3 and p5 run, one more fits, then none.
+    assert_eq!(
+        a.post(pods, pod("p6", "1m", "n1")).await.status,
+        StatusCode::CREATED
+    );
+    let full = a.post(pods, pod("p7", "1m", "n1")).await;
+    assert_eq!(full.status, StatusCode::CONFLICT);
+    assert!(
+        full.body["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("Too many pods (3 of 3 allowed are bound)"),
+        "{}",
+        full.body
+    );
+    // A mirror pod (its node runs it already) is never refused.
+    let mut mirror = pod("static-n1", "900m", "n1");
+    mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "abc"});
+    assert_eq!(a.post(pods, mirror).await.status, StatusCode::CREATED);
+    // A node the server does not know is not checked.
+    assert_eq!(
+        a.post(pods, pod("far", "64", "elsewhere")).await.status,
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test]
 async fn a_binding_names_the_pod_it_means_by_uid() {
     let a = api().await;
     let pods = "/api/v1/namespaces/default/pods";

@@ -10,8 +10,9 @@ use skiff_core::{ApiError, ApiResult};
 use skiff_store::KeyValue;
 
 use super::pod::{bind_stored, bind_to, bindable, check_binding};
-use crate::object::{self, decode};
+use crate::object::{self, decode, encode};
 use crate::options::WriteOptions;
+use crate::registry::allocation::{claim_of, claim_of_stored};
 use crate::registry::{Registry, WriteError};
 
 /// Binds a pod to a node (`pods/binding`), as the scheduler does.
@@ -61,10 +62,12 @@ pub async fn bind(
         if !opts.dry_run && !has_annotations {
             match bind_stored(&cur.value, name, wanted_uid, node) {
                 Ok(Some(bytes)) if bytes.len() <= object::MAX_OBJECT => {
+                    let claim = claim_of_stored(&cur.value)?;
                     return reg
-                        .write_bytes_at(res, &cur, bytes.into())
+                        .write_bound(&cur.key, Some(&cur), bytes.into(), &claim, node)
                         .await
-                        .map(|_| ());
+                        .map(|_| ())
+                        .map_err(|e| e.into_write_error(res, name));
                 }
                 Ok(_) => {}
                 Err(_) if from_cache => return Err(WriteError::Retry),
@@ -86,7 +89,11 @@ pub async fn bind(
         if opts.dry_run {
             return Ok(());
         }
-        reg.write_at(res, &cur, &pod).await.map(|_| ())
+        let claim = claim_of(&pod)?;
+        reg.write_bound(&cur.key, Some(&cur), encode(&pod)?, &claim, node)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.into_write_error(res, name))
     })
     .await
 }

@@ -128,6 +128,13 @@ pub trait Strategy: Send + Sync {
     ) {
     }
 
+    /// The node an object is bound to, if its kind is bound to nodes
+    /// (pods): a write that binds one commits with the node's allocation
+    /// record (`registry::allocation`).
+    fn bound_node<'a>(&self, _obj: &'a Value) -> Option<&'a str> {
+        None
+    }
+
     /// Gives back what an object held: it was deleted, or its create failed.
     async fn release(&self, _cx: &dyn AdmissionCtx, _obj: &Value) {}
 

@@ -16,6 +16,12 @@ pub struct PodStrategy;
 
 #[async_trait]
 impl Strategy for PodStrategy {
+    fn bound_node<'a>(&self, obj: &'a Value) -> Option<&'a str> {
+        obj.pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+    }
+
     /// The QoS class follows the resources admission settled on.
     async fn admit_create(
         &self,
