@@ -16,7 +16,11 @@
 //! the pod creators and the scheduler act as ordinary users
 //! (`bench-creator`, `system:kube-scheduler`) whose rights come from RBAC
 //! bindings, so every request of the measured path is authorized by RBAC
-//! instead of passing as `system:masters`.
+//! instead of passing as `system:masters`; `--schedulers N`: N instances
+//! of the default profile sharing its pods without leader election (each
+//! with its own cache; the API server's commit check settles their races;
+//! the conflicts are reported); `--no-commit-check`: the API server binds
+//! as Kubernetes does, without checking the node's committed state.
 
 /// The allocator the `skiff` binary uses, so the benchmark measures it.
 #[global_allocator]
@@ -91,6 +95,12 @@ impl Store for TimedStore {
         self.write(t);
         r
     }
+    async fn commit(&self, writes: Vec<skiff_store::Write>) -> skiff_store::Result<Vec<KeyValue>> {
+        let t = Instant::now();
+        let r = self.inner.commit(writes).await;
+        self.write(t);
+        r
+    }
     async fn delete(&self, key: &str, rev: Option<i64>) -> skiff_store::Result<(KeyValue, i64)> {
         let t = Instant::now();
         let r = self.inner.delete(key, rev).await;
@@ -135,6 +145,8 @@ struct Args {
     authz: bool,
     etcd: bool,
     existing_pods: usize,
+    schedulers: usize,
+    commit_check: bool,
 }
 
 fn args() -> Args {
@@ -147,6 +159,8 @@ fn args() -> Args {
         authz: false,
         etcd: false,
         existing_pods: 0,
+        schedulers: 1,
+        commit_check: true,
     };
     let mut pods_set = false;
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -176,6 +190,7 @@ fn args() -> Args {
             }
             "--creators" => a.creators = num(),
             "--existing-pods" => a.existing_pods = num(),
+            "--schedulers" => a.schedulers = num().max(1),
             // Read where the store is opened.
             "--store-cache-mib" => {
                 num();
@@ -187,6 +202,11 @@ fn args() -> Args {
             }
             "--etcd" => {
                 a.etcd = true;
+                i += 1;
+                continue;
+            }
+            "--no-commit-check" => {
+                a.commit_check = false;
                 i += 1;
                 continue;
             }
@@ -422,9 +442,14 @@ async fn main() {
         reads: AtomicU64::new(0),
     });
     let store: Arc<dyn Store> = timed.clone();
-    let api = skiff_apiserver::ApiServer::start(store, Default::default())
+    let mut config = skiff_apiserver::Config::default();
+    config.registry.commit_check = a.commit_check;
+    let api = skiff_apiserver::ApiServer::start(store, config)
         .await
         .unwrap();
+    if !a.commit_check {
+        println!("the API server binds without the commit check (--no-commit-check)");
+    }
     let client = skiff_kube::in_process(&api, "bench");
     // With --authz, the measured clients are RBAC users, not system:masters.
     let as_user = |user: &str| {
@@ -476,12 +501,22 @@ async fn main() {
         load_existing(&client, a.existing_pods, a.nodes, a.workload, a.creators).await;
     }
 
+    // One set of counters for all instances: `scheduled` is the total.
     let metrics = Arc::new(Metrics::default());
-    let opts = skiff_scheduler::Options {
-        config_file: None,
-        metrics: Some(metrics.clone()),
-    };
-    tokio::spawn(skiff_scheduler::run(scheduler_client, opts));
+    for i in 0..a.schedulers {
+        let opts = skiff_scheduler::Options {
+            config_file: None,
+            metrics: Some(metrics.clone()),
+            // One instance runs alone, as B1 always ran; several share.
+            instance: (a.schedulers > 1).then(|| format!("bench-{i}")),
+        };
+        tokio::spawn(skiff_scheduler::run(scheduler_client.clone(), opts));
+    }
+    if a.schedulers > 1 {
+        // Every instance sees the others' Leases before pods come.
+        tokio::time::sleep(skiff_scheduler::shard::RENEW * 3).await;
+        println!("{} scheduler instances share the pods", a.schedulers);
+    }
 
     let lat = Arc::new(AtomicU64::new(0));
     let t = Instant::now();
@@ -518,6 +553,7 @@ async fn main() {
     );
     let (sw0, swn0) = (base(&timed.write_ns), base(&timed.writes));
     let (ew0, ed0) = (base(&metrics.events_written), base(&metrics.events_dropped));
+    let conflicts0 = base(&metrics.bind_conflicts);
     lat.store(0, Relaxed);
     let cpu0 = cpu_seconds();
     let start_count = Metrics::get(&metrics.scheduled);
@@ -612,5 +648,14 @@ async fn main() {
         "  events: {} written, {} dropped by the recorder (back-pressure)",
         d(&metrics.events_written, ew0),
         d(&metrics.events_dropped, ed0)
+    );
+    let conflicts = d(&metrics.bind_conflicts, conflicts0);
+    println!(
+        "  commit conflicts ({} scheduler instance(s)): {conflicts} of {binds} binds refused ({:.2}%), \
+         {:.4} retries per pod, {:.3} attempts per pod",
+        a.schedulers,
+        100.0 * conflicts as f64 / binds as f64,
+        conflicts as f64 / done.max(1) as f64,
+        attempts as f64 / done.max(1) as f64
     );
 }

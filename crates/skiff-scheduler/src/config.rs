@@ -30,6 +30,8 @@ pub const EXTENSION_POINTS: &[&str] = &[
 pub struct Config {
     pub percentage_of_nodes_to_score: Option<i32>,
     pub profiles: Vec<Value>,
+    /// `leaderElection.leaderElect`, when the file says.
+    pub leader_elect: Option<bool>,
 }
 
 impl Default for Config {
@@ -37,6 +39,7 @@ impl Default for Config {
         Config {
             percentage_of_nodes_to_score: None,
             profiles: vec![json!({"schedulerName": crate::DEFAULT_SCHEDULER_NAME})],
+            leader_elect: None,
         }
     }
 }
@@ -79,9 +82,19 @@ impl Config {
             Some(Value::Array(a)) => a.clone(),
             Some(_) => bail!("profiles must be a list"),
         };
+        let leader_elect = match v.get("leaderElection") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(le)) => match le.get("leaderElect") {
+                None | Some(Value::Null) => None,
+                Some(Value::Bool(b)) => Some(*b),
+                Some(other) => bail!("leaderElection.leaderElect must be a boolean, got {other}"),
+            },
+            Some(_) => bail!("leaderElection must be an object"),
+        };
         Ok(Config {
             percentage_of_nodes_to_score: pct,
             profiles,
+            leader_elect,
         })
     }
 
@@ -399,6 +412,7 @@ profiles:
             "kind: KubeSchedulerConfiguration\napiVersion: kubescheduler.config.k8s.io/v1\npercentageOfNodesToScore: 101",
             "[1, 2",
             "- a\n- b",
+            "kind: KubeSchedulerConfiguration\napiVersion: kubescheduler.config.k8s.io/v1\nleaderElection:\n  leaderElect: maybe",
         ];
         for t in bad {
             assert!(Config::parse(t).is_err(), "{t}");
@@ -414,5 +428,22 @@ profiles:
             let c = Config::parse(t).unwrap();
             assert!(c.build(&ctx()).is_err(), "{t}");
         }
+    }
+
+    #[test]
+    fn the_file_s_leader_election_is_read() {
+        let head = "kind: KubeSchedulerConfiguration\napiVersion: kubescheduler.config.k8s.io/v1\n";
+        let parse = |rest: &str| {
+            Config::parse(&format!("{head}{rest}"))
+                .unwrap()
+                .leader_elect
+        };
+        assert_eq!(parse("leaderElection:\n  leaderElect: false"), Some(false));
+        assert_eq!(
+            parse("leaderElection:\n  leaderElect: true\n  resourceName: x"),
+            Some(true)
+        );
+        assert_eq!(parse("leaderElection: {}"), None);
+        assert_eq!(parse("profiles: []"), None);
     }
 }

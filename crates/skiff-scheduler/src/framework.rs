@@ -29,6 +29,10 @@ pub enum Code {
     Skip,
     /// From Permit: wait before binding (not supported: treated as an error).
     Wait,
+    /// From Bind: the API server refused the binding because the node's
+    /// committed state had no room left (another scheduler got there
+    /// first) — Omega's failed transaction: refresh and retry.
+    Conflict,
 }
 
 /// What a plugin says, with reasons users read.

@@ -20,6 +20,7 @@ pub mod plugins;
 pub mod quantity;
 pub mod queue;
 pub mod scheduler;
+pub mod shard;
 pub mod testing;
 pub mod types;
 
@@ -37,6 +38,9 @@ pub struct Options {
     pub config_file: Option<std::path::PathBuf>,
     /// Counters to report into (the benchmark reads them); fresh if unset.
     pub metrics: Option<Arc<Metrics>>,
+    /// Share the profiles' pods with the other instances running them
+    /// (no leader election), as this instance name ([`shard`]).
+    pub instance: Option<String>,
 }
 
 /// Runs the scheduler until an unrecoverable error.
@@ -55,7 +59,12 @@ pub async fn run(client: kube::Client, options: Options) -> anyhow::Result<()> {
         profiles = ?profiles.iter().map(|p| p.scheduler_name.as_str()).collect::<Vec<_>>(),
         "scheduler starting"
     );
-    scheduler::Scheduler::new(client, profiles, metrics)?
-        .run()
-        .await
+    let mut scheduler = scheduler::Scheduler::new(client.clone(), profiles.clone(), metrics)?;
+    if let Some(me) = options.instance.clone() {
+        let group = shard::group_of(profiles.iter().map(|p| p.scheduler_name.as_str()));
+        let (tx, members) = tokio::sync::watch::channel(Vec::new());
+        tokio::spawn(shard::run(client, group, me.clone(), tx));
+        scheduler = scheduler.with_ownership(shard::Ownership { me, members });
+    }
+    scheduler.run().await
 }

@@ -17,6 +17,10 @@ pub struct Metrics {
     pub bind_ns: AtomicU64,
     pub binds: AtomicU64,
     pub bind_errors: AtomicU64,
+    /// Bindings the API server refused because the node's committed state
+    /// had no room (Omega's conflicts; each is retried). Also counted in
+    /// `bind_errors`.
+    pub bind_conflicts: AtomicU64,
     /// Time handling watch events in the scheduling loop, ns.
     pub events_ns: AtomicU64,
     pub watch_events: AtomicU64,

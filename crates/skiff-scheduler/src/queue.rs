@@ -201,6 +201,18 @@ impl SchedulingQueue {
         t.rejectors = rejectors;
     }
 
+    /// A binding that lost a race for the node (a failed transaction):
+    /// back in the active queue at once, to be placed on the refreshed
+    /// state.
+    pub fn add_retry(&mut self, qp: QueuedPod) {
+        let uid = qp.info.uid.clone();
+        self.add_unschedulable(qp, HashSet::new());
+        if let Some(t) = self.pods.get_mut(&uid) {
+            t.backoff_until = Instant::now();
+        }
+        self.push_active(&uid);
+    }
+
     /// An error (not the pod's fault): retry after back-off.
     pub fn add_backoff(&mut self, qp: QueuedPod) {
         let uid = qp.info.uid.clone();

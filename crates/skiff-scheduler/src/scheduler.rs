@@ -304,6 +304,11 @@ pub struct Scheduler {
     synced: HashSet<&'static str>,
     /// Pods nominated by preemption: uid → node.
     nominated: HashMap<String, String>,
+    /// When instances share the profiles' pods: which are this one's.
+    ownership: Option<crate::shard::Ownership>,
+    /// Pending pods another instance owns now, kept to be looked at again
+    /// when the instances change.
+    not_mine: HashMap<String, Arc<PodInfo>>,
 }
 
 fn spawn_watch<K>(
@@ -457,7 +462,25 @@ impl Scheduler {
             relist: HashMap::new(),
             synced: HashSet::new(),
             nominated: HashMap::new(),
+            ownership: None,
+            not_mine: HashMap::new(),
         })
+    }
+
+    /// Schedules only the pods `ownership` gives this instance.
+    pub fn with_ownership(mut self, ownership: crate::shard::Ownership) -> Scheduler {
+        self.ownership = Some(ownership);
+        self
+    }
+
+    /// The instances sharing the pods changed: every pod set aside as
+    /// another's is looked at again.
+    fn instances_changed(&mut self) {
+        for (uid, info) in std::mem::take(&mut self.not_mine) {
+            if self.pending.contains(&uid) {
+                self.queue.add_or_update(info);
+            }
+        }
     }
 
     fn start_watches(&self) {
@@ -743,6 +766,7 @@ impl Scheduler {
         let priority = self.priority_of(&pod);
         if bound {
             self.queue.delete(&uid);
+            self.not_mine.remove(&uid);
             self.pending.remove(&uid);
             self.clear_nomination(&uid);
             let was_known = self.cache.contains_pod(&uid);
@@ -780,11 +804,16 @@ impl Scheduler {
             // Being bound; the watch has not caught up yet.
             return;
         }
+        if let Some(slot) = self.not_mine.get_mut(&uid) {
+            *slot = info;
+            return;
+        }
         self.queue.add_or_update(info);
     }
 
     fn pod_delete(&mut self, uid: &str) {
         self.queue.delete(uid);
+        self.not_mine.remove(uid);
         self.pending.remove(uid);
         self.clear_nomination(uid);
         if self.cache.remove_pod(uid).is_some() {
@@ -818,6 +847,13 @@ impl Scheduler {
         if !self.pending.contains(&uid) || self.cache.contains_pod(&uid) {
             self.queue.done(&uid);
             return;
+        }
+        if let Some(o) = &self.ownership {
+            if !o.owns(&uid) {
+                self.queue.done(&uid);
+                self.not_mine.insert(uid, qp.info);
+                return;
+            }
         }
         let t0 = Instant::now();
         let mut state = CycleState::default();
@@ -1029,7 +1065,21 @@ impl Scheduler {
         self.cache.forget(&uid);
         if let Some(fw) = fw {
             fw.run_unreserve(&mut CycleState::default(), &qp.info, &node);
-            if self.pending.contains(&uid) {
+            if status.code == Code::Conflict {
+                // Omega's failed transaction: the node's committed state
+                // moved under this scheduler's copy. Retry at once on the
+                // refreshed state (the watch brings the winner's pod), a
+                // few times before backing off.
+                self.metrics.bind_conflicts.fetch_add(1, Relaxed);
+                tracing::debug!(pod = %qp.info.key, node = %node, reason = %status.message(), "binding conflict");
+                if self.pending.contains(&uid) {
+                    if qp.attempts <= 3 {
+                        self.queue.add_retry(qp);
+                    } else {
+                        self.queue.add_backoff(qp);
+                    }
+                }
+            } else if self.pending.contains(&uid) {
                 self.recorder.pod_event(
                     &qp.info,
                     &profile,
@@ -1055,6 +1105,12 @@ impl Scheduler {
         self.start_watches();
         let mut last_flush = Instant::now();
         loop {
+            if let Some(o) = &mut self.ownership {
+                if o.members.has_changed().unwrap_or(false) {
+                    o.members.mark_unchanged();
+                    self.instances_changed();
+                }
+            }
             let t = Instant::now();
             let mut n = 0;
             while let Ok(input) = self.rx.try_recv() {

@@ -29,7 +29,7 @@ async fn start(config: Option<&str>) -> Env {
     });
     let opts = skiff_scheduler::Options {
         config_file,
-        metrics: None,
+        ..Default::default()
     };
     let task = tokio::spawn(skiff_scheduler::run(cluster.client("scheduler"), opts));
     Env {
@@ -597,4 +597,194 @@ async fn pods_go_to_the_node_of_their_bound_local_volume_and_wait_for_missing_cl
         .get("volume.kubernetes.io/selected-node")
         .cloned();
     assert_eq!(selected.as_deref(), Some("b"));
+}
+
+/// The cpu requested on each node by the pods bound to it, and the
+/// pods bound, read from the API (the stored bindings).
+async fn cpu_by_node(client: &kube::Client) -> (std::collections::BTreeMap<String, i64>, usize) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let mut by_node = std::collections::BTreeMap::new();
+    let mut bound = 0;
+    for p in pods.list(&ListParams::default()).await.unwrap().items {
+        let spec = p.spec.unwrap_or_default();
+        let Some(node) = spec.node_name.filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        bound += 1;
+        let milli: i64 = spec
+            .containers
+            .iter()
+            .filter_map(|c| c.resources.as_ref()?.requests.as_ref()?.get("cpu"))
+            .map(|q| skiff_helpers::quantity::milli(&q.0).unwrap())
+            .sum();
+        *by_node.entry(node).or_default() += milli;
+    }
+    (by_node, bound)
+}
+
+/// Omega's race: two schedulers with separate caches (two profiles, as two
+/// teams run them) fill the same nodes as fast as they can, both packing
+/// the fullest node. Each sees only its own bindings in flight, so both
+/// pick the same free cpu; the API server's commit check refuses the loser
+/// (a conflict it counts and retries), and no node is ever overcommitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_schedulers_racing_for_the_same_nodes_never_overcommit_one() {
+    let cluster = TestCluster::start().await.unwrap();
+    let client = cluster.client("test");
+    let dir = tempfile::tempdir().unwrap();
+    let mut tasks = Vec::new();
+    let mut metrics = Vec::new();
+    for name in ["red", "blue"] {
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nprofiles:\n\
+                 - schedulerName: {name}\n  pluginConfig:\n  - name: NodeResourcesFit\n    args:\n      \
+                 scoringStrategy:\n        type: MostAllocated\n"
+            ),
+        )
+        .unwrap();
+        let m = std::sync::Arc::new(skiff_scheduler::Metrics::default());
+        metrics.push(m.clone());
+        let opts = skiff_scheduler::Options {
+            config_file: Some(path),
+            metrics: Some(m),
+            ..Default::default()
+        };
+        tasks.push(tokio::spawn(skiff_scheduler::run(
+            cluster.client(&format!("scheduler-{name}")),
+            opts,
+        )));
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    for i in 0..4 {
+        nodes
+            .create(
+                &PostParams::default(),
+                &small(&format!("n{i}"), "2").build(),
+            )
+            .await
+            .unwrap();
+    }
+    // 64 pods of 250m on 8 cpus: room for 32, asked for by both at once.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let creates = (0..64).map(|i| {
+        let pods = pods.clone();
+        async move {
+            let who = if i % 2 == 0 { "red" } else { "blue" };
+            let p = PodBuilder::new(&format!("{who}-{i}"))
+                .scheduler_name(who)
+                .request("cpu", "250m")
+                .for_api()
+                .build();
+            pods.create(&PostParams::default(), &p).await.unwrap();
+        }
+    });
+    futures::future::join_all(creates).await;
+    // Never overcommitted, looked at all along; in the end every cpu used.
+    let full = eventually(Duration::from_secs(30), || async {
+        let (by_node, bound) = cpu_by_node(&client).await;
+        for (node, milli) in &by_node {
+            assert!(
+                *milli <= 2000,
+                "node {node} overcommitted: {milli}m of 2000m bound"
+            );
+        }
+        (bound == 32).then_some(by_node)
+    })
+    .await
+    .expect("32 pods bound");
+    assert!(full.values().all(|m| *m == 2000), "{full:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (by_node, bound) = cpu_by_node(&client).await;
+    assert_eq!((bound, by_node), (32, full));
+    let conflicts: u64 = metrics
+        .iter()
+        .map(|m| skiff_scheduler::Metrics::get(&m.bind_conflicts))
+        .sum();
+    eprintln!("binding conflicts: {conflicts}");
+    for t in tasks {
+        t.abort();
+    }
+}
+
+/// Instances of one profile without leader election share its pods: each
+/// binds its own share; when one stops, its Lease lapses and the others
+/// take its pods over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_of_one_profile_share_its_pods_and_take_over_a_stopped_one_s() {
+    let cluster = TestCluster::start().await.unwrap();
+    let client = cluster.client("test");
+    let mut tasks = Vec::new();
+    let mut metrics = Vec::new();
+    for me in ["one", "two"] {
+        let m = std::sync::Arc::new(skiff_scheduler::Metrics::default());
+        metrics.push(m.clone());
+        let opts = skiff_scheduler::Options {
+            metrics: Some(m),
+            instance: Some(me.to_string()),
+            ..Default::default()
+        };
+        tasks.push(tokio::spawn(skiff_scheduler::run(
+            cluster.client(&format!("scheduler-{me}")),
+            opts,
+        )));
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(&PostParams::default(), &small("n1", "64").build())
+        .await
+        .unwrap();
+    // Both instances hold their Leases.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "kube-system");
+    eventually(Duration::from_secs(10), || async {
+        let l = leases
+            .list(&ListParams::default().labels(skiff_scheduler::shard::GROUP_LABEL))
+            .await
+            .ok()?;
+        (l.items.len() == 2).then_some(())
+    })
+    .await
+    .expect("two instance Leases");
+    // Let both see each other before the pods come.
+    tokio::time::sleep(skiff_scheduler::shard::RENEW * 2).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let make = |name: String| {
+        let pods = pods.clone();
+        async move {
+            let p = PodBuilder::new(&name)
+                .request("cpu", "100m")
+                .for_api()
+                .build();
+            pods.create(&PostParams::default(), &p).await.unwrap();
+        }
+    };
+    futures::future::join_all((0..40).map(|i| make(format!("a-{i}")))).await;
+    let scheduled = |m: &skiff_scheduler::Metrics| skiff_scheduler::Metrics::get(&m.scheduled);
+    eventually(Duration::from_secs(20), || async {
+        (cpu_by_node(&client).await.1 == 40).then_some(())
+    })
+    .await
+    .expect("40 pods bound");
+    let (one, two) = (scheduled(&metrics[0]), scheduled(&metrics[1]));
+    assert_eq!(one + two, 40, "each pod bound once: {one} + {two}");
+    assert!(
+        one >= 5 && two >= 5,
+        "both instances took a share: {one} and {two}"
+    );
+    // Instance two stops; its Lease lapses and one takes everything.
+    tasks.pop().unwrap().abort();
+    futures::future::join_all((0..20).map(|i| make(format!("b-{i}")))).await;
+    eventually(
+        skiff_scheduler::shard::LEASE + Duration::from_secs(15),
+        || async { (cpu_by_node(&client).await.1 == 60).then_some(()) },
+    )
+    .await
+    .expect("the stopped instance's pods bound by the other");
+    assert_eq!(scheduled(&metrics[0]), one + 20);
+    for t in tasks {
+        t.abort();
+    }
 }

@@ -461,9 +461,11 @@ struct SchedulerArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// Run only while holding the `kube-scheduler` Lease (kube-scheduler's
-    /// flag; `--leader-elect=false` for a single instance).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    leader_elect: bool,
+    /// flag; overrides the config file's `leaderElection.leaderElect`;
+    /// on unless either says otherwise). Without it, the instances running
+    /// the same profiles share their pods (each holds a Lease of its own).
+    #[arg(long, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    leader_elect: Option<bool>,
 }
 
 #[derive(Args, Clone)]
@@ -1495,12 +1497,20 @@ async fn image(cmd: ImageCommand) -> Result<()> {
 
 async fn scheduler(args: SchedulerArgs) -> Result<()> {
     let client = skiff_kube::client_from_kubeconfig(&args.kubeconfig).await?;
-    let options = skiff_scheduler::Options {
-        config_file: args.config.clone(),
-        ..Default::default()
+    // The file is read here too for its leader election (and is refused
+    // before anything starts if it is malformed).
+    let from_file = match &args.config {
+        Some(path) => skiff_scheduler::config::Config::load(path)?.leader_elect,
+        None => None,
     };
     let id = identity();
-    if !args.leader_elect {
+    let leader_elect = args.leader_elect.or(from_file).unwrap_or(true);
+    let options = skiff_scheduler::Options {
+        config_file: args.config.clone(),
+        instance: (!leader_elect).then(|| id.clone()),
+        ..Default::default()
+    };
+    if !leader_elect {
         return tokio::select! {
             r = skiff_scheduler::run(client, options) => r,
             _ = shutdown_signal() => Ok(()),

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use crate::framework::{BindPlugin, Plugin, Status};
+use crate::framework::{BindPlugin, Code, Plugin, Status};
 use crate::metrics::Metrics;
 use crate::types::PodInfo;
 
@@ -55,6 +55,15 @@ impl BindPlugin for DefaultBinder {
             metrics.add_bind(t.elapsed());
             match r {
                 Ok(_) => Status::success(),
+                // The node's committed state had no room, or another
+                // instance bound the pod first: a lost race, not an error.
+                Err(kube::Error::Api(e))
+                    if e.code == 409
+                        && (e.message.contains("does not fit on node")
+                            || e.message.contains("is already assigned to node")) =>
+                {
+                    Status::new(Code::Conflict, e.message)
+                }
                 Err(e) => Status::error(format!("binding rejected: {e}")),
             }
         })
