@@ -66,13 +66,19 @@ pub fn prepare_batch_parent(root: &Path) -> io::Result<BatchTier> {
     }
     let group = hierarchy.join(BATCH_PARENT.trim_start_matches('/'));
     std::fs::create_dir_all(&group)?;
+    // An idle group refuses a weight (EINVAL): one made idle by an
+    // earlier agent is left as it is.
+    let idle = group.join("cpu.idle");
+    if std::fs::read_to_string(&idle).is_ok_and(|v| v.trim() == "1") {
+        return Ok(BatchTier::Idle);
+    }
     let (weight_file, least) = if unified {
         ("cpu.weight", "1")
     } else {
         ("cpu.shares", "2")
     };
     std::fs::write(group.join(weight_file), least)?;
-    match std::fs::write(group.join("cpu.idle"), "1") {
+    match std::fs::write(&idle, "1") {
         Ok(()) => Ok(BatchTier::Idle),
         Err(e) => Ok(BatchTier::LeastWeight(format!(
             "{}: {e}",
@@ -120,6 +126,18 @@ mod tests {
             "2"
         );
         // A second agent on the machine finds it ready.
+        assert_eq!(prepare_batch_parent(root.path()).unwrap(), BatchTier::Idle);
+    }
+
+    #[test]
+    fn a_group_an_earlier_agent_made_idle_is_left_as_it_is() {
+        let root = tree(false, true);
+        let group = root.path().join("cpu,cpuacct/skiff-batch");
+        std::fs::create_dir_all(&group).unwrap();
+        std::fs::write(group.join("cpu.idle"), "1\n").unwrap();
+        // The kernel refuses a weight on an idle group: a directory in the
+        // file's place refuses it here.
+        std::fs::create_dir_all(group.join("cpu.shares")).unwrap();
         assert_eq!(prepare_batch_parent(root.path()).unwrap(), BatchTier::Idle);
     }
 

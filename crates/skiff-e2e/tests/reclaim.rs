@@ -201,8 +201,14 @@ fn unused_requests_become_batch_capacity_that_batch_pods_run_in() {
     let group = batch_group();
     assert!(
         group.join(&id).is_dir(),
-        "the batch container's cgroup under {}",
-        group.display()
+        "the batch container's cgroup {id:?} under {} (it has {:?})",
+        group.display(),
+        std::fs::read_dir(&group)
+            .map(|d| d
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name())
+                .collect::<Vec<_>>())
+            .unwrap_or_default()
     );
     assert_eq!(
         std::fs::read_to_string(group.join("cpu.idle"))
