@@ -584,6 +584,14 @@ impl EtcdStore {
         Ok(self.members.run(Kind::Write, |c| f(c.kv_client())).await?.0)
     }
 
+    /// Sends a transaction as a write.
+    async fn txn(&self, txn: ec::Txn) -> Result<ec::TxnResponse> {
+        let txn = &txn;
+        self.write(|mut kv| async move { kv.txn(txn.clone()).await })
+            .await
+            .map_err(map_err)
+    }
+
     /// The recorded compaction: (revision, version of the record).
     async fn compaction_record(&self) -> Result<(i64, i64, i64)> {
         let r = self
@@ -704,11 +712,7 @@ impl Store for EtcdStore {
                 0,
             )])
             .and_then([ec::TxnOp::put(k, value.to_vec(), None)]);
-        let txn = &txn;
-        let r = self
-            .write(|mut kv| async move { kv.txn(txn.clone()).await })
-            .await
-            .map_err(map_err)?;
+        let r = self.txn(txn).await?;
         if !r.succeeded() {
             return Err(Error::AlreadyExists(key.to_string()));
         }
@@ -734,11 +738,7 @@ impl Store for EtcdStore {
                 Some(ec::PutOptions::new().with_prev_key()),
             )])
             .or_else([ec::TxnOp::get(k, None)]);
-        let txn = &txn;
-        let r = self
-            .write(|mut kv| async move { kv.txn(txn.clone()).await })
-            .await
-            .map_err(map_err)?;
+        let r = self.txn(txn).await?;
         if !r.succeeded() {
             return Err(match self.current_from(&r) {
                 None => Error::NotFound(key.to_string()),
@@ -813,11 +813,7 @@ impl Store for EtcdStore {
             gets.push(ec::TxnOp::get(k, None));
         }
         let txn = ec::Txn::new().when(compares).and_then(puts).or_else(gets);
-        let txn = &txn;
-        let r = self
-            .write(|mut kv| async move { kv.txn(txn.clone()).await })
-            .await
-            .map_err(map_err)?;
+        let r = self.txn(txn).await?;
         if !r.succeeded() {
             // The keys as they are: the first write whose condition fails.
             for (w, op) in writes.iter().zip(r.op_responses()) {
@@ -889,11 +885,7 @@ impl Store for EtcdStore {
                     ])
                     .and_then([ec::TxnOp::delete(k.clone(), del)])
                     .or_else([ec::TxnOp::get(k, None)]);
-                let txn = &txn;
-                let r = self
-                    .write(|mut kv| async move { kv.txn(txn.clone()).await })
-                    .await
-                    .map_err(map_err)?;
+                let r = self.txn(txn).await?;
                 if !r.succeeded() {
                     return Err(match self.current_from(&r) {
                         None => Error::NotFound(key.to_string()),
@@ -1018,11 +1010,7 @@ impl Store for EtcdStore {
                     version,
                 )])
                 .and_then([ec::TxnOp::put(COMPACT_REV_KEY, revision.to_string(), None)]);
-            let txn = &txn;
-            let r = self
-                .write(|mut kv| async move { kv.txn(txn.clone()).await })
-                .await
-                .map_err(map_err)?;
+            let r = self.txn(txn).await?;
             if !r.succeeded() {
                 continue;
             }
