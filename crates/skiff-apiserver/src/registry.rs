@@ -290,10 +290,7 @@ impl Registry {
                 }
                 Err(e) => {
                     strategy.release(self, &obj).await;
-                    return Err(match e {
-                        allocation::BindFailure::Store(e) => store_err(res, &name, e),
-                        allocation::BindFailure::Refused(e) => e,
-                    });
+                    return Err(e.into_api_error(res, &name));
                 }
             }
         }
@@ -436,10 +433,7 @@ impl Registry {
             Ok(kv) => decode(&kv),
             Err(e) => {
                 strategy.release(self, &prepared).await;
-                Err(match e {
-                    allocation::BindFailure::Store(e) => store_err(res, &name, e),
-                    allocation::BindFailure::Refused(e) => e,
-                })
+                Err(e.into_api_error(res, &name))
             }
         }
     }
@@ -454,8 +448,10 @@ impl Registry {
         obj: &Value,
     ) -> Result<KeyValue, allocation::BindFailure> {
         if let Some(node) = bound_node(res, obj) {
-            let claim = allocation::claim_of(obj).map_err(allocation::BindFailure::Refused)?;
-            return self.write_bound(key, None, stored, &claim, node).await;
+            let pod = allocation::PodForm::Decoded(obj);
+            return self
+                .write_with_record(key, None, stored, pod, node, allocation::Change::Bind)
+                .await;
         }
         self.store
             .create(key, stored)
@@ -604,20 +600,17 @@ impl Registry {
             return Ok(new);
         }
         // An update that binds a pod (sets `spec.nodeName` where there
-        // was none) commits with the node's allocation record.
-        if let (Some(node), None) = (bound_node(res, &new), bound_node(res, old)) {
-            let claim = allocation::claim_of(&new)?;
+        // was none) commits with the node's allocation record; a resize of
+        // a bound pod grows its entry, keeping the record an upper bound.
+        let change = match (bound_node(res, &new), bound_node(res, old), sub) {
+            (Some(node), None, _) => Some((node, allocation::Change::Bind)),
+            (Some(node), Some(_), Subresource::Resize) => Some((node, allocation::Change::Resize)),
+            _ => None,
+        };
+        if let Some((node, change)) = change {
+            let pod = allocation::PodForm::Decoded(&new);
             let kv = self
-                .write_bound(&cur.key, Some(cur), encode(&new)?, &claim, node)
-                .await
-                .map_err(|e| e.into_write_error(res, name))?;
-            return Ok(object::into_stored(new, kv.mod_revision));
-        }
-        // A resize of a bound pod keeps its node's record an upper bound.
-        if let (Subresource::Resize, Some(node)) = (sub, bound_node(res, &new)) {
-            let claim = allocation::claim_of(&new)?;
-            let kv = self
-                .write_resized(cur, encode(&new)?, &claim, node)
+                .write_with_record(&cur.key, Some(cur), encode(&new)?, pod, node, change)
                 .await
                 .map_err(|e| e.into_write_error(res, name))?;
             return Ok(object::into_stored(new, kv.mod_revision));

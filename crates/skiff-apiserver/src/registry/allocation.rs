@@ -313,6 +313,22 @@ impl LeanPod {
     }
 }
 
+/// A pod as the writer has it: its stored (JSON) bytes, or decoded.
+#[derive(Clone, Copy)]
+pub enum PodForm<'a> {
+    Stored(&'a [u8]),
+    Decoded(&'a Value),
+}
+
+impl PodForm<'_> {
+    fn claim(self) -> Result<Claim, ApiError> {
+        match self {
+            PodForm::Stored(b) => claim_of_stored(b),
+            PodForm::Decoded(v) => claim_of(v),
+        }
+    }
+}
+
 /// The claim of a pod from its stored (JSON) bytes.
 pub fn claim_of_stored(stored: &[u8]) -> Result<Claim, ApiError> {
     serde_json::from_slice::<LeanPod>(stored)
@@ -352,7 +368,7 @@ pub struct Book {
 
 /// What a write does to the pod's place in the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Change {
+pub enum Change {
     /// The pod becomes bound: checked, then counted.
     Bind,
     /// A bound pod's requests change: counted at the larger.
@@ -369,14 +385,21 @@ pub enum BindFailure {
 }
 
 impl BindFailure {
+    /// The answer to the client.
+    pub fn into_api_error(self, res: &resources::ResourceInfo, name: &str) -> ApiError {
+        match self {
+            BindFailure::Store(e) => super::store_err(res, name, e),
+            BindFailure::Refused(e) => e,
+        }
+    }
+
     /// For a write inside a guaranteed update: the pod's own conflict is
     /// a retry from a fresh read.
     pub fn into_write_error(self, res: &resources::ResourceInfo, name: &str) -> WriteError {
         match self {
             BindFailure::Store(skiff_store::Error::Conflict { .. })
             | BindFailure::Store(skiff_store::Error::NotFound(_)) => WriteError::Retry,
-            BindFailure::Store(e) => WriteError::Api(super::store_err(res, name, e)),
-            BindFailure::Refused(e) => WriteError::Api(e),
+            other => WriteError::Api(other.into_api_error(res, name)),
         }
     }
 }
@@ -458,42 +481,18 @@ impl Registry {
         Ok(!gone.is_empty())
     }
 
-    /// Writes a pod that becomes bound to `node` (its stored form
-    /// `bytes`, replacing `cur`, or created when `cur` is `None`) in one
-    /// commit with the node's allocation record, if the node has room
-    /// for `claim`.
-    pub(crate) async fn write_bound(
+    /// Writes a pod (its stored form `bytes`, replacing `cur`, or
+    /// created when `cur` is `None`) in one commit with the record of the
+    /// node it is bound to: a pod becoming bound only if the node has room
+    /// for it, a resized one growing its entry (never refused: the node
+    /// decides whether the resize fits). The pod's claim is read from
+    /// `pod` only when the node is checked at all.
+    pub(crate) async fn write_with_record(
         &self,
         key: &str,
         cur: Option<&KeyValue>,
         bytes: Bytes,
-        claim: &Claim,
-        node: &str,
-    ) -> Result<KeyValue, BindFailure> {
-        self.write_with_record(key, cur, bytes, claim, node, Change::Bind)
-            .await
-    }
-
-    /// Writes a bound pod whose requests a resize changes, growing its
-    /// entry in the node's record in the same commit (never refused: the
-    /// node decides whether the resize fits).
-    pub(crate) async fn write_resized(
-        &self,
-        cur: &KeyValue,
-        bytes: Bytes,
-        claim: &Claim,
-        node: &str,
-    ) -> Result<KeyValue, BindFailure> {
-        self.write_with_record(&cur.key, Some(cur), bytes, claim, node, Change::Resize)
-            .await
-    }
-
-    async fn write_with_record(
-        &self,
-        key: &str,
-        cur: Option<&KeyValue>,
-        bytes: Bytes,
-        claim: &Claim,
+        pod: PodForm<'_>,
         node: &str,
         change: Change,
     ) -> Result<KeyValue, BindFailure> {
@@ -522,6 +521,7 @@ impl Registry {
                 .map_err(BindFailure::Store)?;
             return Ok(items.remove(0));
         };
+        let claim = &pod.claim().map_err(BindFailure::Refused)?;
         let record_key = format!("{RECORD_PREFIX}{node}");
         let mut remembered = self
             .allocations
@@ -562,8 +562,9 @@ impl Registry {
                         "pods",
                         name,
                         &format!(
-                            "pod {} does not fit on node {node:?}: {why}",
-                            claim.entry.pod
+                            "pod {} {} {node:?}: {why}",
+                            claim.entry.pod,
+                            skiff_core::kinds::pod::DOES_NOT_FIT
                         ),
                     )));
                 }

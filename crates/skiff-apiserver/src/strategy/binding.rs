@@ -12,7 +12,7 @@ use skiff_store::KeyValue;
 use super::pod::{bind_stored, bind_to, bindable, check_binding};
 use crate::object::{self, decode, encode};
 use crate::options::WriteOptions;
-use crate::registry::allocation::{claim_of, claim_of_stored};
+use crate::registry::allocation::{Change, PodForm};
 use crate::registry::{Registry, WriteError};
 
 /// Binds a pod to a node (`pods/binding`), as the scheduler does.
@@ -62,9 +62,16 @@ pub async fn bind(
         if !opts.dry_run && !has_annotations {
             match bind_stored(&cur.value, name, wanted_uid, node) {
                 Ok(Some(bytes)) if bytes.len() <= object::MAX_OBJECT => {
-                    let claim = claim_of_stored(&cur.value)?;
+                    let pod = PodForm::Stored(&cur.value);
                     return reg
-                        .write_bound(&cur.key, Some(&cur), bytes.into(), &claim, node)
+                        .write_with_record(
+                            &cur.key,
+                            Some(&cur),
+                            bytes.into(),
+                            pod,
+                            node,
+                            Change::Bind,
+                        )
                         .await
                         .map(|_| ())
                         .map_err(|e| e.into_write_error(res, name));
@@ -89,11 +96,18 @@ pub async fn bind(
         if opts.dry_run {
             return Ok(());
         }
-        let claim = claim_of(&pod)?;
-        reg.write_bound(&cur.key, Some(&cur), encode(&pod)?, &claim, node)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.into_write_error(res, name))
+        let bytes = encode(&pod)?;
+        reg.write_with_record(
+            &cur.key,
+            Some(&cur),
+            bytes,
+            PodForm::Decoded(&pod),
+            node,
+            Change::Bind,
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| e.into_write_error(res, name))
     })
     .await
 }

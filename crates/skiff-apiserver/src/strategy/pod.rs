@@ -114,7 +114,10 @@ pub(crate) fn bindable(pod: &Value, name: &str, wanted_uid: &str) -> ApiResult<(
             "",
             "pods",
             name,
-            &format!("pod {name} is already assigned to node {current:?}"),
+            &format!(
+                "pod {name} {} {current:?}",
+                skiff_core::kinds::pod::ALREADY_ASSIGNED
+            ),
         ));
     }
     Ok(())

@@ -9,6 +9,14 @@ use crate::admission::{milli, pod_totals};
 
 pub struct Pod;
 
+/// The words of the API server's 409 for a binding its node has no room
+/// for (Omega's commit check): the scheduler tells a lost race by them.
+pub const DOES_NOT_FIT: &str = "does not fit on node";
+
+/// The words of the 409 for binding a pod that is bound already
+/// (Kubernetes' binding storage's).
+pub const ALREADY_ASSIGNED: &str = "is already assigned to node";
+
 impl KindRules for Pod {
     fn kind(&self) -> &'static str {
         "Pod"

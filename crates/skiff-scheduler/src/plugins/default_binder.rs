@@ -59,8 +59,8 @@ impl BindPlugin for DefaultBinder {
                 // instance bound the pod first: a lost race, not an error.
                 Err(kube::Error::Api(e))
                     if e.code == 409
-                        && (e.message.contains("does not fit on node")
-                            || e.message.contains("is already assigned to node")) =>
+                        && (e.message.contains(skiff_core::kinds::pod::DOES_NOT_FIT)
+                            || e.message.contains(skiff_core::kinds::pod::ALREADY_ASSIGNED)) =>
                 {
                     Status::new(Code::Conflict, e.message)
                 }
